@@ -1,0 +1,5 @@
+"""ov: a multi-agent worktree orchestrator."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from overstory.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""Click commands only: parse, call one core function, render."""

@@ -1,0 +1,40 @@
+"""Helpers shared by the commands. Kept light: hot commands import this."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import typing as t
+
+import click
+
+from overstory.paths import ProjectPaths, find_project
+
+
+def project_paths(ctx: click.Context | None = None) -> ProjectPaths:
+    ctx = ctx or click.get_current_context()
+    app = ctx.find_root().obj
+    return find_project(getattr(app, "project_option", None))
+
+
+def state_conn(project: ProjectPaths) -> sqlite3.Connection:
+    from overstory.db import open_state
+
+    conn = open_state(project.state_db)
+    click.get_current_context().call_on_close(conn.close)
+    return conn
+
+
+def events_conn(project: ProjectPaths) -> sqlite3.Connection:
+    from overstory.db import open_events
+
+    conn = open_events(project.events_db)
+    click.get_current_context().call_on_close(conn.close)
+    return conn
+
+
+def echo_json(document: t.Any) -> None:
+    click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import click
+
+from overstory.cli._common import echo_json, json_option
+
+
+@click.command(name="doctor")
+@click.option("--states", is_flag=True, help="Print the agent state transition table instead.")
+@json_option
+@click.pass_context
+def doctor(ctx: click.Context, states: bool, as_json: bool) -> None:
+    """Check git, tmux, claude, Python, the databases and the config.
+
+    Exits 1 if any check fails (warnings do not fail).
+
+    \b
+    ov doctor
+    ov doctor --json
+    ov doctor --states      # which state may follow which
+    """
+    from overstory.doctor import FAIL, run_checks
+    from overstory.sessions import transition_table
+
+    if states:
+        table = transition_table()
+        if as_json:
+            echo_json({to: sources for to, sources in table})
+        else:
+            for to, sources in table:
+                click.echo(f"{to:<14} <- {', '.join(sources) if sources else '(new generation only)'}")
+        return
+    checks = run_checks(ctx.find_root().obj.project_option)
+    failed = any(c.status == FAIL for c in checks)
+    if as_json:
+        echo_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})
+    else:
+        marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        for check in checks:
+            click.echo(f"[{marks[check.status]}] {check.name}: {check.detail}")
+            if check.hint and check.status != "ok":
+                click.echo(f"       fix: {check.hint}")
+    if failed:
+        ctx.exit(1)

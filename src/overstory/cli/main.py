@@ -1,0 +1,128 @@
+"""The `ov` root group. Subcommands are imported only when invoked, so hot commands stay fast."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import typing as t
+
+import click
+
+from overstory import __version__
+from overstory.errors import OrchestratorError
+
+# name -> (module, attribute, one-line help). The help lives here so `ov --help`
+# can list every command without importing any of them.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": ("overstory.cli.init", "init", "Create .overstory/ in a git repository."),
+    "doctor": ("overstory.cli.doctor", "doctor", "Check the environment, databases and config."),
+    "config": ("overstory.cli.config", "config", "Show the effective configuration."),
+    "mail": ("overstory.cli.mail", "mail", "Send, check, list and reply to mail."),
+    "nudge": ("overstory.cli.mail", "nudge", "Send an agent a high-priority nudge."),
+    "guard": ("overstory.cli.guard", "guard", "PreToolUse hook: allow or deny one tool call."),
+    "sling": ("overstory.cli.sling", "sling", "Spawn an agent on a task."),
+    "status": ("overstory.cli.status", "status", "Show agents, mail and runs."),
+    "stop": ("overstory.cli.stop", "stop", "Stop an agent."),
+    "logs": ("overstory.cli.logs", "logs", "Show one agent's events."),
+    "feed": ("overstory.cli.logs", "feed", "Show the project's event feed."),
+    "watch": ("overstory.cli.watch", "watch", "Live dashboard (runs the watchdog too)."),
+    "watchdog": ("overstory.cli.watchdog", "watchdog", "Run the mechanical watchdog."),
+    "attach": ("overstory.cli.attach", "attach", "Attach to a tmux-mode agent."),
+    "merge": ("overstory.cli.merge", "merge", "Merge agents' branches back."),
+    "coordinator": ("overstory.cli.coordinator", "coordinator", "Start, mail and stop the coordinator."),
+    "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
+    "run": ("overstory.cli.run", "run", "List and inspect runs."),
+    "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
+    "agent-loop": ("overstory.cli.loop", "agent_loop", "(internal) The per-agent turn loop."),
+}
+HIDDEN = {"agent-loop"}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        available = {name for name, spec in COMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
+        return sorted(available | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        spec = COMMANDS.get(cmd_name)
+        if spec is None or importlib.util.find_spec(spec[0]) is None:
+            return None
+        module = importlib.import_module(spec[0])
+        command: click.Command = getattr(module, spec[1])
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx) if name in COMMANDS and name not in HIDDEN]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class AppContext:
+    def __init__(self, project: str | None, verbose: bool) -> None:
+        self.project_option = project
+        self.verbose = verbose
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="ov", message="%(prog)s %(version)s")
+@click.option("--project", type=click.Path(file_okay=False), envvar="OVERSTORY_PROJECT_ROOT",
+              help="Project root (default: found from the current directory).")
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, project: str | None, verbose: bool) -> None:
+    """ov: run a team of AI coding agents in git worktrees.
+
+    \b
+    ov init                         # set up .overstory/ in a git repository
+    ov sling builder task-42 --prompt "add a --json flag to status"
+    ov mail check                   # read your mail
+    ov status                       # what every agent is doing
+    ov merge builder-task-42        # bring the work back
+    """
+    ctx.obj = AppContext(project, verbose)
+
+
+def _debug_requested(argv: t.Sequence[str]) -> bool:
+    return os.environ.get("OV_DEBUG", "") not in ("", "0") or any(a in ("-v", "--verbose") for a in argv[:3])
+
+
+def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # Without standalone mode click *returns* ctx.exit()'s code instead of exiting.
+        result = cli.main(args=args, prog_name="ov", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("ov: aborted", err=True)
+        sys.exit(1)
+    except OrchestratorError as exc:
+        if _debug_requested(args):
+            import traceback
+
+            traceback.print_exc()
+        click.echo(f"ov: error: {_one_line(str(exc))}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("ov: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:  # a bug in ov: still one line unless asked for more
+        if _debug_requested(args):
+            raise
+        click.echo(f"ov: internal error: {type(exc).__name__}: {_one_line(str(exc))} (run with -v or OV_DEBUG=1 for the traceback)", err=True)
+        sys.exit(1)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text

@@ -1,0 +1,236 @@
+"""Project configuration: built-in defaults < config.yaml < config.local.yaml < OV_<SECTION>_<KEY>.
+
+Imports pydantic and yaml, so hot commands (mail, guard, status) never import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import typing as t
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from overstory.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ProjectSection(_Section):
+    canonical_branch: str = "main"
+
+
+class RuntimeSection(_Section):
+    default: t.Literal["claude", "scripted"] = "claude"
+    claude_bin: str = "claude"
+    model: str | None = None
+    tmux: bool = False
+
+
+class TurnsSection(_Section):
+    stall_timeout: float = Field(600, gt=0)
+    max_retries: int = Field(2, ge=0)
+    max_concurrent: int = Field(4, ge=1)
+    retry_backoff: float = Field(2.0, ge=0)
+    kill_grace: float = Field(5.0, ge=0)
+
+
+class WatchdogSection(_Section):
+    interval: float = Field(5, gt=0)
+    stale_after: float = Field(300, gt=0)
+    zombie_after: float = Field(900, gt=0)
+
+
+class AgentsSection(_Section):
+    max_depth: int = Field(2, ge=0)
+    max_children_per_lead: int = Field(5, ge=1)
+    max_concurrent_agents: int = Field(20, ge=1)
+
+
+class MergeSection(_Section):
+    tier_max: int = Field(2, ge=1, le=3)
+    ai_resolve: bool = False
+    model: str = "claude-sonnet-4-5"
+    gates: list[str] = Field(default_factory=list)
+    lock_wait: float = Field(30, ge=0)
+
+
+class Provider(_Section):
+    base_url: str
+    api_key_env: str = "ANTHROPIC_API_KEY"
+
+
+class Config(_Section):
+    project: ProjectSection = Field(default_factory=ProjectSection)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    turns: TurnsSection = Field(default_factory=TurnsSection)
+    watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
+    agents: AgentsSection = Field(default_factory=AgentsSection)
+    merge: MergeSection = Field(default_factory=MergeSection)
+    providers: dict[str, Provider] = Field(default_factory=dict)
+    models: dict[str, str] = Field(default_factory=dict)
+
+
+# Written by `ov init`. Every key is documented; tests check none is missing.
+DEFAULT_CONFIG_YAML = """\
+# ov project configuration. Precedence: built-in defaults < this file <
+# config.local.yaml (per machine, git-ignored) < environment variables named
+# OV_<SECTION>_<KEY>, e.g. OV_TURNS_STALL_TIMEOUT=30. Durations are seconds.
+
+project:
+  # Branch that merges target when an agent's own base branch is unknown.
+  canonical_branch: main
+
+runtime:
+  # Runtime for new agents: claude (the real Claude Code CLI) or scripted (built-in fake).
+  default: claude
+  # Program started for the claude runtime (a name on PATH or an absolute path).
+  claude_bin: claude
+  # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
+  model: null
+  # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
+  tmux: false
+
+turns:
+  # A turn with no output event for this long is killed and the agent becomes zombie.
+  stall_timeout: 600
+  # How many times a failed turn (crash, transient API error) is retried before giving up.
+  max_retries: 2
+  # Turns allowed to run at once across the project (one claude process takes ~300 MB).
+  max_concurrent: 4
+  # Seconds before the first retry; doubles on each further retry.
+  retry_backoff: 2.0
+  # Seconds between SIGTERM and SIGKILL when a turn's process group is stopped.
+  kill_grace: 5.0
+
+watchdog:
+  # Seconds between watchdog ticks.
+  interval: 5
+  # No activity for this long: the agent is marked stalled and nudged.
+  stale_after: 300
+  # No activity for this long: the agent is declared zombie and its processes are killed.
+  zombie_after: 900
+
+agents:
+  # Deepest level of the hierarchy (operator = 0, coordinator's children = 1, ...).
+  max_depth: 2
+  # Children one lead (or the coordinator) may have active at once.
+  max_children_per_lead: 5
+  # Non-terminal agents allowed in the project at once.
+  max_concurrent_agents: 20
+
+merge:
+  # Highest resolution tier `ov merge` tries: 1 plain merge, 2 mechanical, 3 model-assisted.
+  tier_max: 2
+  # Allow tier 3 (model-assisted conflict resolution through the Messages API).
+  ai_resolve: false
+  # Model used by tier 3.
+  model: claude-sonnet-4-5
+  # Shell commands run on the merged tree before committing, e.g. ["python -m pytest -q"].
+  gates: []
+  # Seconds to wait for another merge into the same branch before giving up.
+  lock_wait: 30
+
+# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
+providers: {}
+
+# Model per capability: "provider/model" or a plain model alias, e.g. {builder: sonnet}.
+models: {}
+"""
+
+
+def load_config(config_file: Path, local_file: Path | None = None,
+                environ: t.Mapping[str, str] | None = None) -> Config:
+    """Merge the layers; an invalid result is blamed on the first layer that made it invalid."""
+    merged: dict[str, t.Any] = {}
+    layers: list[tuple[str, dict[str, t.Any]]] = []
+    for path in (config_file, local_file):
+        if path is not None and path.exists():
+            layers.append((str(path), _read_yaml(path)))
+    overrides = _env_overrides(os.environ if environ is None else environ)
+    if overrides:
+        layers.append(("environment (" + ", ".join(_override_names(overrides)) + ")", overrides))
+    config = Config()
+    for source, data in layers:
+        _deep_merge(merged, data)
+        try:
+            config = Config.model_validate(merged)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, source)) from None
+    return config
+
+
+def _override_names(overrides: dict[str, t.Any]) -> list[str]:
+    return [f"OV_{section.upper()}_{key.upper()}" for section, keys in overrides.items() for key in keys]
+
+
+def _read_yaml(path: Path) -> dict[str, t.Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: broken YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, found {type(data).__name__}")
+    return data
+
+
+def _env_overrides(environ: t.Mapping[str, str]) -> dict[str, t.Any]:
+    overrides: dict[str, t.Any] = {}
+    for section_name, section_field in Config.model_fields.items():
+        annotation = section_field.annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            continue
+        for key in annotation.model_fields:
+            raw = environ.get(f"OV_{section_name.upper()}_{key.upper()}")
+            if raw is not None:
+                overrides.setdefault(section_name, {})[key] = _parse_env_value(raw)
+    return overrides
+
+
+def _parse_env_value(raw: str) -> t.Any:
+    """JSON when it parses (numbers, true/false, lists), the plain string otherwise."""
+    if raw.strip().lower() in ("null", "none"):
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _deep_merge(into: dict[str, t.Any], new: t.Mapping[str, t.Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    problems = []
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{key}'")
+        else:
+            problems.append(f"'{key}': {error['msg']} (got {error.get('input')!r})")
+    return f"{source}: " + "; ".join(problems)
+
+
+def env_var_names() -> list[str]:
+    """Every OV_<SECTION>_<KEY> the loader understands."""
+    names = []
+    for section_name, section_field in Config.model_fields.items():
+        annotation = section_field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += [f"OV_{section_name.upper()}_{k.upper()}" for k in annotation.model_fields]
+    return names

@@ -1,0 +1,271 @@
+"""SQLite connections and append-only migrations for state.db and events.db.
+
+Every connection runs in autocommit mode (``isolation_level=None``) so transactions
+are always explicit: ``with write_transaction(conn):`` issues ``BEGIN IMMEDIATE``,
+which takes the write lock up front and makes read-modify-write sequences atomic.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import typing as t
+from contextlib import contextmanager
+from pathlib import Path
+
+from overstory.errors import StoreError
+
+BUSY_TIMEOUT_MS = 10_000
+
+Migration = t.Callable[[sqlite3.Connection], None]
+
+
+def connect(path: Path, migrations: t.Sequence[Migration]) -> sqlite3.Connection:
+    """Open ``path`` with the project's pragmas and bring its schema up to date."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {path}: {exc}") from exc
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrate(conn, migrations, label=path.name)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
+    return conn
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration], *, label: str = "database") -> int:
+    """Apply the migrations past ``PRAGMA user_version``, each in its own transaction.
+
+    Safe when many processes open the database at once: the version is re-read after
+    the write lock is taken, so each migration runs exactly once.
+    """
+    target = len(migrations)
+    current = schema_version(conn)
+    if current > target:
+        raise StoreError(f"{label} has schema version {current}, newer than this ov understands ({target}); upgrade ov")
+    while current < target:
+        with write_transaction(conn):
+            current = schema_version(conn)
+            if current >= target:
+                break
+            migrations[current](conn)
+            current += 1
+            conn.execute(f"PRAGMA user_version = {current}")
+    return current
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# ---------------------------------------------------------------------------
+# state.db migrations. Released migrations are never edited: append new ones.
+# ---------------------------------------------------------------------------
+
+
+def run_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run several statements inside the caller's transaction.
+
+    ``executescript`` would COMMIT first, breaking the migration's transaction.
+    """
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            conn.execute(statement)
+            statement = ""
+    if statement.strip():
+        raise ValueError(f"incomplete SQL statement in migration: {statement.strip()[:80]}")
+
+
+def _state_m001_initial(conn: sqlite3.Connection) -> None:
+    run_script(conn, 
+        """
+        CREATE TABLE sessions (
+            name               TEXT PRIMARY KEY,
+            generation         INTEGER NOT NULL,
+            version            INTEGER NOT NULL DEFAULT 0,
+            state              TEXT NOT NULL,
+            state_reason       TEXT,
+            capability         TEXT NOT NULL,
+            task_id            TEXT NOT NULL,
+            parent             TEXT NOT NULL DEFAULT 'operator',
+            depth              INTEGER NOT NULL DEFAULT 0,
+            run_id             TEXT,
+            runtime            TEXT NOT NULL,
+            mode               TEXT NOT NULL DEFAULT 'headless',
+            model              TEXT,
+            worktree           TEXT,
+            branch             TEXT,
+            base_branch        TEXT,
+            spec               TEXT NOT NULL DEFAULT '{}',
+            runtime_session_id TEXT,
+            loop_pid           INTEGER,
+            loop_start_ticks   INTEGER,
+            turn_pgid          INTEGER,
+            turn_start_ticks   INTEGER,
+            current_turn_id    TEXT,
+            current_tool       TEXT,
+            tmux_session       TEXT,
+            turns              INTEGER NOT NULL DEFAULT 0,
+            failed_turns       INTEGER NOT NULL DEFAULT 0,
+            retries            INTEGER NOT NULL DEFAULT 0,
+            input_tokens       INTEGER NOT NULL DEFAULT 0,
+            output_tokens      INTEGER NOT NULL DEFAULT 0,
+            cost_usd           REAL NOT NULL DEFAULT 0,
+            terminal_mail_sent INTEGER NOT NULL DEFAULT 0,
+            created_at         INTEGER NOT NULL,
+            updated_at         INTEGER NOT NULL,
+            last_activity      INTEGER NOT NULL
+        );
+        CREATE INDEX sessions_state ON sessions(state);
+        CREATE INDEX sessions_parent ON sessions(parent);
+        CREATE INDEX sessions_run ON sessions(run_id);
+
+        -- Never rolled back or deleted: a name's next generation is always new.
+        CREATE TABLE generations (
+            name       TEXT PRIMARY KEY,
+            generation INTEGER NOT NULL
+        );
+
+        CREATE TABLE transitions (
+            id         INTEGER PRIMARY KEY,
+            name       TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            from_state TEXT,
+            to_state   TEXT NOT NULL,
+            actor      TEXT NOT NULL,
+            reason     TEXT,
+            at         INTEGER NOT NULL
+        );
+        CREATE INDEX transitions_name ON transitions(name, id);
+
+        CREATE TABLE mail (
+            id          INTEGER PRIMARY KEY,
+            thread_id   INTEGER,
+            reply_to    INTEGER,
+            sender      TEXT NOT NULL,
+            recipient   TEXT NOT NULL,
+            type        TEXT NOT NULL,
+            priority    INTEGER NOT NULL DEFAULT 1,
+            subject     TEXT NOT NULL,
+            body        TEXT NOT NULL DEFAULT '',
+            payload     TEXT,
+            created_at  INTEGER NOT NULL,
+            read_at     INTEGER,
+            claimed_by  TEXT,
+            claimed_at  INTEGER,
+            dedup_key   TEXT UNIQUE
+        );
+        CREATE INDEX mail_inbox ON mail(recipient, read_at, id);
+        CREATE INDEX mail_claims ON mail(claimed_by);
+        CREATE INDEX mail_thread ON mail(thread_id, id);
+        CREATE INDEX mail_created ON mail(created_at);
+
+        CREATE TABLE turns (
+            id            TEXT PRIMARY KEY,
+            agent         TEXT NOT NULL,
+            generation    INTEGER NOT NULL,
+            number        INTEGER NOT NULL,
+            attempt       INTEGER NOT NULL DEFAULT 0,
+            status        TEXT NOT NULL,
+            pid           INTEGER,
+            pgid          INTEGER,
+            session_id    TEXT,
+            resumed       INTEGER NOT NULL DEFAULT 0,
+            started_at    INTEGER NOT NULL,
+            ended_at      INTEGER,
+            input_tokens  INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            cost_usd      REAL NOT NULL DEFAULT 0,
+            tool_calls    INTEGER NOT NULL DEFAULT 0,
+            error         TEXT,
+            log_dir       TEXT
+        );
+        CREATE INDEX turns_agent ON turns(agent, started_at);
+        CREATE INDEX turns_status ON turns(status);
+
+        CREATE TABLE runs (
+            id              TEXT PRIMARY KEY,
+            coordinator     TEXT,
+            status          TEXT NOT NULL DEFAULT 'open',
+            started_at      INTEGER NOT NULL,
+            completed_at    INTEGER,
+            summary_sent_at INTEGER
+        );
+
+        CREATE TABLE merge_queue (
+            id           INTEGER PRIMARY KEY,
+            agent        TEXT,
+            branch       TEXT NOT NULL,
+            target       TEXT,
+            task_id      TEXT,
+            files        TEXT NOT NULL DEFAULT '[]',
+            mail_id      INTEGER UNIQUE,
+            status       TEXT NOT NULL DEFAULT 'pending',
+            tier         INTEGER,
+            result       TEXT,
+            enqueued_at  INTEGER NOT NULL,
+            processed_at INTEGER
+        );
+        CREATE INDEX merge_queue_status ON merge_queue(status, id);
+        """
+    )
+
+
+STATE_MIGRATIONS: list[Migration] = [_state_m001_initial]
+
+
+# ---------------------------------------------------------------------------
+# events.db migrations
+# ---------------------------------------------------------------------------
+
+
+def _events_m001_initial(conn: sqlite3.Connection) -> None:
+    run_script(conn, 
+        """
+        CREATE TABLE events (
+            id         INTEGER PRIMARY KEY,
+            at         INTEGER NOT NULL,
+            agent      TEXT,
+            generation INTEGER,
+            turn_id    TEXT,
+            kind       TEXT NOT NULL,
+            tool       TEXT,
+            summary    TEXT,
+            data       TEXT
+        );
+        CREATE INDEX events_agent ON events(agent, id);
+        CREATE INDEX events_kind ON events(kind, id);
+        CREATE INDEX events_turn ON events(turn_id, id);
+        """
+    )
+
+
+EVENTS_MIGRATIONS: list[Migration] = [_events_m001_initial]
+
+
+def open_state(path: Path) -> sqlite3.Connection:
+    return connect(path, STATE_MIGRATIONS)
+
+
+def open_events(path: Path) -> sqlite3.Connection:
+    return connect(path, EVENTS_MIGRATIONS)

@@ -1,0 +1,116 @@
+"""`ov doctor`: environment and project health checks, each with a fix hint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from overstory.errors import OrchestratorError
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    hint: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _version_of(argv: list[str]) -> str | None:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (result.stdout or result.stderr).strip().splitlines()
+    return text[0] if result.returncode == 0 and text else None
+
+
+def check_python() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info >= (3, 11):
+        return Check("python", OK, f"Python {version}")
+    return Check("python", FAIL, f"Python {version}", "ov needs Python 3.11 or newer")
+
+
+def check_git() -> Check:
+    version = _version_of(["git", "--version"])
+    if version:
+        return Check("git", OK, version)
+    return Check("git", FAIL, "git not found", "install git (apt-get install git)")
+
+
+def check_tmux() -> Check:
+    version = _version_of(["tmux", "-V"])
+    if version:
+        return Check("tmux", OK, version)
+    return Check("tmux", WARN, "tmux not found (only tmux mode needs it)", "apt-get install tmux")
+
+
+def check_claude(claude_bin: str = "claude") -> Check:
+    path = shutil.which(claude_bin)
+    if not path:
+        return Check("claude", WARN, f"{claude_bin} not found on PATH (the scripted runtime still works)",
+                     "npm install -g @anthropic-ai/claude-code, or set runtime.claude_bin")
+    version = _version_of([path, "--version"])
+    if version:
+        return Check("claude", OK, f"{version} at {path}")
+    return Check("claude", FAIL, f"{path} did not report a version", "reinstall @anthropic-ai/claude-code")
+
+
+def check_database(path: Path, expected_version: int) -> Check:
+    name = path.name
+    if not path.exists():
+        return Check(name, FAIL, f"{path} is missing", "run `ov init --force` to recreate it")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return Check(name, FAIL, f"{path}: {exc}", "move the file aside and run `ov init --force`")
+    if verdict != "ok":
+        return Check(name, FAIL, f"integrity check: {verdict}", "move the file aside and run `ov init --force`")
+    if version > expected_version:
+        return Check(name, FAIL, f"schema v{version} is newer than this ov (v{expected_version})", "upgrade ov")
+    if version < expected_version:
+        return Check(name, WARN, f"schema v{version}; any ov command upgrades it to v{expected_version}")
+    return Check(name, OK, f"integrity ok, schema v{version}")
+
+
+def run_checks(project_option: str | None = None) -> list[Check]:
+    from overstory.db import EVENTS_MIGRATIONS, STATE_MIGRATIONS
+    from overstory.paths import find_project
+
+    checks = [check_python(), check_git(), check_tmux()]
+    claude_bin = os.environ.get("OV_RUNTIME_CLAUDE_BIN", "claude")
+    try:
+        project = find_project(project_option)
+    except OrchestratorError as exc:
+        checks.append(check_claude(claude_bin))
+        checks.append(Check("project", WARN, str(exc), "run `ov init` in your repository"))
+        return checks
+    checks.append(Check("project", OK, str(project.root)))
+    try:
+        from overstory.config import load_config
+
+        config = load_config(project.config_file, project.local_config_file)
+        claude_bin = config.runtime.claude_bin
+        checks.append(Check("config", OK, f"{project.config_file} is valid"))
+    except OrchestratorError as exc:
+        checks.append(Check("config", FAIL, str(exc), "fix the key named above, or compare with `ov config --defaults`"))
+    checks.append(check_claude(claude_bin))
+    checks.append(check_database(project.state_db, len(STATE_MIGRATIONS)))
+    checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS)))
+    return checks

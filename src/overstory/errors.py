@@ -1,0 +1,83 @@
+"""The one exception hierarchy. The CLI turns any OrchestratorError into a one-line message."""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Base of every error a user can cause or act on. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(OrchestratorError):
+    """The command line itself is wrong (exit 2, like click's usage errors)."""
+
+    exit_code = 2
+
+
+class NotAGitRepository(OrchestratorError):
+    pass
+
+
+class ProjectNotFound(OrchestratorError):
+    pass
+
+
+class AlreadyInitialized(OrchestratorError):
+    pass
+
+
+class ConfigError(OrchestratorError):
+    pass
+
+
+class InvalidName(UsageError):
+    pass
+
+
+class AgentNotFound(OrchestratorError):
+    pass
+
+
+class AgentExists(OrchestratorError):
+    pass
+
+
+class MailError(OrchestratorError):
+    pass
+
+
+class PayloadError(MailError):
+    pass
+
+
+class SpawnError(OrchestratorError):
+    pass
+
+
+class GuardDenied(OrchestratorError):
+    pass
+
+
+class RuntimeNotAvailable(OrchestratorError):
+    pass
+
+
+class LockHeld(OrchestratorError):
+    pass
+
+
+class MergeError(OrchestratorError):
+    pass
+
+
+class HierarchyError(OrchestratorError):
+    pass
+
+
+class TmuxError(OrchestratorError):
+    pass
+
+
+class StoreError(OrchestratorError):
+    """The state or event database is unreadable, from a newer ov, or corrupt."""

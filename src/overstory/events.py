@@ -1,0 +1,71 @@
+"""The event stream (events.db): tool calls, turns, mail, errors, costs.
+
+Kept in its own database so its high write volume never contends with state writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import typing as t
+from dataclasses import dataclass
+
+from overstory.clock import now_ms
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    at: int
+    agent: str | None
+    generation: int | None
+    turn_id: str | None
+    kind: str
+    tool: str | None
+    summary: str | None
+    data: dict[str, t.Any] | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Event:
+        values = dict(row)
+        values["data"] = json.loads(values["data"]) if values["data"] else None
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, t.Any]:
+        from overstory.clock import iso
+
+        return {"id": self.id, "at": iso(self.at), "agent": self.agent, "generation": self.generation,
+                "turn_id": self.turn_id, "kind": self.kind, "tool": self.tool, "summary": self.summary,
+                "data": self.data}
+
+
+def record(conn: sqlite3.Connection, kind: str, *, agent: str | None = None, generation: int | None = None,
+           turn_id: str | None = None, tool: str | None = None, summary: str | None = None,
+           data: t.Mapping[str, t.Any] | None = None, at: int | None = None) -> int:
+    cursor = conn.execute(
+        "INSERT INTO events(at, agent, generation, turn_id, kind, tool, summary, data) VALUES (?,?,?,?,?,?,?,?)",
+        (at or now_ms(), agent, generation, turn_id, kind, tool, summary,
+         json.dumps(data, ensure_ascii=False, default=str) if data is not None else None),
+    )
+    return int(cursor.lastrowid or 0)
+
+
+def query(conn: sqlite3.Connection, *, agent: str | None = None, kinds: t.Collection[str] | None = None,
+          turn_id: str | None = None, after_id: int = 0, limit: int = 200, newest: bool = False) -> list[Event]:
+    """Events by indexed filters. ``newest`` returns the last ``limit`` (still in id order)."""
+    clauses, params = ["id > ?"], [after_id]
+    if agent is not None:
+        clauses.append("agent = ?")
+        params.append(agent)
+    if turn_id is not None:
+        clauses.append("turn_id = ?")
+        params.append(turn_id)
+    if kinds:
+        clauses.append(f"kind IN ({','.join('?' * len(kinds))})")
+        params.extend(kinds)
+    order = "DESC" if newest else "ASC"
+    rows = conn.execute(
+        f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY id {order} LIMIT ?", (*params, limit)
+    ).fetchall()
+    found = [Event.from_row(r) for r in rows]
+    return found[::-1] if newest else found

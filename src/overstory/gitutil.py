@@ -1,0 +1,36 @@
+"""Small, fast git queries through the git CLI (no gitpython import on hot paths)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from overstory.errors import NotAGitRepository
+
+
+def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check)
+
+
+def repo_toplevel(path: Path) -> Path:
+    try:
+        result = git(path, "rev-parse", "--show-toplevel", check=False)
+    except FileNotFoundError:
+        raise NotAGitRepository("git is not installed (or not on PATH)") from None
+    if result.returncode != 0:
+        raise NotAGitRepository(f"{path} is not inside a git repository; run `git init` and make a first commit")
+    return Path(result.stdout.strip()).resolve()
+
+
+def has_commit(root: Path) -> bool:
+    return git(root, "rev-parse", "--verify", "--quiet", "HEAD", check=False).returncode == 0
+
+
+def current_branch(root: Path) -> str | None:
+    """The checked-out branch, or None on a detached HEAD."""
+    result = git(root, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def branch_exists(root: Path, branch: str) -> bool:
+    return git(root, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0

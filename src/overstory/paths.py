@@ -1,0 +1,108 @@
+"""Finding the project and naming the files inside `.overstory/`.
+
+The project is the main git repository that holds `.overstory/`. Agents run inside
+worktrees under `.overstory/worktrees/<agent>/`, which are git repositories of their
+own, so discovery must climb out of them to the main repository.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from overstory.errors import ProjectNotFound
+
+OV_DIR_NAME = ".overstory"
+PROJECT_ENV = "OVERSTORY_PROJECT_ROOT"
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    root: Path
+
+    @property
+    def ov_dir(self) -> Path:
+        return self.root / OV_DIR_NAME
+
+    @property
+    def state_db(self) -> Path:
+        return self.ov_dir / "state.db"
+
+    @property
+    def events_db(self) -> Path:
+        return self.ov_dir / "events.db"
+
+    @property
+    def config_file(self) -> Path:
+        return self.ov_dir / "config.yaml"
+
+    @property
+    def local_config_file(self) -> Path:
+        return self.ov_dir / "config.local.yaml"
+
+    @property
+    def worktrees_dir(self) -> Path:
+        return self.ov_dir / "worktrees"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.ov_dir / "logs"
+
+    @property
+    def locks_dir(self) -> Path:
+        return self.ov_dir / "locks"
+
+    @property
+    def run_dir(self) -> Path:
+        """Per-agent runtime files: scenario copies, runtime config dirs, loop logs."""
+        return self.ov_dir / "run"
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.ov_dir / "agents"
+
+    @property
+    def templates_dir(self) -> Path:
+        return self.ov_dir / "templates"
+
+    def worktree(self, agent: str) -> Path:
+        return self.worktrees_dir / agent
+
+    def is_initialized(self) -> bool:
+        return self.ov_dir.is_dir() and self.config_file.is_file()
+
+
+def find_git_root(start: Path) -> Path | None:
+    """The top of the git working tree containing ``start`` (a worktree counts), or None."""
+    current = start.resolve()
+    for candidate in (current, *current.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def _climb_out_of_agent_worktree(path: Path) -> Path:
+    """``<root>/.overstory/worktrees/<agent>/...`` -> ``<root>``; anything else unchanged."""
+    parts = path.parts
+    for index in range(len(parts) - 2):
+        if parts[index] == OV_DIR_NAME and parts[index + 1] == "worktrees":
+            return Path(*parts[:index])
+    return path
+
+
+def find_project(explicit: str | os.PathLike[str] | None = None, *, cwd: Path | None = None) -> ProjectPaths:
+    """Locate the project: ``explicit`` > $OVERSTORY_PROJECT_ROOT > walk up from ``cwd``."""
+    chosen = explicit or os.environ.get(PROJECT_ENV)
+    if chosen:
+        root = Path(chosen).expanduser().resolve()
+        project = ProjectPaths(root)
+        if not project.is_initialized():
+            raise ProjectNotFound(f"{root} is not an ov project (no {OV_DIR_NAME}/config.yaml); run `ov init` there")
+        return project
+    start = (cwd or Path.cwd()).resolve()
+    start = _climb_out_of_agent_worktree(start)
+    for candidate in (start, *start.parents):
+        if (candidate / OV_DIR_NAME / "config.yaml").is_file():
+            return ProjectPaths(candidate)
+    raise ProjectNotFound(f"no ov project found at or above {start}; run `ov init` in a git repository first")

@@ -1,0 +1,83 @@
+"""`ov init`: lay out `.overstory/` in a git repository."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overstory.config import DEFAULT_CONFIG_YAML
+from overstory.db import open_events, open_state
+from overstory.errors import AlreadyInitialized, NotAGitRepository
+from overstory.gitutil import has_commit, repo_toplevel
+from overstory.paths import ProjectPaths
+from overstory.resources import shipped_agents_dir, shipped_templates_dir
+
+OV_GITIGNORE = """\
+# Written by `ov init`: runtime state stays out of git.
+*.db
+*.db-wal
+*.db-shm
+*.db-journal
+config.local.yaml
+logs/
+worktrees/
+run/
+locks/
+tmp/
+"""
+
+
+@dataclass
+class InitReport:
+    root: Path
+    created: list[str] = field(default_factory=list)
+    overwritten: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+def init_project(start: Path, *, force: bool = False) -> InitReport:
+    root = repo_toplevel(start)
+    if not has_commit(root):
+        raise NotAGitRepository(f"{root} has no commit yet; ov branches agents from a commit, so make one first")
+    project = ProjectPaths(root)
+    if project.is_initialized() and not force:
+        raise AlreadyInitialized(f"{project.ov_dir} already exists; use `ov init --force` to restore missing or edited files")
+    report = InitReport(root=root)
+    project.ov_dir.mkdir(exist_ok=True)
+    files: dict[Path, str] = {
+        project.config_file: DEFAULT_CONFIG_YAML,
+        project.ov_dir / ".gitignore": OV_GITIGNORE,
+    }
+    for source_dir, target_dir in ((shipped_agents_dir(), project.agents_dir), (shipped_templates_dir(), project.templates_dir)):
+        for source in sorted(source_dir.iterdir()):
+            if source.is_file():
+                files[target_dir / source.name] = source.read_text(encoding="utf-8")
+    for path, text in files.items():
+        _write_unless_edited(path, text, force=force, report=report, root=root)
+    for folder in (project.worktrees_dir, project.logs_dir, project.locks_dir, project.run_dir):
+        folder.mkdir(exist_ok=True)
+    for opener, path in ((open_state, project.state_db), (open_events, project.events_db)):
+        existed = path.exists()
+        opener(path).close()
+        if not existed:
+            report.created.append(str(path.relative_to(root)))
+    return report
+
+
+def _write_unless_edited(path: Path, text: str, *, force: bool, report: InitReport, root: Path) -> None:
+    """Create ``path``; an existing file that differs (the user edited it) is kept unless ``force``."""
+    relative = str(path.relative_to(root))
+    if path.exists():
+        if path.read_text(encoding="utf-8") == text:
+            return
+        if not force:
+            report.kept.append(relative)
+            return
+        report.overwritten.append(relative)
+    else:
+        report.created.append(relative)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+

@@ -1,0 +1,269 @@
+"""Agent rows and the state machine. ``transition`` is the only writer of ``state``.
+
+Every change is one compare-and-swap inside a ``BEGIN IMMEDIATE`` transaction: the
+row must still carry the generation the caller believes in and be in a state the
+transition table allows as a predecessor. The losing writer gets a typed outcome
+and decides what to do; nobody retries blindly.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import typing as t
+from dataclasses import dataclass, field
+
+from overstory.clock import now_ms
+from overstory.db import write_transaction
+from overstory.errors import AgentExists
+
+STATES = ("booting", "in_turn", "between_turns", "working", "stalled", "parked", "completed", "zombie")
+TERMINAL_STATES = frozenset({"completed", "zombie"})
+ACTIVE_STATES = frozenset(STATES) - TERMINAL_STATES
+
+# to-state -> the states it may be entered from. The one place the rules live.
+ALLOWED_FROM: dict[str, frozenset[str]] = {
+    "booting": frozenset(),  # only by create_session, as a new generation
+    "in_turn": frozenset({"booting", "between_turns", "stalled", "parked"}),
+    "between_turns": frozenset({"booting", "in_turn", "stalled", "parked"}),
+    "working": frozenset({"booting", "stalled", "parked"}),
+    "stalled": frozenset({"booting", "in_turn", "working"}),
+    "parked": frozenset({"booting", "in_turn", "between_turns", "working", "stalled"}),
+    "completed": frozenset({"booting", "in_turn", "between_turns", "working", "stalled", "parked", "zombie"}),
+    "zombie": frozenset({"booting", "in_turn", "between_turns", "working", "stalled", "parked"}),
+}
+
+CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
+WRITER_CAPABILITIES = frozenset({"builder", "merger"})
+
+
+def is_allowed(prev: str, to: str) -> bool:
+    return prev in ALLOWED_FROM.get(to, frozenset())
+
+
+# ---- outcomes -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ok:
+    prev: str
+    version: int
+    ok: t.ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class NotFound:
+    ok: t.ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class StaleGeneration:
+    current: int
+    ok: t.ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class IllegalTransition:
+    prev: str
+    ok: t.ClassVar[bool] = False
+
+
+Outcome = t.Union[Ok, NotFound, StaleGeneration, IllegalTransition]
+AfterTransition = t.Callable[[sqlite3.Connection, Ok], None]
+
+
+# ---- rows -----------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    name: str
+    generation: int
+    version: int
+    state: str
+    state_reason: str | None
+    capability: str
+    task_id: str
+    parent: str
+    depth: int
+    run_id: str | None
+    runtime: str
+    mode: str
+    model: str | None
+    worktree: str | None
+    branch: str | None
+    base_branch: str | None
+    spec: dict[str, t.Any]
+    runtime_session_id: str | None
+    loop_pid: int | None
+    loop_start_ticks: int | None
+    turn_pgid: int | None
+    turn_start_ticks: int | None
+    current_turn_id: str | None
+    current_tool: str | None
+    tmux_session: str | None
+    turns: int
+    failed_turns: int
+    retries: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    terminal_mail_sent: int
+    created_at: int
+    updated_at: int
+    last_activity: int
+    extra: dict[str, t.Any] = field(default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Session:
+        values = dict(row)
+        values["spec"] = json.loads(values.get("spec") or "{}")
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        extra = {k: values.pop(k) for k in list(values) if k not in known}
+        return cls(**values, extra=extra)
+
+
+def get(conn: sqlite3.Connection, name: str) -> Session | None:
+    row = conn.execute("SELECT * FROM sessions WHERE name = ?", (name,)).fetchone()
+    return Session.from_row(row) if row else None
+
+
+def list_sessions(conn: sqlite3.Connection, *, include_terminal: bool = True) -> list[Session]:
+    if include_terminal:
+        rows = conn.execute("SELECT * FROM sessions ORDER BY created_at, name").fetchall()
+    else:
+        marks = ",".join("?" * len(TERMINAL_STATES))
+        rows = conn.execute(
+            f"SELECT * FROM sessions WHERE state NOT IN ({marks}) ORDER BY created_at, name",
+            tuple(TERMINAL_STATES),
+        ).fetchall()
+    return [Session.from_row(r) for r in rows]
+
+
+# ---- writes ---------------------------------------------------------------
+
+
+def create_session(conn: sqlite3.Connection, *, name: str, capability: str, task_id: str, runtime: str,
+                   actor: str, parent: str = "operator", depth: int = 0, **columns: t.Any) -> int:
+    """Insert ``name`` as a new generation in ``booting``; returns the generation.
+
+    An existing row is replaced only when it is terminal; an active agent of that
+    name raises AgentExists. The generation counter is never reused.
+    """
+    now = now_ms()
+    if "spec" in columns and not isinstance(columns["spec"], str):
+        columns["spec"] = json.dumps(columns["spec"])
+    with write_transaction(conn):
+        existing = conn.execute("SELECT state FROM sessions WHERE name = ?", (name,)).fetchone()
+        if existing is not None and existing["state"] not in TERMINAL_STATES:
+            raise AgentExists(f"agent {name} is already active (state {existing['state']}); stop it first or pick another --name")
+        row = conn.execute(
+            "INSERT INTO generations(name, generation) VALUES (?, 1) "
+            "ON CONFLICT(name) DO UPDATE SET generation = generation + 1 RETURNING generation",
+            (name,),
+        ).fetchone()
+        generation = int(row[0])
+        conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
+        values = {
+            "name": name, "generation": generation, "version": 0, "state": "booting",
+            "capability": capability, "task_id": task_id, "runtime": runtime, "parent": parent,
+            "depth": depth, "created_at": now, "updated_at": now, "last_activity": now, **columns,
+        }
+        names = ", ".join(values)
+        marks = ", ".join(f":{k}" for k in values)
+        conn.execute(f"INSERT INTO sessions ({names}) VALUES ({marks})", values)
+        _record(conn, name, generation, None, "booting", actor, "spawned", now)
+    return generation
+
+
+def discard_session(conn: sqlite3.Connection, name: str, generation: int) -> None:
+    """Undo ``create_session`` for a spawn that failed half-way (its history goes too)."""
+    with write_transaction(conn):
+        conn.execute("DELETE FROM sessions WHERE name = ? AND generation = ?", (name, generation))
+        conn.execute("DELETE FROM transitions WHERE name = ? AND generation = ?", (name, generation))
+
+
+def transition(conn: sqlite3.Connection, name: str, generation: int, to: str, *, actor: str,
+               reason: str | None = None, fields: t.Mapping[str, t.Any] | None = None,
+               expect: t.Collection[str] | None = None, then: AfterTransition | None = None) -> Outcome:
+    """Move ``name`` (as of ``generation``) to ``to`` by compare-and-swap.
+
+    ``expect`` narrows the allowed predecessors further (e.g. the watchdog only
+    stalls an agent it saw ``in_turn``). ``then`` runs inside the same transaction
+    after a successful swap, so side effects such as the parent's ``worker_died``
+    mail happen exactly once, with the transition that caused them.
+    """
+    if to not in ALLOWED_FROM:
+        raise ValueError(f"unknown state {to!r}")
+    allowed = ALLOWED_FROM[to] if expect is None else ALLOWED_FROM[to] & frozenset(expect)
+    now = now_ms()
+    with write_transaction(conn):
+        row = conn.execute("SELECT state, generation, version FROM sessions WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            return NotFound()
+        if row["generation"] != generation:
+            return StaleGeneration(current=row["generation"])
+        prev = row["state"]
+        if prev not in allowed:
+            return IllegalTransition(prev=prev)
+        assignments = {"state": to, "state_reason": reason, "updated_at": now, **(fields or {})}
+        if "state" in (fields or {}):
+            raise ValueError("state is set only through the `to` argument")
+        sets = ", ".join(f"{k} = :{k}" for k in assignments)
+        params = {**assignments, "_name": name, "_gen": generation, "_prev": prev}
+        updated = conn.execute(
+            f"UPDATE sessions SET {sets}, version = version + 1 "
+            "WHERE name = :_name AND generation = :_gen AND state = :_prev RETURNING version",
+            params,
+        ).fetchone()
+        ok = Ok(prev=prev, version=int(updated[0]))
+        _record(conn, name, generation, prev, to, actor, reason, now)
+        if then is not None:
+            then(conn, ok)
+    return ok
+
+
+def update_fields(conn: sqlite3.Connection, name: str, generation: int, **fields: t.Any) -> bool:
+    """Write non-state columns (activity, pgid, tokens…) fenced by generation. True if written."""
+    if not fields:
+        return True
+    if "state" in fields or "generation" in fields:
+        raise ValueError("state and generation change only through transition/create_session")
+    fields.setdefault("updated_at", now_ms())
+    sets = ", ".join(f"{k} = :{k}" for k in fields)
+    cursor = conn.execute(
+        f"UPDATE sessions SET {sets} WHERE name = :_name AND generation = :_gen",
+        {**fields, "_name": name, "_gen": generation},
+    )
+    return cursor.rowcount == 1
+
+
+def add_usage(conn: sqlite3.Connection, name: str, generation: int, *, input_tokens: int = 0,
+              output_tokens: int = 0, cost_usd: float = 0.0) -> None:
+    conn.execute(
+        "UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
+        "cost_usd = cost_usd + ? WHERE name = ? AND generation = ?",
+        (input_tokens, output_tokens, cost_usd, name, generation),
+    )
+
+
+def _record(conn: sqlite3.Connection, name: str, generation: int, prev: str | None, to: str, actor: str,
+            reason: str | None, at: int) -> None:
+    conn.execute(
+        "INSERT INTO transitions(name, generation, from_state, to_state, actor, reason, at) VALUES (?,?,?,?,?,?,?)",
+        (name, generation, prev, to, actor, reason, at),
+    )
+
+
+def history(conn: sqlite3.Connection, name: str) -> list[dict[str, t.Any]]:
+    rows = conn.execute("SELECT * FROM transitions WHERE name = ? ORDER BY id", (name,)).fetchall()
+    return [dict(r) for r in rows]
+
+
+def transition_table() -> list[tuple[str, list[str]]]:
+    """(to, sorted predecessors) rows for `ov doctor` and the README."""
+    return [(to, sorted(ALLOWED_FROM[to])) for to in STATES]

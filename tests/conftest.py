@@ -1,0 +1,95 @@
+"""Shared fixtures: real git repositories and initialized ov projects in tmp_path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+# Variables that would leak the developer's own agent identity or project into tests.
+_LEAKY_ENV = [name for name in os.environ if name.startswith(("OVERSTORY_", "OV_"))] + [
+    "CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT",
+]
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _LEAKY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "ov tests")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "tests@ov.invalid")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "ov tests")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "tests@ov.invalid")
+
+
+def run_git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    run_git(path, "init", "-q", "-b", "main")
+    for name, text in (files or {"README.md": "hello\n"}).items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    run_git(path, "add", "-A")
+    run_git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    """A real git repository on branch main with one commit."""
+    return make_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def project(git_repo: Path):
+    """An initialized ov project (ProjectPaths) in a real git repository."""
+    from overstory.paths import ProjectPaths
+    from overstory.project_init import init_project
+
+    init_project(git_repo)
+    return ProjectPaths(git_repo)
+
+
+@pytest.fixture
+def state_db(project):
+    from overstory.db import open_state
+
+    conn = open_state(project.state_db)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def events_db(project):
+    from overstory.db import open_events
+
+    conn = open_events(project.events_db)
+    yield conn
+    conn.close()
+
+
+def ov_command() -> list[str]:
+    """How tests run `ov` as a real subprocess: the installed script if on PATH, else the module."""
+    import shutil
+
+    found = shutil.which("ov")
+    return [found] if found else [sys.executable, "-m", "overstory"]
+
+
+def run_ov(*args: str, cwd: Path, env: dict[str, str] | None = None, input: str | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([*ov_command(), *args], cwd=cwd, env=full_env, input=input, capture_output=True,
+                          text=True, timeout=timeout)
