@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 import typing as t
 from pathlib import Path
 
@@ -181,7 +182,8 @@ def _read_yaml(path: Path) -> dict[str, t.Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, found {type(data).__name__}")
-    return data
+    # A section whose keys are all commented out parses as null: it overrides nothing.
+    return {key: {} if value is None else value for key, value in data.items()}
 
 
 def _env_overrides(environ: t.Mapping[str, str]) -> dict[str, t.Any]:
@@ -190,11 +192,22 @@ def _env_overrides(environ: t.Mapping[str, str]) -> dict[str, t.Any]:
         annotation = section_field.annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             continue
-        for key in annotation.model_fields:
+        for key, key_field in annotation.model_fields.items():
             raw = environ.get(f"OV_{section_name.upper()}_{key.upper()}")
             if raw is not None:
-                overrides.setdefault(section_name, {})[key] = _parse_env_value(raw)
+                value = _parse_env_value(raw)
+                takes_text = _accepts_text(key_field.annotation)
+                if takes_text and value is not None and not isinstance(value, str):
+                    value = raw  # a branch or model named "123" stays text
+                overrides.setdefault(section_name, {})[key] = value
     return overrides
+
+
+def _accepts_text(annotation: t.Any) -> bool:
+    """``str`` or an optional ``str`` (not ``list[str]``)."""
+    if annotation is str:
+        return True
+    return t.get_origin(annotation) in (t.Union, types.UnionType) and str in t.get_args(annotation)
 
 
 def _parse_env_value(raw: str) -> t.Any:
@@ -220,10 +233,32 @@ def _describe(exc: ValidationError, source: str) -> str:
     for error in exc.errors():
         key = ".".join(str(p) for p in error["loc"]) or "(top level)"
         if error["type"] == "extra_forbidden":
-            problems.append(f"unknown key '{key}'")
+            known = _known_keys(error["loc"][:-1])
+            expected = f" (expected one of: {', '.join(known)})" if known else ""
+            problems.append(f"unknown key '{key}'{expected}")
         else:
             problems.append(f"'{key}': {error['msg']} (got {error.get('input')!r})")
     return f"{source}: " + "; ".join(problems)
+
+
+def _known_keys(parent: tuple[int | str, ...]) -> list[str]:
+    """The keys the model accepts under ``parent`` (a pydantic error location)."""
+    model: t.Any = Config
+    parts = list(parent)
+    while parts:
+        field_info = model.model_fields.get(str(parts.pop(0))) if isinstance(model, type) else None
+        if field_info is None:
+            return []
+        annotation = field_info.annotation
+        if t.get_origin(annotation) is dict:
+            annotation = t.get_args(annotation)[1]
+            if not parts:
+                return []
+            parts.pop(0)  # the free-form name (a provider's name, a capability)
+        model = annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
 
 
 def env_var_names() -> list[str]:

@@ -7,7 +7,9 @@ which takes the write lock up front and makes read-modify-write sequences atomic
 
 from __future__ import annotations
 
+import random
 import sqlite3
+import time
 import typing as t
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,15 +30,39 @@ def connect(path: Path, migrations: t.Sequence[Migration]) -> sqlite3.Connection
     conn.row_factory = sqlite3.Row
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(conn, path)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         migrate(conn, migrations, label=path.name)
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _switch_to_wal(conn: sqlite3.Connection, path: Path) -> None:
+    """Put the file in WAL mode, waiting out other processes doing the same.
+
+    Changing the journal mode needs an exclusive lock and SQLite reports SQLITE_BUSY
+    for it without calling the busy handler, so several processes opening a fresh
+    database at once would see "database is locked". Retry until the busy timeout.
+    """
+    if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+        return
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+        if time.monotonic() > deadline:
+            raise StoreError(f"{path}: could not switch to WAL mode: the database stayed locked by another process")
+        time.sleep(0.005 + random.random() * 0.02)
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

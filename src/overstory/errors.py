@@ -81,3 +81,11 @@ class TmuxError(OrchestratorError):
 
 class StoreError(OrchestratorError):
     """The state or event database is unreadable, from a newer ov, or corrupt."""
+
+
+class UnknownCapability(UsageError):
+    """A capability name that has no role definition (see agents/)."""
+
+
+class OverlayError(OrchestratorError):
+    """An agent's instructions could not be rendered (missing placeholder value or template)."""

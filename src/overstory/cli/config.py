@@ -15,10 +15,13 @@ def config(defaults: bool, as_json: bool) -> None:
     ov config --json
     OV_TURNS_STALL_TIMEOUT=30 ov config
     """
-    from overstory.config import DEFAULT_CONFIG_YAML, load_config
+    from overstory.config import DEFAULT_CONFIG_YAML, Config, load_config
 
     if defaults:
-        click.echo(DEFAULT_CONFIG_YAML, nl=False)
+        if as_json:
+            echo_json(Config().model_dump())
+        else:
+            click.echo(DEFAULT_CONFIG_YAML, nl=False)
         return
     project = project_paths()
     effective = load_config(project.config_file, project.local_config_file).model_dump()

@@ -1,0 +1,319 @@
+"""The per-agent loop: a small detached process that turns pending mail into turns.
+
+Started by `ov sling` (or re-adopted by the watchdog) as
+``python -m overstory.agent_loop --project ROOT --agent NAME --generation G``.
+It runs in its own session, so closing the operator's terminal does not stop it,
+and it holds an OS lock for its agent so two loops can never run turns of one
+agent at once (a crashed holder's lock is released by the kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+import typing as t
+import uuid
+from pathlib import Path
+
+from overstory import procs, sessions
+from overstory.clock import now_ms
+from overstory.db import open_events, open_state
+from overstory.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, mail_sent_since, terminal_mail_sent
+from overstory.paths import ProjectPaths
+from overstory.sessions import Session
+
+POLL_SECONDS = 0.4
+LOCK_WAIT_SECONDS = 10.0
+
+
+def env_file(project: ProjectPaths, agent: str) -> Path:
+    return project.run_dir / agent / "env.json"
+
+
+def save_launch_env(project: ProjectPaths, agent: str, environ: t.Mapping[str, str]) -> Path:
+    """Keep the environment `ov sling` ran in, so a re-adopted loop gives turns the same one."""
+    path = env_file(project, agent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(dict(environ), handle)
+    return path
+
+
+def load_launch_env(project: ProjectPaths, agent: str) -> dict[str, str]:
+    try:
+        return dict(json.loads(env_file(project, agent).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return dict(os.environ)
+
+
+class _Lock:
+    """A non-blocking flock on a file; released by the kernel if we die."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def try_acquire(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, str(os.getpid()).encode())
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def agent_lock_path(project: ProjectPaths, agent: str) -> Path:
+    return project.locks_dir / f"agent-{agent}.lock"
+
+
+def acquire_turn_slot(project: ProjectPaths, slots: int, should_stop: t.Callable[[], bool]) -> _Lock | None:
+    """Wait for one of ``slots`` project-wide turn slots (the global concurrency limit)."""
+    locks = [_Lock(project.locks_dir / f"turn-slot-{i}.lock") for i in range(slots)]
+    while not should_stop():
+        for lock in locks:
+            if lock.try_acquire():
+                for other in locks:
+                    if other is not lock:
+                        os.close(other.fd)
+                return lock
+        time.sleep(POLL_SECONDS)
+    for lock in locks:
+        os.close(lock.fd)
+    return None
+
+
+class _Interrupted:
+    status = "transient"
+    reason = "the agent loop died during the turn"
+    started_ms = 0
+
+
+class AgentLoop:
+    def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
+        from overstory.config import load_config
+
+        self.project = project
+        self.name = name
+        self.generation = generation
+        self.base_env = load_launch_env(project, name)
+        self.config = load_config(project.config_file, project.local_config_file, environ=self.base_env)
+        self.state = open_state(project.state_db)
+        self.events = open_events(project.events_db)
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def current(self) -> Session | None:
+        agent = sessions.get(self.state, self.name)
+        if agent is None or agent.generation != self.generation or agent.is_terminal:
+            return None
+        return agent
+
+    def should_stop(self) -> bool:
+        return self.stopping or self.current() is None
+
+    def run(self) -> int:
+        lock = _Lock(agent_lock_path(self.project, self.name))
+        # The lock may still be held by a loop that is on its way out (the previous
+        # generation noticing it was replaced); wait a little before deciding that
+        # another live loop already serves this agent.
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while not lock.try_acquire():
+            if time.monotonic() > deadline or self.should_stop():
+                return 0  # another loop already serves this agent
+            time.sleep(POLL_SECONDS)
+        if not sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
+                                      loop_start_ticks=procs.start_ticks(os.getpid())):
+            return 0
+        from overstory import events as event_store
+
+        event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
+                           summary=f"pid {os.getpid()}")
+        self._recover_interrupted_turn()
+        while not self.stopping:
+            agent = self.current()
+            if agent is None:
+                break
+            if agent.state == "parked" or not self._has_pending_mail():
+                time.sleep(POLL_SECONDS)
+                continue
+            slot = acquire_turn_slot(self.project, self.config.turns.max_concurrent, self.should_stop)
+            if slot is None:
+                break
+            try:
+                self._one_turn(agent)
+            finally:
+                slot.release()
+                os.close(slot.fd)
+        return 0
+
+    def _recover_interrupted_turn(self) -> None:
+        """A turn left in_turn by a loop that died: its process group goes, its mail is re-delivered.
+
+        We hold the agent lock, so no other loop can be running a turn of this agent.
+        """
+        from overstory import events as event_store
+        from overstory import mail
+
+        agent = self.current()
+        if agent is None or agent.state not in ("in_turn", "stalled") or agent.mode != "headless":
+            return
+        procs.kill_group(agent.turn_pgid, agent.turn_start_ticks, grace=self.config.turns.kill_grace)
+        if agent.current_turn_id:
+            mail.release(self.state, agent.current_turn_id)
+            self.state.execute("UPDATE turns SET status='interrupted', ended_at=? WHERE id=? AND ended_at IS NULL",
+                               (now_ms(), agent.current_turn_id))
+        event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
+                           turn_id=agent.current_turn_id, summary="the previous loop died mid-turn; retrying")
+        self._settle(agent, agent.current_turn_id or "", _Interrupted())
+
+    def _has_pending_mail(self) -> bool:
+        row = self.state.execute(
+            "SELECT 1 FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL LIMIT 1", (self.name,)
+        ).fetchone()
+        return row is not None
+
+    def _one_turn(self, agent: Session) -> None:
+        from overstory import events as event_store
+        from overstory import mail
+        from overstory.turns import run_turn
+
+        turn_id = f"{now_ms():x}-{uuid.uuid4().hex[:6]}"
+        claimed = mail.claim(self.state, self.name, turn_id)
+        if not claimed:
+            return
+        prompt = mail.render_for_prompt(claimed)
+        resume = agent.runtime_session_id
+        result = run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
+                          resume_session_id=resume, base_env=self.base_env, attempt=agent.retries,
+                          should_stop=self.should_stop)
+        if result.status == "resume_failed":
+            event_store.record(self.events, "resume_fallback", agent=self.name, generation=self.generation,
+                               turn_id=turn_id, summary=f"could not resume {resume}: {result.reason}"[:300])
+            fresh = self.current()
+            if fresh is None:
+                mail.release(self.state, turn_id)
+                return
+            sessions.update_fields(self.state, self.name, self.generation, runtime_session_id=None)
+            sessions.transition(self.state, self.name, self.generation, "between_turns", actor="turn-runner",
+                                reason="resume failed; starting a fresh session", expect={"in_turn", "stalled"})
+            fresh.runtime_session_id = None
+            fallback_turn = f"{turn_id}-fresh"
+            self.state.execute("UPDATE mail SET claimed_by = ? WHERE claimed_by = ?", (fallback_turn, turn_id))
+            turn_id = fallback_turn
+            prompt = self._fresh_session_summary(fresh) + "\n\n" + prompt
+            result = run_turn(self.project, self.config, self.state, self.events, fresh, prompt, turn_id,
+                              resume_session_id=None, base_env=self.base_env, attempt=agent.retries,
+                              should_stop=self.should_stop)
+            if result.status == "resume_failed":
+                result.status = "permanent"
+        self._settle(agent, turn_id, result)
+
+    def _settle(self, agent: Session, turn_id: str, result: t.Any) -> None:
+        from overstory import events as event_store
+        from overstory import mail
+
+        actor = "turn-runner"
+        if result.status == "ok":
+            mail.mark_read(self.state, turn_id)
+            done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(
+                self.state, agent, result.started_ms)
+            if not done and mail_sent_since(self.state, agent, result.started_ms) == 0 \
+                    and agent.capability not in PERSISTENT_CAPABILITIES:
+                event_store.record(self.events, "contract_violation", agent=self.name, generation=self.generation,
+                                   turn_id=turn_id, summary="turn ended cleanly without any mail: nobody knows what it did")
+            self.state.execute(
+                "UPDATE sessions SET turns = turns + 1, retries = 0 WHERE name = ? AND generation = ?",
+                (self.name, self.generation))
+            sessions.transition(self.state, self.name, self.generation, "completed" if done else "between_turns",
+                                actor=actor, reason="terminal mail sent" if done else "turn finished",
+                                expect={"booting", "in_turn", "stalled"})
+            return
+        mail.release(self.state, turn_id)
+        fresh = self.current()
+        if fresh is None or (result.status == "aborted" and self.stopping):
+            return
+        if result.status in ("permanent", "stalled"):
+            declare_zombie(self.state, fresh, result.reason, actor=actor)
+            return
+        retries = fresh.retries + 1
+        self.state.execute("UPDATE sessions SET retries = ?, failed_turns = failed_turns + 1 WHERE name = ? AND generation = ?",
+                           (retries, self.name, self.generation))
+        if retries > self.config.turns.max_retries:
+            declare_zombie(self.state, fresh, f"{result.reason} (gave up after {retries - 1} retries)", actor=actor)
+            return
+        event_store.record(self.events, "turn_retry", agent=self.name, generation=self.generation, turn_id=turn_id,
+                           summary=f"retry {retries}/{self.config.turns.max_retries}: {result.reason}"[:300])
+        sessions.transition(self.state, self.name, self.generation, "between_turns", actor=actor,
+                            reason=f"turn failed, retry {retries}", expect={"booting", "in_turn", "stalled"})
+        delay = self.config.turns.retry_backoff * (2 ** (retries - 1))
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(min(POLL_SECONDS, delay))
+
+    def _fresh_session_summary(self, agent: Session) -> str:
+        rows = self.state.execute(
+            "SELECT sender, type, subject FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT 10", (self.name,)
+        ).fetchall()
+        recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
+        prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions in .claude/CLAUDE.md)"
+        return (
+            f"[ov] Your previous session could not be resumed, so this is a fresh session. You are {agent.name}, "
+            f"a {agent.capability} working on task {agent.task_id} on branch {agent.branch}. Check `git log` and "
+            f"`git status` to see what you already did.\nTask: {prompt}\nRecent mail:\n{recent or '- none'}"
+        )
+
+    def close(self) -> None:
+        for conn in (self.state, self.events):
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+
+
+def main(argv: t.Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ov-agent-loop")
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--agent", required=True)
+    parser.add_argument("--generation", required=True, type=int)
+    args = parser.parse_args(argv)
+    loop = AgentLoop(ProjectPaths(Path(args.project)), args.agent, args.generation)
+    try:
+        return loop.run()
+    finally:
+        loop.close()
+
+
+def spawn_loop(project: ProjectPaths, agent: str, generation: int, environ: t.Mapping[str, str]) -> tuple[int, int | None]:
+    """Start the detached loop for ``agent``; returns (pid, start ticks)."""
+    import subprocess
+
+    log_path = project.run_dir / agent / "loop.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "overstory.agent_loop", "--project", str(project.root), "--agent", agent,
+             "--generation", str(generation)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+            env=dict(environ), cwd=str(project.root),
+        )
+    return proc.pid, procs.start_ticks(proc.pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

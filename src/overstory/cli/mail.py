@@ -1,0 +1,275 @@
+"""`ov mail …` and `ov nudge`. Hot path: imports only click, sqlite3 and the stdlib-only mail store."""
+
+from __future__ import annotations
+
+import json
+import typing as t
+
+import click
+
+from overstory import mail as store
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+
+
+def _read_body(body: str | None, body_file: str | None) -> str:
+    """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
+    if body is not None and body_file is not None:
+        raise click.UsageError("give either --body or --body-file, not both")
+    if body_file is not None:
+        with open(body_file, "rb") as handle:
+            raw = handle.read()
+    elif body == "-":
+        raw = click.get_binary_stream("stdin").read()
+    else:
+        return body or ""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.UsageError(f"the body is not valid UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _parse_payload(text: str | None) -> t.Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+
+
+body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
+body_file_option = click.option("--body-file", type=click.Path(exists=True, dir_okay=False),
+                                help="Read the message text from this file.")
+# Static so that `--help` needs no pydantic; test_mail_cli checks it against the models.
+PAYLOAD_FIELDS_HELP = """\b
+Protocol payload fields ([optional]):
+dispatch: task_id [capability] [spec_path] [base_branch] [file_scope]
+worker_done: task_id branch agent [files_modified] [commit]
+worker_died: agent reason [task_id] [generation] [previous_state] [branch] [last_activity]
+merge_ready: task_id branch agent [target_branch] [files_modified]
+merged: branch tier [agent] [task_id] [target_branch] [commit]
+merge_failed: branch reason [agent] [task_id] [target_branch] [tier] [conflict_files]
+escalation: severity [task_id] [agent]
+decision_gate: options [recommended] [task_id] [agent]
+"""
+
+from_option = click.option("from_", "--from", metavar="NAME",
+                           help="Sender (default: $OVERSTORY_AGENT_NAME, else operator).")
+
+
+@click.group(name="mail")
+def mail() -> None:
+    """Send, check, list and reply to mail between agents and the operator.
+
+    \b
+    ov mail send --to builder-task-42 --subject "also fix the docs" --body "..."
+    ov mail check                  # your unread mail (marks it read)
+    ov mail list --unread --json
+    ov mail reply 12 --body "yes, go ahead"
+    """
+
+
+@mail.command(name="send", epilog=PAYLOAD_FIELDS_HELP)
+@click.option("--to", "to", metavar="AGENT|@all|@<capability>s",
+              help="Recipient; protocol types default to the sender's parent.")
+@click.option("--subject", required=True, help="One-line subject.")
+@body_option
+@body_file_option
+@click.option("--type", "type_", type=click.Choice(store.TYPES), default="status", show_default=True,
+              help="Message type; protocol types need a --payload.")
+@click.option("--priority", type=click.Choice(list(store.PRIORITIES)), default="normal", show_default=True)
+@click.option("--payload", help="JSON object (required fields for protocol types, free-form otherwise).")
+@click.option("--reply-to", type=int, metavar="ID", help="Message this answers (joins its thread).")
+@from_option
+@click.option("--allow-unknown", is_flag=True, help="Send to a name that is not a known agent.")
+@json_option
+def mail_send(to: str | None, subject: str, body: str | None, body_file: str | None, type_: str, priority: str,
+              payload: str | None, reply_to: int | None, from_: str | None, allow_unknown: bool,
+              as_json: bool) -> None:
+    """Send a message; prints the new message id (one per recipient).
+
+    Inside an agent, protocol payload fields the environment knows (task_id,
+    branch, agent) are filled in, and --to defaults to the agent's parent.
+
+    \b
+    ov mail send --to builder-task-42 --subject "rebase first" --body "main moved"
+    ov mail send --to @builders --subject "freeze" --priority urgent
+    ov mail send --type worker_done --subject done --body "what I did"
+    git diff | ov mail send --to lead-1 --subject "my diff" --body -
+    """
+    text = _read_body(body, body_file)
+    project = project_paths()
+    conn = state_conn(project)
+    sender = from_ or store.default_sender()
+    ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
+                     payload=_parse_payload(payload), reply_to=reply_to, allow_unknown=allow_unknown)
+    if as_json:
+        rows = conn.execute(
+            f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id", ids
+        ).fetchall() if ids else []
+        echo_json({"ids": ids, "to": [r["recipient"] for r in rows]})
+    else:
+        for message_id in ids:
+            click.echo(message_id)
+
+
+@mail.command(name="check")
+@click.option("--agent", metavar="NAME", help="Whose mail (default: $OVERSTORY_AGENT_NAME, else operator).")
+@click.option("--peek", is_flag=True, help="Show without marking read.")
+@click.option("--inject", is_flag=True, help="Compact block for a hook to inject into a model's context "
+                                             "(prints nothing when there is no mail).")
+@json_option
+def mail_check(agent: str | None, peek: bool, inject: bool, as_json: bool) -> None:
+    """Show unread mail (not yet claimed by a turn) and mark it read unless --peek.
+
+    \b
+    ov mail check
+    ov mail check --agent lead-1 --peek --json
+    ov mail check --inject        # in a hook
+    """
+    if inject and as_json:
+        raise click.UsageError("--inject and --json do not go together")
+    conn = state_conn(project_paths())
+    who = agent or store.default_sender()
+    messages = store.unread(conn, who, peek=peek)
+    if as_json:
+        echo_json([m.as_dict() for m in messages])
+    elif inject:
+        if messages:
+            click.echo(store.render_inject(messages))
+    elif not messages:
+        click.echo(f"No new mail for {who}.")
+    else:
+        click.echo("\n\n".join(store.render_message(m) for m in messages))
+
+
+@mail.command(name="list")
+@click.option("--to", "to", metavar="NAME", help="Only mail to this recipient.")
+@click.option("from_", "--from", metavar="NAME", help="Only mail from this sender.")
+@click.option("--type", "type_", type=click.Choice(store.TYPES), help="Only this type.")
+@click.option("--unread", is_flag=True, help="Only unread mail.")
+@click.option("--thread", type=int, metavar="ID", help="Only this thread.")
+@click.option("--since", metavar="10m|2h|ISO", help="Only mail sent since then.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show the newest N matches.")
+@json_option
+def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool, thread: int | None,
+              since: str | None, limit: int, as_json: bool) -> None:
+    """List mail, oldest first. Never marks anything read.
+
+    \b
+    ov mail list --to operator --unread
+    ov mail list --thread 12 --json
+    ov mail list --since 2h --type worker_done
+    """
+    since_ms = None
+    if since is not None:
+        from overstory.clock import parse_since
+
+        try:
+            since_ms = parse_since(since)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from None
+    conn = state_conn(project_paths())
+    messages = store.list_messages(conn, to=to, sender=from_, type=type_, unread=unread, thread=thread,
+                                   since_ms=since_ms, limit=limit)
+    if as_json:
+        echo_json([m.as_dict() for m in messages])
+        return
+    if not messages:
+        click.echo("No mail.")
+        return
+    from overstory.clock import iso
+
+    for m in messages:
+        state = "read" if m.is_read else ("claimed" if m.claimed_by else "unread")
+        thread_mark = f" thread #{m.thread_id}" if m.thread_id != m.id else ""
+        click.echo(f"#{m.id:<5} {iso(m.created_at)}  {m.sender} -> {m.recipient}  "
+                   f"[{m.type}/{m.priority}] {m.subject}  ({state}{thread_mark})")
+
+
+@mail.command(name="read")
+@click.argument("message_id", type=int, metavar="ID")
+@json_option
+def mail_read(message_id: int, as_json: bool) -> None:
+    """Show one message in full. Marks it read if it is addressed to you.
+
+    \b
+    ov mail read 12
+    """
+    conn = state_conn(project_paths())
+    message = store.read_message(conn, message_id, reader=store.default_sender())
+    if as_json:
+        echo_json(message.as_dict())
+    else:
+        click.echo(store.render_message(message))
+
+
+@mail.command(name="reply")
+@click.argument("message_id", type=int, metavar="ID")
+@body_option
+@body_file_option
+@from_option
+@json_option
+def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: str | None, as_json: bool) -> None:
+    """Reply to a message: goes to its sender, in the same thread. Prints the new id.
+
+    \b
+    ov mail reply 12 --body "yes, go ahead"
+    """
+    if body is None and body_file is None:
+        raise click.UsageError("give the reply text with --body TEXT, --body - or --body-file F")
+    text = _read_body(body, body_file)
+    conn = state_conn(project_paths())
+    new_id = store.reply(conn, message_id, sender=from_ or store.default_sender(), body=text)
+    if as_json:
+        echo_json({"id": new_id, "reply_to": message_id})
+    else:
+        click.echo(new_id)
+
+
+@mail.command(name="purge")
+@click.option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h.")
+@json_option
+def mail_purge(older_than: str, as_json: bool) -> None:
+    """Delete old mail. Unread mail still waiting for an active agent is kept.
+
+    \b
+    ov mail purge --older-than 7d
+    """
+    from overstory.clock import parse_duration
+
+    try:
+        age_ms = int(parse_duration(older_than) * 1000)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    conn = state_conn(project_paths())
+    deleted = store.purge(conn, age_ms)
+    if as_json:
+        echo_json({"deleted": deleted})
+    else:
+        click.echo(f"Deleted {deleted} message{'s' if deleted != 1 else ''}.")
+
+
+@click.command(name="nudge")
+@click.argument("agent")
+@click.argument("message", required=False)
+@json_option
+def nudge(agent: str, message: str | None, as_json: bool) -> None:
+    """Send AGENT a high-priority nudge (delivered at its next turn).
+
+    \b
+    ov nudge builder-task-42
+    ov nudge builder-task-42 "you have been quiet for 10 minutes; report status"
+    """
+    conn = state_conn(project_paths())
+    text = message or ""
+    first_line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    subject = first_line[:120] or "nudge: check your mail and carry on"
+    ids = store.send(conn, sender=store.default_sender(), to=agent, subject=subject, body=text, type="nudge",
+                     priority="high")
+    if as_json:
+        echo_json({"ids": ids})
+    else:
+        for message_id in ids:
+            click.echo(message_id)

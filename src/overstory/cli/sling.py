@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+
+
+@click.command(name="sling")
+@click.argument("capability")
+@click.argument("task_id")
+@click.option("--name", help="Agent name (default: CAPABILITY-TASK_ID).")
+@click.option("--prompt", help="What the agent should do.")
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
+@click.option("--files", multiple=True, help="File scope (repeatable, or several after one --files).")
+@click.option("--parent", help="Agent to report to (default: the calling agent, else operator).")
+@click.option("--runtime", type=click.Choice(["claude", "scripted"]), help="Runtime (default: config runtime.default).")
+@click.option("--model", help="Model for this agent.")
+@click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
+@click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
+              help="Scenario file for the scripted runtime.")
+@json_option
+def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
+          files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None,
+          base_branch: str | None, scenario: Path | None, as_json: bool) -> None:
+    """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
+
+    \b
+    ov sling builder task-42 --prompt "add a --json flag to status" --files src/status.py
+    ov sling scout survey --runtime scripted
+    ov sling builder task-7 --spec specs/task-7.md --model sonnet
+    """
+    from overstory.config import load_config
+    from overstory.errors import UsageError
+    from overstory.spawn import SlingRequest
+    from overstory.spawn import sling as do_sling
+
+    if prompt is not None and spec_file is not None:
+        raise UsageError("give either --prompt or --spec, not both")
+    project = project_paths()
+    config = load_config(project.config_file, project.local_config_file)
+    request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
+                           files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
+                           scenario=scenario)
+    result = do_sling(project, config, state_conn(project), request)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    click.echo(f"slung {result.name} ({result.capability} on {result.task_id}, runtime {result.runtime})")
+    if result.branch:
+        click.echo(f"  branch:   {result.branch}")
+        click.echo(f"  worktree: {result.worktree}")
+    click.echo(f"  parent:   {result.parent}")

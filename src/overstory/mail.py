@@ -1,0 +1,579 @@
+"""The durable mail store in state.db: send, check, claim, threads, purge.
+
+Standard library only: `ov mail send` and `ov mail check` run many times a minute
+inside agents, so this module must stay cheap to import. The pydantic payload
+models (``overstory.mail_payloads``) are imported only when a protocol type is sent.
+
+Delivery to a headless agent: the turn loop ``claim``s all unread, unclaimed mail of
+the agent with one UPDATE … RETURNING stamped with the turn id, then ``mark_read``
+when the turn ends cleanly or ``release`` when it dies, so a message is delivered
+at least once and never twice to turns that succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import typing as t
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from overstory.clock import iso, now_ms
+from overstory.db import write_transaction
+from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
+
+OPERATOR = "operator"
+
+TYPES = (
+    "dispatch", "status", "question", "result", "worker_done", "worker_died",
+    "merge_ready", "merged", "merge_failed", "escalation", "decision_gate", "nudge",
+)
+PROTOCOL_TYPES = frozenset({
+    "dispatch", "worker_done", "worker_died", "merge_ready", "merged", "merge_failed",
+    "escalation", "decision_gate",
+})
+PRIORITIES = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
+PRIORITY_NAMES = {value: name for name, value in PRIORITIES.items()}
+
+MAX_BODY_BYTES = 1024 * 1024
+BROADCAST_ALL = "@all"
+
+# Copies of overstory.sessions constants: importing that module (its 36-field
+# dataclass) costs milliseconds on the hot path. test_mail keeps them equal.
+TERMINAL_STATES = frozenset({"completed", "zombie"})
+CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    thread_id: int
+    reply_to: int | None
+    sender: str
+    recipient: str
+    type: str
+    priority: str
+    subject: str
+    body: str
+    payload: dict[str, t.Any] | None
+    created_at: int
+    read_at: int | None
+    claimed_by: str | None
+    claimed_at: int | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Message:
+        return cls(
+            id=row["id"], thread_id=row["thread_id"] if row["thread_id"] is not None else row["id"],
+            reply_to=row["reply_to"], sender=row["sender"], recipient=row["recipient"], type=row["type"],
+            priority=PRIORITY_NAMES.get(row["priority"], str(row["priority"])), subject=row["subject"],
+            body=row["body"], payload=json.loads(row["payload"]) if row["payload"] else None,
+            created_at=row["created_at"], read_at=row["read_at"], claimed_by=row["claimed_by"],
+            claimed_at=row["claimed_at"],
+        )
+
+    @property
+    def is_read(self) -> bool:
+        return self.read_at is not None
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {
+            "id": self.id, "thread_id": self.thread_id, "reply_to": self.reply_to, "from": self.sender,
+            "to": self.recipient, "type": self.type, "priority": self.priority, "subject": self.subject,
+            "body": self.body, "payload": self.payload, "created_at": iso(self.created_at),
+            "read_at": iso(self.read_at), "claimed_by": self.claimed_by, "claimed_at": iso(self.claimed_at),
+        }
+
+
+# ---- helpers ----------------------------------------------------------------
+
+
+@contextmanager
+def _atomic(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection]:
+    """Join the caller's transaction if there is one, else run in our own BEGIN IMMEDIATE."""
+    if conn.in_transaction:
+        yield conn
+    else:
+        with write_transaction(conn):
+            yield conn
+
+
+def default_sender(env: t.Mapping[str, str] = os.environ) -> str:
+    """``$OVERSTORY_AGENT_NAME`` inside an agent, else ``operator``."""
+    return env.get("OVERSTORY_AGENT_NAME") or OPERATOR
+
+
+def priority_value(priority: str | int) -> int:
+    if isinstance(priority, int) and priority in PRIORITY_NAMES:
+        return priority
+    if isinstance(priority, str) and priority in PRIORITIES:
+        return PRIORITIES[priority]
+    raise UsageError(f"unknown priority {priority!r}; use one of {', '.join(PRIORITIES)}")
+
+
+def check_type(mail_type: str) -> None:
+    if mail_type not in TYPES:
+        raise UsageError(f"unknown mail type {mail_type!r}; use one of {', '.join(TYPES)}")
+
+
+def _utf8_size(what: str, text: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates, e.g. undecodable bytes from argv
+        raise MailError(f"the {what} is not valid UTF-8 text") from None
+
+
+def check_body(body: str) -> None:
+    size = _utf8_size("body", body)
+    if size > MAX_BODY_BYTES:
+        raise MailError(f"the body is {size} bytes; the limit is {MAX_BODY_BYTES} bytes (1 MiB): "
+                        "send a file path instead of the file")
+
+
+def _encode_payload(payload: t.Mapping[str, t.Any] | None) -> str | None:
+    return None if payload is None else json.dumps(payload, ensure_ascii=False, sort_keys=True)
+
+
+_COLUMNS = "id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, " \
+           "created_at, read_at, claimed_by, claimed_at"
+_DELIVERY_ORDER = "priority DESC, id"
+
+
+def _sorted_for_delivery(rows: t.Iterable[sqlite3.Row]) -> list[Message]:
+    messages = [Message.from_row(r) for r in rows]
+    messages.sort(key=lambda m: (-PRIORITIES.get(m.priority, 0), m.id))
+    return messages
+
+
+# ---- writing ----------------------------------------------------------------
+
+
+def insert_message(conn: sqlite3.Connection, *, sender: str, recipient: str, subject: str, body: str = "",
+                   type: str = "status", priority: str | int = "normal",
+                   payload: t.Mapping[str, t.Any] | None = None, reply_to: int | None = None,
+                   dedup_key: str | None = None) -> int | None:
+    """Insert one message as it is: no transaction, no recipient or payload checks.
+
+    For callers that already hold a transaction (e.g. the CAS that makes an agent a
+    zombie inserts the parent's ``worker_died``). A ``dedup_key`` that already exists
+    returns None instead of inserting a second copy. Replies join the thread of the
+    message they answer.
+    """
+    row = conn.execute(
+        "INSERT INTO mail (thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, "
+        "created_at, dedup_key) VALUES ((SELECT COALESCE(thread_id, id) FROM mail WHERE id = :reply_to), "
+        ":reply_to, :sender, :recipient, :type, :priority, :subject, :body, :payload, :now, :dedup_key) "
+        "ON CONFLICT (dedup_key) DO NOTHING RETURNING id, thread_id",
+        {"reply_to": reply_to, "sender": sender, "recipient": recipient, "type": type,
+         "priority": priority_value(priority), "subject": subject, "body": body,
+         "payload": _encode_payload(payload), "now": now_ms(), "dedup_key": dedup_key},
+    ).fetchone()
+    if row is None:
+        return None
+    message_id = int(row[0])
+    if row[1] is None:
+        conn.execute("UPDATE mail SET thread_id = id WHERE id = ?", (message_id,))
+    return message_id
+
+
+def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_unknown: bool = False) -> list[str]:
+    """Turn an address into agent names: a name, ``operator``, ``@all`` or ``@<capability>s``.
+
+    Broadcasts go to agents that are not terminal, minus the sender. Mail to a
+    completed or zombie agent is refused, and so is an unknown name unless
+    ``allow_unknown`` (so that a typo does not silently swallow a message).
+    """
+    to = to.strip()
+    if not to:
+        raise UsageError("the recipient is empty")
+    if to == OPERATOR:
+        return [OPERATOR]
+    if to.startswith("@"):
+        capability = _broadcast_capability(to)
+        marks = ",".join("?" * len(TERMINAL_STATES))
+        rows = conn.execute(
+            f"SELECT name, capability FROM sessions WHERE state NOT IN ({marks}) ORDER BY created_at, name",
+            tuple(TERMINAL_STATES),
+        ).fetchall()
+        names = [r["name"] for r in rows if r["name"] != sender and capability in (None, r["capability"])]
+        if not names:
+            scope = "agents" if capability is None else f"{capability} agents"
+            raise MailError(f"nobody to deliver {to} to: there are no active {scope} (other than {sender})")
+        return names
+    row = conn.execute("SELECT state FROM sessions WHERE name = ?", (to,)).fetchone()
+    if row is None:
+        if allow_unknown:
+            return [to]
+        raise MailError(f"no agent named {to!r}; check `ov status`, or pass --allow-unknown to send anyway")
+    if row["state"] in TERMINAL_STATES:
+        raise MailError(f"agent {to} is {row['state']}: it will never read mail again; "
+                        "mail its parent or sling a new agent instead")
+    return [to]
+
+
+def _broadcast_capability(address: str) -> str | None:
+    if address == BROADCAST_ALL:
+        return None
+    word = address[1:]
+    if word.endswith("s") and word[:-1] in CAPABILITIES:
+        return word[:-1]
+    groups = ", ".join(["@all", *(f"@{c}s" for c in CAPABILITIES)])
+    raise UsageError(f"unknown broadcast address {address!r}; use one of {groups}")
+
+
+def sender_session(conn: sqlite3.Connection, sender: str) -> sqlite3.Row | None:
+    """The sender's sessions row (parent, task_id, branch), or None for the operator and strangers."""
+    if sender == OPERATOR:
+        return None
+    return conn.execute("SELECT name, parent, task_id, branch FROM sessions WHERE name = ?", (sender,)).fetchone()
+
+
+def default_recipient(sender_row: sqlite3.Row | None, env: t.Mapping[str, str] = os.environ) -> str:
+    """Where a protocol report goes when --to is left out: the sender's parent."""
+    if sender_row is not None and sender_row["parent"]:
+        return str(sender_row["parent"])
+    return env.get("OVERSTORY_PARENT") or OPERATOR
+
+
+def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: sqlite3.Row | None = None,
+                    env: t.Mapping[str, str] = os.environ) -> dict[str, t.Any] | None:
+    """Validate a payload; protocol types go through their pydantic model (imported here, lazily)."""
+    if mail_type not in PROTOCOL_TYPES:
+        if payload is not None and not isinstance(payload, t.Mapping):
+            raise PayloadError(f"a payload must be a JSON object, not {type(payload).__name__}")
+        return dict(payload) if payload is not None else None
+    from overstory.mail_payloads import validate_payload
+
+    known = {
+        "task_id": env.get("OVERSTORY_TASK_ID") or (sender_row["task_id"] if sender_row else None),
+        "branch": env.get("OVERSTORY_BRANCH") or (sender_row["branch"] if sender_row else None),
+        "agent": env.get("OVERSTORY_AGENT_NAME") or (sender if sender != OPERATOR else None),
+    }
+    return validate_payload(mail_type, payload, known)
+
+
+def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str, body: str = "",
+         type: str = "status", priority: str | int = "normal", payload: t.Any = None,
+         reply_to: int | None = None, allow_unknown: bool = False, dedup_key: str | None = None,
+         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None) -> list[int]:
+    """Validate and deliver one message per recipient; returns the new ids.
+
+    Recipients are resolved and the rows inserted in one write transaction, so a
+    recipient cannot turn terminal in between (inside a transaction the caller
+    already holds, the inserts join it). Once the rows are committed, a ``mail_sent``
+    event per message is recorded in events.db (``events``, else the events.db next
+    to state.db); losing that event never loses the mail. A caller that holds its own
+    transaction calls ``record_sent`` after it commits. With ``dedup_key`` a message
+    that was already sent is not sent again (its id is then not returned); for a
+    broadcast each recipient's copy gets the key ``<dedup_key>:<recipient>``.
+    """
+    check_type(type)
+    prio = priority_value(priority)
+    check_body(body)
+    _utf8_size("subject", subject)
+    if not subject.strip():
+        raise UsageError("the subject is empty")
+    sender_row = sender_session(conn, sender)
+    # Validate before taking the write lock: pydantic is slow to import.
+    clean_payload = prepare_payload(type, payload, sender=sender, sender_row=sender_row, env=env)
+    if to is None:
+        if type not in PROTOCOL_TYPES:
+            raise UsageError(f"--to is required for {type} mail (only protocol types default to the parent)")
+        to = default_recipient(sender_row, env)
+    ids: list[int] = []
+    with _atomic(conn):
+        recipients = resolve_recipients(conn, to, sender=sender, allow_unknown=allow_unknown)
+        if reply_to is not None and conn.execute("SELECT 1 FROM mail WHERE id = ?", (reply_to,)).fetchone() is None:
+            raise MailError(f"no message #{reply_to} to reply to")
+        for recipient in recipients:
+            key = dedup_key if dedup_key is None or len(recipients) == 1 else f"{dedup_key}:{recipient}"
+            new_id = insert_message(conn, sender=sender, recipient=recipient, subject=subject, body=body, type=type,
+                                    priority=prio, payload=clean_payload, reply_to=reply_to, dedup_key=key)
+            if new_id is not None:
+                ids.append(new_id)
+    if ids and not conn.in_transaction:
+        record_sent(conn, ids, events=events)
+    return ids
+
+
+def record_sent(conn: sqlite3.Connection, ids: t.Sequence[int], *, events: sqlite3.Connection | None = None) -> bool:
+    """Record a ``mail_sent`` event per message id; False (and nothing raised) if that failed.
+
+    Callers that insert with ``insert_message`` inside their own transaction call
+    this after they commit.
+    """
+    from overstory import events as event_store
+
+    own = events is None
+    try:
+        if events is None:
+            from overstory.db import open_events
+
+            events = open_events(_events_db_path(conn))
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM mail WHERE id IN ({marks}) ORDER BY id", tuple(ids)).fetchall()
+        with _atomic(events):
+            for message in (Message.from_row(r) for r in rows):
+                event_store.record(
+                    events, "mail_sent", agent=message.sender,
+                    summary=f"{message.sender} -> {message.recipient} [{message.type}] {message.subject}"[:300],
+                    data={"id": message.id, "to": message.recipient, "type": message.type,
+                          "priority": message.priority, "thread_id": message.thread_id},
+                    at=message.created_at,
+                )
+    except (sqlite3.Error, OrchestratorError, OSError):
+        # The mail is committed; a missing event must not turn that into a failure.
+        return False
+    finally:
+        if own and events is not None:
+            events.close()
+    return True
+
+
+def _events_db_path(conn: sqlite3.Connection) -> Path:
+    for row in conn.execute("PRAGMA database_list").fetchall():
+        if row[1] == "main" and row[2]:
+            return Path(row[2]).with_name("events.db")
+    raise MailError("state.db has no file path; pass an events connection")
+
+
+def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, subject: str | None = None,
+          priority: str | int | None = None, env: t.Mapping[str, str] = os.environ,
+          events: sqlite3.Connection | None = None) -> int:
+    """Answer message ``message_id``: to its sender, in its thread.
+
+    A reply to a ``question`` is a ``result``; any other reply is a ``status``. The
+    original sender may be a name with no session (e.g. a tool), so unknown names
+    are allowed, but a completed or zombie agent still refuses mail.
+    """
+    original = get(conn, message_id)
+    if original is None:
+        raise MailError(f"no message #{message_id}")
+    if subject is None:
+        subject = original.subject if original.subject.lower().startswith("re:") else f"Re: {original.subject}"
+    ids = send(conn, sender=sender, to=original.sender, subject=subject, body=body,
+               type="result" if original.type == "question" else "status",
+               priority=original.priority if priority is None else priority, reply_to=original.id,
+               allow_unknown=True, env=env, events=events)
+    return ids[0]
+
+
+# ---- reading and delivery ---------------------------------------------------------
+
+
+def get(conn: sqlite3.Connection, message_id: int) -> Message | None:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM mail WHERE id = ?", (message_id,)).fetchone()
+    return Message.from_row(row) if row else None
+
+
+def read_message(conn: sqlite3.Connection, message_id: int, *, reader: str) -> Message:
+    """Fetch one message; marks it read only when ``reader`` is its recipient.
+
+    The operator can look at an agent's mail without stealing it from the agent.
+    Mail claimed by a turn is left to that turn.
+    """
+    row = conn.execute(
+        f"UPDATE mail SET read_at = ? WHERE id = ? AND recipient = ? AND read_at IS NULL AND claimed_by IS NULL "
+        f"RETURNING {_COLUMNS}",
+        (now_ms(), message_id, reader),
+    ).fetchone()
+    if row is not None:
+        return Message.from_row(row)
+    message = get(conn, message_id)
+    if message is None:
+        raise MailError(f"no message #{message_id}")
+    return message
+
+
+def unread(conn: sqlite3.Connection, agent: str, *, peek: bool = False) -> list[Message]:
+    """Unread, unclaimed mail of ``agent``, most urgent first; marked read unless ``peek``.
+
+    Marking is one UPDATE … RETURNING, so two concurrent checks never both get a message.
+    """
+    if peek:
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL "
+            f"ORDER BY {_DELIVERY_ORDER}",
+            (agent,),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            f"UPDATE mail SET read_at = ? WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL "
+            f"RETURNING {_COLUMNS}",
+            (now_ms(), agent),
+        ).fetchall()
+    return _sorted_for_delivery(rows)
+
+
+check = unread
+
+
+def pending_count(conn: sqlite3.Connection, agent: str) -> int:
+    """Mail waiting for ``agent``'s next turn (unread and not claimed by a turn)."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL", (agent,)
+    ).fetchone()
+    return int(row[0])
+
+
+def claim(conn: sqlite3.Connection, agent: str, turn_id: str) -> list[Message]:
+    """Stamp all of ``agent``'s unread, unclaimed mail with ``turn_id`` and return it.
+
+    One statement, so two concurrent claimers never share a message. Joins the
+    caller's transaction if one is open (claim mail + start turn atomically).
+    """
+    if not turn_id:
+        raise ValueError("claim needs a turn id")
+    with _atomic(conn):
+        rows = conn.execute(
+            f"UPDATE mail SET claimed_by = ?, claimed_at = ? "
+            f"WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL RETURNING {_COLUMNS}",
+            (turn_id, now_ms(), agent),
+        ).fetchall()
+    return _sorted_for_delivery(rows)
+
+
+def mark_read(conn: sqlite3.Connection, turn_id: str) -> int:
+    """The turn ended cleanly: its claimed mail is delivered. Returns how many."""
+    with _atomic(conn):
+        cursor = conn.execute(
+            "UPDATE mail SET read_at = ? WHERE claimed_by = ? AND read_at IS NULL", (now_ms(), turn_id)
+        )
+    return cursor.rowcount
+
+
+def release(conn: sqlite3.Connection, turn_id: str) -> int:
+    """The turn died: give its claimed, unread mail back for the next turn. Returns how many."""
+    with _atomic(conn):
+        cursor = conn.execute(
+            "UPDATE mail SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = ? AND read_at IS NULL",
+            (turn_id,),
+        )
+    return cursor.rowcount
+
+
+def release_agent(conn: sqlite3.Connection, agent: str) -> int:
+    """Release every claim on ``agent``'s unread mail (recovery when the turn ids are lost)."""
+    with _atomic(conn):
+        cursor = conn.execute(
+            "UPDATE mail SET claimed_by = NULL, claimed_at = NULL "
+            "WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NOT NULL",
+            (agent,),
+        )
+    return cursor.rowcount
+
+
+def list_messages(conn: sqlite3.Connection, *, to: str | None = None, sender: str | None = None,
+                  type: str | None = None, unread: bool = False, thread: int | None = None,
+                  since_ms: int | None = None, limit: int | None = 50) -> list[Message]:
+    """The newest ``limit`` matching messages, oldest first. Never marks anything read."""
+    clauses: list[str] = []
+    params: list[t.Any] = []
+    for column, value in (("recipient", to), ("sender", sender), ("type", type)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if unread:
+        clauses.append("read_at IS NULL")
+    if thread is not None:
+        clauses.append("(thread_id = ? OR id = ?)")
+        params.extend([thread, thread])
+    if since_ms is not None:
+        clauses.append("created_at >= ?")
+        params.append(since_ms)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    limit_sql = ""
+    if limit is not None:
+        limit_sql = " LIMIT ?"
+        params.append(limit)
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM mail {where} ORDER BY id DESC{limit_sql}", params).fetchall()
+    return [Message.from_row(r) for r in reversed(rows)]
+
+
+def purge(conn: sqlite3.Connection, older_than_ms: int, *, now: int | None = None) -> int:
+    """Delete mail older than ``older_than_ms`` milliseconds; returns how many.
+
+    Kept regardless of age: mail claimed by a turn in flight and unread mail still
+    waiting for an agent that is not terminal (purging must not lose work).
+    """
+    if older_than_ms < 0:
+        raise UsageError("--older-than must not be negative")
+    cutoff = (now if now is not None else now_ms()) - older_than_ms
+    marks = ",".join("?" * len(TERMINAL_STATES))
+    with _atomic(conn):
+        cursor = conn.execute(
+            "DELETE FROM mail WHERE created_at < ? AND NOT (read_at IS NULL AND ("
+            "claimed_by IS NOT NULL OR recipient IN "
+            f"(SELECT name FROM sessions WHERE state NOT IN ({marks}))))",
+            (cutoff, *TERMINAL_STATES),
+        )
+    return cursor.rowcount
+
+
+# ---- rendering -------------------------------------------------------------------
+
+
+def _headers(message: Message) -> list[str]:
+    lines = [
+        f"From: {message.sender}",
+        f"To: {message.recipient}",
+        f"Type: {message.type}",
+        f"Priority: {message.priority}",
+        f"Subject: {message.subject}",
+        f"Sent: {iso(message.created_at)}",
+    ]
+    if message.reply_to is not None or message.thread_id != message.id:
+        reply = f" (reply to #{message.reply_to})" if message.reply_to is not None else ""
+        lines.append(f"Thread: #{message.thread_id}{reply}")
+    if message.payload is not None:
+        lines.append(f"Payload: {json.dumps(message.payload, ensure_ascii=False, sort_keys=True)}")
+    return lines
+
+
+def render_message(message: Message) -> str:
+    """One message for a human: headers, a blank line, the body."""
+    text = "\n".join([f"Message #{message.id}", *_headers(message)])
+    return f"{text}\n\n{message.body}" if message.body else text
+
+
+def render_for_prompt(messages: t.Sequence[Message]) -> str:
+    """How claimed mail is written into the user message of a turn.
+
+    Each message is fenced by begin/end lines that carry its id, so a body that
+    looks like headers cannot be mistaken for another message.
+    """
+    if not messages:
+        return ""
+    count = len(messages)
+    parts = [f"You have {count} new message{'s' if count != 1 else ''} (most urgent first)."]
+    for message in messages:
+        block = [f"=== BEGIN MESSAGE #{message.id} ===", *_headers(message), ""]
+        block.append(message.body if message.body else "(no body)")
+        block.append(f"=== END MESSAGE #{message.id} ===")
+        parts.append("\n".join(block))
+    parts.append("Reply with `ov mail reply ID --body ...` or send with `ov mail send`.")
+    return "\n\n".join(parts)
+
+
+INJECT_BODY_LIMIT = 2000
+
+
+def render_inject(messages: t.Sequence[Message], *, body_limit: int = INJECT_BODY_LIMIT) -> str:
+    """A compact block for a hook to add to a model's context; empty when there is no mail."""
+    if not messages:
+        return ""
+    count = len(messages)
+    lines = [f"[ov mail] {count} new message{'s' if count != 1 else ''}:"]
+    for message in messages:
+        payload = f" payload={json.dumps(message.payload, ensure_ascii=False, sort_keys=True)}" if message.payload else ""
+        lines.append(f"#{message.id} from {message.sender} [{message.type}/{message.priority}] "
+                     f"{message.subject}{payload}")
+        body = message.body
+        if len(body) > body_limit:
+            body = body[:body_limit] + f" … (truncated; `ov mail read {message.id}` for all of it)"
+        if body:
+            lines.extend(f"  {line}" for line in body.splitlines())
+    lines.append("[ov mail] reply with `ov mail reply ID --body ...`")
+    return "\n".join(lines)

@@ -1,0 +1,16 @@
+"""Validation of names that become branch names, paths and tmux session names."""
+
+from __future__ import annotations
+
+import re
+
+from overstory.errors import InvalidName
+
+NAME_RULE = "lower-case letters, digits, '-', '_' and '.', not starting with '-' or '.', at most 64 characters"
+_NAME = re.compile(r"^[a-z0-9_][a-z0-9._-]{0,63}$")
+
+
+def validate_name(value: str, what: str = "name") -> str:
+    if not _NAME.match(value or "") or ".." in value or value.endswith((".lock", ".")):
+        raise InvalidName(f"invalid {what} {value!r}: use {NAME_RULE}")
+    return value

@@ -1,0 +1,99 @@
+"""Process and process-group helpers that only ever touch what ov recorded.
+
+A pid alone is not an identity (pids are reused), so ov records each process's
+start time in clock ticks from /proc and checks it before believing or killing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) is parenthesised and may hold spaces: split after it.
+    closing = raw.rfind(")")
+    return raw[closing + 2:].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (field 22 of /proc/PID/stat), or None if it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def is_alive(pid: int | None, ticks: int | None = None) -> bool:
+    """True if ``pid`` runs, is not a zombie, and (when given) started at ``ticks``."""
+    if not pid:
+        return False
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    return ticks is None or int(fields[19]) == ticks
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``."""
+    members = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def group_is_ours(pgid: int | None, leader_ticks: int | None) -> bool:
+    """Whether ``pgid`` still names the group ov started.
+
+    A group id cannot be reused while any member lives; it can only be reused once
+    the group is empty, by a new leader with pid == pgid. So: if a process with
+    pid == pgid exists, it must have our recorded start time.
+    """
+    if not pgid:
+        return False
+    leader = start_ticks(pgid)
+    if leader is not None and leader_ticks is not None and leader != leader_ticks:
+        return False
+    return True
+
+
+def group_alive(pgid: int | None, leader_ticks: int | None = None) -> bool:
+    return bool(pgid) and group_is_ours(pgid, leader_ticks) and bool(group_members(pgid))  # type: ignore[arg-type]
+
+
+def kill_group(pgid: int | None, leader_ticks: int | None, *, grace: float = 5.0, force: bool = False) -> bool:
+    """SIGTERM the group (SIGKILL after ``grace`` s, or at once with ``force``). True if it is gone."""
+    if not pgid or not group_is_ours(pgid, leader_ticks):
+        return True
+    if pgid in (os.getpgrp(), 0, 1):
+        raise RuntimeError("refusing to signal our own or the init process group")
+    first = signal.SIGKILL if force else signal.SIGTERM
+    try:
+        os.killpg(pgid, first)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + (0 if force else grace)
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(0.05)
+    return not group_members(pgid)

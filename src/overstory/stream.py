@@ -1,0 +1,213 @@
+"""Parsing a runtime's stream-json stdout into ov events, one line at a time.
+
+Pure logic: no I/O, so it is tested against captured output of the real CLI.
+Unknown event types are kept raw; a malformed line is an event, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+ARG_LIMIT = 300
+TEXT_LIMIT = 2000
+
+TRANSIENT_PATTERN = re.compile(
+    r"overload|rate.?limit|\b429\b|\b5\d\d\b|timed? ?out|timeout|connection|network|ECONN|EAI_AGAIN|socket|"
+    r"temporarily|unavailable|api_error",
+    re.IGNORECASE,
+)
+PERMANENT_PATTERN = re.compile(
+    r"authenticat|\b401\b|\b403\b|invalid.?(x-)?api.?key|permission_error|invalid_request|\b400\b|"
+    r"prompt is too long|credit balance|not_found_error|model.*not (found|exist)",
+    re.IGNORECASE,
+)
+RESUME_PATTERN = re.compile(r"no conversation found|session.*(not found|does not exist|expired)|unknown session",
+                            re.IGNORECASE)
+
+
+@dataclass
+class ParsedEvent:
+    kind: str
+    summary: str | None = None
+    tool: str | None = None
+    data: dict[str, t.Any] | None = None
+
+
+@dataclass
+class TurnStream:
+    """What one turn's stdout has said so far."""
+
+    session_id: str | None = None
+    events_seen: int = 0
+    assistant_blocks: int = 0
+    tool_calls: int = 0
+    current_tool: str | None = None
+    result: dict[str, t.Any] | None = None
+    api_retries: list[dict[str, t.Any]] = field(default_factory=list)
+    malformed: int = 0
+    _tool_started: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
+        now = time.monotonic() if now is None else now
+        line = line.strip()
+        if not line:
+            return []
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self.malformed += 1
+            return [ParsedEvent("malformed_line", summary=line[:200], data={"line": line[:TEXT_LIMIT]})]
+        if not isinstance(event, dict):
+            self.malformed += 1
+            return [ParsedEvent("malformed_line", summary=line[:200], data={"line": line[:TEXT_LIMIT]})]
+        self.events_seen += 1
+        if self.session_id is None and isinstance(event.get("session_id"), str):
+            self.session_id = event["session_id"]
+        kind, subtype = event.get("type"), event.get("subtype")
+        if kind == "system" and subtype == "init":
+            return [ParsedEvent("turn_start", summary=f"model {event.get('model')}",
+                                data={k: event.get(k) for k in ("session_id", "model", "cwd", "permissionMode",
+                                                                 "claude_code_version")})]
+        if kind == "system" and subtype == "api_retry":
+            info = {k: event.get(k) for k in ("attempt", "max_retries", "retry_delay_ms", "error_status", "error")}
+            self.api_retries.append(info)
+            return [ParsedEvent("api_retry", summary=f"attempt {info['attempt']} after {info['error_status']}",
+                                data=info)]
+        if kind == "assistant":
+            return self._assistant(event, now)
+        if kind == "user":
+            return self._tool_results(event, now)
+        if kind == "result":
+            self.result = event
+            self.current_tool = None
+            usage = event.get("usage") or {}
+            data = {
+                "subtype": subtype, "is_error": bool(event.get("is_error")),
+                "result": _trim(event.get("result"), TEXT_LIMIT), "num_turns": event.get("num_turns"),
+                "duration_ms": event.get("duration_ms"), "total_cost_usd": event.get("total_cost_usd") or 0.0,
+                "input_tokens": _input_tokens(usage), "output_tokens": int(usage.get("output_tokens") or 0),
+                "permission_denials": event.get("permission_denials") or [],
+            }
+            summary = f"{subtype} ${data['total_cost_usd']:.4f}"
+            return [ParsedEvent("turn_result", summary=summary, data=data)]
+        return [ParsedEvent("runtime_event", summary=f"{kind}/{subtype}" if subtype else str(kind),
+                            data={"type": kind, "subtype": subtype, "raw": _trim(line, TEXT_LIMIT)})]
+
+    def _assistant(self, event: dict[str, t.Any], now: float) -> list[ParsedEvent]:
+        parsed = []
+        for block in (event.get("message") or {}).get("content") or []:
+            if not isinstance(block, dict):
+                continue
+            self.assistant_blocks += 1
+            block_type = block.get("type")
+            if block_type == "tool_use":
+                name = str(block.get("name"))
+                self.tool_calls += 1
+                self.current_tool = name
+                self._tool_started[str(block.get("id"))] = (name, now)
+                args = describe_tool_input(name, block.get("input"))
+                parsed.append(ParsedEvent("tool_start", tool=name, summary=args,
+                                          data={"tool_use_id": block.get("id"), "input": args}))
+            elif block_type == "text":
+                text = str(block.get("text") or "")
+                parsed.append(ParsedEvent("assistant_text", summary=_trim(text, 200), data={"text": _trim(text, TEXT_LIMIT)}))
+            elif block_type == "thinking":
+                parsed.append(ParsedEvent("thinking", summary=_trim(block.get("thinking"), 200)))
+            else:
+                parsed.append(ParsedEvent("runtime_event", summary=f"assistant/{block_type}", data={"block": block}))
+        return parsed
+
+    def _tool_results(self, event: dict[str, t.Any], now: float) -> list[ParsedEvent]:
+        parsed = []
+        content = (event.get("message") or {}).get("content")
+        if not isinstance(content, list):
+            return [ParsedEvent("user_message", summary=_trim(content, 200))]
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            tool_use_id = str(block.get("tool_use_id"))
+            name, started = self._tool_started.pop(tool_use_id, (None, now))
+            self.current_tool = None
+            is_error = bool(block.get("is_error"))
+            output = _flatten(block.get("content"))
+            parsed.append(ParsedEvent(
+                "tool_end", tool=name, summary=("error: " if is_error else "") + _trim(output, 200),
+                data={"tool_use_id": tool_use_id, "is_error": is_error, "duration_ms": int((now - started) * 1000),
+                      "output": _trim(output, TEXT_LIMIT)}))
+        return parsed
+
+    # ---- after the turn -----------------------------------------------------
+
+    @property
+    def succeeded(self) -> bool:
+        return self.result is not None and not self.result.get("is_error")
+
+    def failure_kind(self, *, resumed: bool) -> str:
+        """'resume_failed', 'permanent' or 'transient' for a turn that did not succeed."""
+        if self.result is None:
+            return "transient"  # killed or crashed mid-turn: retry with the same mail
+        text = " ".join(str(x) for x in (self.result.get("result"), self.result.get("subtype"),
+                                         self.result.get("errors"), self.result.get("error")) if x)
+        if resumed and (RESUME_PATTERN.search(text) or (self.assistant_blocks == 0 and not self.api_retries
+                                                         and self.result.get("subtype") == "error_during_execution")):
+            return "resume_failed"
+        statuses = [r.get("error_status") for r in self.api_retries if r.get("error_status")]
+        if statuses and all(_is_transient_status(s) for s in statuses) and not PERMANENT_PATTERN.search(text):
+            return "transient"
+        if PERMANENT_PATTERN.search(text):
+            return "permanent"
+        if TRANSIENT_PATTERN.search(text):
+            return "transient"
+        return "transient"
+
+    def failure_reason(self) -> str:
+        if self.result is None:
+            return "the runtime exited without a result (killed or crashed)"
+        return _trim(str(self.result.get("result") or self.result.get("subtype") or "error"), 300) or "error"
+
+    def usage(self) -> tuple[int, int, float]:
+        if not self.result:
+            return 0, 0, 0.0
+        usage = self.result.get("usage") or {}
+        return _input_tokens(usage), int(usage.get("output_tokens") or 0), float(self.result.get("total_cost_usd") or 0.0)
+
+
+def _is_transient_status(status: t.Any) -> bool:
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        return True
+    return code in (408, 409, 425, 429) or code >= 500
+
+
+def _input_tokens(usage: dict[str, t.Any]) -> int:
+    return sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+
+
+def describe_tool_input(name: str, tool_input: t.Any) -> str:
+    """A short, human-readable rendering of a tool call's arguments."""
+    if isinstance(tool_input, dict):
+        for key in ("command", "file_path", "path", "pattern", "url", "description", "prompt"):
+            if key in tool_input:
+                return _trim(str(tool_input[key]), ARG_LIMIT)
+        return _trim(json.dumps(tool_input, ensure_ascii=False), ARG_LIMIT)
+    return _trim(str(tool_input), ARG_LIMIT)
+
+
+def _flatten(content: t.Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content)
+    return "" if content is None else str(content)
+
+
+def _trim(text: t.Any, limit: int) -> str | None:
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

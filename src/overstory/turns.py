@@ -1,0 +1,262 @@
+"""One headless turn: spawn the runtime, feed it one user message, watch its stream, settle.
+
+The runtime runs in its own process group so that the whole group (including any
+shell commands the model started) can be stopped on a stall or an operator stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import sqlite3
+import subprocess
+import time
+import typing as t
+from dataclasses import dataclass
+from pathlib import Path
+
+from overstory import events as event_store
+from overstory import procs, sessions
+from overstory.clock import now_ms
+from overstory.errors import OrchestratorError
+from overstory.paths import ProjectPaths
+from overstory.runtimes.commands import turn_command
+from overstory.sessions import Session
+from overstory.stream import TurnStream
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+
+NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
+ACTIVITY_WRITE_INTERVAL = 1.0
+
+
+@dataclass
+class TurnResult:
+    status: str  # ok | transient | permanent | resume_failed | stalled | aborted
+    reason: str
+    session_id: str | None
+    started_ms: int
+    stream: TurnStream
+
+
+def resolve_model_and_provider(agent: Session, config: Config, environ: t.Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
+    """The --model for ``agent`` and the provider variables it needs (ANTHROPIC_BASE_URL/API_KEY)."""
+    choice = agent.model or config.models.get(agent.capability) or config.runtime.model
+    extra: dict[str, str] = {}
+    if choice and "/" in choice:
+        provider_name, _, model = choice.partition("/")
+        provider = config.providers.get(provider_name)
+        if provider is None:
+            raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config `providers`")
+        extra["ANTHROPIC_BASE_URL"] = provider.base_url
+        key = environ.get(provider.api_key_env)
+        if key:
+            extra["ANTHROPIC_API_KEY"] = key
+        return model or None, extra
+    return choice, extra
+
+
+def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
+                     extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in NESTED_SESSION_VARS}
+    env.update(extra or {})
+    env.update({
+        "OVERSTORY_AGENT_NAME": agent.name,
+        "OVERSTORY_PROJECT_ROOT": str(project.root),
+        "OVERSTORY_WORKTREE": agent.worktree or str(project.root),
+        "OVERSTORY_TASK_ID": agent.task_id,
+        "OVERSTORY_CAPABILITY": agent.capability,
+        "OVERSTORY_BRANCH": agent.branch or "",
+        "OVERSTORY_PARENT": agent.parent,
+        "OVERSTORY_GENERATION": str(agent.generation),
+        "OVERSTORY_TURN_ID": turn_id,
+    })
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env["IS_SANDBOX"] = "1"  # claude refuses bypassPermissions as root otherwise
+    ov_bin_dir = agent.spec.get("ov_bin_dir")
+    if ov_bin_dir:
+        env["PATH"] = ov_bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+class _LineReader:
+    """Read whole lines from a pipe without blocking past a deadline."""
+
+    def __init__(self, stream: t.IO[bytes]) -> None:
+        self.fd = stream.fileno()
+        self.buffer = b""
+        self.eof = False
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.fd, selectors.EVENT_READ)
+
+    def lines(self, timeout: float) -> list[bytes]:
+        if self.eof:
+            return []
+        if not self.selector.select(timeout):
+            return []
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            self.eof = True
+            rest, self.buffer = self.buffer, b""
+            return [rest] if rest.strip() else []
+        self.buffer += chunk
+        *complete, self.buffer = self.buffer.split(b"\n")
+        return complete
+
+    def close(self) -> None:
+        self.selector.close()
+
+
+def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, events: sqlite3.Connection,
+             agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
+             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False) -> TurnResult:
+    started_ms = now_ms()
+    stream = TurnStream()
+    log_dir = project.logs_dir / agent.name / turn_id
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "prompt.txt").write_text(prompt, encoding="utf-8")
+    model, provider_env = resolve_model_and_provider(agent, config, base_env)
+    run_dir = project.run_dir / agent.name
+    scenario = Path(agent.spec["scenario"]) if agent.spec.get("scenario") else None
+    command = turn_command(agent.runtime, claude_bin=config.runtime.claude_bin, model=model,
+                           resume_session_id=resume_session_id, scenario=scenario, state_dir=run_dir / "scripted")
+    env = turn_environment(base_env, agent, project, turn_id, provider_env)
+    number = agent.turns + 1
+    state.execute(
+        "INSERT INTO turns(id, agent, generation, number, attempt, status, resumed, started_at, log_dir) "
+        "VALUES (?,?,?,?,?,?,?,?,?)",
+        (turn_id, agent.name, agent.generation, number, attempt, "starting", int(bool(resume_session_id)),
+         started_ms, str(log_dir)),
+    )
+    (log_dir / "command.json").write_text(json.dumps(command.argv), encoding="utf-8")
+    cwd = agent.worktree or str(project.root)
+    with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
+        try:
+            proc = subprocess.Popen(command.argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=raw_err, start_new_session=True)
+        except OSError as exc:
+            _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {exc}")
+            return TurnResult("permanent", f"cannot start {command.argv[0]}: {exc.strerror or exc}", None, started_ms, stream)
+        pgid = proc.pid
+        ticks = procs.start_ticks(pgid)
+        state.execute("UPDATE turns SET status='running', pid=?, pgid=? WHERE id=?", (proc.pid, pgid, turn_id))
+        if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=pgid, turn_start_ticks=ticks,
+                                      current_turn_id=turn_id, last_activity=now_ms()):
+            procs.kill_group(pgid, ticks, force=True)
+            proc.wait()
+            _finish_turn_row(state, turn_id, "aborted", stream, "agent replaced before the turn started")
+            return TurnResult("aborted", "agent was replaced by a newer generation", None, started_ms, stream)
+        message = {"type": "user", "message": {"role": "user", "content": prompt}}
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8"))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        assert proc.stdout is not None
+        reader = _LineReader(proc.stdout)
+        status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id,
+                               stall_timeout=config.turns.stall_timeout, should_stop=should_stop)
+        reader.close()
+        if status == "running":
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        # Anything the turn left behind in its group (background shells…) goes with it.
+        procs.kill_group(pgid, ticks, grace=config.turns.kill_grace if status == "running" else 0.5,
+                         force=status != "running")
+        exit_code = proc.wait()
+    if status == "running":
+        if stream.succeeded:
+            status, reason = "ok", "turn finished"
+        else:
+            status = stream.failure_kind(resumed=bool(resume_session_id))
+            reason = stream.failure_reason() + (f" (exit {exit_code})" if stream.result is None else "")
+    input_tokens, output_tokens, cost = stream.usage()
+    sessions.update_fields(state, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
+                           current_turn_id=None, current_tool=None, last_activity=now_ms(),
+                           **({"runtime_session_id": stream.session_id} if stream.session_id else {}))
+    sessions.add_usage(state, agent.name, agent.generation, input_tokens=input_tokens, output_tokens=output_tokens,
+                       cost_usd=cost)
+    _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code)
+    event_store.record(events, "turn_end", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                       summary=f"{status}: {reason}"[:300],
+                       data={"status": status, "reason": reason, "exit_code": exit_code, "cost_usd": cost,
+                             "input_tokens": input_tokens, "output_tokens": output_tokens,
+                             "tool_calls": stream.tool_calls, "session_id": stream.session_id})
+    return TurnResult(status, reason, stream.session_id, started_ms, stream)
+
+
+def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnStream,
+          state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
+          stall_timeout: float, should_stop: t.Callable[[], bool]) -> tuple[str, str]:
+    """Read the stream until EOF; returns ('running', '') normally, or a stop status."""
+    last_event = time.monotonic()
+    last_write = 0.0
+    entered_turn = False
+    exited_at: float | None = None
+    while not reader.eof:
+        lines = reader.lines(timeout=0.5)
+        now = time.monotonic()
+        for raw in lines:
+            raw_out.write(raw + b"\n")
+            raw_out.flush()
+            parsed = stream.feed(raw.decode("utf-8", errors="replace"), now=now)
+            last_event = now
+            for item in parsed:
+                event_store.record(events, item.kind, agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                                   tool=item.tool, summary=item.summary, data=item.data)
+            if not entered_turn and stream.events_seen:
+                entered_turn = True
+                outcome = sessions.transition(state, agent.name, agent.generation, "in_turn", actor="turn-runner",
+                                              reason=f"turn {turn_id}", expect={"booting", "between_turns", "stalled"})
+                if not outcome.ok:
+                    return "aborted", f"agent can no longer take a turn ({_describe(outcome)})"
+                if stream.session_id:
+                    state.execute("UPDATE turns SET session_id=? WHERE id=?", (stream.session_id, turn_id))
+            if parsed and now - last_write >= ACTIVITY_WRITE_INTERVAL or any(p.kind in ("tool_start", "tool_end") for p in parsed):
+                last_write = now
+                written = sessions.update_fields(state, agent.name, agent.generation, last_activity=now_ms(),
+                                                 current_tool=stream.current_tool)
+                if not written:
+                    return "aborted", "agent was replaced by a newer generation"
+                _revive_if_stalled(state, agent)
+        if should_stop():
+            return "aborted", "the agent was stopped"
+        if now - last_event > stall_timeout:
+            return "stalled", f"no output for {stall_timeout:g}s (stall timeout)"
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        if exited_at is not None and not lines and now - exited_at > 5:
+            break  # the runtime exited; a straggler child still holds its stdout open
+    return "running", ""
+
+
+def _revive_if_stalled(state: sqlite3.Connection, agent: Session) -> None:
+    """A turn the watchdog marked stalled that speaks again is back in its turn."""
+    row = state.execute("SELECT state FROM sessions WHERE name=? AND generation=?", (agent.name, agent.generation)).fetchone()
+    if row and row["state"] == "stalled":
+        sessions.transition(state, agent.name, agent.generation, "in_turn", actor="turn-runner",
+                            reason="activity resumed", expect={"stalled"})
+
+
+def _describe(outcome: sessions.Outcome) -> str:
+    if isinstance(outcome, sessions.IllegalTransition):
+        return f"it is {outcome.prev}"
+    if isinstance(outcome, sessions.StaleGeneration):
+        return f"a newer generation {outcome.current} exists"
+    return "it no longer exists"
+
+
+def _finish_turn_row(state: sqlite3.Connection, turn_id: str, status: str, stream: TurnStream, error: str | None,
+                     exit_code: int | None = None) -> None:
+    input_tokens, output_tokens, cost = stream.usage()
+    state.execute(
+        "UPDATE turns SET status=?, ended_at=?, input_tokens=?, output_tokens=?, cost_usd=?, tool_calls=?, "
+        "session_id=COALESCE(?, session_id), error=? WHERE id=?",
+        (status, now_ms(), input_tokens, output_tokens, cost, stream.tool_calls, stream.session_id,
+         error if exit_code is None else (f"{error} [exit {exit_code}]" if error else None), turn_id),
+    )

@@ -1,0 +1,79 @@
+"""Helpers for tests that run real agents (scripted runtime, real loops and processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import typing as t
+from pathlib import Path
+
+from overstory import sessions
+from overstory.db import open_state
+from overstory.paths import ProjectPaths
+
+
+def loop_processes(agent: str, project_root: Path | None = None) -> list[int]:
+    """Pids of live agent-loop processes serving ``agent`` (of ``project_root``), by command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            status = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if status[status.rfind(")") + 2] in "ZX":
+            continue
+        if project_root is not None and str(project_root).encode() not in cmdline:
+            continue
+        if b"overstory.agent_loop" in cmdline and agent.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for(predicate: t.Callable[[], t.Any], timeout: float = 30, interval: float = 0.1, message: str = "") -> t.Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+
+
+def agent_state(project: ProjectPaths, name: str) -> sessions.Session | None:
+    conn = open_state(project.state_db)
+    try:
+        return sessions.get(conn, name)
+    finally:
+        conn.close()
+
+
+def wait_terminal(project: ProjectPaths, name: str, timeout: float = 60) -> sessions.Session:
+    def done() -> sessions.Session | None:
+        agent = agent_state(project, name)
+        return agent if agent is not None and agent.is_terminal else None
+
+    return wait_for(done, timeout, message=f"{name} to settle")
+
+
+def write_scenario(path: Path, turns: list[dict[str, t.Any]]) -> Path:
+    path.write_text(json.dumps({"turns": turns}))
+    return path
+
+
+def mail_rows(project: ProjectPaths, **where: str) -> list[dict[str, t.Any]]:
+    conn = open_state(project.state_db)
+    try:
+        clauses = " AND ".join(f"{k} = ?" for k in where) or "1"
+        return [dict(r) for r in conn.execute(f"SELECT * FROM mail WHERE {clauses} ORDER BY id", tuple(where.values()))]
+    finally:
+        conn.close()
+
+
+def agent_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env
