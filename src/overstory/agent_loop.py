@@ -173,7 +173,8 @@ class AgentLoop:
         agent = self.current()
         if agent is None or agent.state not in ("in_turn", "stalled") or agent.mode != "headless":
             return
-        procs.kill_group(agent.turn_pgid, agent.turn_start_ticks, grace=self.config.turns.kill_grace)
+        procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
+                        grace=self.config.turns.kill_grace)
         if agent.current_turn_id:
             mail.release(self.state, agent.current_turn_id)
             self.state.execute("UPDATE turns SET status='interrupted', ended_at=? WHERE id=? AND ended_at IS NULL",

@@ -97,3 +97,54 @@ def kill_group(pgid: int | None, leader_ticks: int | None, *, grace: float = 5.0
             return True
         time.sleep(0.05)
     return not group_members(pgid)
+
+
+TURN_TAG = "OVERSTORY_TURN_ID"
+
+
+def tagged_processes(turn_id: str) -> list[int]:
+    """Live pids whose environment carries ``OVERSTORY_TURN_ID=<turn_id>``.
+
+    The runtime starts its tool processes in sessions of their own (so they leave
+    the turn's process group), but they inherit the environment ov gave the turn,
+    and the turn id in it is unique: this finds exactly what the turn started.
+    """
+    if not turn_id:
+        return []
+    needle = f"{TURN_TAG}={turn_id}".encode()
+    found = []
+    me = os.getpid()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            fields = _stat_fields(int(entry.name))
+            if fields and fields[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_turn(pgid: int | None, leader_ticks: int | None, turn_id: str | None, *, grace: float = 5.0,
+              force: bool = False) -> bool:
+    """Stop everything a turn started: its process group, then any tagged stragglers. True if all gone."""
+    gone = kill_group(pgid, leader_ticks, grace=grace, force=force)
+    stragglers = tagged_processes(turn_id or "")
+    for pid in stragglers:
+        try:
+            os.kill(pid, signal.SIGTERM if not force else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + (0.5 if force else min(grace, 2.0))
+    while stragglers and time.monotonic() < deadline:
+        stragglers = tagged_processes(turn_id or "")
+        time.sleep(0.05)
+    for pid in stragglers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return gone and not tagged_processes(turn_id or "")

@@ -144,7 +144,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         state.execute("UPDATE turns SET status='running', pid=?, pgid=? WHERE id=?", (proc.pid, pgid, turn_id))
         if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=pgid, turn_start_ticks=ticks,
                                       current_turn_id=turn_id, last_activity=now_ms()):
-            procs.kill_group(pgid, ticks, force=True)
+            procs.kill_turn(pgid, ticks, turn_id, force=True)
             proc.wait()
             _finish_turn_row(state, turn_id, "aborted", stream, "agent replaced before the turn started")
             return TurnResult("aborted", "agent was replaced by a newer generation", None, started_ms, stream)
@@ -166,8 +166,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
             except subprocess.TimeoutExpired:
                 pass
         # Anything the turn left behind in its group (background shells…) goes with it.
-        procs.kill_group(pgid, ticks, grace=config.turns.kill_grace if status == "running" else 0.5,
-                         force=status != "running")
+        procs.kill_turn(pgid, ticks, turn_id, grace=config.turns.kill_grace if status == "running" else 0.5,
+                        force=status != "running")
         exit_code = proc.wait()
     if status == "running":
         if stream.succeeded:
