@@ -155,6 +155,9 @@ class TurnStream:
         if resumed and (RESUME_PATTERN.search(text) or (self.assistant_blocks == 0 and not self.api_retries
                                                          and self.result.get("subtype") == "error_during_execution")):
             return "resume_failed"
+        status = self.result.get("api_error_status")
+        if status is not None:
+            return "transient" if _is_transient_status(status) else "permanent"
         statuses = [r.get("error_status") for r in self.api_retries if r.get("error_status")]
         if statuses and all(_is_transient_status(s) for s in statuses) and not PERMANENT_PATTERN.search(text):
             return "transient"

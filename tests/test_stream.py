@@ -1,0 +1,77 @@
+"""The stream-json parser against stdout captured from the real Claude Code CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from overstory.stream import TurnStream, describe_tool_input
+
+FIXTURES = Path(__file__).parent / "fixtures" / "stream"
+
+
+def feed(name: str) -> tuple[TurnStream, list]:
+    stream = TurnStream()
+    parsed = []
+    for index, line in enumerate((FIXTURES / f"{name}.jsonl").read_text().splitlines()):
+        parsed += stream.feed(line, now=float(index))
+    return stream, parsed
+
+
+def test_text_turn():
+    stream, parsed = feed("text_turn")
+    kinds = [p.kind for p in parsed]
+    assert kinds[0] == "turn_start" and kinds[-1] == "turn_result" and "assistant_text" in kinds
+    assert stream.succeeded and stream.session_id
+    _, _, cost = stream.usage()
+    assert cost > 0
+
+
+def test_tool_turn_pairs_starts_and_ends():
+    stream, parsed = feed("tool_turn")
+    starts = [p for p in parsed if p.kind == "tool_start"]
+    ends = [p for p in parsed if p.kind == "tool_end"]
+    assert starts and len(starts) == len(ends) == stream.tool_calls
+    assert {s.tool for s in starts} == {e.tool for e in ends}
+    assert all(e.data["duration_ms"] >= 0 for e in ends)
+
+
+def test_denied_tool_is_visible():
+    stream, parsed = feed("denied_tool")
+    result = [p for p in parsed if p.kind == "turn_result"][-1]
+    assert result.data["permission_denials"]
+    assert any(p.kind == "tool_end" and p.data["is_error"] for p in parsed)
+
+
+@pytest.mark.parametrize(("fixture", "resumed", "kind"), [
+    ("error_400", False, "permanent"),
+    ("unknown_resume", True, "resume_failed"),
+    ("killed_sigterm_request", False, "transient"),
+    ("interrupted_sigint_request", False, "transient"),
+])
+def test_failure_classification(fixture, resumed, kind):
+    stream, _ = feed(fixture)
+    assert not stream.succeeded
+    assert stream.failure_kind(resumed=resumed) == kind
+
+
+def test_retried_529_then_success():
+    stream, parsed = feed("api_retry_529")
+    assert stream.succeeded and stream.api_retries
+    assert any(p.kind == "api_retry" for p in parsed)
+
+
+def test_bad_lines_are_events_not_errors():
+    stream = TurnStream()
+    assert stream.feed("not json")[0].kind == "malformed_line"
+    assert stream.feed("[1, 2]")[0].kind == "malformed_line"
+    assert stream.feed('{"type": "brand_new", "x": 1}')[0].kind == "runtime_event"
+    assert stream.feed("") == []
+    assert stream.malformed == 2 and stream.failure_kind(resumed=False) == "transient"
+
+
+def test_tool_input_is_trimmed_and_readable():
+    assert describe_tool_input("Bash", {"command": "ls -la"}) == "ls -la"
+    assert describe_tool_input("Write", {"file_path": "/x/y.py", "content": "z" * 10_000}) == "/x/y.py"
+    assert len(describe_tool_input("Other", {"blob": "q" * 10_000})) <= 300
