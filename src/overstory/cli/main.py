@@ -35,9 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
-    "agent-loop": ("overstory.cli.loop", "agent_loop", "(internal) The per-agent turn loop."),
 }
-HIDDEN = {"agent-loop"}
+HIDDEN: set[str] = set()
 
 
 class LazyGroup(click.Group):
