@@ -54,12 +54,38 @@ def git_repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def project(git_repo: Path):
-    """An initialized ov project (ProjectPaths) in a real git repository."""
+    """An initialized ov project (ProjectPaths) in a real git repository.
+
+    On teardown every agent loop and turn the test left running is stopped (only
+    processes recorded in this project's database, checked by start time).
+    """
     from overstory.paths import ProjectPaths
     from overstory.project_init import init_project
 
     init_project(git_repo)
-    return ProjectPaths(git_repo)
+    project = ProjectPaths(git_repo)
+    yield project
+    stop_project_processes(project)
+
+
+def stop_project_processes(project) -> None:
+    import sqlite3
+
+    from overstory import procs
+
+    try:
+        conn = sqlite3.connect(project.state_db, timeout=10)
+        rows = conn.execute("SELECT loop_pid, loop_start_ticks, turn_pgid, turn_start_ticks FROM sessions").fetchall()
+        turn_ids = [r[0] for r in conn.execute("SELECT id FROM turns WHERE ended_at IS NULL")]
+        conn.close()
+    except sqlite3.Error:
+        return
+    for loop_pid, loop_ticks, pgid, pgid_ticks in rows:
+        if loop_pid and procs.is_alive(loop_pid, loop_ticks):
+            procs.kill_group(loop_pid, loop_ticks, grace=2)
+        procs.kill_group(pgid, pgid_ticks, grace=1)
+    for turn_id in turn_ids:
+        procs.kill_turn(None, None, turn_id, grace=1)
 
 
 @pytest.fixture

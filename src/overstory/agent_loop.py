@@ -30,6 +30,7 @@ from overstory.sessions import Session
 
 POLL_SECONDS = 0.4
 LOCK_WAIT_SECONDS = 10.0
+SUMMARY_CHECK_SECONDS = 1.0
 
 
 def env_file(project: ProjectPaths, agent: str) -> Path:
@@ -111,6 +112,7 @@ class AgentLoop:
         self.state = open_state(project.state_db)
         self.events = open_events(project.events_db)
         self.stopping = False
+        self._next_summary_check = 0.0
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -149,6 +151,8 @@ class AgentLoop:
             agent = self.current()
             if agent is None:
                 break
+            if agent.capability == "coordinator" and agent.run_id:
+                self._check_run_summary(agent.run_id)
             if agent.state == "parked" or not self._has_pending_mail():
                 time.sleep(POLL_SECONDS)
                 continue
@@ -182,6 +186,19 @@ class AgentLoop:
         event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
                            turn_id=agent.current_turn_id, summary="the previous loop died mid-turn; retrying")
         self._settle(agent, agent.current_turn_id or "", _Interrupted())
+
+    def _check_run_summary(self, run_id: str) -> None:
+        """A coordinator's loop mails it the run summary once every agent of its run has finished."""
+        now = time.monotonic()
+        if now < self._next_summary_check:
+            return
+        self._next_summary_check = now + SUMMARY_CHECK_SECONDS
+        from overstory import runs
+
+        try:
+            runs.maybe_send_summary(self.state, run_id)
+        except sqlite3.Error:
+            pass  # a busy database: the next check tries again
 
     def _has_pending_mail(self) -> bool:
         row = self.state.execute(

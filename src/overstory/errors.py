@@ -89,3 +89,7 @@ class UnknownCapability(UsageError):
 
 class OverlayError(OrchestratorError):
     """An agent's instructions could not be rendered (missing placeholder value or template)."""
+
+
+class CleanRefused(OrchestratorError):
+    """`ov stop --clean` would lose work: the branch is not merged or the worktree has changes."""

@@ -1,0 +1,122 @@
+"""`ov logs AGENT` and `ov feed`: read the event stream (events.db). Never writes state."""
+
+from __future__ import annotations
+
+import json
+import time
+import typing as t
+
+import click
+
+from overstory.cli._common import project_paths
+
+FOLLOW_POLL_SECONDS = 0.5
+
+
+def _line(event: t.Any, *, show_agent: bool) -> str:
+    from overstory.clock import iso
+
+    parts = [iso(event.at) or "-"]
+    if show_agent:
+        parts.append(event.agent or "-")
+    parts.append(event.kind)
+    if event.tool:
+        parts.append(f"[{event.tool}]")
+    if event.summary:
+        parts.append(" ".join(event.summary.split()))
+    return " ".join(parts)
+
+
+def _print_events(events_conn: t.Any, *, agent: str | None, kinds: tuple[str, ...], limit: int, follow: bool,
+                  as_json: bool) -> None:
+    from overstory import events as event_store
+
+    batch = event_store.query(events_conn, agent=agent, kinds=kinds or None, limit=limit, newest=True)
+    last_id = 0
+    while True:
+        for event in batch:
+            click.echo(json.dumps(event.as_dict(), ensure_ascii=False, default=str) if as_json
+                       else _line(event, show_agent=agent is None))
+            last_id = max(last_id, event.id)
+        if not follow:
+            return
+        if not batch:
+            last_id = last_id or _newest_id(events_conn)
+        time.sleep(FOLLOW_POLL_SECONDS)
+        batch = event_store.query(events_conn, agent=agent, kinds=kinds or None, after_id=last_id, limit=500)
+
+
+def _newest_id(events_conn: t.Any) -> int:
+    row = events_conn.execute("SELECT max(id) FROM events").fetchone()
+    return int(row[0] or 0)
+
+
+def _open_events(project: t.Any) -> t.Any:
+    from overstory.db import open_events
+
+    conn = open_events(project.events_db)
+    click.get_current_context().call_on_close(conn.close)
+    return conn
+
+
+limit_option = click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=50, show_default=True,
+                            help="How many of the newest events to show first.")
+kind_option = click.option("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
+follow_option = click.option("-f", "--follow", is_flag=True, help="Keep printing new events until Ctrl-C.")
+ndjson_option = click.option("--json", "as_json", is_flag=True, help="One JSON object per event (NDJSON).")
+
+
+@click.command(name="logs")
+@click.argument("agent")
+@limit_option
+@kind_option
+@follow_option
+@ndjson_option
+def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: bool) -> None:
+    """Show one agent's events: turns, tool calls, mail, errors (oldest first).
+
+    \b
+    ov logs builder-task-42
+    ov logs builder-task-42 --follow
+    ov logs builder-task-42 --kind tool_start --json | jq .summary
+    """
+    from overstory.db import open_state
+    from overstory.errors import AgentNotFound
+
+    project = project_paths()
+    events_conn = _open_events(project)
+    known = events_conn.execute("SELECT 1 FROM events WHERE agent = ? LIMIT 1", (agent,)).fetchone() is not None
+    if not known and project.state_db.exists():
+        state = open_state(project.state_db)
+        try:
+            known = state.execute("SELECT 1 FROM sessions WHERE name = ?", (agent,)).fetchone() is not None
+        finally:
+            state.close()
+    if not known:
+        raise AgentNotFound(f"no agent named {agent!r} and no events from it; `ov status --all` lists agents")
+    try:
+        _print_events(events_conn, agent=agent, kinds=kinds, limit=limit, follow=follow, as_json=as_json)
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command(name="feed")
+@click.option("--agent", help="Only this agent's events.")
+@limit_option
+@kind_option
+@follow_option
+@ndjson_option
+def feed(agent: str | None, limit: int, kinds: tuple[str, ...], follow: bool, as_json: bool) -> None:
+    """Show the project's event feed, every agent interleaved (oldest first).
+
+    \b
+    ov feed
+    ov feed --follow
+    ov feed --kind watchdog_zombie --kind turn_failed
+    ov feed --agent lead-auth --json
+    """
+    project = project_paths()
+    try:
+        _print_events(_open_events(project), agent=agent, kinds=kinds, limit=limit, follow=follow, as_json=as_json)
+    except KeyboardInterrupt:
+        pass

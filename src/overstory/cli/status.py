@@ -1,0 +1,52 @@
+"""`ov status`. Hot path (agents call `ov status --json`): stdlib, click and stdlib-only core modules."""
+
+from __future__ import annotations
+
+import click
+
+from overstory.cli._common import echo_json, json_option, project_paths
+
+
+@click.command(name="status")
+@click.option("--all", "include_completed", is_flag=True, help="Include completed agents.")
+@json_option
+def status(include_completed: bool, as_json: bool) -> None:
+    """Show agents, pending mail and runs. Never changes anything.
+
+    Completed agents are hidden unless --all; zombies are always shown. A state
+    marked `!` has no running agent loop (`ov watchdog` re-adopts it).
+
+    \b
+    ov status
+    ov status --all
+    ov status --json | jq '.agents[] | select(.state == "zombie") | .name'
+
+    \b
+    The --json document is stable:
+    {"generated_at": ISO,
+     "agents": [{"name", "capability", "state", "state_reason", "task_id", "parent",
+                 "depth", "turns", "last_activity" (ISO-8601 UTC with Z), "idle_seconds",
+                 "input_tokens", "output_tokens", "cost_usd", "current_tool", "runtime",
+                 "mode", "branch", "generation", "retries", "pending_mail",
+                 "loop_alive" (true/false; null for tmux or terminal agents), "run_id"}],
+     "mail": {"pending": N, "by_agent": {NAME: N}},
+     "runs": [{"id", "coordinator", "status", "started_at", "completed_at", "agents"}],
+     "totals": {"agents", "active", "by_state": {STATE: N}, "turns", "input_tokens",
+                "output_tokens", "cost_usd"}}
+    """
+    from overstory import status as core
+    from overstory.db import open_state
+
+    project = project_paths()
+    if not project.state_db.exists():
+        document = core.collect_empty()
+    else:
+        conn = open_state(project.state_db)
+        try:
+            document = core.collect(conn, include_completed=include_completed)
+        finally:
+            conn.close()
+    if as_json:
+        echo_json(document)
+    else:
+        click.echo(core.render_text(document))

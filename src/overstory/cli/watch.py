@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import threading
+import time
+import typing as t
+
+import click
+
+from overstory.cli._common import project_paths
+
+if t.TYPE_CHECKING:
+    from overstory.paths import ProjectPaths
+
+
+class _WatchdogThread:
+    """Runs the watchdog beside the dashboard when this process wins the project's lock."""
+
+    def __init__(self, project: ProjectPaths) -> None:
+        self.project = project
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.note = "watchdog off (--no-watchdog)"
+        self.failure: str | None = None
+
+    def start(self) -> None:
+        from overstory.config import load_config
+        from overstory.errors import LockHeld
+        from overstory.watchdog import WatchdogLock, WatchdogSettings, lock_holder
+
+        config = load_config(self.project.config_file, self.project.local_config_file)
+        settings = WatchdogSettings.from_config(config)
+        lock = WatchdogLock(self.project)
+        try:
+            lock.acquire()
+        except LockHeld:
+            holder = lock_holder(self.project)
+            self.note = f"watchdog run by pid {holder}" if holder else "watchdog run by another process"
+            return
+        self.note = f"watchdog here, every {settings.interval:g}s"
+        self.thread = threading.Thread(target=self._run, args=(lock, settings), name="ov-watchdog", daemon=True)
+        self.thread.start()
+
+    def _run(self, lock: t.Any, settings: t.Any) -> None:
+        from overstory.watchdog import Watchdog
+
+        try:
+            dog = Watchdog(self.project, settings)  # its own connections: sqlite objects stay in one thread
+            try:
+                dog.run(should_stop=self.stop_event.is_set)
+            finally:
+                dog.close()
+        except Exception as exc:  # shown in the header instead of killing the dashboard
+            self.failure = f"watchdog stopped: {type(exc).__name__}: {exc}"
+            self.note = self.failure
+        finally:
+            lock.release()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+
+@click.command(name="watch")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between screen refreshes.")
+@click.option("--once", is_flag=True, help="Print one frame and exit (no watchdog).")
+@click.option("--no-watchdog", is_flag=True, help="Only display; do not run the watchdog here.")
+@click.option("--width", type=click.IntRange(min=20), help="Render at this width instead of the terminal's.")
+@click.option("--active", "active_only", is_flag=True, help="Hide completed agents.")
+def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, active_only: bool) -> None:
+    """Live dashboard: agents, mail, problems, events, merge queue and totals.
+
+    Runs the watchdog too, unless --no-watchdog or another process already holds
+    the project's watchdog lock (then it only displays). A state marked `!` has
+    no running agent loop.
+
+    \b
+    ov watch
+    ov watch --no-watchdog --interval 5
+    ov watch --once --width 120      # one frame, for scripts and tests
+    """
+    from rich.console import Console
+
+    from overstory import status as core
+    from overstory.db import open_events, open_state
+    from overstory.ui.dashboard import render_frame
+
+    project = project_paths()
+    state = open_state(project.state_db)
+    events = open_events(project.events_db)
+    ctx = click.get_current_context()
+    ctx.call_on_close(state.close)
+    ctx.call_on_close(events.close)
+    console = Console(width=width, highlight=False)
+
+    def frame(note: str, live: bool) -> t.Any:
+        snapshot = core.dashboard_snapshot(state, events, include_completed=not active_only)
+        return render_frame(snapshot, width=console.width, height=console.height if live else None,
+                            watchdog_note=note)
+
+    if once:
+        console.print(frame("", live=False))
+        return
+
+    from rich.live import Live
+
+    dog = _WatchdogThread(project)
+    if not no_watchdog:
+        dog.start()
+    try:
+        with Live(frame(dog.note, True), console=console, auto_refresh=False, screen=False,
+                  vertical_overflow="crop") as live:
+            while True:
+                time.sleep(interval)
+                live.update(frame(dog.note, True), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dog.stop()

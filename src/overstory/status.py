@@ -1,0 +1,201 @@
+"""Read-only queries behind `ov status` and `ov watch`: never writes, stdlib only.
+
+`ov status --json` is called by agents many times a minute, so this module imports
+nothing beyond the standard library and ov's stdlib-only core (sessions, procs,
+clock). Every query is bounded and served by an index, so a dashboard over 200
+agents and 100k events stays fast.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import typing as t
+
+from overstory import procs
+from overstory.clock import iso, now_ms
+from overstory.sessions import TERMINAL_STATES, Session, list_sessions
+
+RUNS_LIMIT = 20
+
+
+def agent_entry(agent: Session, now: int, pending: int = 0) -> dict[str, t.Any]:
+    """One agent as the stable JSON shape documented on `ov status`."""
+    loop_alive: bool | None = None
+    if agent.mode == "headless" and not agent.is_terminal:
+        loop_alive = procs.is_alive(agent.loop_pid, agent.loop_start_ticks)
+    return {
+        "name": agent.name,
+        "capability": agent.capability,
+        "state": agent.state,
+        "state_reason": agent.state_reason,
+        "task_id": agent.task_id,
+        "parent": agent.parent,
+        "depth": agent.depth,
+        "turns": agent.turns,
+        "last_activity": iso(agent.last_activity),
+        "idle_seconds": round(max(0, now - agent.last_activity) / 1000, 1),
+        "input_tokens": agent.input_tokens,
+        "output_tokens": agent.output_tokens,
+        "cost_usd": round(agent.cost_usd, 6),
+        "current_tool": agent.current_tool,
+        "runtime": agent.runtime,
+        "mode": agent.mode,
+        "branch": agent.branch,
+        "generation": agent.generation,
+        "retries": agent.retries,
+        "pending_mail": pending,
+        "loop_alive": loop_alive,
+        "run_id": agent.run_id,
+    }
+
+
+def pending_by_agent(conn: sqlite3.Connection) -> dict[str, int]:
+    """Unread, unclaimed mail per recipient (the operator included)."""
+    rows = conn.execute(
+        "SELECT recipient, count(*) FROM mail WHERE read_at IS NULL AND claimed_by IS NULL GROUP BY recipient"
+    ).fetchall()
+    return {row[0]: int(row[1]) for row in rows}
+
+
+def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT) -> list[dict[str, t.Any]]:
+    rows = conn.execute(
+        "SELECT r.id, r.coordinator, r.status, r.started_at, r.completed_at, "
+        "(SELECT count(*) FROM sessions s WHERE s.run_id = r.id) AS agents "
+        "FROM runs r ORDER BY r.started_at DESC LIMIT ?", (limit,)).fetchall()
+    return [{"id": r["id"], "coordinator": r["coordinator"], "status": r["status"],
+             "started_at": iso(r["started_at"]), "completed_at": iso(r["completed_at"]), "agents": r["agents"]}
+            for r in rows]
+
+
+def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: int | None = None) -> dict[str, t.Any]:
+    """The `ov status --json` document (see the command's help for its shape)."""
+    now = now_ms() if now is None else now
+    every = list_sessions(conn)
+    shown = [a for a in every if include_completed or a.state != "completed"]
+    pending = pending_by_agent(conn)
+    by_state: dict[str, int] = {}
+    for agent in every:
+        by_state[agent.state] = by_state.get(agent.state, 0) + 1
+    return {
+        "generated_at": iso(now),
+        "agents": [agent_entry(a, now, pending.get(a.name, 0)) for a in shown],
+        "mail": {"pending": sum(pending.values()), "by_agent": dict(sorted(pending.items()))},
+        "runs": recent_runs(conn),
+        "totals": {
+            "agents": len(every),
+            "active": sum(1 for a in every if a.state not in TERMINAL_STATES),
+            "by_state": dict(sorted(by_state.items())),
+            "turns": sum(a.turns for a in every),
+            "input_tokens": sum(a.input_tokens for a in every),
+            "output_tokens": sum(a.output_tokens for a in every),
+            "cost_usd": round(sum(a.cost_usd for a in every), 6),
+        },
+    }
+
+
+def collect_empty(now: int | None = None) -> dict[str, t.Any]:
+    """The status document of a project whose state database does not exist yet."""
+    return {"generated_at": iso(now_ms() if now is None else now), "agents": [],
+            "mail": {"pending": 0, "by_agent": {}}, "runs": [],
+            "totals": {"agents": 0, "active": 0, "by_state": {}, "turns": 0, "input_tokens": 0,
+                       "output_tokens": 0, "cost_usd": 0.0}}
+
+
+def recent_mail(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.Any]]:
+    """The newest ``limit`` messages, newest first (by primary key, so bounded)."""
+    rows = conn.execute(
+        "SELECT id, sender, recipient, type, priority, subject, created_at, read_at, claimed_by "
+        "FROM mail ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+    return [{"id": r["id"], "from": r["sender"], "to": r["recipient"], "type": r["type"], "priority": r["priority"],
+             "subject": r["subject"], "created_at": iso(r["created_at"]),
+             "state": "read" if r["read_at"] else ("claimed" if r["claimed_by"] else "unread")} for r in rows]
+
+
+def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.Any]]:
+    """Pending merge requests first, then the latest processed ones."""
+    rows = conn.execute(
+        "SELECT * FROM (SELECT id, agent, branch, target, status, tier, enqueued_at FROM merge_queue "
+        "WHERE status = 'pending' ORDER BY id LIMIT ?) "
+        "UNION ALL SELECT * FROM (SELECT id, agent, branch, target, status, tier, enqueued_at FROM merge_queue "
+        "WHERE status != 'pending' ORDER BY id DESC LIMIT ?)", (limit, limit)).fetchall()
+    return [{"id": r["id"], "agent": r["agent"], "branch": r["branch"], "target": r["target"], "status": r["status"],
+             "tier": r["tier"], "enqueued_at": iso(r["enqueued_at"])} for r in rows][:limit]
+
+
+ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "watchdog_zombie", "watchdog_readopt",
+               "contract_violation", "resume_fallback", "malformed_line", "api_retry")
+
+
+def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None
+                  ) -> list[dict[str, t.Any]]:
+    """The newest ``limit`` events (optionally of some kinds), newest first; index-bounded."""
+    if kinds:
+        rows = events.execute(
+            f"SELECT id, at, agent, kind, tool, summary FROM events WHERE kind IN ({','.join('?' * len(kinds))}) "
+            "ORDER BY id DESC LIMIT ?", (*kinds, limit)).fetchall()
+    else:
+        rows = events.execute("SELECT id, at, agent, kind, tool, summary FROM events ORDER BY id DESC LIMIT ?",
+                              (limit,)).fetchall()
+    return [{"id": r["id"], "at": iso(r["at"]), "agent": r["agent"], "kind": r["kind"], "tool": r["tool"],
+             "summary": r["summary"]} for r in rows]
+
+
+def recent_problems(events: sqlite3.Connection, limit: int = 8) -> list[dict[str, t.Any]]:
+    """Newest events that signal trouble: failed turns, retries, stalls, zombies."""
+    found = recent_events(events, limit=limit * 3, kinds=ERROR_KINDS)
+    problems = [e for e in found if e["kind"] != "turn_end" or not (e["summary"] or "").startswith("ok")]
+    return problems[:limit]
+
+
+def dashboard_snapshot(state: sqlite3.Connection, events: sqlite3.Connection | None, *,
+                       include_completed: bool = True, now: int | None = None) -> dict[str, t.Any]:
+    """Everything one `ov watch` frame shows, in bounded queries."""
+    document = collect(state, include_completed=include_completed, now=now)
+    document["recent_mail"] = recent_mail(state)
+    document["merge_queue"] = merge_queue(state)
+    document["events"] = recent_events(events) if events is not None else []
+    document["problems"] = recent_problems(events) if events is not None else []
+    return document
+
+
+def format_idle(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def render_text(document: dict[str, t.Any]) -> str:
+    """A plain-text table of the status document (no rich: this is a hot command)."""
+    agents = document["agents"]
+    lines: list[str] = []
+    if not agents:
+        lines.append("no agents (start one with `ov sling CAPABILITY TASK_ID`)")
+    else:
+        header = ("NAME", "CAPABILITY", "STATE", "TASK", "PARENT", "TURNS", "IDLE", "TOKENS", "COST", "TOOL")
+        rows = [header]
+        for a in agents:
+            state = a["state"] + ("!" if a["loop_alive"] is False else "")
+            rows.append((a["name"], a["capability"], state, a["task_id"], a["parent"], str(a["turns"]),
+                         format_idle(a["idle_seconds"]), f"{a['input_tokens'] + a['output_tokens']}",
+                         f"${a['cost_usd']:.4f}", a["current_tool"] or "-"))
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+        for row in rows:
+            lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if any(a["loop_alive"] is False for a in agents):
+            lines.append("(! = its agent loop is not running; the watchdog re-adopts it: `ov watchdog`)")
+    mail = document["mail"]
+    waiting = ", ".join(f"{name} {count}" for name, count in mail["by_agent"].items())
+    lines.append(f"mail: {mail['pending']} pending" + (f" ({waiting})" if waiting else ""))
+    totals = document["totals"]
+    states = ", ".join(f"{count} {state}" for state, count in totals["by_state"].items())
+    lines.append(f"totals: {totals['agents']} agents ({states or 'none'}), {totals['turns']} turns, "
+                 f"{totals['input_tokens'] + totals['output_tokens']} tokens, ${totals['cost_usd']:.4f}")
+    for run in document["runs"][:5]:
+        lines.append(f"run {run['id']}: {run['status']}, {run['agents']} agents, started {run['started_at']}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""One `ov watch` frame, rendered with rich from a ``status.dashboard_snapshot`` document.
+
+Pure rendering: no database, no clock. Columns are dropped from the least to the
+most important as the terminal narrows, so names, states and costs always show.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from overstory.status import format_idle
+
+STATE_STYLES = {
+    "booting": "cyan",
+    "in_turn": "bold green",
+    "between_turns": "blue",
+    "working": "bold green",
+    "stalled": "bold yellow",
+    "parked": "magenta",
+    "completed": "dim",
+    "zombie": "bold red",
+}
+EVENT_STYLES = {"watchdog_zombie": "red", "watchdog_stalled": "yellow", "turn_failed": "yellow",
+                "turn_retry": "yellow", "contract_violation": "yellow", "watchdog_readopt": "cyan"}
+
+# (column, minimum console width at which it is shown)
+AGENT_COLUMNS: tuple[tuple[str, int], ...] = (
+    ("name", 0), ("state", 0), ("cost", 0), ("idle", 50), ("turns", 60), ("capability", 72),
+    ("tool", 90), ("task", 105), ("parent", 120), ("tokens", 135),
+)
+
+
+def _state_text(agent: dict[str, t.Any]) -> Text:
+    label = agent["state"]
+    if agent.get("loop_alive") is False:
+        label += " !"
+    return Text(label, style=STATE_STYLES.get(agent["state"], ""))
+
+
+def _cell(agent: dict[str, t.Any], column: str) -> RenderableType:
+    if column == "state":
+        return _state_text(agent)
+    if column == "cost":
+        return f"${agent['cost_usd']:.4f}"
+    if column == "idle":
+        return format_idle(agent["idle_seconds"])
+    if column == "turns":
+        return str(agent["turns"]) + (f"+{agent['retries']}r" if agent.get("retries") else "")
+    if column == "tool":
+        return agent.get("current_tool") or "-"
+    if column == "task":
+        return agent["task_id"]
+    if column == "tokens":
+        return str(agent["input_tokens"] + agent["output_tokens"])
+    return str(agent.get(column) or "-")
+
+
+def agents_table(agents: list[dict[str, t.Any]], width: int, max_rows: int | None = None) -> Table:
+    columns = [name for name, min_width in AGENT_COLUMNS if width >= min_width]
+    table = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, show_edge=False)
+    for name in columns:
+        table.add_column(name.upper(), no_wrap=True, overflow="ellipsis",
+                         justify="right" if name in ("cost", "idle", "turns", "tokens") else "left",
+                         ratio=2 if name in ("name", "tool", "task") else None)
+    shown = agents if max_rows is None else agents[:max_rows]
+    for agent in shown:
+        table.add_row(*(_cell(agent, c) for c in columns))
+    hidden = len(agents) - len(shown)
+    if hidden > 0:
+        table.caption = f"... and {hidden} more agent(s) (widen/heighten the terminal or use `ov status`)"
+    if not agents:
+        table.caption = "no agents yet: `ov sling CAPABILITY TASK_ID`"
+    return table
+
+
+def _header(snapshot: dict[str, t.Any], watchdog_note: str) -> Text:
+    totals = snapshot["totals"]
+    text = Text()
+    text.append("ov watch", style="bold")
+    moment = snapshot["generated_at"] or ""
+    text.append(f"  {moment[:19].replace('T', ' ')}Z  ")
+    for state, count in totals["by_state"].items():
+        text.append(f"{count} {state}  ", style=STATE_STYLES.get(state, ""))
+    text.append(f"mail {snapshot['mail']['pending']} pending  ")
+    text.append(f"turns {totals['turns']}  ")
+    text.append(f"cost ${totals['cost_usd']:.4f}", style="bold")
+    if watchdog_note:
+        text.append(f"  | {watchdog_note}", style="dim")
+    return text
+
+
+def _mail_table(messages: list[dict[str, t.Any]], width: int) -> Table:
+    table = Table(title="mail", title_justify="left", box=box.SIMPLE_HEAD, expand=True, show_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("FROM > TO", no_wrap=True, overflow="ellipsis", ratio=2)
+    table.add_column("TYPE", no_wrap=True)
+    if width >= 70:
+        table.add_column("SUBJECT", no_wrap=True, overflow="ellipsis", ratio=3)
+    for message in messages:
+        cells = [str(message["id"]), f"{message['from']} > {message['to']}", message["type"]]
+        if width >= 70:
+            cells.append(message["subject"])
+        table.add_row(*cells, style="dim" if message["state"] == "read" else None)
+    return table
+
+
+def _events_table(title: str, events: list[dict[str, t.Any]], width: int) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, expand=True, show_edge=False)
+    table.add_column("TIME", no_wrap=True)
+    table.add_column("AGENT", no_wrap=True, overflow="ellipsis")
+    table.add_column("KIND", no_wrap=True)
+    if width >= 70:
+        table.add_column("SUMMARY", no_wrap=True, overflow="ellipsis", ratio=3)
+    for event in events:
+        clock = (event["at"] or "")[11:19]
+        cells = [clock, event["agent"] or "-", Text(event["kind"], style=EVENT_STYLES.get(event["kind"], ""))]
+        if width >= 70:
+            cells.append(" ".join((event["summary"] or "").split()))
+        table.add_row(*cells)
+    return table
+
+
+def _merge_table(entries: list[dict[str, t.Any]]) -> Table:
+    table = Table(title="merge queue", title_justify="left", box=box.SIMPLE_HEAD, expand=True, show_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("BRANCH", no_wrap=True, overflow="ellipsis")
+    table.add_column("STATUS", no_wrap=True)
+    for entry in entries:
+        table.add_row(str(entry["id"]), entry["branch"], entry["status"])
+    return table
+
+
+def render_frame(snapshot: dict[str, t.Any], *, width: int, height: int | None = None,
+                 watchdog_note: str = "") -> RenderableType:
+    """The whole dashboard. ``height`` (live mode) caps the agent rows; None shows all."""
+    max_rows = None if height is None else max(3, height - 24)
+    parts: list[RenderableType] = [_header(snapshot, watchdog_note),
+                                   agents_table(snapshot["agents"], width, max_rows)]
+    if snapshot.get("problems"):
+        parts.append(_events_table("problems", snapshot["problems"][:6], width))
+    if snapshot.get("recent_mail"):
+        parts.append(_mail_table(snapshot["recent_mail"][:6], width))
+    if snapshot.get("events"):
+        parts.append(_events_table("events", snapshot["events"][:8], width))
+    if snapshot.get("merge_queue"):
+        parts.append(_merge_table(snapshot["merge_queue"][:5]))
+    return Group(*parts)

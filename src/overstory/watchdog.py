@@ -1,0 +1,486 @@
+"""The mechanical watchdog: keeps every agent's state honest, one tick at a time.
+
+Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``
+holding the holder's pid). Each tick reads the non-terminal session rows and a few
+``/proc`` entries; only when a rule fires does it write, always by compare-and-swap
+with the generation it observed:
+
+- a headless agent whose loop is gone is re-adopted: a turn it left in flight is
+  killed (its recorded process group, verified by start ticks) and counts as failed
+  (claimed mail released, ``retries`` bumped, zombie past ``turns.max_retries``),
+  then a new loop is started;
+- ``in_turn``/``working`` (or ``booting`` with a turn running) with no activity for
+  ``watchdog.stale_after`` becomes ``stalled`` and gets one ``nudge`` mail;
+- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie
+  (``lifecycle.declare_zombie``: the parent gets exactly one ``worker_died``) and
+  its turn's process group is killed.
+
+``between_turns`` agents waiting for mail are never stale: idling is legitimate.
+Nothing is ever killed unless ov recorded it with matching start ticks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sqlite3
+import time
+import typing as t
+from dataclasses import asdict, dataclass, field
+
+from overstory import procs, sessions
+from overstory.clock import iso, now_ms
+from overstory.db import write_transaction
+from overstory.errors import LockHeld
+from overstory.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, terminal_mail_sent
+from overstory.paths import ProjectPaths
+from overstory.sessions import Session
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+
+ACTOR = "watchdog"
+# `ov sling` records the loop's pid right after starting it; give it this long.
+LOOP_START_GRACE_MS = 15_000
+# States whose silence means something is wrong (a turn or a tmux TUI should be talking).
+SPEAKING_STATES = frozenset({"in_turn", "working"})
+LIVE_TURN_STATUSES = ("starting", "running")
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    interval: float = 5.0
+    stale_after: float = 300.0
+    zombie_after: float = 900.0
+    max_retries: int = 2
+    kill_grace: float = 5.0
+
+    @classmethod
+    def from_config(cls, config: Config, *, interval: float | None = None) -> WatchdogSettings:
+        return cls(interval=interval if interval is not None else config.watchdog.interval,
+                   stale_after=config.watchdog.stale_after, zombie_after=config.watchdog.zombie_after,
+                   max_retries=config.turns.max_retries, kill_grace=config.turns.kill_grace)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing a tick did (or tried and lost a race on)."""
+
+    agent: str
+    kind: str  # readopted | stalled | zombie | recovered | lost_race | error
+    detail: str
+    at: int = field(default_factory=now_ms)
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {"agent": self.agent, "kind": self.kind, "detail": self.detail, "at": iso(self.at)}
+
+
+@dataclass
+class ReconcileReport:
+    """What the watchdog found on start: reality compared with the rows."""
+
+    agents: list[dict[str, t.Any]] = field(default_factory=list)
+    killed: list[dict[str, t.Any]] = field(default_factory=list)
+    released_mail: dict[str, int] = field(default_factory=dict)
+    closed_turns: int = 0
+    orphan_worktrees: list[str] = field(default_factory=list)
+    finished_worktrees: list[dict[str, t.Any]] = field(default_factory=list)
+    missing_worktrees: list[dict[str, t.Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return asdict(self)
+
+    def summary_lines(self) -> list[str]:
+        dead = [a for a in self.agents if a["loop"] == "dead"]
+        lines = [f"reconciled {len(self.agents)} active agent(s); {len(dead)} without a live loop"]
+        for item in self.killed:
+            lines.append(f"killed leftover {item['what']} of {item['agent']} (pgid {item['pgid']})")
+        for agent, count in self.released_mail.items():
+            lines.append(f"released {count} claimed message(s) of {agent}")
+        if self.closed_turns:
+            lines.append(f"closed {self.closed_turns} turn row(s) left running by dead agents")
+        for path in self.orphan_worktrees:
+            lines.append(f"orphan worktree (no agent row; left in place): {path}")
+        for item in self.missing_worktrees:
+            lines.append(f"agent {item['agent']} ({item['state']}) has no worktree at {item['path']}")
+        return lines
+
+
+# ---- the single-instance lock ---------------------------------------------------
+
+
+def lock_holder(project: ProjectPaths) -> int | None:
+    """The pid written by the current (or last) holder of the watchdog lock."""
+    try:
+        text = (project.locks_dir / "watchdog.lock").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+class WatchdogLock:
+    """An flock held for the watchdog's life; the kernel drops it if the holder dies."""
+
+    def __init__(self, project: ProjectPaths) -> None:
+        self.project = project
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        path = self.project.locks_dir / "watchdog.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = lock_holder(self.project)
+            who = f"pid {holder}" if holder else "another process"
+            raise LockHeld(f"a watchdog is already running for this project ({who}); "
+                           "`ov watch --no-watchdog` only displays") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> WatchdogLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ---- the watchdog ---------------------------------------------------------------
+
+
+class _RowChanged(Exception):
+    """Raised inside a transaction to roll it back: the row moved on since we read it."""
+
+
+class Watchdog:
+    """Rules over the session rows of one project. The caller holds the WatchdogLock."""
+
+    def __init__(self, project: ProjectPaths, settings: WatchdogSettings, state: sqlite3.Connection | None = None,
+                 *, spawn: t.Callable[[ProjectPaths, str, int], tuple[int, int | None]] | None = None) -> None:
+        from overstory.db import open_state
+
+        self.project = project
+        self.settings = settings
+        self._own_state = state is None
+        self.state = state if state is not None else open_state(project.state_db)
+        self._events: sqlite3.Connection | None = None
+        self._spawn = spawn or _spawn_loop
+        # Loops this watchdog started, by agent: (generation, pid, ticks). While one is
+        # alive it counts as the agent's loop even before it has recorded itself.
+        self._started: dict[str, tuple[int, int, int | None]] = {}
+
+    # -- plumbing
+
+    def close(self) -> None:
+        for conn, own in ((self._events, True), (self.state, self._own_state)):
+            if conn is not None and own:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+        self._events = None
+
+    def _event(self, kind: str, agent: Session, summary: str, data: dict[str, t.Any] | None = None) -> None:
+        from overstory import events as event_store
+
+        try:
+            if self._events is None:
+                from overstory.db import open_events
+
+                self._events = open_events(self.project.events_db)
+            event_store.record(self._events, kind, agent=agent.name, generation=agent.generation,
+                               summary=summary[:300], data=data)
+        except (sqlite3.Error, OSError):
+            pass  # the state change is what matters; the event is a courtesy
+
+    # -- one tick
+
+    def tick(self) -> list[Action]:
+        """Apply the rules once to every non-terminal agent; returns what was done."""
+        now = now_ms()
+        actions: list[Action] = []
+        try:
+            agents = sessions.list_sessions(self.state, include_terminal=False)
+        except sqlite3.Error as exc:  # e.g. locked for longer than the busy timeout: try next tick
+            return [Action("-", "error", f"database: {exc}")]
+        for agent in agents:
+            try:
+                actions.extend(self._check(agent, now))
+            except (sqlite3.Error, OSError) as exc:
+                actions.append(Action(agent.name, "error", f"{type(exc).__name__}: {exc}"))
+        return actions
+
+    def _check(self, agent: Session, now: int) -> list[Action]:
+        if agent.mode == "headless" and not self._loop_alive(agent, now):
+            return self._readopt(agent)
+        idle_ms = now - agent.last_activity
+        speaking = agent.state in SPEAKING_STATES or (agent.state == "booting" and agent.turn_pgid is not None)
+        if speaking and idle_ms >= self.settings.stale_after * 1000:
+            return self._stall(agent, idle_ms)
+        if agent.state == "stalled" and idle_ms >= self.settings.zombie_after * 1000:
+            return self._zombify(agent)
+        return []
+
+    def _loop_alive(self, agent: Session, now: int) -> bool:
+        if procs.is_alive(agent.loop_pid, agent.loop_start_ticks):
+            return True
+        started = self._started.get(agent.name)
+        if started and started[0] == agent.generation and procs.is_alive(started[1], started[2]):
+            return True  # ours, still starting up (or waiting for the agent lock)
+        if agent.loop_pid is None and started is None:
+            return now - agent.created_at < LOOP_START_GRACE_MS  # `ov sling` is still starting it
+        return False
+
+    # -- rule: the loop is gone
+
+    def _readopt(self, agent: Session) -> list[Action]:
+        actions: list[Action] = []
+        killed = ""
+        if (agent.turn_pgid is not None and procs.group_alive(agent.turn_pgid, agent.turn_start_ticks)) or \
+                procs.tagged_processes(agent.current_turn_id or ""):
+            procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
+                            grace=self.settings.kill_grace)
+            killed = f"; killed its orphaned turn group {agent.turn_pgid}"
+        latest = self.state.execute(
+            "SELECT id, status, started_at FROM turns WHERE agent = ? AND generation = ? ORDER BY rowid DESC LIMIT 1",
+            (agent.name, agent.generation)).fetchone()
+        claimed = self.state.execute(
+            "SELECT count(*) FROM mail WHERE recipient = ? AND claimed_by IS NOT NULL AND read_at IS NULL",
+            (agent.name,)).fetchone()[0]
+        try:
+            if latest is not None and latest["status"] == "ok" and agent.state in ("in_turn", "stalled", "booting"):
+                action = self._settle_finished_turn(agent, latest["id"], latest["started_at"])
+            elif (agent.state in ("in_turn", "stalled") or agent.current_turn_id or agent.turn_pgid or claimed
+                  or (latest is not None and latest["status"] in LIVE_TURN_STATUSES)):
+                action = self._fail_interrupted_turn(agent, killed)
+            elif agent.retries > self.settings.max_retries:
+                action = self._give_up(agent, "its loop died after the last retry")
+            else:
+                action = Action(agent.name, "readopted", "loop was gone; restarting it" + killed)
+        except _RowChanged as changed:
+            return [Action(agent.name, "lost_race", str(changed))]
+        actions.append(action)
+        if action.kind in ("readopted", "recovered"):
+            fresh = sessions.get(self.state, agent.name)
+            if fresh is not None and fresh.generation == agent.generation and not fresh.is_terminal:
+                pid, ticks = self._spawn(self.project, agent.name, agent.generation)
+                self._started[agent.name] = (agent.generation, pid, ticks)
+                self._event("watchdog_readopt", agent, f"{action.detail}; new loop pid {pid}")
+        return actions
+
+    def _fence(self, tx: sqlite3.Connection, agent: Session) -> None:
+        """Inside a transaction: stop if a newer generation or a new loop appeared."""
+        row = tx.execute("SELECT generation, loop_pid FROM sessions WHERE name = ?", (agent.name,)).fetchone()
+        if row is None or row["generation"] != agent.generation:
+            raise _RowChanged("the agent was replaced while the watchdog looked at it")
+        if row["loop_pid"] != agent.loop_pid:
+            raise _RowChanged("a new loop recorded itself while the watchdog looked at it")
+
+    def _fail_interrupted_turn(self, agent: Session, killed: str) -> Action:
+        """The loop died mid-turn: that turn failed. Same retry policy as the loop's own."""
+        from overstory import mail
+
+        retries = agent.retries + 1
+        reason = f"agent loop died mid-turn (retry {retries}/{self.settings.max_retries})"
+        turn_fields = {"retries": retries, "failed_turns": agent.failed_turns + 1, "turn_pgid": None,
+                       "turn_start_ticks": None, "current_turn_id": None, "current_tool": None}
+
+        def bookkeeping(tx: sqlite3.Connection, _ok: sessions.Ok | None = None) -> None:
+            self._fence(tx, agent)
+            mail.release_agent(tx, agent.name)
+            tx.execute(
+                f"UPDATE turns SET status = 'failed', ended_at = ?, error = ? WHERE agent = ? AND generation = ? "
+                f"AND status IN ({','.join('?' * len(LIVE_TURN_STATUSES))})",
+                (now_ms(), "the agent loop died during the turn", agent.name, agent.generation, *LIVE_TURN_STATUSES))
+
+        if agent.state in ("in_turn", "stalled", "booting"):
+            outcome = sessions.transition(self.state, agent.name, agent.generation, "between_turns", actor=ACTOR,
+                                          reason=reason, fields=turn_fields, expect={agent.state}, then=bookkeeping)
+            if not outcome.ok:
+                return Action(agent.name, "lost_race", f"could not settle the failed turn: {type(outcome).__name__}")
+        else:
+            with write_transaction(self.state):
+                row = self.state.execute("SELECT state FROM sessions WHERE name = ? AND generation = ?",
+                                         (agent.name, agent.generation)).fetchone()
+                if row is None or row["state"] != agent.state:
+                    raise _RowChanged("the agent changed state while the watchdog looked at it")
+                bookkeeping(self.state)
+                sessions.update_fields(self.state, agent.name, agent.generation, **turn_fields)
+        self._event("turn_failed", agent, reason + killed, {"retries": retries})
+        if retries > self.settings.max_retries:
+            fresh = sessions.get(self.state, agent.name)
+            if fresh is not None and fresh.generation == agent.generation:
+                return self._give_up(fresh, f"agent loop died mid-turn; gave up after {retries - 1} retries")
+        return Action(agent.name, "readopted", reason + killed)
+
+    def _settle_finished_turn(self, agent: Session, turn_id: str, started_ms: int) -> Action:
+        """The turn ended cleanly but the loop died before settling it: settle it as the loop would."""
+        from overstory import mail
+
+        done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, started_ms)
+
+        def deliver(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
+            self._fence(tx, agent)
+            mail.mark_read(tx, turn_id)
+
+        outcome = sessions.transition(
+            self.state, agent.name, agent.generation, "completed" if done else "between_turns", actor=ACTOR,
+            reason="turn finished (settled by the watchdog)" if not done else "terminal mail sent (settled by the watchdog)",
+            fields={"turns": agent.turns + 1, "retries": 0, "turn_pgid": None, "turn_start_ticks": None,
+                    "current_turn_id": None, "current_tool": None},
+            expect={agent.state}, then=deliver)
+        if not outcome.ok:
+            return Action(agent.name, "lost_race", f"could not settle the finished turn: {type(outcome).__name__}")
+        if done:
+            self._event("watchdog_settled", agent, "finished turn settled: completed")
+            return Action(agent.name, "completed", "its loop died after the final turn; settled as completed")
+        return Action(agent.name, "recovered", "its loop died after a clean turn; settled and restarting the loop")
+
+    def _give_up(self, agent: Session, reason: str) -> Action:
+        outcome = declare_zombie(self.state, agent, reason, actor=ACTOR)
+        if not outcome.ok:
+            return Action(agent.name, "lost_race", f"could not declare zombie: {type(outcome).__name__}")
+        self._event("watchdog_zombie", agent, reason)
+        return Action(agent.name, "zombie", reason)
+
+    # -- rule: silence
+
+    def _stall(self, agent: Session, idle_ms: int) -> list[Action]:
+        from overstory import mail
+
+        idle = idle_ms / 1000
+        reason = f"no activity for {idle:.0f}s (watchdog.stale_after = {self.settings.stale_after:g}s)"
+
+        def nudge(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
+            mail.insert_message(
+                tx, sender=ACTOR, recipient=agent.name, type="nudge", priority="high",
+                subject="no activity from you: are you stuck?",
+                body=(f"The watchdog has seen no activity from {agent.name} for {idle:.0f}s. If you are blocked, "
+                      "say so to your parent with `ov mail send --type question`; otherwise carry on."),
+                dedup_key=f"nudge:{agent.name}:{agent.generation}:{ok.version}")
+
+        outcome = sessions.transition(self.state, agent.name, agent.generation, "stalled", actor=ACTOR, reason=reason,
+                                      expect={agent.state}, then=nudge)
+        if not outcome.ok:
+            return [Action(agent.name, "lost_race", f"not stalled: {type(outcome).__name__}")]
+        self._event("watchdog_stalled", agent, reason, {"idle_seconds": round(idle, 1)})
+        return [Action(agent.name, "stalled", reason)]
+
+    def _zombify(self, agent: Session) -> list[Action]:
+        from overstory import mail
+
+        fresh = sessions.get(self.state, agent.name)  # activity may have resumed since the tick's read
+        if fresh is None or fresh.generation != agent.generation or fresh.state != "stalled":
+            return []
+        idle = (now_ms() - fresh.last_activity) / 1000
+        if idle < self.settings.zombie_after:
+            return []
+        reason = f"no activity for {idle:.0f}s (watchdog.zombie_after = {self.settings.zombie_after:g}s)"
+        outcome = declare_zombie(self.state, fresh, reason, actor=ACTOR, expect=frozenset({"stalled"}))
+        if not outcome.ok:
+            return [Action(agent.name, "lost_race", f"not declared zombie: {type(outcome).__name__}")]
+        detail = reason
+        if fresh.turn_pgid is not None or fresh.current_turn_id:
+            procs.kill_turn(fresh.turn_pgid, fresh.turn_start_ticks, fresh.current_turn_id,
+                            grace=self.settings.kill_grace)
+            detail += f"; killed turn group {fresh.turn_pgid}"
+        if not procs.is_alive(fresh.loop_pid, fresh.loop_start_ticks):
+            mail.release_agent(self.state, agent.name)  # nobody else will give the claimed mail back
+        self._event("watchdog_zombie", fresh, detail)
+        return [Action(agent.name, "zombie", detail)]
+
+    # -- start-up reconciliation
+
+    def reconcile(self) -> ReconcileReport:
+        """Compare rows with live processes and worktrees; settle leftovers ov owns, report the rest."""
+        from overstory import mail
+
+        report = ReconcileReport()
+        rows = sessions.list_sessions(self.state)
+        by_name = {row.name: row for row in rows}
+        for row in rows:
+            loop_alive = procs.is_alive(row.loop_pid, row.loop_start_ticks)
+            turn_alive = row.turn_pgid is not None and procs.group_alive(row.turn_pgid, row.turn_start_ticks)
+            if not row.is_terminal:
+                report.agents.append({
+                    "agent": row.name, "state": row.state, "generation": row.generation, "mode": row.mode,
+                    "loop": "alive" if loop_alive else ("none" if row.loop_pid is None else "dead"),
+                    "turn_group": "alive" if turn_alive else ("none" if row.turn_pgid is None else "dead"),
+                })
+                if row.worktree and not os.path.isdir(row.worktree):
+                    report.missing_worktrees.append({"agent": row.name, "state": row.state, "path": row.worktree})
+                continue
+            # A terminal agent owns no processes: whatever it left behind (and ov recorded) goes.
+            if turn_alive:
+                procs.kill_turn(row.turn_pgid, row.turn_start_ticks, row.current_turn_id,
+                                grace=self.settings.kill_grace)
+                report.killed.append({"agent": row.name, "what": "turn group", "pgid": row.turn_pgid})
+            if loop_alive and row.loop_pid is not None:
+                try:
+                    os.kill(row.loop_pid, signal.SIGTERM)
+                    report.killed.append({"agent": row.name, "what": "loop", "pgid": row.loop_pid})
+                except ProcessLookupError:
+                    pass
+            if row.turn_pgid is not None:
+                sessions.update_fields(self.state, row.name, row.generation, turn_pgid=None, turn_start_ticks=None,
+                                       current_turn_id=None, current_tool=None)
+            if not loop_alive:
+                released = mail.release_agent(self.state, row.name)
+                if released:
+                    report.released_mail[row.name] = released
+        with write_transaction(self.state):
+            marks = ",".join("?" * len(LIVE_TURN_STATUSES))
+            report.closed_turns = self.state.execute(
+                f"UPDATE turns SET status = 'aborted', ended_at = ?, error = 'agent ended or replaced during the turn' "
+                f"WHERE status IN ({marks}) AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.name = turns.agent "
+                f"AND s.generation = turns.generation AND s.state NOT IN ('completed', 'zombie'))",
+                (now_ms(), *LIVE_TURN_STATUSES)).rowcount
+        worktrees = self.project.worktrees_dir
+        if worktrees.is_dir():
+            for entry in sorted(worktrees.iterdir()):
+                if not entry.is_dir():
+                    continue
+                owner = by_name.get(entry.name)
+                if owner is None:
+                    report.orphan_worktrees.append(str(entry))
+                elif owner.is_terminal:
+                    report.finished_worktrees.append({"agent": owner.name, "state": owner.state, "path": str(entry)})
+        return report
+
+    # -- the loop
+
+    def run(self, *, once: bool = False, should_stop: t.Callable[[], bool] = lambda: False,
+            on_reconcile: t.Callable[[ReconcileReport], None] | None = None,
+            on_tick: t.Callable[[list[Action]], None] | None = None) -> None:
+        """Reconcile, then tick every ``settings.interval`` seconds until ``should_stop``."""
+        report = self.reconcile()
+        if on_reconcile is not None:
+            on_reconcile(report)
+        while True:
+            actions = self.tick()
+            if on_tick is not None:
+                on_tick(actions)
+            if once:
+                return
+            deadline = time.monotonic() + self.settings.interval
+            while time.monotonic() < deadline:
+                if should_stop():
+                    return
+                time.sleep(min(0.1, self.settings.interval))
+
+
+def _spawn_loop(project: ProjectPaths, agent: str, generation: int) -> tuple[int, int | None]:
+    from overstory.agent_loop import load_launch_env, spawn_loop
+
+    return spawn_loop(project, agent, generation, load_launch_env(project, agent))
