@@ -173,7 +173,7 @@ def test_unresumable_session_falls_back_to_a_fresh_one(project, tmp_path):
 def test_one_loop_per_agent(project, tmp_path):
     release = tmp_path / "release"
     result = start(project, tmp_path, [{"actions": [
-        {"bash": f"for i in $(seq 600); do test -e {release} && break; sleep 0.1; done"}, REPORT]}])
+        {"bash": f"for i in $(seq 3000); do test -e {release} && break; sleep 0.1; done"}, REPORT]}])
     wait_for(lambda: loop_processes("builder-t1", project.root), 10, message="loop")
     second = subprocess.run([sys.executable, "-m", "overstory.agent_loop", "--project", str(project.root),
                              "--agent", "builder-t1", "--generation", str(result.generation)],
