@@ -192,3 +192,18 @@ def test_global_turn_limit(project, tmp_path):
         assert wait_terminal(project, name).state == "completed"
     spans = sorted((r["started_at"], r["ended_at"]) for n in ("builder-a", "builder-b") for r in turn_rows(project, n))
     assert spans[0][1] <= spans[1][0], spans
+
+
+def test_a_missing_runtime_makes_a_zombie_not_a_crash_loop(project, tmp_path):
+    """The claude binary vanishing after sling is a permanent failure with a reason, reported once."""
+    env = {**os.environ, "OV_RUNTIME_CLAUDE_BIN": sys.executable}  # exists at sling time
+    config = load_config(project.config_file, project.local_config_file, environ=env)
+    conn = open_state(project.state_db)
+    try:
+        sling(project, config, conn, SlingRequest(capability="builder", task_id="gone", runtime="claude"),
+              {**env, "OV_RUNTIME_CLAUDE_BIN": str(tmp_path / "no-such-claude")})
+    finally:
+        conn.close()
+    agent = wait_terminal(project, "builder-gone")
+    assert agent.state == "zombie" and "no-such-claude" in (agent.state_reason or "")
+    assert len(mail_rows(project, type="worker_died")) == 1

@@ -257,7 +257,15 @@ def _state_m001_initial(conn: sqlite3.Connection) -> None:
     )
 
 
-STATE_MIGRATIONS: list[Migration] = [_state_m001_initial]
+def _state_m002_pending_mail_index(conn: sqlite3.Connection) -> None:
+    """Mail waiting for delivery, found without walking read or claimed rows (status, loops)."""
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS mail_pending ON mail(recipient, priority, id) "
+        "WHERE read_at IS NULL AND claimed_by IS NULL"
+    )
+
+
+STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index]
 
 
 # ---------------------------------------------------------------------------

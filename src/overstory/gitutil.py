@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from overstory.errors import NotAGitRepository
@@ -34,3 +36,22 @@ def current_branch(root: Path) -> str | None:
 
 def branch_exists(root: Path, branch: str) -> bool:
     return git(root, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0
+
+
+@contextmanager
+def worktree_admin_lock(repo_root: Path) -> Iterator[None]:
+    """Serialise `git worktree add/remove/prune` in one repository.
+
+    git does not lock its worktree administration files: concurrent `worktree add`
+    calls can fail with "failed to read .git/worktrees/<other>/commondir".
+    """
+    import fcntl
+
+    lock_dir = repo_root / ".overstory" / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / "git-worktrees.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from overstory import procs, sessions
 from overstory.errors import AgentExists, HierarchyError, OrchestratorError, SpawnError, UsageError
-from overstory.gitutil import branch_exists, current_branch, git
+from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.sessions import CAPABILITIES, WRITER_CAPABILITIES
@@ -47,6 +47,7 @@ class SlingRequest:
     base_branch: str | None = None
     scenario: Path | None = None
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
+    tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
 
 
 @dataclass
@@ -63,6 +64,8 @@ class SlingResult:
     loop_pid: int | None
     run_id: str | None = None
     dispatch_mail_id: int | None = None
+    mode: str = "headless"
+    tmux_session: str | None = None
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
@@ -101,6 +104,12 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
         if capability not in SLINGING_CAPABILITIES:
             raise HierarchyError(f"{caller} is a {capability or 'unknown agent'}: only coordinator and lead agents may "
                                  "sling; ask your parent with `ov mail send --type question` instead")
+        if parent != caller:
+            from overstory.hierarchy import is_descendant
+
+            if not is_descendant(conn, parent, caller):
+                raise HierarchyError(f"{caller} may only sling its own children (or children of its descendants); "
+                                     f"--parent {parent} is outside its part of the hierarchy")
     if parent == "operator":
         return parent, 0
     parent_row = sessions.get(conn, parent)
@@ -177,6 +186,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         from overstory.runtimes.commands import turn_command
 
         turn_command("claude", claude_bin=config.runtime.claude_bin)  # fails early and clearly if missing
+    tmux = _tmux_mode(request, config, runtime)
+    from overstory.turns import model_choice
+
+    model_choice(request.model, capability, config, _launch_env(project, environ))  # unknown provider, missing key
     prompt = request.prompt
     if request.spec_file is not None:
         try:
@@ -233,19 +246,25 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             _fault("instructions", environ)
             _write_instructions(project, worktree, name=name, capability=capability, task_id=task_id, branch=branch,
                                 base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                files=request.files, ov_command=ov_command, tmux_mode=False)
+                                files=request.files, ov_command=ov_command, tmux_mode=tmux)
         run_dir = project.run_dir / name
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         undo.push("run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True))
+        if at_root:
+            _fault("instructions", environ)
+            _write_root_instructions(project, run_dir, name=name, capability=capability, task_id=task_id,
+                                     base_branch=base_branch or "", parent=parent, prompt=prompt or "",
+                                     files=request.files, ov_command=ov_command)
         scenario_path = None
         if scenario_text is not None:
             scenario_path = run_dir / "scenario.json"
             scenario_path.write_text(scenario_text, encoding="utf-8")
         from overstory.agent_loop import save_launch_env
 
-        save_launch_env(project, name, environ)
+        launch_env = _launch_env(project, environ)
+        save_launch_env(project, name, launch_env)
         _fault("session", environ)
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
                 "scenario": str(scenario_path) if scenario_path else None}
@@ -253,7 +272,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
             worktree=str(worktree) if worktree else None, branch=branch, base_branch=base_branch, spec=spec,
-            run_id=run_id)
+            run_id=run_id, mode="tmux" if tmux else "headless",
+            tmux_session=_tmux_session_name(name) if tmux else None)
         undo.push("session", lambda: sessions.discard_session(conn, name, generation))
         _fault("dispatch", environ)
         from overstory import mail
@@ -268,11 +288,18 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         loop_pid = None
         if start:
             _fault("start", environ)
-            from overstory.agent_loop import spawn_loop
+            if tmux:
+                from overstory.tmux_mode import abort_start, start_agent
 
-            loop_pid, ticks = spawn_loop(project, name, generation, environ)
-            undo.push("start", lambda: procs.kill_group(loop_pid, ticks, force=True))
-            sessions.update_fields(conn, name, generation, loop_pid=loop_pid, loop_start_ticks=ticks)
+                started = start_agent(project, config, conn, name, generation, launch_env)
+                undo.push("start", lambda: abort_start(project, started))
+                loop_pid = started.driver_pid
+            else:
+                from overstory.agent_loop import spawn_loop
+
+                loop_pid, ticks = spawn_loop(project, name, generation, launch_env)
+                undo.push("start", lambda: procs.kill_group(loop_pid, ticks, force=True))
+                sessions.update_fields(conn, name, generation, loop_pid=loop_pid, loop_start_ticks=ticks)
             _fault("after_start", environ)
     except OrchestratorError:
         undo.run()
@@ -286,7 +313,48 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     mail.record_sent(conn, [dispatch_id])
     return SlingResult(name=name, capability=capability, task_id=task_id, generation=generation, branch=branch,
                        worktree=str(worktree) if worktree else None, parent=parent, depth=depth, runtime=runtime,
-                       loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id)
+                       loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id,
+                       mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None)
+
+
+def _tmux_mode(request: SlingRequest, config: Config, runtime: str) -> bool:
+    """--tmux (or runtime.tmux in config) runs the claude TUI in tmux; the scripted runtime stays headless."""
+    wanted = config.runtime.tmux if request.tmux is None else request.tmux
+    if not wanted:
+        return False
+    if runtime != "claude":
+        if request.tmux:
+            raise UsageError(f"--tmux runs the claude TUI; the {runtime} runtime is headless only")
+        return False
+    from overstory.tmux_mode import tmux_available
+
+    if not tmux_available():
+        from overstory.errors import RuntimeNotAvailable
+
+        raise RuntimeNotAvailable("tmux mode needs tmux on PATH (apt install tmux / brew install tmux)")
+    return True
+
+
+def _tmux_session_name(name: str) -> str:
+    from overstory.tmux_mode import session_name
+
+    return session_name(name)
+
+
+def _launch_env(project: ProjectPaths, environ: dict[str, str]) -> dict[str, str]:
+    """The environment the new agent's loop (and so its turns) starts from.
+
+    Slung from inside an agent, that is the caller's own launch environment rather than
+    its turn's: a turn carries per-agent variables (its provider's ANTHROPIC_BASE_URL and
+    key, its identity) that must not leak into a child with another provider.
+    """
+    caller = environ.get("OVERSTORY_AGENT_NAME")
+    if caller:
+        from overstory.agent_loop import env_file, load_launch_env
+
+        if env_file(project, caller).is_file():
+            return load_launch_env(project, caller)
+    return environ
 
 
 def _open_run_id(conn: sqlite3.Connection) -> str | None:
@@ -298,20 +366,20 @@ def _add_worktree(project: ProjectPaths, worktree: Path, branch: str) -> None:
     import git as gitpython
 
     worktree.parent.mkdir(parents=True, exist_ok=True)
-    with gitpython.Repo(project.root) as repo:
+    with worktree_admin_lock(project.root), gitpython.Repo(project.root) as repo:
         repo.git.worktree("add", str(worktree), branch)
 
 
 def _remove_worktree(project: ProjectPaths, worktree: Path) -> None:
-    git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
-    if worktree.exists():
-        shutil.rmtree(worktree, ignore_errors=True)
-    git(project.root, "worktree", "prune", check=False)
+    with worktree_admin_lock(project.root):
+        git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
+        if worktree.exists():
+            shutil.rmtree(worktree, ignore_errors=True)
+        git(project.root, "worktree", "prune", check=False)
 
 
-def _write_instructions(project: ProjectPaths, worktree: Path, *, name: str, capability: str, task_id: str, branch: str,
-                        base_branch: str, parent: str, prompt: str, files: t.Sequence[str], ov_command: list[str],
-                        tmux_mode: bool) -> None:
+def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
+                       base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
     from overstory.overlay import render_instructions
     from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
@@ -323,7 +391,30 @@ def _write_instructions(project: ProjectPaths, worktree: Path, *, name: str, cap
         "file_scope": "\n".join(f"- {f}" for f in files) if files else "no file scope given",
         "access": "read-write inside your worktree" if capability in WRITER_CAPABILITIES else "read-only",
     }
-    text = render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
+    return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
+
+
+def _write_root_instructions(project: ProjectPaths, run_dir: Path, *, name: str, capability: str, task_id: str,
+                             base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
+                             ov_command: list[str]) -> None:
+    """An agent at the project root (the coordinator) must not write into the user's own .claude/:
+    its instructions and hook settings live in its run dir and reach the runtime as flags every turn
+    (see ``runtimes.commands.root_agent_flags``)."""
+    from overstory.runtimes.commands import ROOT_INSTRUCTIONS_FILE, ROOT_SETTINGS_FILE
+
+    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=base_branch,
+                              base_branch=base_branch, worktree=project.root, parent=parent, prompt=prompt,
+                              files=files)
+    (run_dir / ROOT_INSTRUCTIONS_FILE).write_text(text, encoding="utf-8")
+    (run_dir / ROOT_SETTINGS_FILE).write_text(json.dumps(hook_settings(ov_command, tmux_mode=False), indent=2),
+                                              encoding="utf-8")
+
+
+def _write_instructions(project: ProjectPaths, worktree: Path, *, name: str, capability: str, task_id: str, branch: str,
+                        base_branch: str, parent: str, prompt: str, files: t.Sequence[str], ov_command: list[str],
+                        tmux_mode: bool) -> None:
+    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
+                              base_branch=base_branch, worktree=worktree, parent=parent, prompt=prompt, files=files)
     claude_dir = worktree / ".claude"
     claude_dir.mkdir(exist_ok=True)
     (claude_dir / "CLAUDE.md").write_text(text, encoding="utf-8")

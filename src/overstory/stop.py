@@ -22,7 +22,7 @@ from pathlib import Path
 from overstory import procs, sessions
 from overstory.clock import now_ms
 from overstory.errors import AgentNotFound, CleanRefused, OrchestratorError
-from overstory.gitutil import branch_exists, git
+from overstory.gitutil import branch_exists, git, worktree_admin_lock
 from overstory.paths import ProjectPaths
 from overstory.sessions import Session
 
@@ -69,6 +69,10 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         if isinstance(outcome, sessions.IllegalTransition):
             result.already_completed = True  # it completed by itself a moment ago
     _stop_processes(conn, agent, result, force=force, kill_grace=kill_grace)
+    if agent.mode == "tmux":
+        from overstory import tmux_mode
+
+        tmux_mode.kill_session(project, agent, grace=kill_grace, force=force)
     if clean:
         result.cleaned = remove_worktree_and_branch(project, agent)
     return result
@@ -165,12 +169,13 @@ def remove_worktree_and_branch(project: ProjectPaths, agent: Session) -> list[st
     removed: list[str] = []
     if agent.worktree:
         worktree = Path(agent.worktree)
-        if worktree.exists():
-            git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
+        with worktree_admin_lock(project.root):
             if worktree.exists():
-                shutil.rmtree(worktree, ignore_errors=True)
-            removed.append(str(worktree))
-        git(project.root, "worktree", "prune", check=False)
+                git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
+                if worktree.exists():
+                    shutil.rmtree(worktree, ignore_errors=True)
+                removed.append(str(worktree))
+            git(project.root, "worktree", "prune", check=False)
     if agent.branch and branch_exists(project.root, agent.branch):
         done = git(project.root, "branch", "-D", agent.branch, check=False)
         if done.returncode != 0:

@@ -21,7 +21,7 @@ from overstory import procs, sessions
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.runtimes.commands import turn_command
+from overstory.runtimes.commands import root_agent_flags, turn_command
 from overstory.sessions import Session
 from overstory.stream import TurnStream
 
@@ -43,18 +43,35 @@ class TurnResult:
 
 def resolve_model_and_provider(agent: Session, config: Config, environ: t.Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
     """The --model for ``agent`` and the provider variables it needs (ANTHROPIC_BASE_URL/API_KEY)."""
-    choice = agent.model or config.models.get(agent.capability) or config.runtime.model
+    return model_choice(agent.model, agent.capability, config, environ)
+
+
+def model_choice(model: str | None, capability: str, config: Config,
+                 environ: t.Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
+    """``--model`` (or sling's) > config ``models[capability]`` > ``runtime.model``.
+
+    ``provider/model`` routes the agent to that config ``providers`` entry: its
+    ``base_url`` becomes ANTHROPIC_BASE_URL and the variable named by ``api_key_env``
+    becomes ANTHROPIC_API_KEY. That variable must be set: falling back to whatever
+    ANTHROPIC_API_KEY holds would send one provider's key to another's endpoint.
+    Raises OrchestratorError on an unknown provider or a missing key.
+    """
+    choice = model or config.models.get(capability) or config.runtime.model
     extra: dict[str, str] = {}
     if choice and "/" in choice:
-        provider_name, _, model = choice.partition("/")
+        provider_name, _, model_name = choice.partition("/")
         provider = config.providers.get(provider_name)
         if provider is None:
-            raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config `providers`")
-        extra["ANTHROPIC_BASE_URL"] = provider.base_url
+            known = ", ".join(sorted(config.providers)) or "none configured"
+            raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config "
+                                    f"`providers` ({known})")
         key = environ.get(provider.api_key_env)
-        if key:
-            extra["ANTHROPIC_API_KEY"] = key
-        return model or None, extra
+        if not key:
+            raise OrchestratorError(f"provider {provider_name!r} (model {choice!r}) takes its API key from "
+                                    f"${provider.api_key_env}, which is not set")
+        extra["ANTHROPIC_BASE_URL"] = provider.base_url
+        extra["ANTHROPIC_API_KEY"] = key
+        return model_name or None, extra
     return choice, extra
 
 
@@ -117,11 +134,16 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "prompt.txt").write_text(prompt, encoding="utf-8")
-    model, provider_env = resolve_model_and_provider(agent, config, base_env)
     run_dir = project.run_dir / agent.name
     scenario = Path(agent.spec["scenario"]) if agent.spec.get("scenario") else None
-    command = turn_command(agent.runtime, claude_bin=config.runtime.claude_bin, model=model,
-                           resume_session_id=resume_session_id, scenario=scenario, state_dir=run_dir / "scripted")
+    try:
+        model, provider_env = resolve_model_and_provider(agent, config, base_env)
+        command = turn_command(agent.runtime, claude_bin=config.runtime.claude_bin, model=model,
+                               resume_session_id=resume_session_id, scenario=scenario,
+                               state_dir=run_dir / "scripted",
+                               extra_flags=None if agent.worktree else root_agent_flags(run_dir))
+    except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
+        return TurnResult("permanent", str(exc), None, started_ms, stream)
     env = turn_environment(base_env, agent, project, turn_id, provider_env)
     number = agent.turns + 1
     state.execute(

@@ -224,6 +224,10 @@ class Watchdog:
     def _check(self, agent: Session, now: int) -> list[Action]:
         if agent.mode == "headless" and not self._loop_alive(agent, now):
             return self._readopt(agent)
+        if agent.mode == "tmux":
+            actions = self._check_tmux(agent, now)
+            if actions:
+                return actions
         idle_ms = now - agent.last_activity
         speaking = agent.state in SPEAKING_STATES or (agent.state == "booting" and agent.turn_pgid is not None)
         if speaking and idle_ms >= self.settings.stale_after * 1000:
@@ -241,6 +245,28 @@ class Watchdog:
         if agent.loop_pid is None and started is None:
             return now - agent.created_at < LOOP_START_GRACE_MS  # `ov sling` is still starting it
         return False
+
+    # -- rule: a tmux agent's pane or driver is gone
+
+    def _check_tmux(self, agent: Session, now: int) -> list[Action]:
+        from overstory import tmux_mode
+
+        status = tmux_mode.pane_status(agent)  # reads /proc only
+        if status == "gone":
+            reason = tmux_mode.pane_exit_reason(self.project, agent)
+            outcome = declare_zombie(self.state, agent, reason, actor=ACTOR)
+            tmux_mode.kill_session(self.project, agent, grace=self.settings.kill_grace)
+            if not outcome.ok:
+                return [Action(agent.name, "lost_race", f"not declared zombie: {type(outcome).__name__}")]
+            return [Action(agent.name, "zombie", reason)]
+        if status == "alive" and not self._loop_alive(agent, now):
+            from overstory.agent_loop import load_launch_env
+
+            pid, ticks = tmux_mode.spawn_driver(self.project, agent.name, agent.generation,
+                                                load_launch_env(self.project, agent.name))
+            self._started[agent.name] = (agent.generation, pid, ticks)
+            return [Action(agent.name, "readopted", f"restarted the tmux driver (pid {pid})")]
+        return []
 
     # -- rule: the loop is gone
 

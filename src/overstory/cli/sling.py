@@ -13,23 +13,26 @@ from overstory.cli._common import echo_json, json_option, project_paths, state_c
 @click.option("--name", help="Agent name (default: CAPABILITY-TASK_ID).")
 @click.option("--prompt", help="What the agent should do.")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
-@click.option("--files", multiple=True, help="File scope (repeatable, or several after one --files).")
+@click.option("--files", multiple=True, help="File scope; repeat for several files: --files a.py --files b.py.")
 @click.option("--parent", help="Agent to report to (default: the calling agent, else operator).")
 @click.option("--runtime", type=click.Choice(["claude", "scripted"]), help="Runtime (default: config runtime.default).")
 @click.option("--model", help="Model for this agent.")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
               help="Scenario file for the scripted runtime.")
+@click.option("--tmux/--headless", "tmux", default=None,
+              help="Run the interactive TUI in tmux (`ov attach NAME`), or headless turns (default: runtime.tmux).")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
           files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None,
-          base_branch: str | None, scenario: Path | None, as_json: bool) -> None:
+          base_branch: str | None, scenario: Path | None, tmux: bool | None, as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
 
     \b
     ov sling builder task-42 --prompt "add a --json flag to status" --files src/status.py
     ov sling scout survey --runtime scripted
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
+    ov sling builder task-8 --tmux     # then: ov attach builder-task-8
     """
     from overstory.config import load_config
     from overstory.errors import UsageError
@@ -42,7 +45,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     config = load_config(project.config_file, project.local_config_file)
     request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
                            files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
-                           scenario=scenario)
+                           scenario=scenario, tmux=tmux)
     result = do_sling(project, config, state_conn(project), request)
     if as_json:
         echo_json(result.as_dict())
@@ -52,3 +55,5 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         click.echo(f"  branch:   {result.branch}")
         click.echo(f"  worktree: {result.worktree}")
     click.echo(f"  parent:   {result.parent}")
+    if result.mode == "tmux":
+        click.echo(f"  tmux:     session {result.tmux_session}; watch it with `ov attach {result.name}`")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from overstory.errors import MergeError
+from overstory.gitutil import worktree_admin_lock
 from overstory.merge._git import OVERSTORY_DIR, Git, describe, parse_stage_entries, unredirected_env
 from overstory.merge.conflicts import MECHANICAL, NEEDS_MODEL, ConflictPlan, plan_conflict, union_saved_files
 from overstory.merge.lock import TargetLock
@@ -131,7 +132,8 @@ def merge_branch(
         if location is not None and is_temporary_merge_worktree(location, root_path):
             # Only a merge into this target creates such a worktree, under the lock we now hold:
             # this one was left by a merge that died. It holds nobody's work.
-            _remove_worktree(root, location)
+            with worktree_admin_lock(root_path):
+                _remove_worktree(root, location)
             location = None
         if location == root_path:
             return _merge_in(root, job, at_root=True)
@@ -157,10 +159,12 @@ def _temporary_worktree(root: Git, root_path: Path, target: str) -> t.Iterator[P
     parent.mkdir(parents=True, exist_ok=True)
     path = parent / f"{TEMP_WORKTREE_PREFIX}{secrets.token_hex(6)}"
     try:
-        root.run("worktree", "add", "--quiet", str(path), target)
+        with worktree_admin_lock(root_path):
+            root.run("worktree", "add", "--quiet", str(path), target)
         yield path
     finally:
-        _remove_worktree(root, path)
+        with worktree_admin_lock(root_path):
+            _remove_worktree(root, path)
 
 
 def _remove_worktree(root: Git, path: Path) -> None:

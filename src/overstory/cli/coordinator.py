@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import typing as t
+from pathlib import Path
+
+import click
+
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+
+
+@click.group(name="coordinator")
+def coordinator() -> None:
+    """Start, mail, ask and stop the project's persistent coordinator.
+
+    The coordinator works at the project root (no worktree), breaks objectives
+    into tasks, slings leads and builders, merges their work and reports to you.
+    Agents slung while it runs join its run (`ov run show`).
+
+    \b
+    ov coordinator start
+    ov coordinator send "add a greet() function and its test"
+    ov coordinator ask "what is still open?" --timeout 120
+    ov coordinator status
+    ov coordinator stop
+    """
+
+
+def _config(project: t.Any) -> t.Any:
+    from overstory.config import load_config
+
+    return load_config(project.config_file, project.local_config_file)
+
+
+@coordinator.command(name="start")
+@click.option("--runtime", type=click.Choice(["claude", "scripted"]), help="Runtime (default: config runtime.default).")
+@click.option("--model", help="Model (default: config models.coordinator, then runtime.model).")
+@click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
+              help="Scenario file for the scripted runtime.")
+@json_option
+def coordinator_start(runtime: str | None, model: str | None, scenario: Path | None, as_json: bool) -> None:
+    """Start the coordinator and open a run (or rejoin the open one).
+
+    Only one coordinator runs at a time. Its instructions and hook settings are
+    written to .overstory/run/coordinator/, never into your .claude/.
+
+    \b
+    ov coordinator start
+    ov coordinator start --model sonnet
+    ov coordinator start --runtime scripted --scenario demo.json
+    """
+    from overstory.coordinator import start
+
+    project = project_paths()
+    result = start(project, _config(project), state_conn(project), runtime=runtime, model=model, scenario=scenario)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    click.echo(f"started {result.name} (runtime {result.runtime}, loop pid {result.loop_pid})")
+    click.echo(f"  run: {result.run_id}" + ("" if result.run_created else " (rejoined the open run)"))
+    click.echo(f"  instructions: {result.instructions}")
+    click.echo('  give it an objective: ov coordinator send "..."')
+
+
+@coordinator.command(name="send")
+@click.argument("objective")
+@click.option("--subject", help="Subject line (default: the objective's first line).")
+@click.option("--priority", type=click.Choice(["low", "normal", "high", "urgent"]), default="normal", show_default=True)
+@json_option
+def coordinator_send(objective: str, subject: str | None, priority: str, as_json: bool) -> None:
+    """Mail the coordinator an objective; it starts working on its next turn.
+
+    \b
+    ov coordinator send "add a greet() function and its test"
+    ov coordinator send "$(cat objective.md)" --subject "billing export"
+    """
+    from overstory.coordinator import send
+
+    project = project_paths()
+    message_id = send(state_conn(project), objective, subject=subject, priority=priority)
+    if as_json:
+        echo_json({"id": message_id, "to": "coordinator"})
+        return
+    click.echo(f"sent #{message_id} to coordinator")
+
+
+@coordinator.command(name="ask")
+@click.argument("question")
+@click.option("--timeout", type=click.FloatRange(min=0), default=120, show_default=True,
+              help="Seconds to wait for the answer.")
+@click.option("--subject", help="Subject line (default: the question's first line).")
+@json_option
+def coordinator_ask(question: str, timeout: float, subject: str | None, as_json: bool) -> None:
+    """Ask the coordinator a question and print its answer (exit 1 on timeout).
+
+    The answer is the coordinator's reply in the question's thread.
+
+    \b
+    ov coordinator ask "what is still open?"
+    ov coordinator ask "ping" --timeout 5
+    """
+    from overstory.coordinator import ask
+
+    project = project_paths()
+    answer = ask(state_conn(project), question, timeout=timeout, subject=subject)
+    if as_json:
+        echo_json(answer.as_dict())
+        return
+    click.echo(answer.reply.body if answer.reply.body else answer.reply.subject)
+
+
+@coordinator.command(name="status")
+@json_option
+def coordinator_status(as_json: bool) -> None:
+    """Show the coordinator's state, run, children and last report.
+
+    \b
+    ov coordinator status
+    ov coordinator status --json
+    """
+    from overstory.coordinator import status
+
+    project = project_paths()
+    document = status(state_conn(project))
+    if as_json:
+        echo_json(document)
+        return
+    agent = document["coordinator"]
+    if agent is None:
+        click.echo("no coordinator has been started; `ov coordinator start`")
+        return
+    label = "running" if document["running"] else "not running"
+    click.echo(f"coordinator: {label} ({agent['state']}" + (f": {agent['state_reason']}" if agent["state_reason"]
+                                                               and not document["running"] else "") + ")")
+    click.echo(f"  turns: {agent['turns']}, cost ${agent['cost_usd']:.4f}, idle {agent['idle_seconds']}s, "
+               f"pending mail {agent['pending_mail']}")
+    if document["run"]:
+        click.echo(f"  run: {document['run']['id']} ({document['run']['status']})")
+    for child in document["children"]:
+        click.echo(f"  child: {child['name']} ({child['capability']}, {child['state']})")
+    if document["last_report"]:
+        report = document["last_report"]
+        click.echo(f"  last report to operator: #{report['id']} [{report['type']}] {report['subject']}")
+
+
+@coordinator.command(name="stop")
+@click.option("--all", "stop_children", is_flag=True, help="Stop every other active agent of its run first.")
+@click.option("--force", is_flag=True, help="SIGKILL processes at once.")
+@json_option
+def coordinator_stop(stop_children: bool, force: bool, as_json: bool) -> None:
+    """Stop the coordinator; the run completes when nothing in it is still active.
+
+    Without --all, agents it slung keep working; the run stays open and the next
+    `ov coordinator start` rejoins it.
+
+    \b
+    ov coordinator stop
+    ov coordinator stop --all
+    """
+    from overstory.coordinator import stop
+
+    project = project_paths()
+    result = stop(project, _config(project), state_conn(project), stop_children=stop_children, force=force)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    for agent in result.stopped_agents:
+        click.echo(f"stopped {agent['agent']} (was {agent['previous_state']})")
+    click.echo(f"stopped coordinator (was {result.coordinator['previous_state']})")
+    if result.run_id:
+        if result.still_active:
+            click.echo(f"run {result.run_id} stays open: {', '.join(result.still_active)} still active; "
+                       "`ov coordinator start` rejoins it, `ov coordinator stop --all` would have stopped them")
+        else:
+            click.echo(f"run {result.run_id} {result.run_status}")

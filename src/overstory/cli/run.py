@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import click
+
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+
+
+@click.group(name="run")
+def run() -> None:
+    """List, inspect and complete runs (the agents started under one coordinator).
+
+    \b
+    ov run list
+    ov run show                 # the open run, else the newest
+    ov run show run-20260101 --json
+    ov run complete
+    """
+
+
+@run.command(name="list")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@json_option
+def run_list(limit: int, as_json: bool) -> None:
+    """List runs, newest first.
+
+    \b
+    ov run list
+    ov run list --json
+    """
+    from overstory import runs
+
+    project = project_paths()
+    rows = runs.list_runs(state_conn(project), limit=limit)
+    if as_json:
+        echo_json({"runs": rows})
+        return
+    if not rows:
+        click.echo("no runs yet; `ov coordinator start` opens one")
+        return
+    for row in rows:
+        click.echo(f"{row['id']}  {row['status']:<9}  {row['agents']} agent(s), {row['active']} active, "
+                   f"{row['turns']} turn(s), ${row['cost_usd']:.4f}  started {row['started_at']}")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+@run.command(name="show")
+@click.argument("run_ref", metavar="[RUN]", required=False)
+@click.option("--turns", "show_turns", is_flag=True, help="Also list every turn.")
+@json_option
+def run_show(run_ref: str | None, show_turns: bool, as_json: bool) -> None:
+    """Show a run: its agents, states, turns, tokens, cost, durations and mail counts.
+
+    RUN is an id or a unique prefix; without it, the open run (else the newest).
+
+    \b
+    ov run show
+    ov run show run-20260101-120000-ab12 --turns
+    ov run show --json
+    """
+    from overstory import runs
+
+    project = project_paths()
+    conn = state_conn(project)
+    document = runs.report(conn, runs.resolve(conn, run_ref))
+    if as_json:
+        echo_json(document)
+        return
+    info, totals = document["run"], document["totals"]
+    click.echo(f"run {info['id']}: {info['status']}, coordinator {info['coordinator'] or '-'}, "
+               f"started {info['started_at']}" + (f", completed {info['completed_at']}" if info["completed_at"] else "")
+               + f", {_duration(info['duration_seconds'])}")
+    header = f"  {'agent':<28} {'capability':<11} {'state':<13} {'turns':>5} {'tokens in/out':>15} {'cost':>9} " \
+             f"{'time':>7} {'mail out/in':>11}"
+    click.echo(header)
+    for a in document["agents"]:
+        tokens = f"{a['input_tokens']}/{a['output_tokens']}"
+        click.echo(f"  {a['name']:<28} {a['capability']:<11} {a['state']:<13} {a['turns']:>5} {tokens:>15} "
+                   f"{'$' + format(a['cost_usd'], '.4f'):>9} {_duration(a['duration_seconds']):>7} "
+                   f"{str(a['mail_sent']) + '/' + str(a['mail_received']):>11}")
+    click.echo(f"  total: {totals['agents']} agent(s) ({totals['active']} active), {totals['turns']} turn(s) "
+               f"({totals['turns_ok']} ok), {totals['input_tokens']}/{totals['output_tokens']} tokens, "
+               f"${totals['cost_usd']:.4f}, {totals['mail']} mail")
+    if show_turns:
+        for turn in document["turns"]:
+            click.echo(f"  turn {turn['id']} {turn['agent']} #{turn['number']} {turn['status']} "
+                       f"${turn['cost_usd']:.4f} {_duration(turn['duration_seconds'])}"
+                       + (f" ({turn['error']})" if turn["error"] else ""))
+
+
+@run.command(name="complete")
+@click.argument("run_ref", metavar="[RUN]", required=False)
+@click.option("--force", is_flag=True, help="Close it even though agents in it are still active.")
+@json_option
+def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:
+    """Mark a run completed (default: the open run); agents slung later start a new one.
+
+    Refused while agents of the run are still active, unless --force.
+
+    \b
+    ov run complete
+    ov run complete run-20260101-120000-ab12 --force
+    """
+    from overstory import runs
+    from overstory.errors import OrchestratorError
+
+    project = project_paths()
+    conn = state_conn(project)
+    if run_ref is None:
+        target = runs.open_run(conn)
+        if target is None:
+            raise OrchestratorError("no run is open; `ov run list` shows the finished ones")
+    else:
+        target = runs.resolve(conn, run_ref)
+    done, changed = runs.complete(conn, target.id, force=force)
+    if as_json:
+        echo_json({**done.as_dict(), "changed": changed})
+        return
+    click.echo(f"run {done.id} completed" if changed else f"run {done.id} was already {done.status}")

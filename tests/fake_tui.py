@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""A stand-in for an interactive coding-agent TUI, for tmux-mode tests.
+
+It draws the parts of Claude Code's screen that ov reads (see
+``overstory.tmux_mode.read_screen``): a prompt box between two ``─`` rules whose
+first line is ``❯`` + no-break space + the typed text, and a footer that says
+``bypass permissions on`` and, while busy, ``esc to interrupt``. It reads keys from
+its terminal, so it only runs inside a pane (tmux gives it one).
+
+Like the real CLI it reads ``.claude/settings.local.json`` in its working
+directory and runs the ``SessionStart`` hooks when it starts and the
+``UserPromptSubmit`` hooks on every submitted prompt (JSON on stdin); what a hook
+prints is recorded as context the "model" saw.
+
+Everything is controlled by the environment (ov passes its own through):
+
+- ``FAKE_TUI_LOG``: a file that gets one JSON line per event (``start`` with argv,
+  ``hook``, ``prompt``, ``shell``, ``exit``).
+- ``FAKE_TUI_STARTUP``: seconds before the prompt box appears (default 0.2).
+- ``FAKE_TUI_DIALOG``: ``trust`` shows Claude's trust question first (Enter
+  accepts it); ``api_key``, ``bypass``, ``onboarding`` show that screen and
+  Enter exits 1.
+- ``FAKE_TUI_EXIT``: exit at once with this status after printing a message.
+- ``FAKE_TUI_NEVER_READY``: never show the prompt box.
+- ``FAKE_TUI_BUSY``: seconds each prompt keeps it busy (default 0.3).
+- ``FAKE_TUI_RULES``: a JSON list of ``{"match": text, "shell": command,
+  "busy": seconds, "exit": status, "reply": text}``; the first rule whose
+  ``match`` is in a prompt applies (``shell`` runs like a Bash tool call).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+import tty
+import typing as t
+from pathlib import Path
+
+PROMPT = "❯\u00a0"
+READY_FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle)"
+BUSY_FOOTER = " · esc to interrupt"
+
+DIALOGS: dict[str, list[str]] = {
+    "trust": [
+        " Accessing workspace:", "", " Quick safety check: Is this a project you created or one you trust?", "",
+        " ❯ 1. Yes, I trust this folder", "   2. No, exit", "", " Enter to confirm · Esc to cancel",
+    ],
+    "api_key": [
+        "  Detected a custom API key in your environment", "  Do you want to use this API key?",
+        "    1. Yes", "  ❯ 2. No (recommended)", "  Enter to confirm · Esc to cancel",
+    ],
+    "bypass": [
+        "  WARNING: Claude Code running in Bypass Permissions mode", "",
+        "  ❯ 1. No, exit", "    2. Yes, I accept", "  Enter to confirm · Esc to cancel",
+    ],
+    "onboarding": [
+        " Let's get started.", " Choose the text style that looks best with your terminal",
+        " ❯ 1. Dark mode", "   2. Light mode",
+    ],
+}
+
+
+def log(event: str, **fields: t.Any) -> None:
+    path = os.environ.get("FAKE_TUI_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"event": event, "pid": os.getpid(), "at": time.time(), **fields}) + "\n")
+
+
+def hooks(event: str) -> list[str]:
+    try:
+        settings = json.loads(Path(".claude/settings.local.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    commands = []
+    for group in settings.get("hooks", {}).get(event, []):
+        commands.extend(hook["command"] for hook in group.get("hooks", []) if hook.get("type") == "command")
+    return commands
+
+
+def run_hooks(event: str, **payload: t.Any) -> list[str]:
+    """Run the hooks of ``event``; returns what they printed (the context a model would get)."""
+    outputs = []
+    document = json.dumps({"session_id": "fake-session", "cwd": os.getcwd(), "hook_event_name": event, **payload})
+    for command in hooks(event):
+        done = subprocess.run(command, shell=True, input=document, capture_output=True, text=True, timeout=60)
+        log("hook", hook=event, command=command, exit_code=done.returncode, stdout=done.stdout, stderr=done.stderr)
+        if done.returncode == 0 and done.stdout.strip():
+            outputs.append(done.stdout.rstrip())
+    return outputs
+
+
+class Screen:
+    def __init__(self) -> None:
+        self.history: list[str] = [" Fake TUI (tests/fake_tui.py)", ""]
+        self.input = ""
+        self.busy_until = 0.0
+        self.busy_started = 0.0
+        self.ready = False
+
+    @property
+    def busy(self) -> bool:
+        return time.monotonic() < self.busy_until
+
+    def draw(self, dialog: list[str] | None = None) -> None:
+        size = os.get_terminal_size(sys.stdout.fileno())
+        width, height = size.columns, size.lines
+        lines: list[str]
+        if dialog is not None:
+            lines = ["─" * width, *dialog]
+        elif not self.ready:
+            lines = [" starting…"]
+        else:
+            typed = PROMPT + self.input  # long input wraps inside the box, as in the real TUI
+            wrapped = [typed[i:i + width] for i in range(0, len(typed), width)]
+            box = ["─" * width, *wrapped, "─" * width, READY_FOOTER + (BUSY_FOOTER if self.busy else "")]
+            spinner = [f"✻ Working… ({int(time.monotonic() - self.busy_started)}s)"] if self.busy else []
+            room = max(height - len(box) - len(spinner) - 1, 0)
+            lines = [*(self.history[-room:] if room else []), *spinner, *box]
+        sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(line[:width] for line in lines))
+        sys.stdout.flush()
+
+
+def dialog_phase(screen: Screen, name: str) -> None:
+    """Show a start-up dialog until Enter; only the trust question lets the program go on."""
+    screen.draw(DIALOGS[name])
+    while True:
+        key = os.read(sys.stdin.fileno(), 64)
+        if b"\r" in key or b"\n" in key:
+            log("dialog", dialog=name, answer="enter")
+            if name != "trust":
+                sys.stdout.write("\x1b[H\x1b[2J exiting\n")
+                sys.exit(1)
+            return
+
+
+def submit(screen: Screen, prompt: str, rules: list[dict[str, t.Any]]) -> None:
+    screen.busy_started = time.monotonic()
+    screen.busy_until = screen.busy_started + 3600  # busy from Enter on, as the real TUI shows its spinner
+    screen.draw()
+    context = run_hooks("UserPromptSubmit", prompt=prompt)
+    log("prompt", prompt=prompt, context=context)
+    screen.history.append(f"❯ {prompt}")
+    busy = float(os.environ.get("FAKE_TUI_BUSY", "0.3"))
+    for rule in rules:
+        if rule.get("match", "") in prompt:
+            if rule.get("shell"):
+                done = subprocess.run(rule["shell"], shell=True, capture_output=True, text=True, timeout=60)
+                log("shell", command=rule["shell"], exit_code=done.returncode, stdout=done.stdout,
+                    stderr=done.stderr)
+                screen.history.append(f"● Bash({rule['shell'][:60]})")
+            if "exit" in rule:
+                log("exit", status=int(rule["exit"]), reason="rule")
+                sys.exit(int(rule["exit"]))
+            busy = float(rule.get("busy", busy))
+            if rule.get("reply"):
+                screen.history.append(f"● {rule['reply']}")
+            break
+    else:
+        screen.history.append("● ok")
+    screen.busy_until = time.monotonic() + busy
+
+
+def main() -> int:
+    shown = {k: v for k, v in os.environ.items()
+             if k.startswith(("OVERSTORY_", "CLAUDE_CODE_", "ANTHROPIC_BASE_URL")) or k in ("IS_SANDBOX", "TERM")}
+    log("start", argv=sys.argv[1:], cwd=os.getcwd(), env=shown)
+    if os.environ.get("FAKE_TUI_EXIT"):
+        status = int(os.environ["FAKE_TUI_EXIT"])
+        print(f"fake TUI: cannot start (told to exit {status})", flush=True)
+        log("exit", status=status, reason="FAKE_TUI_EXIT")
+        return status
+    rules = json.loads(os.environ.get("FAKE_TUI_RULES", "[]"))
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    screen = Screen()
+    try:
+        screen.draw()
+        dialog = os.environ.get("FAKE_TUI_DIALOG")
+        if dialog:
+            dialog_phase(screen, dialog)
+            screen.draw()
+        time.sleep(float(os.environ.get("FAKE_TUI_STARTUP", "0.2")))
+        for text in run_hooks("SessionStart", source="startup"):
+            log("context", source="SessionStart", text=text)
+        screen.ready = not os.environ.get("FAKE_TUI_NEVER_READY")
+        was_busy = False
+        while True:
+            screen.draw()
+            readable, _, _ = select.select([fd], [], [], 0.2)
+            if readable:
+                chunk = os.read(fd, 4096).decode("utf-8", errors="replace")
+                for char in chunk:
+                    if char in "\r\n":
+                        if screen.input.strip() and screen.ready:
+                            prompt, screen.input = screen.input, ""
+                            screen.draw()
+                            submit(screen, prompt, rules)
+                    elif char in "\x7f\b":
+                        screen.input = screen.input[:-1]
+                    elif char == "\x1b":
+                        screen.busy_until = 0.0
+                    elif char.isprintable():
+                        screen.input += char
+            if was_busy and not screen.busy:
+                screen.history.append("✻ Done")
+            was_busy = screen.busy
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
