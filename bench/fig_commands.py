@@ -1,0 +1,204 @@
+"""Figure 1: whole-process latency of the hot commands against two Python floors.
+
+The floors are the least any Python CLI can cost: starting the interpreter
+(`python -c pass`) and starting it plus importing click. Each round runs every
+command once, in a rotating order, so the ratio of medians is taken under the same
+conditions. It is measured twice: with bytecode caching on (PYTHONPYCACHEPREFIX in
+a scratch folder, as an installed package would have .pyc files) and off
+(PYTHONDONTWRITEBYTECODE=1 with no cached .pyc for ov's own modules, as in an
+editable install in this sandbox), because ov's modules are compiled on every run
+in the second case.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import typing as t
+from pathlib import Path
+
+from context import Context
+from harness import Command, Stats, add_note, clean_env, git, init_project, make_repo, row, start_sleeper, time_interleaved
+from synthetic import add_agents, add_events, add_mail
+
+TARGET_RATIO = 1.6
+HEAVY_MODULES = ("rich", "git", "libtmux", "anthropic", "pydantic", "yaml")
+AGENT = "builder-hot"
+
+
+def _guard_input(worktree: Path) -> bytes:
+    """What Claude Code sends a PreToolUse hook for an ordinary Bash call."""
+    return json.dumps({
+        "session_id": "5b0c2c9e-8f0e-4f57-a7a4-3d0f5c1c9a11",
+        "transcript_path": "/root/.claude/projects/-tmp-x/5b0c2c9e-8f0e-4f57-a7a4-3d0f5c1c9a11.jsonl",
+        "cwd": str(worktree),
+        "permission_mode": "bypassPermissions",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": "python -m pytest -q tests/test_parser.py && git status --short",
+                       "description": "Run the parser tests"},
+        "tool_use_id": "toolu_01AbCdEfGhIjKlMnOpQrStUv",
+    }).encode()
+
+
+def _setup(ctx: Context) -> dict[str, t.Any]:
+    from overstory import sessions
+    from overstory.db import open_events, open_state
+    from overstory.paths import ProjectPaths
+
+    root = make_repo(ctx.scratch / "fig1-project", files=20)
+    init_project(root)
+    project = ProjectPaths(root)
+    sleeper = start_sleeper(ctx.registry)
+    state = open_state(project.state_db)
+    events = open_events(project.events_db)
+    try:
+        # 50 agents, as `ov status --json` is specified: mostly idle between turns, some in a turn.
+        names = add_agents(state, 49, prefix="builder-", loop=(sleeper.pid, sleeper.ticks),
+                           states=("between_turns", "between_turns", "in_turn", "completed"),
+                           worktree_root=str(project.worktrees_dir))
+        # The agent whose hooks we time has a real worktree and branch.
+        worktree = project.worktree(AGENT)
+        git(root, "worktree", "add", "-q", "-b", f"ov/{AGENT}", str(worktree), "main")
+        generation = sessions.create_session(state, name=AGENT, capability="builder", task_id="hot", runtime="scripted",
+                                             actor="bench", worktree=str(worktree), branch=f"ov/{AGENT}",
+                                             base_branch="main")
+        sessions.transition(state, AGENT, generation, "in_turn", actor="bench")
+        sessions.update_fields(state, AGENT, generation, loop_pid=sleeper.pid, loop_start_ticks=sleeper.ticks)
+        names.append(AGENT)
+        add_mail(state, 5_000, names)
+        add_events(events, 20_000, names)
+    finally:
+        state.close()
+        events.close()
+    return {"root": root, "project": project, "worktree": worktree, "names": names}
+
+
+def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dict[str, Command]:
+    from overstory.db import open_state
+
+    root, worktree, project = setup["root"], setup["worktree"], setup["project"]
+    agent_env = {**env, "OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder",
+                 "OVERSTORY_PROJECT_ROOT": str(root), "OVERSTORY_WORKTREE": str(worktree),
+                 "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_TASK_ID": "hot"}
+    py = ctx.python
+
+    def one_new_message() -> None:
+        conn = open_state(project.state_db)
+        try:
+            from overstory import mail
+
+            mail.insert_message(conn, sender="operator", recipient=AGENT, subject="keep going",
+                                body="The reviewer asked for one more test.")
+        finally:
+            conn.close()
+
+    def allowed(done: subprocess.CompletedProcess[bytes]) -> str | None:
+        if done.returncode != 0:
+            return f"exit {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+        return f"guard denied an ordinary call: {done.stdout.decode()[:200]}" if done.stdout.strip() else None
+
+    def got_one(done: subprocess.CompletedProcess[bytes]) -> str | None:
+        if done.returncode != 0:
+            return f"exit {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+        return None if b"keep going" in done.stdout else f"mail check did not show the new message: {done.stdout[:200]!r}"
+
+    def fifty_agents(done: subprocess.CompletedProcess[bytes]) -> str | None:
+        if done.returncode != 0:
+            return f"exit {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+        document = json.loads(done.stdout)
+        return None if document["totals"]["agents"] == 50 else f"status saw {document['totals']['agents']} agents"
+
+    return {
+        "floor: python -c pass": Command([py, "-c", "pass"], env),
+        "floor: python -c 'import click'": Command([py, "-c", "import click"], env),
+        "ov --version": Command([ctx.ov, "--version"], env, cwd=root),
+        "ov mail send": Command([ctx.ov, "mail", "send", "--to", "builder-002", "--subject", "status",
+                                 "--body", "parser done; tests next"], env, cwd=root),
+        "ov mail check (1 new)": Command([ctx.ov, "mail", "check"], agent_env, cwd=worktree, check=got_one,
+                                         before=one_new_message),
+        "ov guard (Bash PreToolUse)": Command([ctx.ov, "guard"], agent_env, cwd=worktree,
+                                              stdin=_guard_input(worktree), check=allowed),
+        "ov status --json (50 agents)": Command([ctx.ov, "status", "--json"], env, cwd=root,
+                                                check=fifty_agents),
+    }
+
+
+_IMPORT_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
+
+
+def import_profile(argv: list[str], env: dict[str, str], cwd: Path, stdin: bytes = b"",
+                   wanted: t.Sequence[str] = ()) -> dict[str, t.Any]:
+    """`python -X importtime` of one run: top-level imports by cumulative time, heavy modules seen.
+
+    ``wanted`` names modules (at any depth) whose cumulative time is reported too.
+    """
+    done = subprocess.run(argv[:1] + ["-X", "importtime"] + argv[1:], input=stdin, capture_output=True, env=env,
+                          cwd=cwd, check=False)
+    modules: list[tuple[str, int, int, int]] = []
+    for line in done.stderr.decode(errors="replace").splitlines():
+        match = _IMPORT_LINE.match(line)
+        if match:
+            modules.append((match.group(4), int(match.group(1)), int(match.group(2)), len(match.group(3))))
+    top_level = sorted(((name, cumulative) for name, _self, cumulative, indent in modules if indent <= 1),
+                       key=lambda item: -item[1])
+    names = {name for name, *_ in modules}
+    heavy = sorted({h for h in HEAVY_MODULES for n in names if n == h or n.startswith(h + ".")})
+    own_self_us = sum(self_us for name, self_us, _c, _i in modules if name.startswith("overstory"))
+    return {
+        "modules": len(modules),
+        "total_ms": round(sum(self_us for _n, self_us, _c, _i in modules) / 1000, 1),
+        "overstory_self_ms": round(own_self_us / 1000, 1),
+        "top_level_ms": [[name, round(us / 1000, 1)] for name, us in top_level[:8]],
+        "heavy_modules_imported": heavy,
+        "wanted_ms": {name: round(cumulative / 1000, 1) for name, _s, cumulative, _i in modules if name in wanted},
+        "exit": done.returncode,
+    }
+
+
+def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
+    setup = _setup(ctx)
+    rows: list[dict[str, t.Any]] = []
+    details: dict[str, t.Any] = {"import_profiles": {}, "errors": []}
+    for mode in ("on", "off"):
+        pycache = ctx.scratch / f"pycache-{mode}"
+        env = clean_env(mode, pycache_dir=pycache)
+        commands = _commands(ctx, env, setup)
+        stats, errors = time_interleaved(commands, rounds=ctx.p("fig1_rounds"), warmup=ctx.p("fig1_warmup"))
+        details["errors"] += [f"[bytecode {mode}] {e}" for e in errors]
+        click_floor: Stats = stats["floor: python -c 'import click'"]
+        label = "bytecode cache on" if mode == "on" else "bytecode cache off"
+        # This sandbox has a site-packages .pth file that imports certifi in every Python
+        # process, floors included; it flattens the ratios, so they are also given without it.
+        floor_profile = import_profile([ctx.python, "-c", "pass"], env, setup["root"], wanted=("certifi",))
+        pth_ms = floor_profile["wanted_ms"].get("certifi", 0.0)
+        details.setdefault("startup_pth_ms", {})[mode] = pth_ms
+        for name, measured in stats.items():
+            if name.startswith("floor"):
+                ratio_to_pass = measured.median / stats["floor: python -c pass"].median
+                rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio_to_pass,
+                                baseline="python -c pass"))
+                continue
+            ratio = measured.median / click_floor.median
+            rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio, baseline="python -c 'import click'",
+                            target=f"<= {TARGET_RATIO}x click floor", met=ratio <= TARGET_RATIO,
+                            over_click_floor_ms=round(measured.median - click_floor.median, 1),
+                            ratio_of_minimums=round(measured.min / click_floor.min, 3),
+                            ratio_without_startup_pth=round((measured.median - pth_ms) / (click_floor.median - pth_ms), 3)))
+        for name, command in commands.items():
+            if name.startswith("floor"):
+                continue
+            if command.before is not None:
+                command.before()
+            details["import_profiles"].setdefault(mode, {})[name] = import_profile(
+                [ctx.python, *command.argv], command.env, Path(command.cwd or setup["root"]), command.stdin)
+    for mode, pth_ms in details.get("startup_pth_ms", {}).items():
+        if pth_ms:
+            adjusted = ", ".join(f"{r['name'].split(' [')[0]} {r['ratio_without_startup_pth']:.2f}x" for r in rows
+                                 if "ratio_without_startup_pth" in r and f"cache {mode}]" in r["name"])
+            add_note(rows, f"[bytecode cache {mode}] every Python start here imports certifi from a sandbox .pth file "
+                           f"({pth_ms} ms, in the floors too); without it the ratios would be: {adjusted}", 1)
+    if details["errors"]:
+        add_note(rows, f"{len(details['errors'])} command run(s) failed; see details.errors in the JSON")
+    return rows, details
