@@ -50,9 +50,14 @@ def agent_entry(agent: Session, now: int, pending: int = 0) -> dict[str, t.Any]:
 
 
 def pending_by_agent(conn: sqlite3.Connection) -> dict[str, int]:
-    """Unread, unclaimed mail per recipient (the operator included)."""
+    """Unread, unclaimed mail per recipient (the operator included).
+
+    Names the partial index: left alone, SQLite picks ``mail_claims`` for
+    ``claimed_by IS NULL`` and walks nearly every row (35 ms at 100k messages).
+    """
     rows = conn.execute(
-        "SELECT recipient, count(*) FROM mail WHERE read_at IS NULL AND claimed_by IS NULL GROUP BY recipient"
+        "SELECT recipient, count(*) FROM mail INDEXED BY mail_pending "
+        "WHERE read_at IS NULL AND claimed_by IS NULL GROUP BY recipient"
     ).fetchall()
     return {row[0]: int(row[1]) for row in rows}
 
