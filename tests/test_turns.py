@@ -174,7 +174,8 @@ def test_one_loop_per_agent(project, tmp_path):
     release = tmp_path / "release"
     result = start(project, tmp_path, [{"actions": [
         {"bash": f"for i in $(seq 3000); do test -e {release} && break; sleep 0.1; done"}, REPORT]}])
-    wait_for(lambda: loop_processes("builder-t1", project.root), 10, message="loop")
+    # in_turn means the first loop holds the agent lock (it takes the lock before any turn).
+    wait_for(lambda: (a := agent_state(project, "builder-t1")) and a.state == "in_turn", 60, message="first turn")
     second = subprocess.run([sys.executable, "-m", "overstory.agent_loop", "--project", str(project.root),
                              "--agent", "builder-t1", "--generation", str(result.generation)],
                             capture_output=True, text=True, timeout=90)
