@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -23,7 +24,8 @@ def guard() -> None:
         "hooks": [{"type": "command", "command": "ov guard"}]}]}}
     """
     try:
-        raw = click.get_binary_stream("stdin").read()
+        stdin = getattr(sys.stdin, "buffer", None)
+        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
