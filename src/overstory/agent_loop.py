@@ -100,19 +100,21 @@ class _Interrupted:
     started_ms = 0
 
 
-class AgentLoop:
-    def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
-        from overstory.config import load_config
+class AgentProcess:
+    """What every per-agent background process shares (the headless loop, the tmux driver).
 
+    It serves one generation of one agent, stops on SIGTERM/SIGINT, ignores the
+    terminal hanging up, and holds the agent's OS lock for its whole life, so that
+    at most one of them serves an agent at a time.
+    """
+
+    def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
         self.project = project
         self.name = name
         self.generation = generation
-        self.base_env = load_launch_env(project, name)
-        self.config = load_config(project.config_file, project.local_config_file, environ=self.base_env)
         self.state = open_state(project.state_db)
-        self.events = open_events(project.events_db)
         self.stopping = False
-        self._next_summary_check = 0.0
+        self._lock: _Lock | None = None
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -121,6 +123,7 @@ class AgentLoop:
         self.stopping = True
 
     def current(self) -> Session | None:
+        """The agent's row while it is still ours to serve (same generation, not terminal)."""
         agent = sessions.get(self.state, self.name)
         if agent is None or agent.generation != self.generation or agent.is_terminal:
             return None
@@ -129,19 +132,37 @@ class AgentLoop:
     def should_stop(self) -> bool:
         return self.stopping or self.current() is None
 
-    def run(self) -> int:
+    def take_agent(self) -> bool:
+        """Take the agent's lock and record our pid; False if another process serves it.
+
+        The lock may still be held by one on its way out (the previous generation
+        noticing it was replaced), so wait a little before giving up.
+        """
         lock = _Lock(agent_lock_path(self.project, self.name))
-        # The lock may still be held by a loop that is on its way out (the previous
-        # generation noticing it was replaced); wait a little before deciding that
-        # another live loop already serves this agent.
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while not lock.try_acquire():
             if time.monotonic() > deadline or self.should_stop():
-                return 0  # another loop already serves this agent
+                os.close(lock.fd)
+                return False
             time.sleep(POLL_SECONDS)
-        if not sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
-                                      loop_start_ticks=procs.start_ticks(os.getpid())):
-            return 0
+        self._lock = lock
+        return sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
+                                      loop_start_ticks=procs.start_ticks(os.getpid()))
+
+
+class AgentLoop(AgentProcess):
+    def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
+        from overstory.config import load_config
+
+        super().__init__(project, name, generation)
+        self.base_env = load_launch_env(project, name)
+        self.config = load_config(project.config_file, project.local_config_file, environ=self.base_env)
+        self.events = open_events(project.events_db)
+        self._next_summary_check = 0.0
+
+    def run(self) -> int:
+        if not self.take_agent():
+            return 0  # another loop already serves this agent
         from overstory import events as event_store
 
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,

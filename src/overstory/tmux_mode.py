@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory import procs, sessions
+from overstory.agent_loop import AgentProcess
 from overstory.clock import now_ms
 from overstory.errors import RuntimeNotAvailable, TmuxError
 from overstory.names import validate_name
@@ -80,7 +81,6 @@ READY_TIMEOUT = 60.0
 TYPE_TIMEOUT = 10.0
 SETTLE_SECONDS = 0.3  # a pane must look idle this long, unchanged, before ov types into it
 DIALOG_GRACE_SECONDS = 5.0  # an answered dialog may stay on screen this long before it counts as stuck
-LOCK_WAIT_SECONDS = 10.0
 CAPTURE_FAILURES_FOR_GONE = 3  # consecutive failed captures of a live pane before the session counts as gone
 POLL_SECONDS = 0.5
 TOUCH_EVERY_SECONDS = 5.0  # how often an idle pane refreshes last_activity
@@ -819,47 +819,16 @@ def spawn_driver(project: ProjectPaths, agent: str, generation: int,
     return proc.pid, procs.start_ticks(proc.pid)
 
 
-class PaneDriver:
+class PaneDriver(AgentProcess):
     """Watches one tmux agent's pane until the agent is terminal (see the module docstring)."""
 
     def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
-        from overstory.db import open_state
-
-        self.project = project
-        self.name = name
-        self.generation = generation
-        self.state = open_state(project.state_db)
-        self.stopping = False
+        super().__init__(project, name, generation)
         self.last_seen: Session | None = None  # the last row that recorded the pane
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.stopping = True
-
-    def current(self) -> Session | None:
-        agent = sessions.get(self.state, self.name)
-        if agent is None or agent.generation != self.generation or agent.is_terminal:
-            return None
-        return agent
 
     def run(self) -> int:
-        lock_path = self.project.locks_dir / f"agent-{self.name}.lock"  # the same lock a headless loop takes
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS  # the previous generation's driver may be on its way out
-        while True:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline or self.stopping or self.current() is None:
-                    return 0  # another driver (or loop) serves this agent
-                time.sleep(POLL_SECONDS)
-        if not sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
-                                      loop_start_ticks=procs.start_ticks(os.getpid())):
-            return 0
+        if not self.take_agent():  # the same lock a headless loop takes
+            return 0  # another driver (or loop) serves this agent
         try:
             self._watch()
         finally:
