@@ -470,3 +470,16 @@ def test_init_json_in_a_fresh_repository(tmp_path: Path) -> None:
     result = run_ov("init", "--json", cwd=repo)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["created"]
+
+
+def test_doctor_warns_but_passes_when_a_database_is_not_created_yet(project) -> None:
+    """A fresh clone of a repository that commits .overstory/ has no databases (they are git-ignored)."""
+    import json as _json
+
+    from conftest import run_ov
+
+    project.events_db.unlink()
+    result = run_ov("doctor", "--json", cwd=project.root)
+    assert result.returncode == 0, result.stdout
+    check = next(c for c in _json.loads(result.stdout)["checks"] if c["name"] == "events.db")
+    assert check["status"] == "warn" and "does not exist yet" in check["detail"]

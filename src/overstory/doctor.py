@@ -70,7 +70,8 @@ def check_claude(claude_bin: str = "claude") -> Check:
 def check_database(path: Path, expected_version: int) -> Check:
     name = path.name
     if not path.exists():
-        return Check(name, FAIL, f"{path} is missing", "run `ov init --force` to recreate it")
+        # Normal in a fresh clone of a repository that commits .overstory/ (databases are git-ignored).
+        return Check(name, WARN, f"{path} does not exist yet; the first ov command that needs it creates it")
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         try:
