@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import wait_for
+from agent_helpers import agent_state, wait_for
 from conftest import run_ov
 from overstory import mail, runs, sessions
 from overstory.db import open_state
@@ -58,17 +58,9 @@ def scenario(path: Path, agents: dict[str, list[dict[str, t.Any]]]) -> Path:
     return path
 
 
-def state_of(project: ProjectPaths, name: str) -> sessions.Session | None:
-    conn = open_state(project.state_db)
-    try:
-        return sessions.get(conn, name)
-    finally:
-        conn.close()
-
-
 def wait_state(project: ProjectPaths, name: str, states: t.Collection[str], timeout: float = 60) -> sessions.Session:
     def reached() -> sessions.Session | None:
-        agent = state_of(project, name)
+        agent = agent_state(project, name)
         return agent if agent is not None and agent.state in states else None
 
     return wait_for(reached, timeout, message=f"{name} to reach {sorted(states)}")
@@ -133,7 +125,7 @@ def test_start_runs_at_the_root_with_its_instructions_passed_as_flags(team: Proj
     assert command[command.index("--append-system-prompt") + 1] == instructions
     assert command[command.index("--settings") + 1] == str(run_dir / "settings.json")
     # A finished turn does not complete a persistent agent.
-    assert state_of(team, "coordinator").state == "between_turns"
+    assert agent_state(team, "coordinator").state == "between_turns"
 
 
 def test_only_one_coordinator_at_a_time(team: ProjectPaths, tmp_path: Path) -> None:
@@ -154,7 +146,7 @@ def test_an_agent_cannot_start_a_coordinator(team: ProjectPaths) -> None:
     refused = run_ov("coordinator", "start", cwd=team.root,
                      env={"OVERSTORY_AGENT_NAME": "lead-x", "OVERSTORY_CAPABILITY": "lead"})
     assert refused.returncode == 1 and "only the operator starts the coordinator" in refused.stderr
-    assert state_of(team, "coordinator") is None
+    assert agent_state(team, "coordinator") is None
 
 
 def test_a_failed_start_leaves_no_run(team: ProjectPaths) -> None:
@@ -196,7 +188,7 @@ def test_send_reaches_the_coordinator_which_slings_a_builder_into_the_run(team: 
     sent = run_ov("coordinator", "send", "add greet and its test", cwd=team.root)
     assert sent.returncode == 0 and "sent #" in sent.stdout
     builder = wait_state(team, "builder-greet", {"completed"})
-    coordinator = state_of(team, "coordinator")
+    coordinator = agent_state(team, "coordinator")
     assert builder.parent == "coordinator" and builder.depth == 1 and builder.run_id == coordinator.run_id
     objective = mails(team, to="coordinator", type="dispatch")[-1]
     assert objective.subject == "objective: add greet and its test" and objective.sender == "operator"
@@ -274,7 +266,7 @@ def test_status_and_stop_complete_the_run(team: ProjectPaths, tmp_path: Path) ->
     assert stopped.returncode == 0, stopped.stderr
     result = json.loads(stopped.stdout)
     assert result["run_status"] == "completed" and result["still_active"] == []
-    assert state_of(team, "coordinator").state == "completed"
+    assert agent_state(team, "coordinator").state == "completed"
     again = run_ov("coordinator", "stop", cwd=team.root)
     assert again.returncode == 1 and "no coordinator is running" in again.stderr
     # A new start opens a new run.
@@ -295,7 +287,7 @@ def test_stop_leaves_the_run_open_for_working_agents_and_start_rejoins_it(team: 
     stopped = run_ov("coordinator", "stop", cwd=team.root)
     assert stopped.returncode == 0, stopped.stderr
     assert "stays open: builder-slow still active" in stopped.stdout
-    assert state_of(team, "builder-slow").state == "in_turn", "its child keeps working"
+    assert agent_state(team, "builder-slow").state == "in_turn", "its child keeps working"
     second = json.loads(run_ov("coordinator", "start", "--scenario", str(path), "--json", cwd=team.root).stdout)
     assert second["run_created"] is False and second["run_id"] == first["run_id"]
     everything = run_ov("coordinator", "stop", "--all", "--force", "--json", cwd=team.root)
@@ -303,7 +295,7 @@ def test_stop_leaves_the_run_open_for_working_agents_and_start_rejoins_it(team: 
     result = json.loads(everything.stdout)
     assert [a["agent"] for a in result["stopped_agents"]] == ["builder-slow"]
     assert result["run_status"] == "completed"
-    assert state_of(team, "builder-slow").state == "completed"
+    assert agent_state(team, "builder-slow").state == "completed"
     conn = open_state(team.state_db)
     try:
         assert runs.get_run(conn, first["run_id"]).status == "completed"

@@ -676,28 +676,25 @@ def _backticks(text: str, i: int) -> tuple[int, list[str]]:
     raise _Unparseable("a backtick is never closed")
 
 
-def _skip_arithmetic(text: str, i: int) -> int:
+def _past_matching(text: str, i: int, opening: str, closing: str, what: str) -> int:
+    """Index just past the ``closing`` that balances the ``opening`` at or after ``i``."""
     depth = 0
     for j in range(i, len(text)):
-        if text[j] == "(":
+        if text[j] == opening:
             depth += 1
-        elif text[j] == ")":
+        elif text[j] == closing:
             depth -= 1
             if depth == 0:
                 return j + 1
-    raise _Unparseable("a `$((` is never closed")
+    raise _Unparseable(f"a `{what}` is never closed")
+
+
+def _skip_arithmetic(text: str, i: int) -> int:
+    return _past_matching(text, i, "(", ")", "$((")
 
 
 def _closing_brace(text: str, i: int) -> int:
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-    raise _Unparseable("a `${` is never closed")
+    return _past_matching(text, i, "{", "}", "${")
 
 
 def _words(segment: str) -> ShellCommand:

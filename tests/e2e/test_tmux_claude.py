@@ -17,6 +17,7 @@ import typing as t
 from pathlib import Path
 
 import pytest
+from agent_helpers import agent_state
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude, seed_interactive_config
 from conftest import run_ov
 from mockapi import MockMessagesAPI, conversation_text, text_reply, tool_reply
@@ -36,16 +37,6 @@ def wait_for(predicate: t.Callable[[], t.Any], what: str, timeout: float = TIMEO
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.1)
-
-
-def agent_row(project: ProjectPaths, name: str) -> sessions.Session | None:
-    from overstory.db import open_state
-
-    conn = open_state(project.state_db)
-    try:
-        return sessions.get(conn, name)
-    finally:
-        conn.close()
 
 
 @pytest.fixture
@@ -88,7 +79,7 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
                       timeout=TIMEOUT)
         assert done.returncode == 0, done.stderr
         assert "ov attach builder-t1" in done.stdout
-        row = agent_row(project, "builder-t1")
+        row = agent_state(project, "builder-t1")
         assert row is not None and row.state == "working" and row.mode == "tmux"
         tui_group = row.turn_pgid
 
@@ -108,7 +99,7 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
         sent = run_ov("mail", "send", "--to", "builder-t1", "--subject", "now report PURPLE", "--body",
                       "send worker_done", cwd=project.root, env=env)
         assert sent.returncode == 0, sent.stderr
-        wait_for(lambda: (agent_row(project, "builder-t1") or row).state == "completed", "completed")
+        wait_for(lambda: (agent_state(project, "builder-t1") or row).state == "completed", "completed")
 
     second = conversation_text(api.main_requests[1])
     assert "[ov] You have 1 new message" in second and "now report PURPLE" in second
