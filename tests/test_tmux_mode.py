@@ -482,6 +482,9 @@ def test_kill_session_ends_the_tui_and_its_escaped_tool_shells_but_not_a_decoy(t
                              start_new_session=True)
     try:
         row = tmux_project.row("builder-t1")
+        # Stop the driver first: it would otherwise notice the closed pane and clean up in
+        # parallel, and this test is about kill_session's own search for tagged processes.
+        procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)
         report = tmux_mode.kill_session(tmux_project.project, row, grace=1.0)
         assert set(tagged) <= set(report.leftovers) and decoy.pid not in report.leftovers
         wait_for(lambda: not any(procs.is_alive(pid) for pid in tagged), what="the leftovers to die")
