@@ -22,8 +22,20 @@ from pathlib import Path
 
 from context import Context
 from harness import (
-    Command, Stats, add_note, alive, git, init_project, make_repo, row, rss_kib, start_sleeper,
-    start_ticks, time_calls, time_interleaved, tracked_files,
+    Command,
+    Stats,
+    add_note,
+    alive,
+    git,
+    init_project,
+    make_repo,
+    row,
+    rss_kib,
+    start_sleeper,
+    start_ticks,
+    time_calls,
+    time_interleaved,
+    tracked_files,
 )
 
 TICK_TARGET_MS = 50.0
@@ -56,9 +68,9 @@ def _sling(ctx: Context, root: Path, capability: str, task: str, *extra: str,
 
 def _stop_agents(ctx: Context, root: Path, names: t.Iterable[str]) -> list[str]:
     """`ov stop` every agent that is not terminal or whose loop still runs; returns what needed it."""
-    from overstory import sessions
-    from overstory.db import open_state
     from overstory.paths import ProjectPaths
+    from overstory.store import sessions
+    from overstory.store.db import open_state
 
     conn = open_state(ProjectPaths(root).state_db)
     try:
@@ -79,10 +91,11 @@ def _stop_agents(ctx: Context, root: Path, names: t.Iterable[str]) -> list[str]:
 
 
 def run_watchdog(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from overstory.db import open_state
-    from overstory.paths import ProjectPaths
-    from overstory.watchdog import Watchdog, WatchdogSettings
     from synthetic import add_agents
+
+    from overstory.paths import ProjectPaths
+    from overstory.store.db import open_state
+    from overstory.watchdog import Watchdog, WatchdogSettings
 
     sleeper = start_sleeper(ctx.registry)
     rows: list[dict[str, t.Any]] = []
@@ -185,9 +198,10 @@ def run_spawn(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
     interleaved round by round and compared as ratios of medians.
     """
     from fig_commands import import_profile
-    from overstory import sessions
-    from overstory.db import open_state
+
     from overstory.paths import ProjectPaths
+    from overstory.store import sessions
+    from overstory.store.db import open_state
 
     count = ctx.p("fig5_files")
     root = make_repo(ctx.scratch / "fig5-project", files=count)
@@ -294,10 +308,11 @@ def _cpu_ticks(pid: int) -> int | None:
 
 
 def run_memory(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from overstory import sessions
-    from overstory.db import open_events, open_state
-    from overstory.paths import ProjectPaths
     from synthetic import add_agents, add_events, add_mail
+
+    from overstory.paths import ProjectPaths
+    from overstory.store import sessions
+    from overstory.store.db import open_events, open_state
 
     rows: list[dict[str, t.Any]] = []
     details: dict[str, t.Any] = {}
@@ -452,7 +467,7 @@ def _gated_scenario(path: Path, capability: str, gate: Path) -> Path:
     The gate is an ordinary Bash tool call (so it passes `ov guard` like any other);
     it makes all agents alive at once before any of them may finish.
     """
-    from overstory.scenarios import default_scenario
+    from overstory.runtimes.scripted.scenarios import default_scenario
 
     scenario = default_scenario(capability, "${OVERSTORY_TASK_ID}")
     scenario["turns"][0]["actions"].insert(0, {"bash": f"while [ ! -e {gate} ]; do sleep 0.05; done"})
@@ -463,10 +478,10 @@ def _gated_scenario(path: Path, capability: str, gate: Path) -> Path:
 def _scale_once(ctx: Context, index: int, count: int) -> dict[str, t.Any]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from overstory import sessions
     from overstory.config import load_config
-    from overstory.db import open_state
     from overstory.paths import ProjectPaths
+    from overstory.store import sessions
+    from overstory.store.db import open_state
 
     root = make_repo(ctx.scratch / f"fig7-run{index}")
     init_project(root)

@@ -19,7 +19,18 @@ import typing as t
 from pathlib import Path
 
 from context import Context
-from harness import Command, Stats, add_note, clean_env, git, init_project, make_repo, row, start_sleeper, time_interleaved
+from harness import (
+    Command,
+    Stats,
+    add_note,
+    clean_env,
+    git,
+    init_project,
+    make_repo,
+    row,
+    start_sleeper,
+    time_interleaved,
+)
 from synthetic import add_agents, add_events, add_mail
 
 TARGET_RATIO = 1.6
@@ -43,9 +54,9 @@ def _guard_input(worktree: Path) -> bytes:
 
 
 def _setup(ctx: Context) -> dict[str, t.Any]:
-    from overstory import sessions
-    from overstory.db import open_events, open_state
     from overstory.paths import ProjectPaths
+    from overstory.store import sessions
+    from overstory.store.db import open_events, open_state
 
     root = make_repo(ctx.scratch / "fig1-project", files=20)
     init_project(root)
@@ -76,7 +87,7 @@ def _setup(ctx: Context) -> dict[str, t.Any]:
 
 
 def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dict[str, Command]:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     root, worktree, project = setup["root"], setup["worktree"], setup["project"]
     agent_env = {**env, "OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder",
@@ -87,7 +98,7 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
     def one_new_message() -> None:
         conn = open_state(project.state_db)
         try:
-            from overstory import mail
+            from overstory.store import mail
 
             mail.insert_message(conn, sender="operator", recipient=AGENT, subject="keep going",
                                 body="The reviewer asked for one more test.")

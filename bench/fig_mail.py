@@ -1,7 +1,7 @@
 """Figures 2 and 3: the mail store in-process, and 16 processes sending at once.
 
 Figure 2 works on one state.db holding 100,000 messages (spread over 200 agents,
-1 % unread), through ``overstory.mail``'s public functions:
+1 % unread), through ``overstory.store.mail``'s public functions:
 - sends per second (``mail.send`` with its ``mail_sent`` event, one connection);
 - ``mail.check`` latency for one agent, with one new message each time and with none;
 - claims per second (``mail.claim`` of one new message; and claim + ``mark_read``);
@@ -30,9 +30,10 @@ SENDERS = 16
 
 
 def _store_project(ctx: Context, name: str) -> tuple[t.Any, list[str]]:
-    from overstory.db import open_state
-    from overstory.paths import ProjectPaths
     from synthetic import add_agents, add_mail
+
+    from overstory.paths import ProjectPaths
+    from overstory.store.db import open_state
 
     root = make_repo(ctx.scratch / name)
     init_project(root)
@@ -47,9 +48,9 @@ def _store_project(ctx: Context, name: str) -> tuple[t.Any, list[str]]:
 
 
 def run_store(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from overstory import lifecycle, mail, sessions
     from overstory import status as status_core
-    from overstory.db import open_events, open_state
+    from overstory.store import lifecycle, mail, sessions
+    from overstory.store.db import open_events, open_state
 
     setup_started = time.monotonic()
     project, names = _store_project(ctx, "fig2-project")
@@ -150,7 +151,7 @@ def run_store(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
 
 def _concurrent_run(ctx: Context, project: t.Any, senders: list[str], recipient: str, *, mode: str,
                     per_worker: int) -> dict[str, t.Any]:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     worker = Path(__file__).resolve().parent / "mail_worker.py"
     start_at = time.time() + (1.5 if mode == "api" else 1.0)
@@ -200,9 +201,10 @@ def _concurrent_run(ctx: Context, project: t.Any, senders: list[str], recipient:
 
 
 def run_concurrency(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from overstory.db import open_state
-    from overstory.paths import ProjectPaths
     from synthetic import add_agents
+
+    from overstory.paths import ProjectPaths
+    from overstory.store.db import open_state
 
     root = make_repo(ctx.scratch / "fig3-project")
     init_project(root)

@@ -3,7 +3,7 @@
     python bench/mail_worker.py --project ROOT --sender w03 --to sink --count 400 \
         --start-at EPOCH_SECONDS --mode api|cli [--ov PATH]
 
-``api`` sends through ``overstory.mail.send`` on one connection (as a long-lived
+``api`` sends through ``overstory.store.mail.send`` on one connection (as a long-lived
 process would); ``cli`` runs ``ov mail send`` once per message (as an agent does).
 Every message carries a unique subject ``<sender> #<i>`` so the parent can check
 that none was lost or duplicated. Errors are counted, never retried.
@@ -36,8 +36,8 @@ def main() -> int:
     body = "Progress: finished the parser change; running the test suite next."
 
     if args.mode == "api":
-        from overstory import mail
-        from overstory.db import open_events, open_state
+        from overstory.store import mail
+        from overstory.store.db import open_events, open_state
 
         state = open_state(root / ".overstory" / "state.db")
         events = open_events(root / ".overstory" / "events.db")

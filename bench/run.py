@@ -26,7 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from context import PARAMETERS, Context  # noqa: E402
 from harness import (  # noqa: E402
-    bytecode_state, commit_info, find_ov, machine_info, not_available, script_interpreter, write_json,
+    bytecode_state,
+    commit_info,
+    find_ov,
+    machine_info,
+    not_available,
+    script_interpreter,
+    write_json,
 )
 
 FIGURES: dict[int, tuple[str, str]] = {

@@ -12,9 +12,9 @@ import random
 import sqlite3
 import typing as t
 
-from overstory import sessions
 from overstory.clock import now_ms
-from overstory.db import write_transaction
+from overstory.store import sessions
+from overstory.store.db import write_transaction
 
 EVENT_KINDS = ("tool_start", "tool_end", "text", "turn_start", "turn_result", "turn_end", "mail_sent",
                "runtime_event", "turn_retry", "watchdog_stalled")

@@ -8,9 +8,9 @@ import time
 import typing as t
 from pathlib import Path
 
-from overstory import sessions
-from overstory.db import open_state
 from overstory.paths import ProjectPaths
+from overstory.store import sessions
+from overstory.store.db import open_state
 
 
 def loop_processes(agent: str, project_root: Path | None = None) -> list[int]:
@@ -28,7 +28,7 @@ def loop_processes(agent: str, project_root: Path | None = None) -> list[int]:
             continue
         if project_root is not None and str(project_root).encode() not in cmdline:
             continue
-        if b"overstory.agent_loop" in cmdline and agent.encode() in cmdline:
+        if b"overstory.agents.loop" in cmdline and agent.encode() in cmdline:
             found.append(int(entry.name))
     return found
 

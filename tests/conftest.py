@@ -90,7 +90,7 @@ def stop_project_processes(project) -> None:
 
 @pytest.fixture
 def state_db(project):
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(project.state_db)
     yield conn
@@ -99,7 +99,7 @@ def state_db(project):
 
 @pytest.fixture
 def events_db(project):
-    from overstory.db import open_events
+    from overstory.store.db import open_events
 
     conn = open_events(project.events_db)
     yield conn

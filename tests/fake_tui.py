@@ -2,7 +2,7 @@
 """A stand-in for an interactive coding-agent TUI, for tmux-mode tests.
 
 It draws the parts of Claude Code's screen that ov reads (see
-``overstory.tmux_mode.read_screen``): a prompt box between two ``─`` rules whose
+``overstory.agents.tmux.read_screen``): a prompt box between two ``─`` rules whose
 first line is ``❯`` + no-break space + the typed text, and a footer that says
 ``bypass permissions on`` and, while busy, ``esc to interrupt``. It reads keys from
 its terminal, so it only runs inside a pane (tmux gives it one).

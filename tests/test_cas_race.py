@@ -25,9 +25,9 @@ RACE_SECONDS = 3.0
 
 def worker(db_path: str, seed: int, start_at: float, seconds: float) -> dict[str, t.Any]:
     """Hammer the agents until the deadline; return outcome counts and any escaped errors."""
-    from overstory import sessions
-    from overstory.db import open_state
     from overstory.errors import AgentExists
+    from overstory.store import sessions
+    from overstory.store.db import open_state
 
     rng = random.Random(seed)
     errors: list[str] = []
@@ -87,8 +87,8 @@ def _run_race(db_path: Path) -> list[dict[str, t.Any]]:
 
 
 def test_concurrent_cas_transitions_stay_legal(tmp_path: Path) -> None:
-    from overstory import sessions
-    from overstory.db import open_state
+    from overstory.store import sessions
+    from overstory.store.db import open_state
 
     db_path = tmp_path / "state.db"
     conn = open_state(db_path)

@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import make_repo, run_git, run_ov
 
+from conftest import make_repo, run_git, run_ov
 from overstory import __version__
 from overstory.cli.main import COMMANDS, cli, main
 from overstory.config import DEFAULT_CONFIG_YAML
@@ -328,7 +328,7 @@ def test_doctor_outside_a_project_still_reports(tmp_path: Path) -> None:
 
 
 def test_doctor_states_prints_the_transition_table(tmp_path: Path) -> None:
-    from overstory.sessions import ALLOWED_FROM
+    from overstory.store.sessions import ALLOWED_FROM
 
     result = run_ov("doctor", "--states", "--json", cwd=tmp_path)
     assert result.returncode == 0
@@ -426,8 +426,8 @@ def assert_json_output(label: str, stdout: str, *, ndjson: bool) -> None:
 
 
 def test_every_json_output_parses(project: ProjectPaths) -> None:
-    from overstory import events, sessions
-    from overstory.db import open_events, open_state
+    from overstory.store import events, sessions
+    from overstory.store.db import open_events, open_state
 
     # Something to show: one agent with a little history and one event.
     with closing(open_state(project.state_db)) as state, closing(open_events(project.events_db)) as event_store:

@@ -15,10 +15,10 @@ import pytest
 
 from agent_helpers import agent_state, wait_for
 from conftest import run_ov
-from overstory import mail, runs, sessions
-from overstory.db import open_state
 from overstory.paths import ProjectPaths
-from overstory.scenarios import default_scenario
+from overstory.runtimes.scripted.scenarios import default_scenario
+from overstory.store import mail, runs, sessions
+from overstory.store.db import open_state
 
 # ---- helpers shared with test_hierarchy.py and test_runs.py --------------------------------
 
@@ -39,7 +39,7 @@ def team(project: ProjectPaths) -> t.Iterator[ProjectPaths]:
 
 
 def stop_everything(project: ProjectPaths) -> None:
-    from overstory.stop import stop_agent
+    from overstory.agents.stop import stop_agent
 
     conn = open_state(project.state_db)
     try:
@@ -233,8 +233,8 @@ def test_ask_without_a_coordinator_fails_at_once(project: ProjectPaths) -> None:
 
 
 def test_ask_gives_up_when_the_coordinator_stops(team: ProjectPaths, tmp_path: Path) -> None:
-    from overstory import coordinator
-    from overstory.stop import stop_agent
+    from overstory.agents import coordinator
+    from overstory.agents.stop import stop_agent
 
     path = scenario(tmp_path / "s.json", {"coordinator": [*READY, {"actions": [{"sleep": 30}], "result": "late"}]})
     assert run_ov("coordinator", "start", "--scenario", str(path), cwd=team.root).returncode == 0

@@ -8,8 +8,8 @@ import shlex
 
 import click
 import pytest
-from conftest import REPO_ROOT
 
+from conftest import REPO_ROOT
 from overstory.cli.main import COMMANDS, cli
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")

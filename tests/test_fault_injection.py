@@ -23,11 +23,18 @@ from pathlib import Path
 import pytest
 
 from conftest import make_repo, ov_command
-from test_watchdog import REPORT_DONE, agent_processes, mail_rows, repeat_turns, start_agent, start_decoy, \
-    write_local_config
-
-from overstory import mail, procs, sessions
+from overstory import procs
 from overstory.paths import ProjectPaths
+from overstory.store import mail, sessions
+from test_watchdog import (
+    REPORT_DONE,
+    agent_processes,
+    mail_rows,
+    repeat_turns,
+    start_agent,
+    start_decoy,
+    write_local_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -116,8 +123,8 @@ class Chaos:
 
 
 def _run_round(root: Path, seed: int) -> Counter[str]:
-    from overstory.db import open_state
     from overstory.project_init import init_project
+    from overstory.store.db import open_state
 
     init_project(make_repo(root))
     project = ProjectPaths(root)
@@ -136,7 +143,7 @@ def _run_round(root: Path, seed: int) -> Counter[str]:
         worktree = project.worktrees_dir / healthy[0]
         decoys.append(start_decoy(worktree, ["-m", "overstory.runtimes.scripted", "-p", "--output-format",
                                              "stream-json", "--input-format", "stream-json", "--verbose"]))
-        decoys.append(start_decoy(project.root, ["-m", "overstory.agent_loop", "--project", str(project.root),
+        decoys.append(start_decoy(project.root, ["-m", "overstory.agents.loop", "--project", str(project.root),
                                                  "--agent", healthy[0], "--generation", "1"]))
         chaos.start_watchdog()
         chaos.run(CHAOS_SECONDS)
@@ -195,7 +202,7 @@ def _run_round(root: Path, seed: int) -> Counter[str]:
         if chaos.watchdog is not None and chaos.watchdog.poll() is None:
             chaos.watchdog.kill()
             chaos.watchdog.wait()
-        from overstory.stop import stop_agent
+        from overstory.agents.stop import stop_agent
 
         for agent in sessions.list_sessions(conn):
             try:

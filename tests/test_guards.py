@@ -480,7 +480,7 @@ def test_internal_errors_fail_closed(project: Project, monkeypatch: pytest.Monke
     def explode(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(guards, "check_shell", explode)
+    monkeypatch.setattr("overstory.guards.policy.check_shell", explode)
     payload = hook_input(project, "builder-a", "Bash", {"command": "ls"})
     decision = guards.decide(payload, project.env("builder-a"))
     assert not decision.allow

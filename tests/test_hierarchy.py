@@ -10,12 +10,13 @@ import pytest
 
 from agent_helpers import wait_terminal
 from conftest import run_git, run_ov
-from overstory import hierarchy, sessions
+from overstory.agents import hierarchy
+from overstory.agents.spawn import SlingRequest, sling
 from overstory.config import load_config
-from overstory.db import open_state
 from overstory.errors import HierarchyError
 from overstory.paths import ProjectPaths
-from overstory.spawn import SlingRequest, sling
+from overstory.store import sessions
+from overstory.store.db import open_state
 from test_coordinator import (
     READY,
     mails,

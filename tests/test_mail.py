@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from overstory import events, mail, sessions
-from overstory.db import write_transaction
 from overstory.errors import MailError, PayloadError, UsageError
+from overstory.store import events, mail, sessions
+from overstory.store.db import write_transaction
 
 NO_ENV: dict[str, str] = {}
 
@@ -51,7 +51,7 @@ def test_mirrored_constants_match_sessions():
 
 
 def test_every_protocol_type_has_a_payload_model():
-    from overstory.mail_payloads import PAYLOAD_MODELS
+    from overstory.store.mail_payloads import PAYLOAD_MODELS
 
     assert set(PAYLOAD_MODELS) == mail.PROTOCOL_TYPES
     assert mail.PROTOCOL_TYPES < set(mail.TYPES)

@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
-from conftest import ov_command, run_ov
 
-from overstory import mail, sessions
+from conftest import ov_command, run_ov
 from overstory.cli.main import cli
 from overstory.errors import MailError, PayloadError
+from overstory.store import mail, sessions
 
 
 @pytest.fixture
@@ -241,7 +241,7 @@ def test_every_subcommand_has_help(ov, command):
 
 def test_send_help_lists_the_payload_fields_of_every_protocol_type(ov):
     from overstory.cli.mail import PAYLOAD_FIELDS_HELP
-    from overstory.mail_payloads import describe_types
+    from overstory.store.mail_payloads import describe_types
 
     assert PAYLOAD_FIELDS_HELP.strip().splitlines()[2:] == describe_types().splitlines()
     assert "worker_done: task_id branch agent" in ov("mail", "send", "--help").output

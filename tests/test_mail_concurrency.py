@@ -7,10 +7,11 @@ import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
-import pytest
-from conftest import ov_command
 
-from overstory import events, mail, sessions
+import pytest
+
+from conftest import ov_command
+from overstory.store import events, mail, sessions
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +25,8 @@ WAIT_FOR_GO = textwrap.dedent("""
 """)
 
 SENDER = WAIT_FOR_GO + textwrap.dedent("""
-    from overstory import mail
-    from overstory.db import open_state
+    from overstory.store import mail
+    from overstory.store.db import open_state
     root, worker, count, to = Path(sys.argv[1]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
     conn = open_state(root / ".overstory" / "state.db")
     for n in range(count):
@@ -35,8 +36,8 @@ SENDER = WAIT_FOR_GO + textwrap.dedent("""
 
 CLAIMER = WAIT_FOR_GO + textwrap.dedent("""
     import json
-    from overstory import mail
-    from overstory.db import open_state
+    from overstory.store import mail
+    from overstory.store.db import open_state
     root, worker, agent, release_every = Path(sys.argv[1]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     senders_done = Path(sys.argv[6])
     conn = open_state(root / ".overstory" / "state.db")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mockapi import MockMessagesAPI, error_reply, text_reply  # tests/ is on sys.path (conftest.py)
 
+from mockapi import MockMessagesAPI, error_reply, text_reply  # tests/ is on sys.path (conftest.py)
 from overstory.errors import LockHeld, MergeError
 from overstory.merge import (
     AnthropicResolver,

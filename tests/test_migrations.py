@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from overstory import db
 from overstory.errors import StoreError
+from overstory.store import db, migrations
 
 STORES = {
-    "state": (db.STATE_MIGRATIONS, db.open_state),
-    "events": (db.EVENTS_MIGRATIONS, db.open_events),
+    "state": (migrations.STATE_MIGRATIONS, db.open_state),
+    "events": (migrations.EVENTS_MIGRATIONS, db.open_events),
 }
 Opener = t.Callable[[Path], sqlite3.Connection]
 
@@ -37,7 +37,7 @@ def schema_of(path: Path) -> tuple[int, list[tuple[str, str, str]]]:
     return version, [(kind, name, " ".join((sql or "").split())) for kind, name, sql in objects]
 
 
-def build_old_version(path: Path, migrations: t.Sequence[db.Migration], k: int) -> None:
+def build_old_version(path: Path, migrations: t.Sequence[migrations.Migration], k: int) -> None:
     """A database as an older ov would have left it: only the first ``k`` migrations."""
     conn = sqlite3.connect(str(path), isolation_level=None)
     try:
@@ -84,13 +84,13 @@ def test_an_empty_existing_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     path.touch()
     db.open_state(path).close()
-    assert schema_of(path)[0] == len(db.STATE_MIGRATIONS)
+    assert schema_of(path)[0] == len(migrations.STATE_MIGRATIONS)
 
 
 def test_upgrade_keeps_data(tmp_path: Path) -> None:
     """Rows written at the oldest version survive the upgrade to the newest."""
     path = tmp_path / "state.db"
-    build_old_version(path, db.STATE_MIGRATIONS, 1)
+    build_old_version(path, migrations.STATE_MIGRATIONS, 1)
     conn = sqlite3.connect(str(path))
     conn.execute("INSERT INTO generations(name, generation) VALUES ('kept', 3)")
     conn.commit()
@@ -154,13 +154,13 @@ def test_write_transaction_rolls_back_on_error(tmp_path: Path) -> None:
 def test_run_script_rejects_an_unfinished_statement() -> None:
     conn = sqlite3.connect(":memory:")
     with pytest.raises(ValueError, match="incomplete"):
-        db.run_script(conn, "CREATE TABLE a (x INTEGER);\nCREATE TABLE b (y")
+        migrations.run_script(conn, "CREATE TABLE a (x INTEGER);\nCREATE TABLE b (y")
 
 
 _OPEN_AT_ONCE = """
 import json, sys, time
 from pathlib import Path
-from overstory import db
+from overstory.store import db
 for opener_name, path, start_at in json.loads(sys.argv[1]):
     while time.time() < start_at:
         time.sleep(0.001)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from overstory.errors import OrchestratorError, OverlayError, UnknownCapability
-from overstory.overlay import (
+from overstory.agents.overlay import (
     CAPABILITIES,
     CONTEXT_KEYS,
     NO_FILE_SCOPE,
@@ -20,6 +19,7 @@ from overstory.overlay import (
     render_file_scope,
     render_instructions,
 )
+from overstory.errors import OrchestratorError, OverlayError, UnknownCapability
 from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
 AGENTS = shipped_agents_dir()
@@ -166,7 +166,7 @@ _PAYLOAD_COMMAND = re.compile(r"--type (\w+)((?:(?!ov mail send).)*?)--payload '
 @pytest.mark.parametrize("capability", CAPABILITIES)
 def test_payloads_in_the_instructions_are_valid(capability: str) -> None:
     """Every `--payload` an agent is told to send passes the mail protocol's validation."""
-    from overstory.mail_payloads import PAYLOAD_MODELS, validate_payload
+    from overstory.store.mail_payloads import PAYLOAD_MODELS, validate_payload
 
     text = render(capability).replace("\\\n", " ")
     found = _PAYLOAD_COMMAND.findall(text)

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_repo, run_git, run_ov
 
+from conftest import make_repo, run_git, run_ov
 from overstory.errors import ProjectNotFound
 from overstory.paths import PROJECT_ENV, ProjectPaths, find_project
 

@@ -10,12 +10,12 @@ import pytest
 
 from agent_helpers import wait_terminal
 from conftest import run_git, run_ov
-from overstory import sessions
+from overstory.agents.turns import model_choice, resolve_model_and_provider, run_turn
 from overstory.config import Config, load_config
-from overstory.db import open_events, open_state
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.turns import model_choice, resolve_model_and_provider, run_turn
+from overstory.store import sessions
+from overstory.store.db import open_events, open_state
 from test_coordinator import (
     scenario,
     sling_cmd,

@@ -12,9 +12,9 @@ import pytest
 
 from agent_helpers import wait_for, wait_terminal
 from conftest import run_ov
-from overstory import runs, sessions
-from overstory.db import open_state
 from overstory.paths import ProjectPaths
+from overstory.store import runs, sessions
+from overstory.store.db import open_state
 from test_coordinator import (
     BUILDER_DONE,
     READY,

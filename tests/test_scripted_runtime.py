@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from overstory.runtimes.commands import turn_command
+from overstory.config import Config
+from overstory.runtimes import get_runtime
+from overstory.runtimes.base import TurnRequest
 
 HEADLESS_ARGS = ["-p", "--output-format", "stream-json", "--input-format", "stream-json", "--verbose",
                  "--permission-mode", "bypassPermissions"]
@@ -73,7 +75,8 @@ class Runner:
 
     def __init__(self, repo: Path, tmp_path: Path, env: dict[str, str]) -> None:
         self.repo = repo
-        self.state_dir = tmp_path / "state"
+        self.tmp = tmp_path
+        self.state_dir = tmp_path / "scripted"  # where the adapter puts it: <run dir>/scripted
         self.scenario = tmp_path / "scenario.json"
         self.env = env
 
@@ -164,7 +167,9 @@ def test_text_turn_has_the_real_cli_event_sequence(runner: Runner) -> None:
 
 def test_turn_command_of_the_runner_starts_this_runtime(runner: Runner) -> None:
     runner.script({"actions": [], "result": "hi"})
-    argv = turn_command("scripted", scenario=runner.scenario, state_dir=runner.state_dir).argv
+    request = TurnRequest(model=None, resume_session_id=None, run_dir=runner.tmp, at_project_root=False,
+                          scenario=runner.scenario)
+    argv = get_runtime("scripted").headless_command(request, Config())
     done = subprocess.run(argv, input=user_line("go"), cwd=runner.repo, env=runner.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

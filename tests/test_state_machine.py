@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from overstory import sessions
-from overstory.db import open_state
 from overstory.errors import AgentExists
-from overstory.sessions import (
+from overstory.store import sessions
+from overstory.store.db import open_state
+from overstory.store.sessions import (
     ALLOWED_FROM,
     STATES,
     TERMINAL_STATES,

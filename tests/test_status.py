@@ -10,9 +10,9 @@ import typing as t
 from click.testing import CliRunner
 
 from conftest import run_ov
-from overstory import mail, sessions
-from overstory.lifecycle import declare_zombie
 from overstory.paths import ProjectPaths
+from overstory.store import mail, sessions
+from overstory.store.lifecycle import declare_zombie
 
 AGENT_KEYS = {"name", "capability", "state", "state_reason", "task_id", "parent", "depth", "turns", "last_activity",
               "idle_seconds", "input_tokens", "output_tokens", "cost_usd", "current_tool", "runtime", "mode",
@@ -93,7 +93,7 @@ def test_text_view_marks_agents_without_a_loop(project: ProjectPaths, state_db: 
 
 
 def _invoke_empty(project: ProjectPaths) -> str:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(project.state_db)
     conn.execute("DELETE FROM sessions")
@@ -137,5 +137,5 @@ def test_status_json_imports_nothing_heavy(project: ProjectPaths, state_db: t.An
     loaded = set(done.stdout.split())
     assert "overstory.cli.status" in loaded and "overstory.status" in loaded
     heavy = {"rich", "pydantic", "yaml", "git", "libtmux", "anthropic", "overstory.config", "overstory.ui",
-             "overstory.watchdog", "overstory.mail_payloads"}
+             "overstory.watchdog", "overstory.store.mail_payloads"}
     assert not heavy & loaded, heavy & loaded

@@ -6,6 +6,9 @@ import json
 import typing as t
 
 from conftest import run_git, run_ov
+from overstory import procs
+from overstory.paths import ProjectPaths
+from overstory.store import mail, sessions
 from test_watchdog import (
     agent_processes,
     cleanup_agents,  # noqa: F401 - fixture
@@ -17,9 +20,6 @@ from test_watchdog import (
     start_decoy,
     wait_for,
 )
-
-from overstory import mail, procs, sessions
-from overstory.paths import ProjectPaths
 
 SLEEPER = repeat_turns([{"text": "working"}, {"bash": "sleep 60 & sleep 60"}])
 
@@ -86,7 +86,7 @@ def test_unknown_and_already_completed_agents(fast_project: ProjectPaths, state_
 
 def test_stopping_a_zombie_settles_it_completed(fast_project: ProjectPaths, state_db: t.Any,
                                                 cleanup_agents: None) -> None:
-    from overstory.lifecycle import declare_zombie
+    from overstory.store.lifecycle import declare_zombie
 
     name = start_agent(fast_project, state_db, "s5", {"turns": []}, start=False)
     assert declare_zombie(state_db, row(state_db, name), "test", actor="test").ok

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from overstory.stream import TurnStream, describe_tool_input
+from overstory.runtimes.claude.stream import TurnStream, describe_tool_input
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stream"
 

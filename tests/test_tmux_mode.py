@@ -22,12 +22,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TESTS_DIR, run_git, run_ov
 
-from overstory import procs, sessions, tmux_mode
+from conftest import TESTS_DIR, run_git, run_ov
+from overstory import procs, tmux_server
+from overstory.agents import tmux as tmux_mode
+from overstory.agents import tmux_panes
 from overstory.errors import InvalidName, TmuxError
 from overstory.paths import ProjectPaths
-from overstory.tmux_mode import activity_fingerprint, read_screen, session_name, socket_name
+from overstory.runtimes.claude import tui as claude_tui
+from overstory.runtimes.claude.tui import activity_fingerprint, read_screen
+from overstory.store import sessions
+from overstory.tmux_server import session_name, socket_name
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 NBSP = "\u00a0"
@@ -64,7 +69,7 @@ def test_socket_name_is_per_project_and_stable(tmp_path: Path) -> None:
 
 
 def test_attach_command_targets_the_exact_session(tmp_path: Path) -> None:
-    command = tmux_mode.attach_command(ProjectPaths(tmp_path), "builder-1", read_only=True)
+    command = tmux_server.attach_command(ProjectPaths(tmp_path), "builder-1", read_only=True)
     assert command[1:] == ["-L", socket_name(ProjectPaths(tmp_path)), "attach-session", "-r", "-t", "=builder-1"]
 
 
@@ -72,7 +77,7 @@ def test_tui_command_skips_the_bypass_warning_and_passes_the_model(tmp_path: Pat
     fake = tmp_path / "claude"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
-    argv = tmux_mode.tui_command(str(fake), "sonnet", settings={"hooks": {"X": []}}, extra_flags=["--foo"])
+    argv = claude_tui.tui_command(str(fake), "sonnet", settings={"hooks": {"X": []}}, extra_flags=["--foo"])
     assert argv[:3] == [str(fake), "--permission-mode", "bypassPermissions"]
     settings = json.loads(argv[argv.index("--settings") + 1])
     assert settings == {"hooks": {"X": []}, "skipDangerousModePermissionPrompt": True}
@@ -189,8 +194,8 @@ class TmuxProject:
     def sling(self, task: str = "t1", *, capability: str = "builder", prompt: str = "do the thing",
               start: bool = True, extra_env: dict[str, str] | None = None, at_root: bool = False,
               **fake: str) -> t.Any:
-        from overstory.db import open_state
-        from overstory.spawn import SlingRequest, sling
+        from overstory.agents.spawn import SlingRequest, sling
+        from overstory.store.db import open_state
 
         environ = {**self.env, **(extra_env or {}),
                    **{f"FAKE_TUI_{key.upper()}": value for key, value in fake.items()}}
@@ -204,7 +209,7 @@ class TmuxProject:
             conn.close()
 
     def row(self, name: str) -> sessions.Session:
-        from overstory.db import open_state
+        from overstory.store.db import open_state
 
         conn = open_state(self.project.state_db)
         try:
@@ -215,8 +220,8 @@ class TmuxProject:
         return row
 
     def mail(self, *, to: str, subject: str) -> list[int]:
-        from overstory import mail
-        from overstory.db import open_state
+        from overstory.store import mail
+        from overstory.store.db import open_state
 
         conn = open_state(self.project.state_db)
         try:
@@ -249,7 +254,7 @@ def tmux_project(project: ProjectPaths, tmp_path: Path) -> t.Iterator[TmuxProjec
 
 def _reap(project: ProjectPaths) -> None:
     """Kill what the test's agents recorded (drivers, panes, tagged leftovers), then the server and its socket."""
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     if project.state_db.exists():
         conn = open_state(project.state_db)
@@ -261,7 +266,7 @@ def _reap(project: ProjectPaths) -> None:
             for pid, ticks in ((row.loop_pid, row.loop_start_ticks), (row.turn_pgid, row.turn_start_ticks)):
                 if pid and procs.is_alive(pid, ticks):
                     procs.kill_group(pid, ticks, force=True)
-            tmux_mode._kill_tagged(project, row.name, row.generation)
+            tmux_panes._kill_tagged(project, row.name, row.generation)
     name = socket_name(project)
     subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
     _socket_file(name).unlink(missing_ok=True)
@@ -282,7 +287,7 @@ def test_type_line_reaches_the_program_and_idle_follows_busy(server: t.Any, tmp_
     session = server.new_session(session_name="fake", window_command=command, x=120, y=30)
     pane = session.active_pane
     wait_for(lambda: read_screen("\n".join(pane.capture_pane())).idle, what="the fake TUI to be ready")
-    tmux_mode.type_line(pane, "hello\nfrom a\ttest")
+    tmux_mode.type_line(pane, "hello\nfrom a\ttest", tui=claude_tui.ClaudeTui())
     assert wait_for(lambda: prompts(log), what="the prompt")[0]["prompt"] == "hello from a test"
     wait_for(lambda: read_screen("\n".join(pane.capture_pane())).busy, what="busy")
     wait_for(lambda: read_screen("\n".join(pane.capture_pane())).idle, what="idle again")
@@ -296,7 +301,7 @@ def test_sling_tmux_starts_the_tui_types_the_dispatch_and_records_everything(tmu
     assert result.mode == "tmux" and result.tmux_session == "builder-t1"
     row = tmux_project.row("builder-t1")
     assert (row.state, row.mode, row.tmux_session) == ("working", "tmux", "builder-t1")
-    assert pane_pid_alive(row) and tmux_mode.pane_alive(row) and tmux_mode.pane_status(row) == "alive"
+    assert pane_pid_alive(row) and tmux_panes.pane_alive(row) and tmux_panes.pane_status(row) == "alive"
     assert procs.is_alive(row.loop_pid, row.loop_start_ticks) and row.loop_pid == result.loop_pid
     pane_pid = tmux_project.tmux("display-message", "-p", "-t", "=builder-t1:", "#{pane_pid}").stdout.strip()
     assert int(pane_pid) == row.turn_pgid
@@ -307,8 +312,8 @@ def test_sling_tmux_starts_the_tui_types_the_dispatch_and_records_everything(tmu
     assert start["argv"][:2] == ["--permission-mode", "bypassPermissions"]
     assert json.loads(start["argv"][start["argv"].index("--settings") + 1])["skipDangerousModePermissionPrompt"]
     assert start["env"]["OVERSTORY_AGENT_NAME"] == "builder-t1"
-    assert start["env"]["OVERSTORY_TURN_ID"] == tmux_mode.launch_tag(row.generation)
-    assert start["env"][tmux_mode.MARKETPLACE_VAR] == "1"
+    assert start["env"]["OVERSTORY_TURN_ID"] == tmux_panes.launch_tag(row.generation)
+    assert start["env"][claude_tui.MARKETPLACE_VAR] == "1"
 
     # The SessionStart hook handed the dispatch mail to the "model"; the typed line says where to look.
     context = [e["text"] for e in read_log(tmux_project.log) if e["event"] == "context"]
@@ -317,7 +322,7 @@ def test_sling_tmux_starts_the_tui_types_the_dispatch_and_records_everything(tmu
     assert first.startswith("[ov] You are builder-t1, a builder on task t1.")
     settings = json.loads((tmux_project.project.worktree("builder-t1") / ".claude/settings.local.json").read_text())
     assert {"PreToolUse", "UserPromptSubmit", "SessionStart"} <= set(settings["hooks"])
-    assert os.stat(tmux_mode.launch_file(tmux_project.project, "builder-t1")).st_mode & 0o077 == 0
+    assert os.stat(tmux_panes.launch_file(tmux_project.project, "builder-t1")).st_mode & 0o077 == 0
 
 
 def test_new_mail_is_typed_into_an_idle_pane_and_reaches_the_model(tmux_project: TmuxProject) -> None:
@@ -328,7 +333,7 @@ def test_new_mail_is_typed_into_an_idle_pane_and_reaches_the_model(tmux_project:
                     what="the mail notice")[0]
     assert wake["prompt"].startswith("[ov] You have 1 new message")
     assert any("also PURPLE" in text for text in wake["context"])  # injected by the UserPromptSubmit hook
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(tmux_project.project.state_db)
     try:
@@ -338,7 +343,7 @@ def test_new_mail_is_typed_into_an_idle_pane_and_reaches_the_model(tmux_project:
 
 
 def test_nothing_is_typed_while_the_pane_is_busy_or_holds_typed_text(tmux_project: TmuxProject) -> None:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     tmux_project.sling("t1", rules=json.dumps([{"match": "long job", "busy": 600}]))
     wait_for(lambda: prompts(tmux_project.log), what="the dispatch")
@@ -393,9 +398,9 @@ def test_terminal_mail_and_an_idle_pane_complete_the_agent_and_close_its_session
     start = next(e for e in read_log(tmux_project.log) if e["event"] == "start")
     wait_for(lambda: not procs.is_alive(start["pid"]), what="the TUI to exit")
     wait_for(lambda: not procs.is_alive(row.loop_pid, row.loop_start_ticks), what="the driver to exit")
-    finals = list(tmux_mode.logs_dir(tmux_project.project, "builder-t1").glob("*-final.txt"))
+    finals = list(tmux_panes.logs_dir(tmux_project.project, "builder-t1").glob("*-final.txt"))
     assert finals and "[ov] You are builder-t1" in finals[0].read_text()
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(tmux_project.project.state_db)
     try:
@@ -411,13 +416,13 @@ def test_a_pane_whose_tui_exits_makes_the_agent_zombie_with_one_worker_died(tmux
     row = tmux_project.row("builder-t1")
     assert "its TUI exited with status 3" in (row.state_reason or "")
     wait_for(lambda: tmux_project.tmux("has-session", "-t", "=builder-t1").returncode != 0, what="session closed")
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(tmux_project.project.state_db)
     try:
         died = conn.execute("SELECT recipient, payload FROM mail WHERE type = 'worker_died'").fetchall()
         # A second zombie declaration (as the watchdog would make) sends nothing more.
-        from overstory.lifecycle import declare_zombie
+        from overstory.store.lifecycle import declare_zombie
 
         assert not declare_zombie(conn, row, "again", actor="watchdog").ok
         assert conn.execute("SELECT count(*) FROM mail WHERE type = 'worker_died'").fetchone()[0] == 1
@@ -433,10 +438,10 @@ def test_watchdog_view_pane_gone_is_cheap_and_explained(tmux_project: TmuxProjec
     procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)  # no driver: only the watchdog would notice
     tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
     os.kill(tui, signal.SIGKILL)  # the TUI crashes
-    wait_for(lambda: not tmux_mode.pane_alive(row), what="pane_alive to turn false")
-    assert tmux_mode.pane_status(row) == "gone"
-    assert "its TUI was killed by signal 9" in tmux_mode.pane_exit_reason(tmux_project.project, row)
-    report = tmux_mode.kill_session(tmux_project.project, row)
+    wait_for(lambda: not tmux_panes.pane_alive(row), what="pane_alive to turn false")
+    assert tmux_panes.pane_status(row) == "gone"
+    assert "its TUI was killed by signal 9" in tmux_panes.pane_exit_reason(tmux_project.project, row)
+    report = tmux_panes.kill_session(tmux_project.project, row)
     assert report.session_killed and report.screen_saved
     assert tmux_project.tmux("has-session", "-t", "=builder-t1").returncode != 0
 
@@ -447,14 +452,14 @@ def test_a_killed_launcher_counts_as_gone_and_takes_the_tui_with_it(tmux_project
     procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)
     tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
     os.kill(row.turn_pgid, signal.SIGKILL)  # ov's launcher is the pane's session leader: its death hangs up the TUI
-    wait_for(lambda: not tmux_mode.pane_alive(row), what="pane_alive to turn false")
+    wait_for(lambda: not tmux_panes.pane_alive(row), what="pane_alive to turn false")
     wait_for(lambda: not procs.is_alive(tui), what="the TUI to end with its terminal")
-    tmux_mode.kill_session(tmux_project.project, row, grace=1.0)
-    assert tmux_mode.list_sessions(tmux_project.project) == []
+    tmux_panes.kill_session(tmux_project.project, row, grace=1.0)
+    assert tmux_server.list_sessions(tmux_project.project) == []
 
 
 def test_a_stalled_agent_whose_pane_is_idle_goes_back_to_working(tmux_project: TmuxProject) -> None:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     tmux_project.sling("t1")
     row = tmux_project.row("builder-t1")
@@ -485,7 +490,7 @@ def test_kill_session_ends_the_tui_and_its_escaped_tool_shells_but_not_a_decoy(t
         # Stop the driver first: it would otherwise notice the closed pane and clean up in
         # parallel, and this test is about kill_session's own search for tagged processes.
         procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)
-        report = tmux_mode.kill_session(tmux_project.project, row, grace=1.0)
+        report = tmux_panes.kill_session(tmux_project.project, row, grace=1.0)
         assert set(tagged) <= set(report.leftovers) and decoy.pid not in report.leftovers
         wait_for(lambda: not any(procs.is_alive(pid) for pid in tagged), what="the leftovers to die")
         assert not pane_pid_alive(row)
@@ -519,7 +524,7 @@ def _is_driver_of(pid: int, project: ProjectPaths) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"overstory.tmux_mode" in argv and b"drive" in argv and str(project.root).encode() in argv
+    return b"overstory.agents.tmux" in argv and b"drive" in argv and str(project.root).encode() in argv
 
 
 def _all_pids() -> list[int]:
@@ -531,7 +536,7 @@ def _all_pids() -> list[int]:
 
 def assert_nothing_left(tmux_project: TmuxProject, name: str = "builder-t1") -> None:
     project = tmux_project.project
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(project.state_db)
     try:
@@ -541,7 +546,7 @@ def assert_nothing_left(tmux_project: TmuxProject, name: str = "builder-t1") -> 
         conn.close()
     assert not project.worktree(name).exists()
     assert run_git(project.root, "branch", "--list", f"ov/{name}").strip() == ""
-    assert tmux_mode.list_sessions(project) == []
+    assert tmux_server.list_sessions(project) == []
     wait_for(lambda: not [e for e in read_log(tmux_project.log) if e["event"] == "start"
                           and procs.is_alive(e["pid"])], what="no fake TUI alive")
 
@@ -569,7 +574,7 @@ def test_the_trust_question_for_the_new_worktree_is_answered(tmux_project: TmuxP
 
 
 def test_readiness_times_out_with_a_clear_error(tmux_project: TmuxProject) -> None:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     tmux_project.sling("t1", start=False)
     conn = open_state(tmux_project.project.state_db)
@@ -580,12 +585,12 @@ def test_readiness_times_out_with_a_clear_error(tmux_project: TmuxProject) -> No
         assert sessions.get(conn, "builder-t1").state == "booting"  # the caller (sling) undoes the row
     finally:
         conn.close()
-    assert tmux_mode.list_sessions(tmux_project.project) == []
+    assert tmux_server.list_sessions(tmux_project.project) == []
 
 
 def test_a_failure_after_the_start_undoes_the_tmux_agent(tmux_project: TmuxProject) -> None:
+    from overstory.agents.spawn import FAULT_ENV
     from overstory.errors import SpawnError
-    from overstory.spawn import FAULT_ENV
 
     with pytest.raises(SpawnError, match="after_start"):
         tmux_project.sling("t1", extra_env={FAULT_ENV: "after_start"})
@@ -638,17 +643,17 @@ def test_attach_refuses_headless_and_unknown_agents(project: ProjectPaths) -> No
 
 def test_orphan_sessions_are_the_ones_no_active_agent_owns(tmux_project: TmuxProject) -> None:
     tmux_project.sling("t1")
-    server = tmux_mode._server(tmux_project.project)
+    server = tmux_server.server(tmux_project.project)
     server.new_session(session_name="stray", window_command="sleep 600")
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(tmux_project.project.state_db)
     try:
-        assert tmux_mode.orphan_sessions(tmux_project.project, conn) == ["stray"]
+        assert tmux_panes.orphan_sessions(tmux_project.project, conn) == ["stray"]
     finally:
         conn.close()
-    assert tmux_mode.kill_orphan_session(tmux_project.project, "stray")
-    assert tmux_mode.list_sessions(tmux_project.project) == ["builder-t1"]
+    assert tmux_server.kill_session_by_name(tmux_project.project, "stray")
+    assert tmux_server.list_sessions(tmux_project.project) == ["builder-t1"]
 
 
 def test_cli_runner_attach_prints_when_stdout_is_not_a_terminal(tmux_project: TmuxProject,
@@ -669,7 +674,7 @@ def test_ov_stop_leaves_no_tui_no_driver_and_no_session(tmux_project: TmuxProjec
     done = run_ov("stop", "builder-t1", cwd=tmux_project.project.root, env=tmux_project.env)
     assert done.returncode == 0, done.stderr
     assert tmux_project.row("builder-t1").state == "completed"
-    wait_for(lambda: tmux_mode.list_sessions(tmux_project.project) == [], what="the session to close")
+    wait_for(lambda: tmux_server.list_sessions(tmux_project.project) == [], what="the session to close")
     for pid, ticks in ((tui, None), (row.turn_pgid, row.turn_start_ticks), (row.loop_pid, row.loop_start_ticks)):
         wait_for(lambda: not procs.is_alive(pid, ticks), what=f"process {pid} to end")
 
@@ -705,13 +710,13 @@ def test_watchdog_makes_a_tmux_agent_with_a_dead_pane_and_driver_zombie(tmux_pro
     procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)  # the driver is gone too
     tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
     os.kill(tui, signal.SIGKILL)
-    wait_for(lambda: tmux_mode.pane_status(row) == "gone", what="pane gone")
+    wait_for(lambda: tmux_panes.pane_status(row) == "gone", what="pane gone")
     actions = _watchdog_tick(tmux_project.project)
     assert [a.kind for a in actions if a.agent == "builder-t1"] == ["zombie"]
     assert tmux_project.row("builder-t1").state == "zombie"
     assert tmux_project.tmux("has-session", "-t", "=builder-t1").returncode != 0
     assert _watchdog_tick(tmux_project.project) == []  # settled: nothing more, no second worker_died
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(tmux_project.project.state_db)
     try:

@@ -13,14 +13,12 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 from agent_helpers import agent_state, loop_processes, mail_rows, wait_for, wait_terminal, write_scenario
 from conftest import run_git
 from overstory import procs
+from overstory.agents.spawn import SlingRequest, sling
 from overstory.config import load_config
-from overstory.db import open_events, open_state
-from overstory.spawn import SlingRequest, sling
+from overstory.store.db import open_events, open_state
 
 REPORT = {"bash": 'ov mail send --type worker_done --subject "done ${OVERSTORY_TASK_ID}" --body "all good"'}
 
@@ -157,7 +155,7 @@ def test_unresumable_session_falls_back_to_a_fresh_one(project, tmp_path):
     shutil.rmtree(project.run_dir / "builder-t1" / "scripted")  # the runtime forgets the session
     conn = open_state(project.state_db)
     try:
-        from overstory import mail
+        from overstory.store import mail
 
         mail.send(conn, sender="operator", to="builder-t1", subject="go on", body="continue")
     finally:
@@ -176,7 +174,7 @@ def test_one_loop_per_agent(project, tmp_path):
         {"bash": f"for i in $(seq 3000); do test -e {release} && break; sleep 0.1; done"}, REPORT]}])
     # in_turn means the first loop holds the agent lock (it takes the lock before any turn).
     wait_for(lambda: (a := agent_state(project, "builder-t1")) and a.state == "in_turn", 60, message="first turn")
-    second = subprocess.run([sys.executable, "-m", "overstory.agent_loop", "--project", str(project.root),
+    second = subprocess.run([sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root),
                              "--agent", "builder-t1", "--generation", str(result.generation)],
                             capture_output=True, text=True, timeout=90)
     assert second.returncode == 0  # found the lock held by a live loop and left (after a bounded wait)

@@ -11,9 +11,9 @@ import typing as t
 from click.testing import CliRunner
 
 from conftest import ov_command, run_ov
-from overstory import events as event_store
-from overstory import mail, sessions
 from overstory.paths import ProjectPaths
+from overstory.store import events as event_store
+from overstory.store import mail, sessions
 
 
 def _cli(project: ProjectPaths, *args: str) -> t.Any:
@@ -26,7 +26,7 @@ def _agent(conn: t.Any, name: str, state: str, cost: float, **fields: t.Any) -> 
     generation = sessions.create_session(conn, name=name, capability=fields.pop("capability", "builder"),
                                          task_id=f"task-{name}", runtime="scripted", actor="test")
     if state == "zombie":
-        from overstory.lifecycle import declare_zombie
+        from overstory.store.lifecycle import declare_zombie
 
         found = sessions.get(conn, name)
         assert found is not None and declare_zombie(conn, found, "silent", actor="test").ok

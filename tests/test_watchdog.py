@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ov_command, run_ov
-from overstory import procs, sessions
+from overstory import procs
 from overstory.paths import ProjectPaths
+from overstory.store import sessions
 
 # ---- helpers shared by the watchdog, stop, watch and fault-injection tests ----------
 
@@ -49,8 +50,8 @@ REPORT_DONE = {"bash": 'ov mail send --type worker_done --subject "done ${OVERST
 def start_agent(project: ProjectPaths, conn: t.Any, task: str, scenario: dict[str, t.Any], *,
                 capability: str = "builder", parent: str | None = None, start: bool = True) -> str:
     """`ov sling` in-process (guards on, as for any agent), then start its loop."""
-    from overstory.agent_loop import spawn_loop
-    from overstory.spawn import SlingRequest, sling
+    from overstory.agents.loop import spawn_loop
+    from overstory.agents.spawn import SlingRequest, sling
 
     scenario_file = project.root.parent / f"scenario-{task}.json"
     scenario_file.write_text(json.dumps(scenario), encoding="utf-8")
@@ -94,7 +95,7 @@ def agent_processes(project: ProjectPaths, name: str) -> list[int]:
             environ = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        is_loop = "overstory.agent_loop" in argv and _contains(argv, loop_marker)
+        is_loop = "overstory.agents.loop" in argv and _contains(argv, loop_marker)
         is_turn = f"OVERSTORY_AGENT_NAME={name}" in environ and f"OVERSTORY_PROJECT_ROOT={project.root}" in environ
         if is_loop or is_turn:
             found.append(pid)
@@ -137,7 +138,7 @@ def fast_project(project: ProjectPaths) -> ProjectPaths:
 def cleanup_agents(fast_project: ProjectPaths, state_db: t.Any) -> t.Iterator[None]:
     """Whatever a test leaves running is stopped afterwards (by recorded pid and ticks only)."""
     yield
-    from overstory.stop import stop_agent
+    from overstory.agents.stop import stop_agent
 
     for agent in sessions.list_sessions(state_db):
         try:
@@ -241,7 +242,7 @@ def test_loop_gone_between_turns_is_restarted_without_counting_a_failure(fast_pr
     fresh = wait_for(lambda: (r := row(state_db, name)).loop_pid != idle.loop_pid and r, what="the new loop")
     assert procs.is_alive(fresh.loop_pid, fresh.loop_start_ticks)
     assert dog.tick() == [], "a loop the watchdog started is not started twice"
-    from overstory import mail
+    from overstory.store import mail
 
     mail.send(state_db, sender="operator", to=name, subject="second job", body="do the second job")
     wait_for(lambda: row(state_db, name).state == "completed", timeout=30, what="the new loop to run the turn")
@@ -313,7 +314,7 @@ def _dead_pid() -> tuple[int, int | None]:
 
 
 def test_retries_exhausted_by_dead_loops_make_one_zombie(project: ProjectPaths, state_db: t.Any) -> None:
-    from overstory import mail
+    from overstory.store import mail
 
     pid, ticks = _dead_pid()
     agent = _fake_agent(state_db, "gone", state="in_turn", loop_pid=pid, loop_start_ticks=ticks, retries=2,
@@ -336,8 +337,8 @@ def test_retries_exhausted_by_dead_loops_make_one_zombie(project: ProjectPaths, 
 
 
 def test_clean_final_turn_of_a_dead_loop_is_settled_completed(project: ProjectPaths, state_db: t.Any) -> None:
-    from overstory import mail
     from overstory.clock import now_ms
+    from overstory.store import mail
 
     pid, ticks = _dead_pid()
     _fake_agent(state_db, "finisher", state="in_turn", loop_pid=pid, loop_start_ticks=ticks)
@@ -356,7 +357,7 @@ def test_clean_final_turn_of_a_dead_loop_is_settled_completed(project: ProjectPa
 
 
 def test_recorded_pids_with_other_start_ticks_are_never_touched(project: ProjectPaths, state_db: t.Any) -> None:
-    decoy = start_decoy(project.root, ["-m", "overstory.agent_loop", "--project", str(project.root), "--agent",
+    decoy = start_decoy(project.root, ["-m", "overstory.agents.loop", "--project", str(project.root), "--agent",
                                        "imposter", "--generation", "1"])
     try:
         real_ticks = wait_for(lambda: procs.start_ticks(decoy.pid), what="the decoy")
@@ -368,7 +369,7 @@ def test_recorded_pids_with_other_start_ticks_are_never_touched(project: Project
         assert [a.kind for a in dog.tick()] == ["readopted"], "a pid with other start ticks is not our loop"
         assert spawned and spawned[0][1] == "imposter"
         dog.reconcile()
-        from overstory.stop import stop_agent
+        from overstory.agents.stop import stop_agent
 
         stop_agent(project, state_db, "imposter", force=True)
         time.sleep(0.2)
@@ -444,7 +445,8 @@ def test_a_loop_waits_for_the_agent_lock_held_by_a_departing_loop(fast_project: 
                                                                   cleanup_agents: None) -> None:
     import fcntl
 
-    from overstory.agent_loop import agent_lock_path, spawn_loop
+    from overstory.agents.loop import spawn_loop
+    from overstory.agents.process import agent_lock_path
 
     name = start_agent(fast_project, state_db, "t7", repeat_turns([REPORT_DONE]), start=False)
     path = agent_lock_path(fast_project, name)

@@ -12,7 +12,7 @@ import typing as t
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from overstory.errors import ConfigError
 
@@ -26,10 +26,19 @@ class ProjectSection(_Section):
 
 
 class RuntimeSection(_Section):
-    default: t.Literal["claude", "scripted"] = "claude"
+    default: str = "claude"
     claude_bin: str = "claude"
     model: str | None = None
     tmux: bool = False
+
+    @field_validator("default")
+    @classmethod
+    def _known_runtime(cls, value: str) -> str:
+        from overstory.runtimes import RUNTIME_NAMES
+
+        if value not in RUNTIME_NAMES:
+            raise ValueError(f"unknown runtime; choose one of: {', '.join(repr(name) for name in RUNTIME_NAMES)}")
+        return value
 
 
 class TurnsSection(_Section):
@@ -237,7 +246,8 @@ def _describe(exc: ValidationError, source: str) -> str:
             expected = f" (expected one of: {', '.join(known)})" if known else ""
             problems.append(f"unknown key '{key}'{expected}")
         else:
-            problems.append(f"'{key}': {error['msg']} (got {error.get('input')!r})")
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"'{key}': {message} (got {error.get('input')!r})")
     return f"{source}: " + "; ".join(problems)
 
 

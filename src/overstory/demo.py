@@ -9,8 +9,8 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from overstory import sessions
 from overstory.paths import ProjectPaths
+from overstory.store import sessions
 
 DEMO_FILES = {
     "README.md": "# demo project\n\nA tiny repository that an ov team works on.\n",
@@ -57,10 +57,10 @@ def run_demo(*, runtime: str, directory: Path | None, timeout: float,
              environ: t.Mapping[str, str] | None = None) -> DemoOutcome:
     import os
 
+    from overstory.agents.spawn import SlingRequest, sling
     from overstory.config import load_config
-    from overstory.db import open_state
     from overstory.project_init import init_project
-    from overstory.spawn import SlingRequest, sling
+    from overstory.store.db import open_state
 
     started = time.monotonic()
     root = make_demo_repo(directory)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
 import subprocess
 import sys
+import typing as t
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from overstory.errors import OrchestratorError
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -56,15 +58,17 @@ def check_tmux() -> Check:
     return Check("tmux", WARN, "tmux not found (only tmux mode needs it)", "apt-get install tmux")
 
 
-def check_claude(claude_bin: str = "claude") -> Check:
-    path = shutil.which(claude_bin)
-    if not path:
-        return Check("claude", WARN, f"{claude_bin} not found on PATH (the scripted runtime still works)",
-                     "npm install -g @anthropic-ai/claude-code, or set runtime.claude_bin")
-    version = _version_of([path, "--version"])
-    if version:
-        return Check("claude", OK, f"{version} at {path}")
-    return Check("claude", FAIL, f"{path} did not report a version", "reinstall @anthropic-ai/claude-code")
+def check_runtimes(config: Config | None) -> list[Check]:
+    """One check per registered runtime: installed, version, credentials."""
+    from overstory.runtimes import RUNTIME_NAMES, get_runtime
+
+    checks = []
+    for name in RUNTIME_NAMES:
+        probe = get_runtime(name).probe(config)
+        status = {"ok": OK, "missing": WARN}.get(probe.status, FAIL)
+        detail = probe.detail if probe.credentials == "not needed" else f"{probe.detail}; {probe.credentials}"
+        checks.append(Check(name, status, detail, probe.hint))
+    return checks
 
 
 def check_database(path: Path, expected_version: int) -> Check:
@@ -91,27 +95,26 @@ def check_database(path: Path, expected_version: int) -> Check:
 
 
 def run_checks(project_option: str | None = None) -> list[Check]:
-    from overstory.db import EVENTS_MIGRATIONS, STATE_MIGRATIONS
     from overstory.paths import find_project
+    from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
 
     checks = [check_python(), check_git(), check_tmux()]
-    claude_bin = os.environ.get("OV_RUNTIME_CLAUDE_BIN", "claude")
     try:
         project = find_project(project_option)
     except OrchestratorError as exc:
-        checks.append(check_claude(claude_bin))
+        checks.extend(check_runtimes(None))
         checks.append(Check("project", WARN, str(exc), "run `ov init` in your repository"))
         return checks
     checks.append(Check("project", OK, str(project.root)))
+    config = None
     try:
         from overstory.config import load_config
 
         config = load_config(project.config_file, project.local_config_file)
-        claude_bin = config.runtime.claude_bin
         checks.append(Check("config", OK, f"{project.config_file} is valid"))
     except OrchestratorError as exc:
         checks.append(Check("config", FAIL, str(exc), "fix the key named above, or compare with `ov config --defaults`"))
-    checks.append(check_claude(claude_bin))
+    checks.extend(check_runtimes(config))
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS)))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS)))
     return checks

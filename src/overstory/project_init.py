@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory.config import DEFAULT_CONFIG_YAML
-from overstory.db import open_events, open_state
 from overstory.errors import AlreadyInitialized, NotAGitRepository
 from overstory.gitutil import has_commit, repo_toplevel
 from overstory.paths import ProjectPaths
 from overstory.resources import shipped_agents_dir, shipped_templates_dir
+from overstory.store.db import open_events, open_state
 
 OV_GITIGNORE = """\
 # Written by `ov init`: runtime state stays out of git.

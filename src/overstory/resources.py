@@ -1,11 +1,13 @@
-"""Where the shipped role definitions and templates are.
+"""Where ov's own files and its command are: shipped role definitions, templates, the `ov` executable.
 
-In a built wheel they are package data under ``overstory/_data``; in a source
-checkout (editable install, tests) they are the repository's top-level folders.
+In a built wheel the roles and templates are package data under ``overstory/_data``;
+in a source checkout (editable install, tests) they are the repository's top-level folders.
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -27,3 +29,17 @@ def shipped_agents_dir() -> Path:
 
 def shipped_templates_dir() -> Path:
     return _find("templates")
+
+
+def ov_executable() -> tuple[list[str], str | None]:
+    """How hooks and agents call ov, and the directory to put on their PATH.
+
+    The installed script next to this Python, else ``ov`` on PATH, else ``python -m overstory``.
+    """
+    candidate = Path(sys.executable).parent / "ov"
+    if candidate.is_file():
+        return [str(candidate)], str(candidate.parent)
+    found = shutil.which("ov")
+    if found:
+        return [found], str(Path(found).parent)
+    return [sys.executable, "-m", "overstory"], None

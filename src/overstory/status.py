@@ -13,7 +13,7 @@ import typing as t
 
 from overstory import procs
 from overstory.clock import iso, now_ms
-from overstory.sessions import TERMINAL_STATES, Session, list_sessions
+from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
 
 RUNS_LIMIT = 20
 

@@ -29,13 +29,14 @@ import time
 import typing as t
 from dataclasses import asdict, dataclass, field
 
-from overstory import procs, sessions
+from overstory import procs
 from overstory.clock import iso, now_ms
-from overstory.db import write_transaction
 from overstory.errors import LockHeld
-from overstory.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, terminal_mail_sent
 from overstory.paths import ProjectPaths
-from overstory.sessions import Session
+from overstory.store import sessions, turns
+from overstory.store.db import write_transaction
+from overstory.store.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, terminal_mail_sent
+from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -45,7 +46,6 @@ ACTOR = "watchdog"
 LOOP_START_GRACE_MS = 15_000
 # States whose silence means something is wrong (a turn or a tmux TUI should be talking).
 SPEAKING_STATES = frozenset({"in_turn", "working"})
-LIVE_TURN_STATUSES = ("starting", "running")
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class Watchdog:
 
     def __init__(self, project: ProjectPaths, settings: WatchdogSettings, state: sqlite3.Connection | None = None,
                  *, spawn: t.Callable[[ProjectPaths, str, int], tuple[int, int | None]] | None = None) -> None:
-        from overstory.db import open_state
+        from overstory.store.db import open_state
 
         self.project = project
         self.settings = settings
@@ -192,11 +192,11 @@ class Watchdog:
         self._events = None
 
     def _event(self, kind: str, agent: Session, summary: str, data: dict[str, t.Any] | None = None) -> None:
-        from overstory import events as event_store
+        from overstory.store import events as event_store
 
         try:
             if self._events is None:
-                from overstory.db import open_events
+                from overstory.store.db import open_events
 
                 self._events = open_events(self.project.events_db)
             event_store.record(self._events, kind, agent=agent.name, generation=agent.generation,
@@ -249,21 +249,22 @@ class Watchdog:
     # -- rule: a tmux agent's pane or driver is gone
 
     def _check_tmux(self, agent: Session, now: int) -> list[Action]:
-        from overstory import tmux_mode
+        from overstory.agents import tmux_panes
 
-        status = tmux_mode.pane_status(agent)  # reads /proc only
+        status = tmux_panes.pane_status(agent)  # reads /proc only
         if status == "gone":
-            reason = tmux_mode.pane_exit_reason(self.project, agent)
+            reason = tmux_panes.pane_exit_reason(self.project, agent)
             outcome = declare_zombie(self.state, agent, reason, actor=ACTOR)
-            tmux_mode.kill_session(self.project, agent, grace=self.settings.kill_grace)
+            tmux_panes.kill_session(self.project, agent, grace=self.settings.kill_grace)
             if not outcome.ok:
                 return [Action(agent.name, "lost_race", f"not declared zombie: {type(outcome).__name__}")]
             return [Action(agent.name, "zombie", reason)]
         if status == "alive" and not self._loop_alive(agent, now):
-            from overstory.agent_loop import load_launch_env
+            from overstory.agents.process import load_launch_env
+            from overstory.agents.tmux import spawn_driver
 
-            pid, ticks = tmux_mode.spawn_driver(self.project, agent.name, agent.generation,
-                                                load_launch_env(self.project, agent.name))
+            pid, ticks = spawn_driver(self.project, agent.name, agent.generation,
+                                      load_launch_env(self.project, agent.name))
             self._started[agent.name] = (agent.generation, pid, ticks)
             return [Action(agent.name, "readopted", f"restarted the tmux driver (pid {pid})")]
         return []
@@ -288,7 +289,7 @@ class Watchdog:
             if latest is not None and latest["status"] == "ok" and agent.state in ("in_turn", "stalled", "booting"):
                 action = self._settle_finished_turn(agent, latest["id"], latest["started_at"])
             elif (agent.state in ("in_turn", "stalled") or agent.current_turn_id or agent.turn_pgid or claimed
-                  or (latest is not None and latest["status"] in LIVE_TURN_STATUSES)):
+                  or (latest is not None and latest["status"] in turns.LIVE_TURN_STATUSES)):
                 action = self._fail_interrupted_turn(agent, killed)
             elif agent.retries > self.settings.max_retries:
                 action = self._give_up(agent, "its loop died after the last retry")
@@ -315,7 +316,7 @@ class Watchdog:
 
     def _fail_interrupted_turn(self, agent: Session, killed: str) -> Action:
         """The loop died mid-turn: that turn failed. Same retry policy as the loop's own."""
-        from overstory import mail
+        from overstory.store import mail
 
         retries = agent.retries + 1
         reason = f"agent loop died mid-turn (retry {retries}/{self.settings.max_retries})"
@@ -325,10 +326,8 @@ class Watchdog:
         def bookkeeping(tx: sqlite3.Connection, _ok: sessions.Ok | None = None) -> None:
             self._fence(tx, agent)
             mail.release_agent(tx, agent.name)
-            tx.execute(
-                f"UPDATE turns SET status = 'failed', ended_at = ?, error = ? WHERE agent = ? AND generation = ? "
-                f"AND status IN ({','.join('?' * len(LIVE_TURN_STATUSES))})",
-                (now_ms(), "the agent loop died during the turn", agent.name, agent.generation, *LIVE_TURN_STATUSES))
+            turns.end_live_turns(tx, agent.name, agent.generation, status="failed",
+                                 error="the agent loop died during the turn")
 
         if agent.state in ("in_turn", "stalled", "booting"):
             outcome = sessions.transition(self.state, agent.name, agent.generation, "between_turns", actor=ACTOR,
@@ -352,7 +351,7 @@ class Watchdog:
 
     def _settle_finished_turn(self, agent: Session, turn_id: str, started_ms: int) -> Action:
         """The turn ended cleanly but the loop died before settling it: settle it as the loop would."""
-        from overstory import mail
+        from overstory.store import mail
 
         done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, started_ms)
 
@@ -383,7 +382,7 @@ class Watchdog:
     # -- rule: silence
 
     def _stall(self, agent: Session, idle_ms: int) -> list[Action]:
-        from overstory import mail
+        from overstory.store import mail
 
         idle = idle_ms / 1000
         reason = f"no activity for {idle:.0f}s (watchdog.stale_after = {self.settings.stale_after:g}s)"
@@ -404,7 +403,7 @@ class Watchdog:
         return [Action(agent.name, "stalled", reason)]
 
     def _zombify(self, agent: Session) -> list[Action]:
-        from overstory import mail
+        from overstory.store import mail
 
         fresh = sessions.get(self.state, agent.name)  # activity may have resumed since the tick's read
         if fresh is None or fresh.generation != agent.generation or fresh.state != "stalled":
@@ -430,7 +429,7 @@ class Watchdog:
 
     def reconcile(self) -> ReconcileReport:
         """Compare rows with live processes and worktrees; settle leftovers ov owns, report the rest."""
-        from overstory import mail
+        from overstory.store import mail
 
         report = ReconcileReport()
         rows = sessions.list_sessions(self.state)
@@ -466,12 +465,7 @@ class Watchdog:
                 if released:
                     report.released_mail[row.name] = released
         with write_transaction(self.state):
-            marks = ",".join("?" * len(LIVE_TURN_STATUSES))
-            report.closed_turns = self.state.execute(
-                f"UPDATE turns SET status = 'aborted', ended_at = ?, error = 'agent ended or replaced during the turn' "
-                f"WHERE status IN ({marks}) AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.name = turns.agent "
-                f"AND s.generation = turns.generation AND s.state NOT IN ('completed', 'zombie'))",
-                (now_ms(), *LIVE_TURN_STATUSES)).rowcount
+            report.closed_turns = turns.abort_turns_of_ended_agents(self.state)
         worktrees = self.project.worktrees_dir
         if worktrees.is_dir():
             for entry in sorted(worktrees.iterdir()):
@@ -507,6 +501,7 @@ class Watchdog:
 
 
 def _spawn_loop(project: ProjectPaths, agent: str, generation: int) -> tuple[int, int | None]:
-    from overstory.agent_loop import load_launch_env, spawn_loop
+    from overstory.agents.loop import spawn_loop
+    from overstory.agents.process import load_launch_env
 
     return spawn_loop(project, agent, generation, load_launch_env(project, agent))

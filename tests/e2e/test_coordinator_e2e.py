@@ -24,9 +24,10 @@ from agent_helpers import wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov
 from mockapi import MockMessagesAPI, Reply, text_reply, tool_reply
-from overstory import mail, procs, sessions
-from overstory.db import open_events, open_state
+from overstory import procs
 from overstory.paths import ProjectPaths
+from overstory.store import mail, sessions
+from overstory.store.db import open_events, open_state
 
 OBJECTIVE = "add a greet() function and its test"
 MODEL = "claude-sonnet-4-5"

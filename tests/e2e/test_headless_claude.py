@@ -17,7 +17,7 @@ from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov
 from mockapi import MockMessagesAPI, conversation_text, stalled_reply, text_reply, tool_reply
 from overstory import procs
-from overstory.db import open_events, open_state
+from overstory.store.db import open_events, open_state
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 

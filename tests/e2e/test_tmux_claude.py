@@ -17,13 +17,16 @@ import typing as t
 from pathlib import Path
 
 import pytest
+
 from agent_helpers import agent_state
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude, seed_interactive_config
 from conftest import run_ov
 from mockapi import MockMessagesAPI, conversation_text, text_reply, tool_reply
-
-from overstory import procs, sessions, tmux_mode
+from overstory import procs, tmux_server
+from overstory.agents import tmux_panes
 from overstory.paths import ProjectPaths
+from overstory.runtimes.claude import tui as claude_tui
+from overstory.store import sessions
 
 TIMEOUT = 90.0
 
@@ -43,7 +46,7 @@ def wait_for(predicate: t.Callable[[], t.Any], what: str, timeout: float = TIMEO
 def reaped(project: ProjectPaths) -> t.Iterator[ProjectPaths]:
     """The project; afterwards every recorded process, the tmux server and its socket are gone."""
     yield project
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(project.state_db)
     try:
@@ -54,8 +57,8 @@ def reaped(project: ProjectPaths) -> t.Iterator[ProjectPaths]:
         for pid, ticks in ((row.loop_pid, row.loop_start_ticks), (row.turn_pgid, row.turn_start_ticks)):
             if pid and procs.is_alive(pid, ticks):
                 procs.kill_group(pid, ticks, force=True)
-        tmux_mode._kill_tagged(project, row.name, row.generation)
-    name = tmux_mode.socket_name(project)
+        tmux_panes._kill_tagged(project, row.name, row.generation)
+    name = tmux_server.socket_name(project)
     subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
     (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.geteuid()}" / name).unlink(missing_ok=True)
 
@@ -90,9 +93,9 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
         assert "[ov mail]" in first and "say BLUE" in first
 
         def screen() -> str:
-            return tmux_mode.capture(project, "builder-t1") or ""
+            return tmux_server.capture(project, "builder-t1") or ""
 
-        wait_for(lambda: "Dispatch read: BLUE" in screen() and tmux_mode.read_screen(screen()).idle,
+        wait_for(lambda: "Dispatch read: BLUE" in screen() and claude_tui.read_screen(screen()).idle,
                  "the answer and an idle pane")
 
         # Mail to the idle agent is announced in its pane; the model reports with a real Bash call.
@@ -104,7 +107,7 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
     second = conversation_text(api.main_requests[1])
     assert "[ov] You have 1 new message" in second and "now report PURPLE" in second
     assert "reported from the TUI" not in second
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(project.state_db)
     try:
@@ -112,11 +115,11 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
     finally:
         conn.close()
     assert [tuple(r) for r in done_mail] == [("builder-t1", "operator", "reported from the TUI")]
-    wait_for(lambda: "builder-t1" not in tmux_mode.list_sessions(project), "the session to close")
+    wait_for(lambda: "builder-t1" not in tmux_server.list_sessions(project), "the session to close")
     wait_for(lambda: not procs.group_alive(tui_group), "the TUI's processes to end")
-    assert list(tmux_mode.logs_dir(project, "builder-t1").glob("*-final.txt"))
-    from overstory import events
-    from overstory.db import open_events
+    assert list(tmux_panes.logs_dir(project, "builder-t1").glob("*-final.txt"))
+    from overstory.store import events
+    from overstory.store.db import open_events
 
     conn = open_events(project.events_db)
     try:

@@ -17,7 +17,7 @@ from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import ov_command, run_ov
 from mockapi import MockMessagesAPI, text_reply, tool_reply
 from overstory import procs
-from overstory.db import open_state
+from overstory.store.db import open_state
 
 DONE = tool_reply("Bash", {"command": "ov mail send --type worker_done --subject done --body finished",
                            "description": "report"})
@@ -60,7 +60,7 @@ def test_killing_loop_and_turn_recovers_with_the_watchdog(project, tmp_path):
     marker = tmp_path / "slept-once"
     script = [tool_reply("Bash", {"command": f"test -e {marker} || {{ touch {marker}; sleep 120; }}",
                                   "description": "long step"}), DONE, text_reply("done")]
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "overstory.agent_loop",
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "overstory.agents.loop",
                               "--agent", "builder-fi"], cwd=project.root, start_new_session=True)
     watchdog = None
     try:

@@ -18,7 +18,7 @@ def project_paths(ctx: click.Context | None = None) -> ProjectPaths:
 
 
 def state_conn(project: ProjectPaths) -> sqlite3.Connection:
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     conn = open_state(project.state_db)
     click.get_current_context().call_on_close(conn.close)
@@ -26,7 +26,7 @@ def state_conn(project: ProjectPaths) -> sqlite3.Connection:
 
 
 def events_conn(project: ProjectPaths) -> sqlite3.Connection:
-    from overstory.db import open_events
+    from overstory.store.db import open_events
 
     conn = open_events(project.events_db)
     click.get_current_context().call_on_close(conn.close)

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.runtimes import RUNTIME_NAMES
 
 
 @click.group(name="coordinator")
@@ -32,7 +33,7 @@ def _config(project: t.Any) -> t.Any:
 
 
 @coordinator.command(name="start")
-@click.option("--runtime", type=click.Choice(["claude", "scripted"]), help="Runtime (default: config runtime.default).")
+@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtime.default).")
 @click.option("--model", help="Model (default: config models.coordinator, then runtime.model).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
               help="Scenario file for the scripted runtime.")
@@ -48,7 +49,7 @@ def coordinator_start(runtime: str | None, model: str | None, scenario: Path | N
     ov coordinator start --model sonnet
     ov coordinator start --runtime scripted --scenario demo.json
     """
-    from overstory.coordinator import start
+    from overstory.agents.coordinator import start
 
     project = project_paths()
     result = start(project, _config(project), state_conn(project), runtime=runtime, model=model, scenario=scenario)
@@ -73,7 +74,7 @@ def coordinator_send(objective: str, subject: str | None, priority: str, as_json
     ov coordinator send "add a greet() function and its test"
     ov coordinator send "$(cat objective.md)" --subject "billing export"
     """
-    from overstory.coordinator import send
+    from overstory.agents.coordinator import send
 
     project = project_paths()
     message_id = send(state_conn(project), objective, subject=subject, priority=priority)
@@ -98,7 +99,7 @@ def coordinator_ask(question: str, timeout: float, subject: str | None, as_json:
     ov coordinator ask "what is still open?"
     ov coordinator ask "ping" --timeout 5
     """
-    from overstory.coordinator import ask
+    from overstory.agents.coordinator import ask
 
     project = project_paths()
     answer = ask(state_conn(project), question, timeout=timeout, subject=subject)
@@ -117,7 +118,7 @@ def coordinator_status(as_json: bool) -> None:
     ov coordinator status
     ov coordinator status --json
     """
-    from overstory.coordinator import status
+    from overstory.agents.coordinator import status
 
     project = project_paths()
     document = status(state_conn(project))
@@ -156,7 +157,7 @@ def coordinator_stop(stop_children: bool, force: bool, as_json: bool) -> None:
     ov coordinator stop
     ov coordinator stop --all
     """
-    from overstory.coordinator import stop
+    from overstory.agents.coordinator import stop
 
     project = project_paths()
     result = stop(project, _config(project), state_conn(project), stop_children=stop_children, force=force)

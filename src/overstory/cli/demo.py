@@ -1,15 +1,15 @@
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import click
 
 from overstory.cli._common import echo_json, json_option
+from overstory.runtimes import RUNTIME_NAMES
 
 
 @click.command(name="demo")
-@click.option("--runtime", type=click.Choice(["scripted", "claude"]), default="scripted", show_default=True,
+@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="scripted", show_default=True,
               help="scripted needs nothing; claude needs the Claude Code CLI and an API key (or a mock server).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               help="Where to create the demo repository (default: a new temporary folder).")
@@ -22,12 +22,11 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
     ov demo                     # scripted runtime: no API key, no claude needed
     ov demo --runtime claude    # the real Claude Code CLI
     """
+    from overstory.config import Config
     from overstory.demo import run_demo
-    from overstory.errors import RuntimeNotAvailable
+    from overstory.runtimes import get_runtime
 
-    if runtime == "claude" and shutil.which("claude") is None:
-        raise RuntimeNotAvailable("`ov demo --runtime claude` needs the Claude Code CLI on PATH "
-                                  "(npm install -g @anthropic-ai/claude-code); plain `ov demo` needs nothing")
+    get_runtime(runtime).program(Config())  # a runtime that is not installed fails here, before any repository
 
     def show(agent) -> None:  # type: ignore[no-untyped-def]
         if not as_json:

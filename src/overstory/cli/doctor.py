@@ -10,7 +10,7 @@ from overstory.cli._common import echo_json, json_option
 @json_option
 @click.pass_context
 def doctor(ctx: click.Context, states: bool, as_json: bool) -> None:
-    """Check git, tmux, claude, Python, the databases and the config.
+    """Check git, tmux, Python, each runtime, the databases and the config.
 
     Exits 1 if any check fails (warnings do not fail).
 
@@ -20,7 +20,7 @@ def doctor(ctx: click.Context, states: bool, as_json: bool) -> None:
     ov doctor --states      # which state may follow which
     """
     from overstory.doctor import FAIL, run_checks
-    from overstory.sessions import transition_table
+    from overstory.store.sessions import transition_table
 
     if states:
         table = transition_table()

@@ -29,7 +29,7 @@ def _line(event: t.Any, *, show_agent: bool) -> str:
 
 def _print_events(events_conn: t.Any, *, agent: str | None, kinds: tuple[str, ...], limit: int, follow: bool,
                   as_json: bool) -> None:
-    from overstory import events as event_store
+    from overstory.store import events as event_store
 
     batch = event_store.query(events_conn, agent=agent, kinds=kinds or None, limit=limit, newest=True)
     last_id = 0
@@ -52,7 +52,7 @@ def _newest_id(events_conn: t.Any) -> int:
 
 
 def _open_events(project: t.Any) -> t.Any:
-    from overstory.db import open_events
+    from overstory.store.db import open_events
 
     conn = open_events(project.events_db)
     click.get_current_context().call_on_close(conn.close)
@@ -80,8 +80,8 @@ def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: 
     ov logs builder-task-42 --follow
     ov logs builder-task-42 --kind tool_start --json | jq .summary
     """
-    from overstory.db import open_state
     from overstory.errors import AgentNotFound
+    from overstory.store.db import open_state
 
     project = project_paths()
     events_conn = _open_events(project)

@@ -7,8 +7,8 @@ import typing as t
 
 import click
 
-from overstory import mail as store
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.store import mail as store
 
 
 def _read_body(body: str | None, body_file: str | None) -> str:
@@ -275,8 +275,8 @@ def nudge(agent: str, message: str | None, as_json: bool) -> None:
     delivery = None
     mode = conn.execute("SELECT mode FROM sessions WHERE name = ?", (agent,)).fetchone()
     if ids and mode is not None and mode[0] == "tmux":
+        from overstory.agents.tmux import deliver_mail  # only for tmux agents: libtmux is not cheap to import
         from overstory.errors import TmuxError
-        from overstory.tmux_mode import deliver_mail  # only for tmux agents: libtmux is not cheap to import
 
         try:
             delivery = deliver_mail(project, conn, agent)

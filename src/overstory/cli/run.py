@@ -27,7 +27,7 @@ def run_list(limit: int, as_json: bool) -> None:
     ov run list
     ov run list --json
     """
-    from overstory import runs
+    from overstory.store import runs
 
     project = project_paths()
     rows = runs.list_runs(state_conn(project), limit=limit)
@@ -68,7 +68,7 @@ def run_show(run_ref: str | None, show_turns: bool, as_json: bool) -> None:
     ov run show run-20260101-120000-ab12 --turns
     ov run show --json
     """
-    from overstory import runs
+    from overstory.store import runs
 
     project = project_paths()
     conn = state_conn(project)
@@ -111,8 +111,8 @@ def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:
     ov run complete
     ov run complete run-20260101-120000-ab12 --force
     """
-    from overstory import runs
     from overstory.errors import OrchestratorError
+    from overstory.store import runs
 
     project = project_paths()
     conn = state_conn(project)

@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.runtimes import RUNTIME_NAMES
 
 
 @click.command(name="sling")
@@ -15,7 +16,7 @@ from overstory.cli._common import echo_json, json_option, project_paths, state_c
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
 @click.option("--files", multiple=True, help="File scope; repeat for several files: --files a.py --files b.py.")
 @click.option("--parent", help="Agent to report to (default: the calling agent, else operator).")
-@click.option("--runtime", type=click.Choice(["claude", "scripted"]), help="Runtime (default: config runtime.default).")
+@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtime.default).")
 @click.option("--model", help="Model for this agent.")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
@@ -34,10 +35,10 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
     """
+    from overstory.agents.spawn import SlingRequest
+    from overstory.agents.spawn import sling as do_sling
     from overstory.config import load_config
     from overstory.errors import UsageError
-    from overstory.spawn import SlingRequest
-    from overstory.spawn import sling as do_sling
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")

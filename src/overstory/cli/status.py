@@ -35,7 +35,7 @@ def status(include_completed: bool, as_json: bool) -> None:
                 "output_tokens", "cost_usd"}}
     """
     from overstory import status as core
-    from overstory.db import open_state
+    from overstory.store.db import open_state
 
     project = project_paths()
     if not project.state_db.exists():

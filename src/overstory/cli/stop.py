@@ -23,8 +23,8 @@ def stop(agent: str, force: bool, clean: bool, as_json: bool) -> None:
     ov stop builder-task-42 --clean          # after `ov merge builder-task-42`
     ov stop builder-task-42 --clean --force  # throw its unmerged work away
     """
+    from overstory.agents.stop import stop_agent
     from overstory.config import load_config
-    from overstory.stop import stop_agent
 
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)

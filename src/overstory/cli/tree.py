@@ -17,8 +17,9 @@ def tree(active: bool, run_ref: str | None, as_json: bool) -> None:
     ov tree --active
     ov tree --run run-2026 --json
     """
-    from overstory import hierarchy, runs
-    from overstory.sessions import list_sessions
+    from overstory.agents import hierarchy
+    from overstory.store import runs
+    from overstory.store.sessions import list_sessions
 
     project = project_paths()
     conn = state_conn(project)

@@ -83,7 +83,7 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     from rich.console import Console
 
     from overstory import status as core
-    from overstory.db import open_events, open_state
+    from overstory.store.db import open_events, open_state
     from overstory.ui.dashboard import render_frame
 
     project = project_paths()

@@ -13,13 +13,12 @@ import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
-from overstory import sessions
-from overstory.clock import now_ms
 from overstory.errors import AgentNotFound, MergeError, UsageError
 from overstory.gitutil import branch_exists
 from overstory.merge.branch_merge import merge_branch
 from overstory.merge.predict import predict_merge
 from overstory.paths import ProjectPaths
+from overstory.store import merge_queue, sessions
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -60,13 +59,9 @@ def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
             continue
         agent = sessions.get(conn, agent_name)
         target = payload.get("target_branch") or (agent.base_branch if agent else None) or config.project.canonical_branch
-        cursor = conn.execute(
-            "INSERT OR IGNORE INTO merge_queue(agent, branch, target, task_id, files, mail_id, enqueued_at) "
-            "VALUES (?,?,?,?,?,?,?)",
-            (agent_name, branch, target, payload.get("task_id"), json.dumps(payload.get("files_modified") or []),
-             row["id"], row["created_at"]),
-        )
-        added += cursor.rowcount
+        added += merge_queue.enqueue(conn, agent=agent_name, branch=branch, target=target,
+                                     task_id=payload.get("task_id"), files=payload.get("files_modified") or [],
+                                     mail_id=row["id"], enqueued_at=row["created_at"])
     return added
 
 
@@ -133,8 +128,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
                          commit=result.commit, resolutions=dict(result.resolutions), queue_id=queue_id)
     _announce(project, conn, agent, report)
     if queue_id is not None:
-        conn.execute("UPDATE merge_queue SET status=?, tier=?, result=?, processed_at=? WHERE id=?",
-                      ("merged" if report.merged else "failed", report.tier, report.reason[:2000], now_ms(), queue_id))
+        merge_queue.settle(conn, queue_id, merged=report.merged, tier=report.tier, result=report.reason)
     return report
 
 
@@ -142,7 +136,7 @@ def merge_all(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
               dry_run: bool = False, tier_max: int | None = None,
               on_lock_wait: t.Callable[[int | None], None] | None = None) -> list[MergeReport]:
     sync_queue(conn, config)
-    pending = conn.execute("SELECT * FROM merge_queue WHERE status = 'pending' ORDER BY id").fetchall()
+    pending = merge_queue.pending(conn)
     reports = []
     for row in pending:
         agent_name = row["agent"] if row["agent"] and sessions.get(conn, row["agent"]) else None
@@ -153,8 +147,7 @@ def merge_all(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
                                      on_lock_wait=on_lock_wait))
         except MergeError as exc:
             if not dry_run:
-                conn.execute("UPDATE merge_queue SET status='failed', result=?, processed_at=? WHERE id=?",
-                             (str(exc)[:2000], now_ms(), row["id"]))
+                merge_queue.settle(conn, row["id"], merged=False, tier=None, result=str(exc))
             reports.append(MergeReport(branch=row["branch"], target=into or row["target"] or "", agent=row["agent"],
                                        merged=False, dry_run=dry_run, tier=None, reason=str(exc), queue_id=row["id"]))
     return reports
@@ -162,7 +155,7 @@ def merge_all(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
 
 def _announce(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session | None, report: MergeReport) -> None:
     """Mail the result to the agent's parent and, if it still runs, the agent."""
-    from overstory import mail
+    from overstory.store import mail
 
     if agent is None:
         return

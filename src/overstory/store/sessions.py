@@ -14,8 +14,8 @@ import typing as t
 from dataclasses import dataclass, field
 
 from overstory.clock import now_ms
-from overstory.db import write_transaction
 from overstory.errors import AgentExists
+from overstory.store.db import write_transaction
 
 STATES = ("booting", "in_turn", "between_turns", "working", "stalled", "parked", "completed", "zombie")
 TERMINAL_STATES = frozenset({"completed", "zombie"})
@@ -249,6 +249,18 @@ def add_usage(conn: sqlite3.Connection, name: str, generation: int, *, input_tok
         "cost_usd = cost_usd + ? WHERE name = ? AND generation = ?",
         (input_tokens, output_tokens, cost_usd, name, generation),
     )
+
+
+def count_finished_turn(conn: sqlite3.Connection, name: str, generation: int) -> None:
+    """A turn ended cleanly: one more turn, and the retry count starts over."""
+    conn.execute("UPDATE sessions SET turns = turns + 1, retries = 0 WHERE name = ? AND generation = ?",
+                 (name, generation))
+
+
+def count_failed_turn(conn: sqlite3.Connection, name: str, generation: int, retries: int) -> None:
+    """A turn failed and will be retried (``retries`` is the new count)."""
+    conn.execute("UPDATE sessions SET retries = ?, failed_turns = failed_turns + 1 WHERE name = ? AND generation = ?",
+                 (retries, name, generation))
 
 
 def _record(conn: sqlite3.Connection, name: str, generation: int, prev: str | None, to: str, actor: str,

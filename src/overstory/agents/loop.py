@@ -1,7 +1,7 @@
 """The per-agent loop: a small detached process that turns pending mail into turns.
 
 Started by `ov sling` (or re-adopted by the watchdog) as
-``python -m overstory.agent_loop --project ROOT --agent NAME --generation G``.
+``python -m overstory.agents.loop --project ROOT --agent NAME --generation G``.
 It runs in its own session, so closing the operator's terminal does not stop it,
 and it holds an OS lock for its agent so two loops can never run turns of one
 agent at once (a crashed holder's lock is released by the kernel).
@@ -10,10 +10,7 @@ agent at once (a crashed holder's lock is released by the kernel).
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
-import signal
 import sqlite3
 import sys
 import time
@@ -21,133 +18,23 @@ import typing as t
 import uuid
 from pathlib import Path
 
-from overstory import procs, sessions
+from overstory import procs
+from overstory.agents.process import POLL_SECONDS, AgentProcess, acquire_turn_slot, load_launch_env
 from overstory.clock import now_ms
-from overstory.db import open_events, open_state
-from overstory.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, mail_sent_since, terminal_mail_sent
 from overstory.paths import ProjectPaths
-from overstory.sessions import Session
+from overstory.runtimes import get_runtime
+from overstory.store import sessions, turns
+from overstory.store.db import open_events
+from overstory.store.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, mail_sent_since, terminal_mail_sent
+from overstory.store.sessions import Session
 
-POLL_SECONDS = 0.4
-LOCK_WAIT_SECONDS = 10.0
 SUMMARY_CHECK_SECONDS = 1.0
-
-
-def env_file(project: ProjectPaths, agent: str) -> Path:
-    return project.run_dir / agent / "env.json"
-
-
-def save_launch_env(project: ProjectPaths, agent: str, environ: t.Mapping[str, str]) -> Path:
-    """Keep the environment `ov sling` ran in, so a re-adopted loop gives turns the same one."""
-    path = env_file(project, agent)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(dict(environ), handle)
-    return path
-
-
-def load_launch_env(project: ProjectPaths, agent: str) -> dict[str, str]:
-    try:
-        return dict(json.loads(env_file(project, agent).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return dict(os.environ)
-
-
-class _Lock:
-    """A non-blocking flock on a file; released by the kernel if we die."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-
-    def try_acquire(self) -> bool:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        os.ftruncate(self.fd, 0)
-        os.write(self.fd, str(os.getpid()).encode())
-        return True
-
-    def release(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-
-
-def agent_lock_path(project: ProjectPaths, agent: str) -> Path:
-    return project.locks_dir / f"agent-{agent}.lock"
-
-
-def acquire_turn_slot(project: ProjectPaths, slots: int, should_stop: t.Callable[[], bool]) -> _Lock | None:
-    """Wait for one of ``slots`` project-wide turn slots (the global concurrency limit)."""
-    locks = [_Lock(project.locks_dir / f"turn-slot-{i}.lock") for i in range(slots)]
-    while not should_stop():
-        for lock in locks:
-            if lock.try_acquire():
-                for other in locks:
-                    if other is not lock:
-                        os.close(other.fd)
-                return lock
-        time.sleep(POLL_SECONDS)
-    for lock in locks:
-        os.close(lock.fd)
-    return None
 
 
 class _Interrupted:
     status = "transient"
     reason = "the agent loop died during the turn"
     started_ms = 0
-
-
-class AgentProcess:
-    """What every per-agent background process shares (the headless loop, the tmux driver).
-
-    It serves one generation of one agent, stops on SIGTERM/SIGINT, ignores the
-    terminal hanging up, and holds the agent's OS lock for its whole life, so that
-    at most one of them serves an agent at a time.
-    """
-
-    def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
-        self.project = project
-        self.name = name
-        self.generation = generation
-        self.state = open_state(project.state_db)
-        self.stopping = False
-        self._lock: _Lock | None = None
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.stopping = True
-
-    def current(self) -> Session | None:
-        """The agent's row while it is still ours to serve (same generation, not terminal)."""
-        agent = sessions.get(self.state, self.name)
-        if agent is None or agent.generation != self.generation or agent.is_terminal:
-            return None
-        return agent
-
-    def should_stop(self) -> bool:
-        return self.stopping or self.current() is None
-
-    def take_agent(self) -> bool:
-        """Take the agent's lock and record our pid; False if another process serves it.
-
-        The lock may still be held by one on its way out (the previous generation
-        noticing it was replaced), so wait a little before giving up.
-        """
-        lock = _Lock(agent_lock_path(self.project, self.name))
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        while not lock.try_acquire():
-            if time.monotonic() > deadline or self.should_stop():
-                os.close(lock.fd)
-                return False
-            time.sleep(POLL_SECONDS)
-        self._lock = lock
-        return sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
-                                      loop_start_ticks=procs.start_ticks(os.getpid()))
 
 
 class AgentLoop(AgentProcess):
@@ -163,7 +50,7 @@ class AgentLoop(AgentProcess):
     def run(self) -> int:
         if not self.take_agent():
             return 0  # another loop already serves this agent
-        from overstory import events as event_store
+        from overstory.store import events as event_store
 
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
                            summary=f"pid {os.getpid()}")
@@ -192,8 +79,8 @@ class AgentLoop(AgentProcess):
 
         We hold the agent lock, so no other loop can be running a turn of this agent.
         """
-        from overstory import events as event_store
-        from overstory import mail
+        from overstory.store import events as event_store
+        from overstory.store import mail
 
         agent = self.current()
         if agent is None or agent.state not in ("in_turn", "stalled") or agent.mode != "headless":
@@ -202,8 +89,7 @@ class AgentLoop(AgentProcess):
                         grace=self.config.turns.kill_grace)
         if agent.current_turn_id:
             mail.release(self.state, agent.current_turn_id)
-            self.state.execute("UPDATE turns SET status='interrupted', ended_at=? WHERE id=? AND ended_at IS NULL",
-                               (now_ms(), agent.current_turn_id))
+            turns.mark_interrupted(self.state, agent.current_turn_id)
         event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
                            turn_id=agent.current_turn_id, summary="the previous loop died mid-turn; retrying")
         self._settle(agent, agent.current_turn_id or "", _Interrupted())
@@ -214,7 +100,7 @@ class AgentLoop(AgentProcess):
         if now < self._next_summary_check:
             return
         self._next_summary_check = now + SUMMARY_CHECK_SECONDS
-        from overstory import runs
+        from overstory.store import runs
 
         try:
             runs.maybe_send_summary(self.state, run_id)
@@ -228,9 +114,9 @@ class AgentLoop(AgentProcess):
         return row is not None
 
     def _one_turn(self, agent: Session) -> None:
-        from overstory import events as event_store
-        from overstory import mail
-        from overstory.turns import run_turn
+        from overstory.agents.turns import run_turn
+        from overstory.store import events as event_store
+        from overstory.store import mail
 
         turn_id = f"{now_ms():x}-{uuid.uuid4().hex[:6]}"
         claimed = mail.claim(self.state, self.name, turn_id)
@@ -253,7 +139,7 @@ class AgentLoop(AgentProcess):
                                 reason="resume failed; starting a fresh session", expect={"in_turn", "stalled"})
             fresh.runtime_session_id = None
             fallback_turn = f"{turn_id}-fresh"
-            self.state.execute("UPDATE mail SET claimed_by = ? WHERE claimed_by = ?", (fallback_turn, turn_id))
+            mail.move_claims(self.state, turn_id, fallback_turn)
             turn_id = fallback_turn
             prompt = self._fresh_session_summary(fresh) + "\n\n" + prompt
             result = run_turn(self.project, self.config, self.state, self.events, fresh, prompt, turn_id,
@@ -264,8 +150,8 @@ class AgentLoop(AgentProcess):
         self._settle(agent, turn_id, result)
 
     def _settle(self, agent: Session, turn_id: str, result: t.Any) -> None:
-        from overstory import events as event_store
-        from overstory import mail
+        from overstory.store import events as event_store
+        from overstory.store import mail
 
         actor = "turn-runner"
         if result.status == "ok":
@@ -276,9 +162,7 @@ class AgentLoop(AgentProcess):
                     and agent.capability not in PERSISTENT_CAPABILITIES:
                 event_store.record(self.events, "contract_violation", agent=self.name, generation=self.generation,
                                    turn_id=turn_id, summary="turn ended cleanly without any mail: nobody knows what it did")
-            self.state.execute(
-                "UPDATE sessions SET turns = turns + 1, retries = 0 WHERE name = ? AND generation = ?",
-                (self.name, self.generation))
+            sessions.count_finished_turn(self.state, self.name, self.generation)
             sessions.transition(self.state, self.name, self.generation, "completed" if done else "between_turns",
                                 actor=actor, reason="terminal mail sent" if done else "turn finished",
                                 expect={"booting", "in_turn", "stalled"})
@@ -291,8 +175,7 @@ class AgentLoop(AgentProcess):
             declare_zombie(self.state, fresh, result.reason, actor=actor)
             return
         retries = fresh.retries + 1
-        self.state.execute("UPDATE sessions SET retries = ?, failed_turns = failed_turns + 1 WHERE name = ? AND generation = ?",
-                           (retries, self.name, self.generation))
+        sessions.count_failed_turn(self.state, self.name, self.generation, retries)
         if retries > self.config.turns.max_retries:
             declare_zombie(self.state, fresh, f"{result.reason} (gave up after {retries - 1} retries)", actor=actor)
             return
@@ -310,7 +193,8 @@ class AgentLoop(AgentProcess):
             "SELECT sender, type, subject FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT 10", (self.name,)
         ).fetchall()
         recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
-        prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions in .claude/CLAUDE.md)"
+        where = get_runtime(agent.runtime).instructions_file if agent.worktree else "your instructions"
+        prompt = agent.spec.get("prompt") or f"(no prompt text; see your instructions in {where})"
         return (
             f"[ov] Your previous session could not be resumed, so this is a fresh session. You are {agent.name}, "
             f"a {agent.capability} working on task {agent.task_id} on branch {agent.branch}. Check `git log` and "
@@ -346,7 +230,7 @@ def spawn_loop(project: ProjectPaths, agent: str, generation: int, environ: t.Ma
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "overstory.agent_loop", "--project", str(project.root), "--agent", agent,
+            [sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root), "--agent", agent,
              "--generation", str(generation)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
             env=dict(environ), cwd=str(project.root),

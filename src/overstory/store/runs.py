@@ -30,8 +30,8 @@ import typing as t
 from dataclasses import dataclass
 
 from overstory.clock import iso, now_ms
-from overstory.db import write_transaction
 from overstory.errors import OrchestratorError
+from overstory.store.db import write_transaction
 
 SUMMARY_SENDER = "ov"
 TERMINAL = ("completed", "zombie")
@@ -281,7 +281,7 @@ def report(conn: sqlite3.Connection, run: Run, *, now: int | None = None) -> dic
 
 
 def _persistent_capabilities() -> frozenset[str]:
-    from overstory.lifecycle import PERSISTENT_CAPABILITIES
+    from overstory.store.lifecycle import PERSISTENT_CAPABILITIES
 
     return PERSISTENT_CAPABILITIES
 
@@ -376,7 +376,7 @@ def maybe_send_summary(conn: sqlite3.Connection, run_id: str, *, now: int | None
         for o in outcomes:
             counts[o["state"]] = counts.get(o["state"], 0) + 1
         tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        from overstory import mail
+        from overstory.store import mail
 
         mail_id = mail.insert_message(
             conn, sender=SUMMARY_SENDER, recipient=run_row["coordinator"], type="status", priority="normal",

@@ -1,4 +1,4 @@
-"""Parsing a runtime's stream-json stdout into ov events, one line at a time.
+"""Parsing Claude Code's stream-json stdout into ov events, one line at a time.
 
 Pure logic: no I/O, so it is tested against captured output of the real CLI.
 Unknown event types are kept raw; a malformed line is an event, never an error.
@@ -12,14 +12,21 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.runtimes.base import (
+    AUTH,
+    PERMANENT,
+    RATE_LIMIT,
+    RESUME_FAILED,
+    TRANSIENT,
+    ParsedEvent,
+    TurnFailure,
+    TurnParser,
+    Usage,
+)
+
 ARG_LIMIT = 300
 TEXT_LIMIT = 2000
 
-TRANSIENT_PATTERN = re.compile(
-    r"overload|rate.?limit|\b429\b|\b5\d\d\b|timed? ?out|timeout|connection|network|ECONN|EAI_AGAIN|socket|"
-    r"temporarily|unavailable|api_error",
-    re.IGNORECASE,
-)
 PERMANENT_PATTERN = re.compile(
     r"authenticat|\b401\b|\b403\b|invalid.?(x-)?api.?key|permission_error|invalid_request|\b400\b|"
     r"prompt is too long|credit balance|not_found_error|model.*not (found|exist)",
@@ -27,18 +34,12 @@ PERMANENT_PATTERN = re.compile(
 )
 RESUME_PATTERN = re.compile(r"no conversation found|session.*(not found|does not exist|expired)|unknown session",
                             re.IGNORECASE)
+AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key", re.IGNORECASE)
+COARSE_KIND = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
 
 
 @dataclass
-class ParsedEvent:
-    kind: str
-    summary: str | None = None
-    tool: str | None = None
-    data: dict[str, t.Any] | None = None
-
-
-@dataclass
-class TurnStream:
+class TurnStream(TurnParser):
     """What one turn's stdout has said so far."""
 
     session_id: str | None = None
@@ -143,40 +144,65 @@ class TurnStream:
     # ---- after the turn -----------------------------------------------------
 
     @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    @property
     def succeeded(self) -> bool:
         return self.result is not None and not self.result.get("is_error")
 
     def failure_kind(self, *, resumed: bool) -> str:
-        """'resume_failed', 'permanent' or 'transient' for a turn that did not succeed."""
+        """'resume_failed', 'permanent' or 'transient' (rate limits count as transient, auth as permanent)."""
+        kind = self.failure(resumed=resumed).kind
+        return COARSE_KIND.get(kind, kind)
+
+    def failure(self, *, resumed: bool) -> TurnFailure:
+        """Classify a turn that did not succeed (see ``runtimes.base`` for the kinds)."""
+        return TurnFailure(self._failure_kind(resumed=resumed), self.failure_reason())
+
+    def _failure_kind(self, *, resumed: bool) -> str:
         if self.result is None:
-            return "transient"  # killed or crashed mid-turn: retry with the same mail
+            return TRANSIENT  # killed or crashed mid-turn: retry with the same mail
         text = " ".join(str(x) for x in (self.result.get("result"), self.result.get("subtype"),
                                          self.result.get("errors"), self.result.get("error")) if x)
         if resumed and (RESUME_PATTERN.search(text) or (self.assistant_blocks == 0 and not self.api_retries
                                                          and self.result.get("subtype") == "error_during_execution")):
-            return "resume_failed"
+            return RESUME_FAILED
         status = self.result.get("api_error_status")
         if status is not None:
-            return "transient" if _is_transient_status(status) else "permanent"
+            return _kind_of_status(status)
         statuses = [r.get("error_status") for r in self.api_retries if r.get("error_status")]
         if statuses and all(_is_transient_status(s) for s in statuses) and not PERMANENT_PATTERN.search(text):
-            return "transient"
+            return RATE_LIMIT if str(statuses[-1]) == "429" else TRANSIENT
+        if AUTH_PATTERN.search(text):
+            return AUTH
         if PERMANENT_PATTERN.search(text):
-            return "permanent"
-        if TRANSIENT_PATTERN.search(text):
-            return "transient"
-        return "transient"
+            return PERMANENT
+        return TRANSIENT
 
     def failure_reason(self) -> str:
         if self.result is None:
             return "the runtime exited without a result (killed or crashed)"
         return _trim(str(self.result.get("result") or self.result.get("subtype") or "error"), 300) or "error"
 
-    def usage(self) -> tuple[int, int, float]:
+    def usage(self) -> Usage:
         if not self.result:
-            return 0, 0, 0.0
+            return Usage()
         usage = self.result.get("usage") or {}
-        return _input_tokens(usage), int(usage.get("output_tokens") or 0), float(self.result.get("total_cost_usd") or 0.0)
+        return Usage(_input_tokens(usage), int(usage.get("output_tokens") or 0),
+                     float(self.result.get("total_cost_usd") or 0.0))
+
+
+def _kind_of_status(status: t.Any) -> str:
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        return TRANSIENT
+    if code == 429:
+        return RATE_LIMIT
+    if code in (401, 403):
+        return AUTH
+    return TRANSIENT if _is_transient_status(code) else PERMANENT
 
 
 def _is_transient_status(status: t.Any) -> bool:

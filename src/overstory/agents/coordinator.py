@@ -24,11 +24,11 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from overstory import mail, runs, sessions
 from overstory.clock import iso, now_ms
 from overstory.errors import AgentExists, AgentNotFound, HierarchyError, OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.sessions import TERMINAL_STATES, Session
+from overstory.store import mail, runs, sessions
+from overstory.store.sessions import TERMINAL_STATES, Session
 
 if t.TYPE_CHECKING:
     from pathlib import Path
@@ -97,8 +97,8 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
           model: str | None = None, scenario: Path | None = None,
           environ: t.Mapping[str, str] | None = None) -> StartResult:
     """Open (or rejoin) the run and sling the coordinator at the project root."""
-    from overstory.runtimes.commands import ROOT_INSTRUCTIONS_FILE, ROOT_SETTINGS_FILE
-    from overstory.spawn import SlingRequest, sling
+    from overstory.agents.spawn import SlingRequest, sling
+    from overstory.runtimes import get_runtime
 
     environ = dict(os.environ if environ is None else environ)
     caller = environ.get("OVERSTORY_AGENT_NAME")
@@ -120,9 +120,11 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
             runs.discard_if_unused(conn, run.id)
         raise
     run_dir = project.run_dir / COORDINATOR
+    adapter = get_runtime(result.runtime)
     return StartResult(name=result.name, generation=result.generation, run_id=result.run_id or run.id,
                        run_created=created, runtime=result.runtime, loop_pid=result.loop_pid,
-                       instructions=str(run_dir / ROOT_INSTRUCTIONS_FILE), settings=str(run_dir / ROOT_SETTINGS_FILE))
+                       instructions=str(run_dir / adapter.root_instructions_file),
+                       settings=str(run_dir / adapter.root_settings_file))
 
 
 # ---- mail ----------------------------------------------------------------------------
@@ -251,7 +253,7 @@ def stop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, sto
     open, and the next `ov coordinator start` rejoins it so the remaining agents have
     someone to report to.
     """
-    from overstory.stop import stop_agent
+    from overstory.agents.stop import stop_agent
 
     agent = require_coordinator(conn)
     stopped: list[dict[str, t.Any]] = []

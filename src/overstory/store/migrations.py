@@ -1,110 +1,16 @@
-"""SQLite connections and append-only migrations for state.db and events.db.
+"""The schema of state.db and events.db as append-only migrations.
 
-Every connection runs in autocommit mode (``isolation_level=None``) so transactions
-are always explicit: ``with write_transaction(conn):`` issues ``BEGIN IMMEDIATE``,
-which takes the write lock up front and makes read-modify-write sequences atomic.
+A released migration is never edited: a change to the schema is a new function
+appended to its list. ``store.db.migrate`` applies those past ``PRAGMA user_version``,
+each in its own transaction.
 """
 
 from __future__ import annotations
 
-import random
 import sqlite3
-import time
 import typing as t
-from contextlib import contextmanager
-from pathlib import Path
-
-from overstory.errors import StoreError
-
-BUSY_TIMEOUT_MS = 10_000
 
 Migration = t.Callable[[sqlite3.Connection], None]
-
-
-def connect(path: Path, migrations: t.Sequence[Migration]) -> sqlite3.Connection:
-    """Open ``path`` with the project's pragmas and bring its schema up to date."""
-    try:
-        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open {path}: {exc}") from exc
-    conn.row_factory = sqlite3.Row
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        _switch_to_wal(conn, path)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        migrate(conn, migrations, label=path.name)
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _switch_to_wal(conn: sqlite3.Connection, path: Path) -> None:
-    """Put the file in WAL mode, waiting out other processes doing the same.
-
-    Changing the journal mode needs an exclusive lock and SQLite reports SQLITE_BUSY
-    for it without calling the busy handler, so several processes opening a fresh
-    database at once would see "database is locked". Retry until the busy timeout.
-    """
-    if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-        return
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() == "wal":
-                return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-        if time.monotonic() > deadline:
-            raise StoreError(f"{path}: could not switch to WAL mode: the database stayed locked by another process")
-        time.sleep(0.005 + random.random() * 0.02)
-
-
-def schema_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration], *, label: str = "database") -> int:
-    """Apply the migrations past ``PRAGMA user_version``, each in its own transaction.
-
-    Safe when many processes open the database at once: the version is re-read after
-    the write lock is taken, so each migration runs exactly once.
-    """
-    target = len(migrations)
-    current = schema_version(conn)
-    if current > target:
-        raise StoreError(f"{label} has schema version {current}, newer than this ov understands ({target}); upgrade ov")
-    while current < target:
-        with write_transaction(conn):
-            current = schema_version(conn)
-            if current >= target:
-                break
-            migrations[current](conn)
-            current += 1
-            conn.execute(f"PRAGMA user_version = {current}")
-    return current
-
-
-@contextmanager
-def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-# ---------------------------------------------------------------------------
-# state.db migrations. Released migrations are never edited: append new ones.
-# ---------------------------------------------------------------------------
 
 
 def run_script(conn: sqlite3.Connection, script: str) -> None:
@@ -295,11 +201,3 @@ def _events_m001_initial(conn: sqlite3.Connection) -> None:
 
 
 EVENTS_MIGRATIONS: list[Migration] = [_events_m001_initial]
-
-
-def open_state(path: Path) -> sqlite3.Connection:
-    return connect(path, STATE_MIGRATIONS)
-
-
-def open_events(path: Path) -> sqlite3.Connection:
-    return connect(path, EVENTS_MIGRATIONS)

@@ -11,7 +11,7 @@ import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
-from overstory.sessions import Session
+from overstory.store.sessions import Session
 
 OPERATOR = "operator"
 

@@ -2,7 +2,7 @@
 
 Standard library only: `ov mail send` and `ov mail check` run many times a minute
 inside agents, so this module must stay cheap to import. The pydantic payload
-models (``overstory.mail_payloads``) are imported only when a protocol type is sent.
+models (``overstory.store.mail_payloads``) are imported only when a protocol type is sent.
 
 Delivery to a headless agent: the turn loop ``claim``s all unread, unclaimed mail of
 the agent with one UPDATE … RETURNING stamped with the turn id, then ``mark_read``
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory.clock import iso, now_ms
-from overstory.db import write_transaction
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
+from overstory.store.db import write_transaction
 
 OPERATOR = "operator"
 
@@ -40,7 +40,7 @@ PRIORITY_NAMES = {value: name for name, value in PRIORITIES.items()}
 MAX_BODY_BYTES = 1024 * 1024
 BROADCAST_ALL = "@all"
 
-# Copies of overstory.sessions constants: importing that module (its 36-field
+# Copies of overstory.store.sessions constants: importing that module (its 36-field
 # dataclass) costs milliseconds on the hot path. test_mail keeps them equal.
 TERMINAL_STATES = frozenset({"completed", "zombie"})
 CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
@@ -244,7 +244,7 @@ def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: 
         if payload is not None and not isinstance(payload, t.Mapping):
             raise PayloadError(f"a payload must be a JSON object, not {type(payload).__name__}")
         return dict(payload) if payload is not None else None
-    from overstory.mail_payloads import validate_payload
+    from overstory.store.mail_payloads import validate_payload
 
     known = {
         "task_id": env.get("OVERSTORY_TASK_ID") or (sender_row["task_id"] if sender_row else None),
@@ -304,12 +304,12 @@ def record_sent(conn: sqlite3.Connection, ids: t.Sequence[int], *, events: sqlit
     Callers that insert with ``insert_message`` inside their own transaction call
     this after they commit.
     """
-    from overstory import events as event_store
+    from overstory.store import events as event_store
 
     own = events is None
     try:
         if events is None:
-            from overstory.db import open_events
+            from overstory.store.db import open_events
 
             events = open_events(_events_db_path(conn))
         marks = ",".join("?" * len(ids))
@@ -452,6 +452,16 @@ def release(conn: sqlite3.Connection, turn_id: str) -> int:
             (turn_id,),
         )
     return cursor.rowcount
+
+
+def move_claims(conn: sqlite3.Connection, from_turn: str, to_turn: str) -> int:
+    """Hand a turn's claimed mail to the turn that replaces it (a fresh-session retry)."""
+    return conn.execute("UPDATE mail SET claimed_by = ? WHERE claimed_by = ?", (to_turn, from_turn)).rowcount
+
+
+def discard(conn: sqlite3.Connection, message_id: int) -> None:
+    """Delete a message that was never delivered (a spawn taking back its dispatch)."""
+    conn.execute("DELETE FROM mail WHERE id = ?", (message_id,))
 
 
 def release_agent(conn: sqlite3.Connection, agent: str) -> int:

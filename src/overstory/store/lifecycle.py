@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from overstory import sessions
 from overstory.clock import iso, now_ms
-from overstory.sessions import Outcome, Session
+from overstory.store import sessions
+from overstory.store.sessions import Outcome, Session
 
 # Mail types that end an agent's task, by capability. Persistent capabilities have none.
 TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {
@@ -31,7 +31,7 @@ def declare_zombie(conn: sqlite3.Connection, agent: Session, reason: str, *, act
     """Move ``agent`` (as of its generation) to zombie and tell its parent, once."""
 
     def tell_parent(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
-        from overstory import mail
+        from overstory.store import mail
 
         last = tx.execute("SELECT last_activity FROM sessions WHERE name = ?", (agent.name,)).fetchone()
         payload = {
@@ -53,7 +53,7 @@ def declare_zombie(conn: sqlite3.Connection, agent: Session, reason: str, *, act
         then=tell_parent,
     )
     if outcome.ok:
-        from overstory import mail
+        from overstory.store import mail
 
         row = conn.execute("SELECT id FROM mail WHERE dedup_key = ?",
                            (f"worker_died:{agent.name}:{agent.generation}",)).fetchone()

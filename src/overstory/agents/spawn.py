@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
-import sys
 import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory import procs, sessions
+from overstory import procs
 from overstory.errors import AgentExists, HierarchyError, OrchestratorError, SpawnError, UsageError
 from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
-from overstory.sessions import CAPABILITIES, WRITER_CAPABILITIES
+from overstory.resources import ov_executable
+from overstory.runtimes import get_runtime
+from overstory.store import sessions
+from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
 
 if t.TYPE_CHECKING:
     import sqlite3
 
     from overstory.config import Config
+    from overstory.runtimes.base import Runtime
 
 SLINGING_CAPABILITIES = frozenset({"coordinator", "lead"})
 FAULT_ENV = "OV_TEST_FAIL_AT"  # test hook: name of a spawn step that must fail
@@ -105,7 +107,7 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
             raise HierarchyError(f"{caller} is a {capability or 'unknown agent'}: only coordinator and lead agents may "
                                  "sling; ask your parent with `ov mail send --type question` instead")
         if parent != caller:
-            from overstory.hierarchy import is_descendant
+            from overstory.agents.hierarchy import is_descendant
 
             if not is_descendant(conn, parent, caller):
                 raise HierarchyError(f"{caller} may only sling its own children (or children of its descendants); "
@@ -126,29 +128,6 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
         raise HierarchyError(f"{parent} already has {children} active children "
                              f"(agents.max_children_per_lead = {config.agents.max_children_per_lead})")
     return parent, depth
-
-
-def ov_executable() -> tuple[list[str], str | None]:
-    """How hooks and agents call ov: the installed script next to this Python, else `python -m overstory`."""
-    candidate = Path(sys.executable).parent / "ov"
-    if candidate.is_file():
-        return [str(candidate)], str(candidate.parent)
-    found = shutil.which("ov")
-    if found:
-        return [found], str(Path(found).parent)
-    return [sys.executable, "-m", "overstory"], None
-
-
-def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]:
-    prefix = " ".join(shlex.quote(part) for part in ov_command)
-    settings: dict[str, t.Any] = {
-        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}]}
-    }
-    if tmux_mode:
-        inject = [{"hooks": [{"type": "command", "command": f"{prefix} mail check --inject"}]}]
-        settings["hooks"]["UserPromptSubmit"] = inject
-        settings["hooks"]["SessionStart"] = inject
-    return settings
 
 
 def _keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str]) -> None:
@@ -178,18 +157,12 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     task_id = validate_name(request.task_id, "task id")
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
     runtime = request.runtime or config.runtime.default
-    from overstory.runtimes.commands import RUNTIMES
+    adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
+    adapter.program(config)  # fails early and clearly if the runtime is not installed
+    tmux = _tmux_mode(request, config, adapter)
+    from overstory.agents.turns import model_choice
 
-    if runtime not in RUNTIMES:
-        raise UsageError(f"unknown runtime {runtime!r}; choose one of: {', '.join(RUNTIMES)}")
-    if runtime == "claude":
-        from overstory.runtimes.commands import turn_command
-
-        turn_command("claude", claude_bin=config.runtime.claude_bin)  # fails early and clearly if missing
-    tmux = _tmux_mode(request, config, runtime)
-    from overstory.turns import model_choice
-
-    model_choice(request.model, capability, config, _launch_env(project, environ))  # unknown provider, missing key
+    model_choice(request.model, capability, config, _launch_env(project, environ), runtime)  # unknown provider, missing key
     prompt = request.prompt
     if request.spec_file is not None:
         try:
@@ -211,10 +184,9 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             scenario_text = Path(request.scenario).read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read --scenario {request.scenario}: {exc.strerror}") from None
-    elif runtime == "scripted":
-        from overstory.scenarios import default_scenario
-
-        scenario_text = json.dumps(default_scenario(capability, task_id), indent=2)
+    else:
+        built_in = adapter.default_scenario(capability, task_id)
+        scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
 
     at_root = request.at_project_root
     branch = None if at_root else f"ov/{name}"
@@ -244,8 +216,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             _add_worktree(project, worktree, branch)
             undo.push("worktree", lambda: _remove_worktree(project, worktree))
             _fault("instructions", environ)
-            _write_instructions(project, worktree, name=name, capability=capability, task_id=task_id, branch=branch,
-                                base_branch=base_branch or "", parent=parent, prompt=prompt or "",
+            _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
+                                branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
                                 files=request.files, ov_command=ov_command, tmux_mode=tmux)
         run_dir = project.run_dir / name
         if run_dir.exists():
@@ -254,14 +226,14 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         undo.push("run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True))
         if at_root:
             _fault("instructions", environ)
-            _write_root_instructions(project, run_dir, name=name, capability=capability, task_id=task_id,
+            _write_root_instructions(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                      base_branch=base_branch or "", parent=parent, prompt=prompt or "",
                                      files=request.files, ov_command=ov_command)
         scenario_path = None
         if scenario_text is not None:
             scenario_path = run_dir / "scenario.json"
             scenario_path.write_text(scenario_text, encoding="utf-8")
-        from overstory.agent_loop import save_launch_env
+        from overstory.agents.process import save_launch_env
 
         launch_env = _launch_env(project, environ)
         save_launch_env(project, name, launch_env)
@@ -276,26 +248,28 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             tmux_session=_tmux_session_name(name) if tmux else None)
         undo.push("session", lambda: sessions.discard_session(conn, name, generation))
         _fault("dispatch", environ)
-        from overstory import mail
+        from overstory.store import mail
 
         dispatch_id = mail.insert_message(
             conn, sender=parent, recipient=name, type="dispatch", priority="high",
-            subject=f"task {task_id}", body=prompt or f"Work on task {task_id} as described in .claude/CLAUDE.md.",
+            subject=f"task {task_id}",
+            body=prompt or f"Work on task {task_id} as described in "
+                            f"{adapter.instructions_file if worktree else 'your instructions'}.",
             payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
                      "file_scope": list(request.files)},
         )
-        undo.push("dispatch", lambda: conn.execute("DELETE FROM mail WHERE id = ?", (dispatch_id,)))
+        undo.push("dispatch", lambda: mail.discard(conn, dispatch_id))
         loop_pid = None
         if start:
             _fault("start", environ)
             if tmux:
-                from overstory.tmux_mode import abort_start, start_agent
+                from overstory.agents.tmux import abort_start, start_agent
 
                 started = start_agent(project, config, conn, name, generation, launch_env)
                 undo.push("start", lambda: abort_start(project, started))
                 loop_pid = started.driver_pid
             else:
-                from overstory.agent_loop import spawn_loop
+                from overstory.agents.loop import spawn_loop
 
                 loop_pid, ticks = spawn_loop(project, name, generation, launch_env)
                 undo.push("start", lambda: procs.kill_group(loop_pid, ticks, force=True))
@@ -308,7 +282,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         problems = undo.run()
         raise SpawnError(f"could not spawn {name}: {exc}" + (f" (and {'; '.join(problems)})" if problems else "")) from exc
     _record_spawn_event(project, name, generation, capability, task_id, parent)
-    from overstory import mail
+    from overstory.store import mail
 
     mail.record_sent(conn, [dispatch_id])
     return SlingResult(name=name, capability=capability, task_id=task_id, generation=generation, branch=branch,
@@ -317,16 +291,16 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                        mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None)
 
 
-def _tmux_mode(request: SlingRequest, config: Config, runtime: str) -> bool:
-    """--tmux (or runtime.tmux in config) runs the claude TUI in tmux; the scripted runtime stays headless."""
+def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:
+    """--tmux (or runtime.tmux in config) runs the runtime's TUI in tmux; a runtime without one stays headless."""
     wanted = config.runtime.tmux if request.tmux is None else request.tmux
     if not wanted:
         return False
-    if runtime != "claude":
+    if runtime.tui is None:
         if request.tmux:
-            raise UsageError(f"--tmux runs the claude TUI; the {runtime} runtime is headless only")
+            raise UsageError(f"--tmux runs the runtime's interactive TUI; the {runtime.name} runtime is headless only")
         return False
-    from overstory.tmux_mode import tmux_available
+    from overstory.tmux_server import tmux_available
 
     if not tmux_available():
         from overstory.errors import RuntimeNotAvailable
@@ -336,7 +310,7 @@ def _tmux_mode(request: SlingRequest, config: Config, runtime: str) -> bool:
 
 
 def _tmux_session_name(name: str) -> str:
-    from overstory.tmux_mode import session_name
+    from overstory.tmux_server import session_name
 
     return session_name(name)
 
@@ -350,7 +324,7 @@ def _launch_env(project: ProjectPaths, environ: dict[str, str]) -> dict[str, str
     """
     caller = environ.get("OVERSTORY_AGENT_NAME")
     if caller:
-        from overstory.agent_loop import env_file, load_launch_env
+        from overstory.agents.process import env_file, load_launch_env
 
         if env_file(project, caller).is_file():
             return load_launch_env(project, caller)
@@ -380,7 +354,7 @@ def _remove_worktree(project: ProjectPaths, worktree: Path) -> None:
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
                        base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
-    from overstory.overlay import render_instructions
+    from overstory.agents.overlay import render_instructions
     from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
     agents_dir = project.agents_dir if project.agents_dir.is_dir() and any(project.agents_dir.iterdir()) else shipped_agents_dir()
@@ -394,39 +368,44 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
     return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
 
 
-def _write_root_instructions(project: ProjectPaths, run_dir: Path, *, name: str, capability: str, task_id: str,
-                             base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
+def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
+                             task_id: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
                              ov_command: list[str]) -> None:
-    """An agent at the project root (the coordinator) must not write into the user's own .claude/:
-    its instructions and hook settings live in its run dir and reach the runtime as flags every turn
-    (see ``runtimes.commands.root_agent_flags``)."""
-    from overstory.runtimes.commands import ROOT_INSTRUCTIONS_FILE, ROOT_SETTINGS_FILE
-
+    """An agent at the project root (the coordinator) must not write into the user's own runtime
+    settings: its instructions and hook settings live in its run dir and reach the runtime on its
+    command line every turn (the adapter's ``headless_command`` for an agent at the project root)."""
     text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=base_branch,
                               base_branch=base_branch, worktree=project.root, parent=parent, prompt=prompt,
                               files=files)
-    (run_dir / ROOT_INSTRUCTIONS_FILE).write_text(text, encoding="utf-8")
-    (run_dir / ROOT_SETTINGS_FILE).write_text(json.dumps(hook_settings(ov_command, tmux_mode=False), indent=2),
-                                              encoding="utf-8")
+    (run_dir / runtime.root_instructions_file).write_text(text, encoding="utf-8")
+    settings = runtime.hook_settings(ov_command, tmux_mode=False)
+    if settings is not None:
+        (run_dir / runtime.root_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
-def _write_instructions(project: ProjectPaths, worktree: Path, *, name: str, capability: str, task_id: str, branch: str,
-                        base_branch: str, parent: str, prompt: str, files: t.Sequence[str], ov_command: list[str],
-                        tmux_mode: bool) -> None:
+def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime, *, name: str, capability: str,
+                        task_id: str, branch: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
+                        ov_command: list[str], tmux_mode: bool) -> None:
+    """The overlay (and hook settings, where the runtime has hooks) inside the worktree, kept out of commits."""
     text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
                               base_branch=base_branch, worktree=worktree, parent=parent, prompt=prompt, files=files)
-    claude_dir = worktree / ".claude"
-    claude_dir.mkdir(exist_ok=True)
-    (claude_dir / "CLAUDE.md").write_text(text, encoding="utf-8")
-    (claude_dir / "settings.local.json").write_text(
-        json.dumps(hook_settings(ov_command, tmux_mode=tmux_mode), indent=2), encoding="utf-8")
-    _keep_out_of_commits(worktree, [".claude/CLAUDE.md", ".claude/settings.local.json"])
+    written = [runtime.instructions_file]
+    instructions = worktree / runtime.instructions_file
+    instructions.parent.mkdir(parents=True, exist_ok=True)
+    instructions.write_text(text, encoding="utf-8")
+    settings = runtime.hook_settings(ov_command, tmux_mode=tmux_mode)
+    if settings is not None and runtime.hook_settings_file:
+        target = worktree / runtime.hook_settings_file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        written.append(runtime.hook_settings_file)
+    _keep_out_of_commits(worktree, written)
 
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,
                         parent: str) -> None:
-    from overstory import events as event_store
-    from overstory.db import open_events
+    from overstory.store import events as event_store
+    from overstory.store.db import open_events
 
     conn = open_events(project.events_db)
     try:

@@ -2,6 +2,8 @@
 
 The runtime runs in its own process group so that the whole group (including any
 shell commands the model started) can be stopped on a stall or an operator stop.
+Everything runtime-specific (command line, message format, stream parsing, failure
+classes) comes from the agent's runtime adapter (``runtimes.base.Runtime``).
 """
 
 from __future__ import annotations
@@ -16,20 +18,36 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from overstory import events as event_store
-from overstory import procs, sessions
+from overstory import procs
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.runtimes.commands import root_agent_flags, turn_command
-from overstory.sessions import Session
-from overstory.stream import TurnStream
+from overstory.runtimes import get_runtime
+from overstory.runtimes.base import (
+    AUTH,
+    PERMANENT,
+    RATE_LIMIT,
+    TRANSIENT,
+    ParsedEvent,
+    TurnFailure,
+    TurnParser,
+    TurnRequest,
+    Usage,
+)
+from overstory.store import events as event_store
+from overstory.store import sessions
+from overstory.store import turns as turn_rows
+from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
+# Variables a parent coding-agent session exports; a nested session would react to them.
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
 ACTIVITY_WRITE_INTERVAL = 1.0
+# How the loop treats each kind of failed turn, for now: rate limits are retried like any
+# transient failure, and auth failures end the agent like any permanent one.
+LOOP_FAILURE_STATUS = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
 
 
 @dataclass
@@ -38,23 +56,24 @@ class TurnResult:
     reason: str
     session_id: str | None
     started_ms: int
-    stream: TurnStream
+    stream: TurnParser
 
 
 def resolve_model_and_provider(agent: Session, config: Config, environ: t.Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
     """The --model for ``agent`` and the provider variables it needs (ANTHROPIC_BASE_URL/API_KEY)."""
-    return model_choice(agent.model, agent.capability, config, environ)
+    return model_choice(agent.model, agent.capability, config, environ, agent.runtime)
 
 
 def model_choice(model: str | None, capability: str, config: Config,
-                 environ: t.Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
+                 environ: t.Mapping[str, str], runtime: str | None = None) -> tuple[str | None, dict[str, str]]:
     """``--model`` (or sling's) > config ``models[capability]`` > ``runtime.model``.
 
-    ``provider/model`` routes the agent to that config ``providers`` entry: its
-    ``base_url`` becomes ANTHROPIC_BASE_URL and the variable named by ``api_key_env``
-    becomes ANTHROPIC_API_KEY. That variable must be set: falling back to whatever
-    ANTHROPIC_API_KEY holds would send one provider's key to another's endpoint.
-    Raises OrchestratorError on an unknown provider or a missing key.
+    ``provider/model`` routes the agent to that config ``providers`` entry: the runtime
+    turns its ``base_url`` and the key held by the variable named in ``api_key_env``
+    into its own environment (for claude: ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY).
+    That variable must be set: falling back to whatever key the environment holds
+    would send one provider's key to another's endpoint. Raises OrchestratorError on
+    an unknown provider or a missing key.
     """
     choice = model or config.models.get(capability) or config.runtime.model
     extra: dict[str, str] = {}
@@ -69,8 +88,7 @@ def model_choice(model: str | None, capability: str, config: Config,
         if not key:
             raise OrchestratorError(f"provider {provider_name!r} (model {choice!r}) takes its API key from "
                                     f"${provider.api_key_env}, which is not set")
-        extra["ANTHROPIC_BASE_URL"] = provider.base_url
-        extra["ANTHROPIC_API_KEY"] = key
+        extra.update(get_runtime(runtime or config.runtime.default).provider_env(provider.base_url, key))
         return model_name or None, extra
     return choice, extra
 
@@ -78,6 +96,7 @@ def model_choice(model: str | None, capability: str, config: Config,
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
                      extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in NESTED_SESSION_VARS}
+    env.update(get_runtime(agent.runtime).turn_env())
     env.update(extra or {})
     env.update({
         "OVERSTORY_AGENT_NAME": agent.name,
@@ -90,8 +109,6 @@ def turn_environment(base: t.Mapping[str, str], agent: Session, project: Project
         "OVERSTORY_GENERATION": str(agent.generation),
         "OVERSTORY_TURN_ID": turn_id,
     })
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env["IS_SANDBOX"] = "1"  # claude refuses bypassPermissions as root otherwise
     ov_bin_dir = agent.spec.get("ov_bin_dir")
     if ov_bin_dir:
         env["PATH"] = ov_bin_dir + os.pathsep + env.get("PATH", "")
@@ -130,50 +147,43 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
              base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False) -> TurnResult:
     started_ms = now_ms()
-    stream = TurnStream()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "prompt.txt").write_text(prompt, encoding="utf-8")
-    run_dir = project.run_dir / agent.name
     scenario = Path(agent.spec["scenario"]) if agent.spec.get("scenario") else None
     try:
+        runtime = get_runtime(agent.runtime)
+        stream = runtime.new_parser()
         model, provider_env = resolve_model_and_provider(agent, config, base_env)
-        command = turn_command(agent.runtime, claude_bin=config.runtime.claude_bin, model=model,
-                               resume_session_id=resume_session_id, scenario=scenario,
-                               state_dir=run_dir / "scripted",
-                               extra_flags=None if agent.worktree else root_agent_flags(run_dir))
+        argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
+                                                    run_dir=project.run_dir / agent.name,
+                                                    at_project_root=not agent.worktree, scenario=scenario), config)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
-        return TurnResult("permanent", str(exc), None, started_ms, stream)
+        return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
     env = turn_environment(base_env, agent, project, turn_id, provider_env)
-    number = agent.turns + 1
-    state.execute(
-        "INSERT INTO turns(id, agent, generation, number, attempt, status, resumed, started_at, log_dir) "
-        "VALUES (?,?,?,?,?,?,?,?,?)",
-        (turn_id, agent.name, agent.generation, number, attempt, "starting", int(bool(resume_session_id)),
-         started_ms, str(log_dir)),
-    )
-    (log_dir / "command.json").write_text(json.dumps(command.argv), encoding="utf-8")
+    turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
+                    attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
+    (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
     cwd = agent.worktree or str(project.root)
     with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
         try:
-            proc = subprocess.Popen(command.argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=raw_err, start_new_session=True)
         except OSError as exc:
             _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {exc}")
-            return TurnResult("permanent", f"cannot start {command.argv[0]}: {exc.strerror or exc}", None, started_ms, stream)
+            return TurnResult("permanent", f"cannot start {argv[0]}: {exc.strerror or exc}", None, started_ms, stream)
         pgid = proc.pid
         ticks = procs.start_ticks(pgid)
-        state.execute("UPDATE turns SET status='running', pid=?, pgid=? WHERE id=?", (proc.pid, pgid, turn_id))
+        turn_rows.mark_running(state, turn_id, pid=proc.pid, pgid=pgid)
         if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=pgid, turn_start_ticks=ticks,
                                       current_turn_id=turn_id, last_activity=now_ms()):
             procs.kill_turn(pgid, ticks, turn_id, force=True)
             proc.wait()
             _finish_turn_row(state, turn_id, "aborted", stream, "agent replaced before the turn started")
             return TurnResult("aborted", "agent was replaced by a newer generation", None, started_ms, stream)
-        message = {"type": "user", "message": {"role": "user", "content": prompt}}
         try:
             assert proc.stdin is not None
-            proc.stdin.write((json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8"))
+            proc.stdin.write(runtime.stdin_message(prompt))
             proc.stdin.close()
         except BrokenPipeError:
             pass
@@ -195,8 +205,9 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         if stream.succeeded:
             status, reason = "ok", "turn finished"
         else:
-            status = stream.failure_kind(resumed=bool(resume_session_id))
-            reason = stream.failure_reason() + (f" (exit {exit_code})" if stream.result is None else "")
+            failure = stream.failure(resumed=bool(resume_session_id))
+            status = LOOP_FAILURE_STATUS.get(failure.kind, failure.kind)
+            reason = failure.reason + (f" (exit {exit_code})" if not stream.finished else "")
     input_tokens, output_tokens, cost = stream.usage()
     sessions.update_fields(state, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
                            current_turn_id=None, current_tool=None, last_activity=now_ms(),
@@ -212,7 +223,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     return TurnResult(status, reason, stream.session_id, started_ms, stream)
 
 
-def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnStream,
+def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
           stall_timeout: float, should_stop: t.Callable[[], bool]) -> tuple[str, str]:
     """Read the stream until EOF; returns ('running', '') normally, or a stop status."""
@@ -238,7 +249,7 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                 if not outcome.ok:
                     return "aborted", f"agent can no longer take a turn ({_describe(outcome)})"
                 if stream.session_id:
-                    state.execute("UPDATE turns SET session_id=? WHERE id=?", (stream.session_id, turn_id))
+                    turn_rows.set_session_id(state, turn_id, stream.session_id)
             if parsed and now - last_write >= ACTIVITY_WRITE_INTERVAL or any(p.kind in ("tool_start", "tool_end") for p in parsed):
                 last_write = now
                 written = sessions.update_fields(state, agent.name, agent.generation, last_activity=now_ms(),
@@ -273,12 +284,30 @@ def _describe(outcome: sessions.Outcome) -> str:
     return "it no longer exists"
 
 
-def _finish_turn_row(state: sqlite3.Connection, turn_id: str, status: str, stream: TurnStream, error: str | None,
+def _finish_turn_row(state: sqlite3.Connection, turn_id: str, status: str, stream: TurnParser, error: str | None,
                      exit_code: int | None = None) -> None:
     input_tokens, output_tokens, cost = stream.usage()
-    state.execute(
-        "UPDATE turns SET status=?, ended_at=?, input_tokens=?, output_tokens=?, cost_usd=?, tool_calls=?, "
-        "session_id=COALESCE(?, session_id), error=? WHERE id=?",
-        (status, now_ms(), input_tokens, output_tokens, cost, stream.tool_calls, stream.session_id,
-         error if exit_code is None else (f"{error} [exit {exit_code}]" if error else None), turn_id),
-    )
+    turn_rows.finish(state, turn_id, status, input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost,
+                     tool_calls=stream.tool_calls, session_id=stream.session_id,
+                     error=error if exit_code is None else (f"{error} [exit {exit_code}]" if error else None))
+
+
+class _NoOutput(TurnParser):
+    """The parser of a turn that never started (its runtime could not even be named)."""
+
+    def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
+        return []
+
+    @property
+    def finished(self) -> bool:
+        return False
+
+    @property
+    def succeeded(self) -> bool:
+        return False
+
+    def failure(self, *, resumed: bool) -> TurnFailure:
+        return TurnFailure(PERMANENT, "the turn did not start")
+
+    def usage(self) -> Usage:
+        return Usage()

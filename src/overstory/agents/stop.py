@@ -19,12 +19,12 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory import procs, sessions
-from overstory.clock import now_ms
+from overstory import procs
 from overstory.errors import AgentNotFound, CleanRefused, OrchestratorError
 from overstory.gitutil import branch_exists, git, worktree_admin_lock
 from overstory.paths import ProjectPaths
-from overstory.sessions import Session
+from overstory.store import sessions, turns
+from overstory.store.sessions import Session
 
 ACTOR = "operator"
 
@@ -70,9 +70,9 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
             result.already_completed = True  # it completed by itself a moment ago
     _stop_processes(conn, agent, result, force=force, kill_grace=kill_grace)
     if agent.mode == "tmux":
-        from overstory import tmux_mode
+        from overstory.agents import tmux_panes
 
-        tmux_mode.kill_session(project, agent, grace=kill_grace, force=force)
+        tmux_panes.kill_session(project, agent, grace=kill_grace, force=force)
     if clean:
         result.cleaned = remove_worktree_and_branch(project, agent)
     return result
@@ -80,7 +80,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
 
 def _stop_processes(conn: sqlite3.Connection, agent: Session, result: StopResult, *, force: bool,
                     kill_grace: float) -> None:
-    from overstory import mail
+    from overstory.store import mail
 
     if procs.is_alive(agent.loop_pid, agent.loop_start_ticks):
         result.loop = _stop_loop(agent.loop_pid, agent.loop_start_ticks, force=force, grace=kill_grace)  # type: ignore[arg-type]
@@ -103,10 +103,7 @@ def _stop_processes(conn: sqlite3.Connection, agent: Session, result: StopResult
         sessions.update_fields(conn, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
                                current_turn_id=None, current_tool=None)
         result.released_mail = mail.release_agent(conn, agent.name)
-        conn.execute(
-            "UPDATE turns SET status = 'aborted', ended_at = ?, error = 'stopped by the operator' "
-            "WHERE agent = ? AND generation = ? AND status IN ('starting', 'running')",
-            (now_ms(), agent.name, agent.generation))
+        turns.end_live_turns(conn, agent.name, agent.generation, status="aborted", error="stopped by the operator")
 
 
 def _stop_loop(pid: int, ticks: int | None, *, force: bool, grace: float) -> str:

@@ -1,0 +1,1 @@
+"""An agent's life: spawning, its per-agent loop and turns, tmux mode, stopping, the coordinator."""

@@ -1,0 +1,136 @@
+"""What every per-agent background process shares: locks, the launch environment, signals.
+
+The headless loop (``agents.loop``) and the tmux driver (``agents.tmux_driver``) are
+both an ``AgentProcess``: one generation of one agent, served by at most one process
+at a time because each holds the agent's OS lock (released by the kernel if it dies).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import time
+import typing as t
+from pathlib import Path
+
+from overstory import procs
+from overstory.paths import ProjectPaths
+from overstory.store import sessions
+from overstory.store.db import open_state
+from overstory.store.sessions import Session
+
+POLL_SECONDS = 0.4
+LOCK_WAIT_SECONDS = 10.0
+
+
+def env_file(project: ProjectPaths, agent: str) -> Path:
+    return project.run_dir / agent / "env.json"
+
+
+def save_launch_env(project: ProjectPaths, agent: str, environ: t.Mapping[str, str]) -> Path:
+    """Keep the environment `ov sling` ran in, so a re-adopted loop gives turns the same one."""
+    path = env_file(project, agent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(dict(environ), handle)
+    return path
+
+
+def load_launch_env(project: ProjectPaths, agent: str) -> dict[str, str]:
+    try:
+        return dict(json.loads(env_file(project, agent).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return dict(os.environ)
+
+
+class _Lock:
+    """A non-blocking flock on a file; released by the kernel if we die."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def try_acquire(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, str(os.getpid()).encode())
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def agent_lock_path(project: ProjectPaths, agent: str) -> Path:
+    return project.locks_dir / f"agent-{agent}.lock"
+
+
+def acquire_turn_slot(project: ProjectPaths, slots: int, should_stop: t.Callable[[], bool]) -> _Lock | None:
+    """Wait for one of ``slots`` project-wide turn slots (the global concurrency limit)."""
+    locks = [_Lock(project.locks_dir / f"turn-slot-{i}.lock") for i in range(slots)]
+    while not should_stop():
+        for lock in locks:
+            if lock.try_acquire():
+                for other in locks:
+                    if other is not lock:
+                        os.close(other.fd)
+                return lock
+        time.sleep(POLL_SECONDS)
+    for lock in locks:
+        os.close(lock.fd)
+    return None
+
+
+class AgentProcess:
+    """What every per-agent background process shares (the headless loop, the tmux driver).
+
+    It serves one generation of one agent, stops on SIGTERM/SIGINT, ignores the
+    terminal hanging up, and holds the agent's OS lock for its whole life, so that
+    at most one of them serves an agent at a time.
+    """
+
+    def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
+        self.project = project
+        self.name = name
+        self.generation = generation
+        self.state = open_state(project.state_db)
+        self.stopping = False
+        self._lock: _Lock | None = None
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def current(self) -> Session | None:
+        """The agent's row while it is still ours to serve (same generation, not terminal)."""
+        agent = sessions.get(self.state, self.name)
+        if agent is None or agent.generation != self.generation or agent.is_terminal:
+            return None
+        return agent
+
+    def should_stop(self) -> bool:
+        return self.stopping or self.current() is None
+
+    def take_agent(self) -> bool:
+        """Take the agent's lock and record our pid; False if another process serves it.
+
+        The lock may still be held by one on its way out (the previous generation
+        noticing it was replaced), so wait a little before giving up.
+        """
+        lock = _Lock(agent_lock_path(self.project, self.name))
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while not lock.try_acquire():
+            if time.monotonic() > deadline or self.should_stop():
+                os.close(lock.fd)
+                return False
+            time.sleep(POLL_SECONDS)
+        self._lock = lock
+        return sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
+                                      loop_start_ticks=procs.start_ticks(os.getpid()))

@@ -1,0 +1,103 @@
+"""The small types every command handler shares, and the option parser they use.
+
+A handler looks at one simple command and returns an ``_Effect``: what the command
+would do (read, write these paths, run this inner command …). It never decides; the
+policy does. The types live here, below the handlers and the policy, so neither
+has to import the other to name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from overstory.guards.agent import _Agent
+
+
+@dataclass
+class _ShellState:
+    """The working directory as the policy walks a command line; None once it is unknown."""
+
+    cwd: str | None
+
+
+@dataclass
+class _Effect:
+    """What one simple command does, as far as the policy cares.
+
+    kind: read | test (test runners/linters) | write | code (unknowable code) | install
+          (global package install) | unknown | deny (refused for everyone, see reason).
+    """
+
+    kind: str
+    what: str = ""
+    targets: list[str] = field(default_factory=list)
+    writes_cwd: bool = False
+    removes: bool = False
+    inner: list[list[str]] = field(default_factory=list)
+    scripts: list[str] = field(default_factory=list)
+    chdir: str | None = None
+    reason: str = ""
+
+
+_READ = _Effect("read")
+
+_Handler = Callable[[list[str], _Agent, _ShellState, Mapping[str, str]], _Effect]
+
+
+def _parse_options(
+    args: list[str], with_value: Iterable[str] = (), *, stop_at_positional: bool = False
+) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """Split command arguments into options ``(name, value)`` and positionals."""
+    takes_value = set(with_value)
+    options: list[tuple[str, str | None]] = []
+    positionals: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            positionals.extend(args[i + 1 :])
+            break
+        if arg == "-" or not arg.startswith("-"):
+            if stop_at_positional:
+                positionals.extend(args[i:])
+                break
+            positionals.append(arg)
+        elif arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            if eq:
+                options.append((key, value))
+            elif key in takes_value and i + 1 < len(args):
+                options.append((key, args[i + 1]))
+                i += 1
+            else:
+                options.append((key, None))
+        else:
+            j = 1
+            while j < len(arg):
+                flag = "-" + arg[j]
+                if flag in takes_value:
+                    attached = arg[j + 1 :]
+                    if attached:
+                        options.append((flag, attached))
+                    elif i + 1 < len(args):
+                        options.append((flag, args[i + 1]))
+                        i += 1
+                    else:
+                        options.append((flag, None))
+                    break
+                options.append((flag, None))
+                j += 1
+        i += 1
+    return options, positionals
+
+
+def _names(options: list[tuple[str, str | None]]) -> set[str]:
+    return {key for key, _ in options}
+
+
+def _values(options: list[tuple[str, str | None]], *keys: str) -> list[str]:
+    return [value for key, value in options if key in keys and value is not None]
+
+
+_VERSION_FLAGS = frozenset({"--version", "-V", "-v", "version", "--help", "-h", "help"})

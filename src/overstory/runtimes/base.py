@@ -1,0 +1,229 @@
+"""The interface every runtime adapter implements: the program behind an agent.
+
+The turn runner, the per-agent loop, ``ov sling``, tmux mode and ``ov doctor`` talk
+to a runtime only through ``Runtime``; none of them branches on a runtime's name.
+A runtime answers five questions:
+
+- how to start one headless turn (``headless_command``) and hand it the first user
+  message (``stdin_message``);
+- how to read its stdout: ``new_parser`` turns one line into ov's own events
+  (``ParsedEvent``) and, at the end, says whether the turn succeeded, what it cost
+  and, if it failed, which kind of failure it was (``TurnFailure``);
+- which files carry an agent's instructions and guard hooks (``instructions_file``,
+  ``hook_settings``), or None where the runtime has no hooks;
+- how to run its interactive TUI in tmux (``tui``), or None;
+- whether it is installed and has credentials (``probe``, for ``ov doctor``).
+
+Standard library only: the per-agent loop imports this on every start.
+"""
+
+from __future__ import annotations
+
+import abc
+import shutil
+import typing as t
+from dataclasses import dataclass
+from pathlib import Path
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+
+# The kinds of failed turn. The turn runner decides what each means for the agent.
+TRANSIENT = "transient"          # crashed, killed, overloaded, 5xx: retry with the same mail
+RATE_LIMIT = "rate_limit"        # 429 or a usage limit; ``reset_at_ms`` when the runtime said when it ends
+AUTH = "auth"                    # not logged in, bad key: retrying cannot help until a person fixes it
+PERMANENT = "permanent"          # a request the API will never accept
+RESUME_FAILED = "resume_failed"  # the session to resume is gone: start a fresh one
+FAILURE_KINDS = (TRANSIENT, RATE_LIMIT, AUTH, PERMANENT, RESUME_FAILED)
+
+
+@dataclass
+class ParsedEvent:
+    """One of ov's own event kinds, made from a runtime's output line.
+
+    Kinds: turn_start, assistant_text, thinking, tool_start, tool_end, api_retry,
+    turn_result, user_message, runtime_event (anything else), malformed_line.
+    """
+
+    kind: str
+    summary: str | None = None
+    tool: str | None = None
+    data: dict[str, t.Any] | None = None
+
+
+@dataclass(frozen=True)
+class TurnFailure:
+    kind: str
+    reason: str
+    reset_at_ms: int | None = None
+
+
+class Usage(t.NamedTuple):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class TurnParser(abc.ABC):
+    """What one turn's stdout has said so far. Pure: no I/O, so it is tested on captured output."""
+
+    session_id: str | None = None
+    events_seen: int = 0
+    tool_calls: int = 0
+    current_tool: str | None = None
+
+    @abc.abstractmethod
+    def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
+        """Parse one stdout line; a malformed line is an event, never an exception."""
+
+    @property
+    @abc.abstractmethod
+    def finished(self) -> bool:
+        """The runtime printed its end-of-turn event (successful or not)."""
+
+    @property
+    @abc.abstractmethod
+    def succeeded(self) -> bool:
+        """The runtime reported a successful end of the turn."""
+
+    @abc.abstractmethod
+    def failure(self, *, resumed: bool) -> TurnFailure:
+        """Why a turn that did not succeed failed (only meaningful when ``succeeded`` is False)."""
+
+    @abc.abstractmethod
+    def usage(self) -> Usage:
+        """Tokens and dollars of the turn as reported so far."""
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """What the turn runner knows when it asks for a command line."""
+
+    model: str | None
+    resume_session_id: str | None
+    run_dir: Path              # .overstory/run/<agent>/: root-agent instructions, runtime state
+    at_project_root: bool      # no worktree (the coordinator): instructions and hooks come from run_dir
+    scenario: Path | None = None
+
+
+@dataclass(frozen=True)
+class Screen:
+    """What ov understands of one capture of a TUI's pane."""
+
+    text: str
+    ready: bool
+    busy: bool
+    input_text: str | None  # what is typed in the prompt box; None when there is no prompt box
+    blocker: Blocker | None
+
+    @property
+    def idle(self) -> bool:
+        """Ready, not working, nothing typed: the only state in which ov types."""
+        return self.ready and not self.busy and self.input_text == "" and self.blocker is None
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A start-up screen that stops the TUI. ``answer`` (tmux key names) gets past it; None means give up."""
+
+    name: str
+    marks: tuple[str, ...]
+    answer: tuple[str, ...] | None
+    message: str
+
+
+class Tui(abc.ABC):
+    """A runtime's interactive program, run in a tmux pane (tmux mode)."""
+
+    extra_env: t.ClassVar[dict[str, str]] = {}
+
+    @abc.abstractmethod
+    def command(self, config: Config, model: str | None, *, hook_settings: dict[str, t.Any] | None,
+                instructions: str | None) -> list[str]:
+        """The TUI's command line. ``hook_settings``/``instructions`` are given for an agent at the project
+        root (it has no worktree files to read them from)."""
+
+    @abc.abstractmethod
+    def read_screen(self, text: str) -> Screen:
+        """Parse a ``capture-pane`` of the TUI."""
+
+    @abc.abstractmethod
+    def activity_fingerprint(self, text: str) -> str:
+        """A hash of the screen that changes with news, not with spinners or timers."""
+
+    @abc.abstractmethod
+    def last_lines(self, text: str, count: int = 6) -> str:
+        """The last meaningful lines of a screen, for error messages."""
+
+
+@dataclass(frozen=True)
+class RuntimeProbe:
+    """What ``ov doctor`` reports about one runtime."""
+
+    name: str
+    status: str          # "ok", "missing" (not installed) or "broken" (installed but does not answer)
+    detail: str          # version and path, or why it is missing
+    credentials: str     # e.g. "ANTHROPIC_API_KEY set", "logged in", "none found", "not needed"
+    hint: str = ""
+
+    @property
+    def installed(self) -> bool:
+        return self.status == "ok"
+
+
+class Runtime(abc.ABC):
+    """One program behind an agent. Instances are stateless; take them from the registry."""
+
+    name: t.ClassVar[str]
+    # Where the agent's instructions go inside its worktree, and (None: no hooks) its hook settings.
+    instructions_file: t.ClassVar[str]
+    hook_settings_file: t.ClassVar[str | None] = None
+    # For an agent at the project root: file names inside its run dir.
+    root_instructions_file: t.ClassVar[str] = "instructions.md"
+    root_settings_file: t.ClassVar[str] = "settings.json"
+
+    @abc.abstractmethod
+    def program(self, config: Config) -> list[str]:
+        """The executable (and fixed leading arguments); raises RuntimeNotAvailable when missing."""
+
+    @abc.abstractmethod
+    def headless_command(self, request: TurnRequest, config: Config) -> list[str]:
+        """The full argv of one headless turn."""
+
+    @abc.abstractmethod
+    def stdin_message(self, prompt: str) -> bytes:
+        """What is written to the turn's stdin (which is then closed)."""
+
+    @abc.abstractmethod
+    def new_parser(self) -> TurnParser:
+        """A parser for one turn's stdout."""
+
+    def provider_env(self, base_url: str, api_key: str) -> dict[str, str]:
+        """Environment that routes this runtime to a configured provider endpoint."""
+        return {}
+
+    def turn_env(self) -> dict[str, str]:
+        """Fixed environment every turn of this runtime needs."""
+        return {}
+
+    def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
+        """The settings that make the runtime call ``ov guard`` before each tool call; None: no hooks."""
+        return None
+
+    @property
+    def tui(self) -> Tui | None:
+        """The interactive program for tmux mode; None when the runtime is headless only."""
+        return None
+
+    def default_scenario(self, capability: str, task_id: str) -> dict[str, t.Any] | None:
+        """A built-in script for runtimes that play one instead of calling a model."""
+        return None
+
+    @abc.abstractmethod
+    def probe(self, config: Config | None) -> RuntimeProbe:
+        """Installed? Which version? Credentials? (May run the program: not for hot paths.)"""
+
+
+def find_program(name_or_path: str) -> str | None:
+    """An executable on PATH, or an existing file path; None when neither."""
+    return shutil.which(name_or_path) or (name_or_path if Path(name_or_path).is_file() else None)

@@ -1,0 +1,1 @@
+"""Durable state: the only code that writes SQL. Imports no other layer of ov."""

@@ -1,0 +1,64 @@
+"""Rows of the ``turns`` table: one per runtime process started for a headless turn.
+
+A turn row is ``starting`` -> ``running`` -> one of ``ok``, ``transient``,
+``permanent``, ``resume_failed``, ``stalled``, ``aborted`` (the turn runner's
+verdicts), or ``failed``/``interrupted``/``aborted`` when someone else settles a
+turn whose runner died or was stopped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from overstory.clock import now_ms
+
+LIVE_TURN_STATUSES = ("starting", "running")
+_LIVE = "status IN ('starting', 'running')"
+
+
+def start(conn: sqlite3.Connection, turn_id: str, *, agent: str, generation: int, number: int, attempt: int,
+          resumed: bool, started_ms: int, log_dir: str) -> None:
+    conn.execute(
+        "INSERT INTO turns(id, agent, generation, number, attempt, status, resumed, started_at, log_dir) "
+        "VALUES (?,?,?,?,?,?,?,?,?)",
+        (turn_id, agent, generation, number, attempt, "starting", int(resumed), started_ms, log_dir),
+    )
+
+
+def mark_running(conn: sqlite3.Connection, turn_id: str, *, pid: int, pgid: int) -> None:
+    conn.execute("UPDATE turns SET status='running', pid=?, pgid=? WHERE id=?", (pid, pgid, turn_id))
+
+
+def set_session_id(conn: sqlite3.Connection, turn_id: str, session_id: str) -> None:
+    conn.execute("UPDATE turns SET session_id=? WHERE id=?", (session_id, turn_id))
+
+
+def finish(conn: sqlite3.Connection, turn_id: str, status: str, *, input_tokens: int, output_tokens: int,
+           cost_usd: float, tool_calls: int, session_id: str | None, error: str | None) -> None:
+    conn.execute(
+        "UPDATE turns SET status=?, ended_at=?, input_tokens=?, output_tokens=?, cost_usd=?, tool_calls=?, "
+        "session_id=COALESCE(?, session_id), error=? WHERE id=?",
+        (status, now_ms(), input_tokens, output_tokens, cost_usd, tool_calls, session_id, error, turn_id),
+    )
+
+
+def mark_interrupted(conn: sqlite3.Connection, turn_id: str) -> None:
+    """A turn whose loop died: recorded as interrupted unless it already ended."""
+    conn.execute("UPDATE turns SET status='interrupted', ended_at=? WHERE id=? AND ended_at IS NULL",
+                 (now_ms(), turn_id))
+
+
+def end_live_turns(conn: sqlite3.Connection, agent: str, generation: int, *, status: str, error: str) -> int:
+    """Close every still-live turn of one agent generation (its runner is gone or was stopped)."""
+    return conn.execute(
+        f"UPDATE turns SET status = ?, ended_at = ?, error = ? WHERE agent = ? AND generation = ? AND {_LIVE}",
+        (status, now_ms(), error, agent, generation)).rowcount
+
+
+def abort_turns_of_ended_agents(conn: sqlite3.Connection) -> int:
+    """Close live turns whose agent generation has ended or been replaced (the watchdog's reconcile)."""
+    return conn.execute(
+        f"UPDATE turns SET status = 'aborted', ended_at = ?, error = 'agent ended or replaced during the turn' "
+        f"WHERE {_LIVE} AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.name = turns.agent "
+        f"AND s.generation = turns.generation AND s.state NOT IN ('completed', 'zombie'))",
+        (now_ms(),)).rowcount
