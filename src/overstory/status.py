@@ -128,7 +128,7 @@ def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.A
 
 
 ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "watchdog_zombie", "watchdog_readopt",
-               "contract_violation", "resume_fallback", "malformed_line", "api_retry")
+               "contract_violation", "resume_fallback", "malformed_line", "api_retry", "tool_call_flagged")
 
 
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None

@@ -351,9 +351,10 @@ class Watchdog:
 
     def _settle_finished_turn(self, agent: Session, turn_id: str, started_ms: int) -> Action:
         """The turn ended cleanly but the loop died before settling it: settle it as the loop would."""
-        from overstory.store import mail
+        from overstory.store import checkpoints, mail
 
-        done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, started_ms)
+        since = min(started_ms, checkpoints.dispatch_started(self.state, turn_id) or started_ms)
+        done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, since)
 
         def deliver(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
             self._fence(tx, agent)

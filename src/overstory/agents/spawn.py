@@ -49,6 +49,7 @@ class SlingRequest:
     base_branch: str | None = None
     scenario: Path | None = None
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
+    start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
 
 
@@ -169,7 +170,13 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             prompt = Path(request.spec_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read --spec {request.spec_file}: {exc.strerror}") from None
+    from overstory.store.dispatch import agent_key
+
+    key = agent_key(environ, "sling", capability, task_id, name, prompt, list(request.files), request.parent,
+                    request.runtime, request.model, request.base_branch, request.at_project_root)
     existing = sessions.get(conn, name)
+    if key is not None and existing is not None and existing.spec.get("idempotency_key") == key:
+        return _result_of(conn, existing)  # a retried turn slinging again: the agent it already started
     if existing is not None and not existing.is_terminal:
         raise AgentExists(f"agent {name} is already active (state {existing.state}); stop it with `ov stop {name}` "
                           "or choose another --name")
@@ -210,7 +217,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         if not at_root:
             assert worktree is not None and branch is not None
             _fault("branch", environ)
-            git(project.root, "branch", branch, base_branch)
+            git(project.root, "branch", branch, request.start_point or base_branch)
             undo.push("branch", lambda: git(project.root, "branch", "-D", branch, check=False))
             _fault("worktree", environ)
             _add_worktree(project, worktree, branch)
@@ -239,7 +246,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         save_launch_env(project, name, launch_env)
         _fault("session", environ)
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
-                "scenario": str(scenario_path) if scenario_path else None}
+                "scenario": str(scenario_path) if scenario_path else None, "idempotency_key": key}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
@@ -289,6 +296,15 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                        worktree=str(worktree) if worktree else None, parent=parent, depth=depth, runtime=runtime,
                        loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id,
                        mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None)
+
+
+def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult:
+    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' ORDER BY id LIMIT 1",
+                       (agent.name,)).fetchone()
+    return SlingResult(name=agent.name, capability=agent.capability, task_id=agent.task_id,
+                       generation=agent.generation, branch=agent.branch, worktree=agent.worktree, parent=agent.parent,
+                       depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
+                       dispatch_mail_id=row[0] if row else None, mode=agent.mode, tmux_session=agent.tmux_session)
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:

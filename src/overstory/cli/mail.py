@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import typing as t
 
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
 from overstory.store import mail as store
+from overstory.store.dispatch import agent_key
 
 
 def _read_body(body: str | None, body_file: str | None) -> str:
@@ -101,8 +103,11 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
     project = project_paths()
     conn = state_conn(project)
     sender = from_ or store.default_sender()
+    parsed = _parse_payload(payload)
+    key = agent_key(os.environ, "mail", sender, to, type_, subject, text, parsed, reply_to, priority)
     ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                     payload=_parse_payload(payload), reply_to=reply_to, allow_unknown=allow_unknown)
+                     payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown, dedup_key=key,
+                     idempotent=key is not None)
     if as_json:
         rows = conn.execute(
             f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id", ids
@@ -221,7 +226,9 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
         raise click.UsageError("give the reply text with --body TEXT, --body - or --body-file F")
     text = _read_body(body, body_file)
     conn = state_conn(project_paths())
-    new_id = store.reply(conn, message_id, sender=from_ or store.default_sender(), body=text)
+    sender = from_ or store.default_sender()
+    new_id = store.reply(conn, message_id, sender=sender, body=text,
+                         dedup_key=agent_key(os.environ, "reply", sender, message_id, text))
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:

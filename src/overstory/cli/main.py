@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "coordinator": ("overstory.cli.coordinator", "coordinator", "Start, mail and stop the coordinator."),
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
+    "trace": ("overstory.cli.trace", "trace", "Show one agent's turns, tool calls and mail."),
+    "resume": ("overstory.cli.resume", "resume", "Recover every agent after a crash, or fork one."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
 }
 HIDDEN: set[str] = set()

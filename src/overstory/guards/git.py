@@ -71,6 +71,9 @@ def _git(argv: list[str], agent: _Agent, state: _ShellState, assignments: Mappin
     options, positionals = _parse_options(sub_args, _GIT_SUB_VALUE)
     flags = _names(options)
 
+    if sub == "push" and configs:
+        return _Effect("deny", reason=f"`git -c … push` is refused for every agent: the -c settings could change "
+                                      f"where the push goes. Push with `git push REMOTE {agent.own_branch}`.")
     refusal = _git_refusal(sub, sub_args, positionals, flags, agent)
     if refusal:
         return _Effect("deny", reason=refusal)
@@ -133,11 +136,7 @@ def _git_refusal(
     """Git commands refused for every agent, whatever its capability."""
     own = agent.own_branch
     if sub == "push":
-        return (
-            f"nobody pushes from an ov agent ({agent.who} tried `git push`). Commit on your "
-            f"branch {own}; `ov merge` brings it into the project. Tell your parent it is "
-            "ready with `ov mail send`."
-        )
+        return _push_refusal(sub_args, agent)
     if sub == "reset" and "--hard" in flags:
         return (
             "`git reset --hard` throws work away and is refused for every agent. Use `git "
@@ -179,7 +178,8 @@ def _git_refusal(
     if sub == "stash" and positionals[:1] == ["clear"]:
         return "`git stash clear` drops the stash shared by every worktree; refused."
     if sub == "config" and _git_config_writes(positionals, flags):
-        if not (agent.writable and "--worktree" in flags):
+        key = next((p for p in positionals if p not in ("set", "unset")), "").lower()
+        if not (agent.writable and "--worktree" in flags) or key.startswith(("remote.", "url.", "branch.")):
             return (
                 "the repository's git config is shared by every agent and the operator; "
                 "agents may not change it (writers may use `git config --worktree`)."
@@ -194,6 +194,54 @@ def _git_refusal(
                     f"`git {sub} {spec}` would overwrite the local branch {destination}; "
                     f"agents only update their own branch {own}. Fetch without `:dst`."
                 )
+    return None
+
+
+PUSH_REMOTES_ENV = "OVERSTORY_PUSH_REMOTES"
+_PUSH_VALUE = ("-o", "--push-option", "--repo", "--receive-pack", "--exec", "--signed", "--recurse-submodules")
+_PUSH_HARMLESS = frozenset({"-u", "--set-upstream", "-q", "--quiet", "-v", "--verbose", "-n", "--dry-run",
+                            "--porcelain", "--progress", "--no-progress"})
+
+
+def _push_refusal(sub_args: list[str], agent: _Agent) -> str | None:
+    """Writers may push their own branch to a remote named in config ``guards.push_remotes``; nothing else.
+
+    Allowed: ``git push [-u] REMOTE BRANCH`` where BRANCH is the agent's own branch (also
+    written ``HEAD``, ``HEAD:BRANCH``, ``BRANCH:BRANCH`` or with ``refs/heads/``). Refused:
+    no remotes configured, read-only agents, URLs or unlisted remotes, other branches,
+    tags, force (``-f``, ``--force-with-lease``, a ``+`` refspec), deletes, ``--all``,
+    ``--mirror``, a bare ``git push``, and every other option.
+    """
+    own = agent.own_branch
+    allowed = [r.strip() for r in agent.env.get(PUSH_REMOTES_ENV, "").split(",") if r.strip()]
+    nobody = (
+        f"nobody pushes from an ov agent ({agent.who} tried `git push`). Commit on your "
+        f"branch {own}; `ov merge` brings it into the project. Tell your parent it is "
+        "ready with `ov mail send`."
+    )
+    if not allowed or not agent.writable:
+        return nobody
+    options, positionals = _parse_options(sub_args, _PUSH_VALUE)
+    others = sorted(_names(options) - _PUSH_HARMLESS)
+    how = f"only `git push {allowed[0]} {own}` is allowed ({agent.who} may push its own branch {own} to " \
+          f"{', '.join(allowed)}; config guards.push_remotes)"
+    if others:
+        return f"`git push {' '.join(others)}` is refused for every agent: {how}."
+    if len(positionals) != 2:
+        return f"name the remote and the branch: {how}."
+    remote, refspec = positionals
+    if remote not in allowed:
+        return f"{remote!r} is not a remote agents may push to: {how}."
+    if refspec.startswith("+"):
+        return f"force pushes are refused for every agent: {how}."
+    source, colon, destination = refspec.partition(":")
+    if not source:
+        return f"`git push {remote} {refspec}` deletes a remote branch and is refused for every agent: {how}."
+    if not colon:
+        destination = own if source == "HEAD" else source
+    own_names = {own, f"refs/heads/{own}"}
+    if source not in own_names | {"HEAD"} or destination not in own_names:
+        return f"`git push {remote} {refspec}` would change a branch that is not {agent.who}'s own: {how}."
     return None
 
 
