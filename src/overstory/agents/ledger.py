@@ -35,24 +35,13 @@ import sqlite3
 import sys
 import typing as t
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from overstory.guards.classify import (
-    CLASSES,
-    DEFAULT_LEDGER_RULES,
-    LOCAL_WRITE,
-    READ,
-    SIDE_EFFECT,
-    LedgerRules,
-    classify,
-    idempotency_key,
-    normalize_input,
-)
-from overstory.guards.policy import Decision
 from overstory.store import ledger as store
 from overstory.store.dispatch import DISPATCH_ENV, dispatch_ids, scope_of
 
 if t.TYPE_CHECKING:
+    from overstory.guards.classify import LedgerRules
+    from overstory.guards.policy import Decision
     from overstory.runtimes.base import ParsedEvent
 
 ENV_ATTEMPT = "OVERSTORY_ATTEMPT"
@@ -60,18 +49,30 @@ ENV_DISPATCH = DISPATCH_ENV
 ENV_RUN_ID = "OVERSTORY_RUN_ID"
 ENV_POLICY = "OVERSTORY_LEDGER"
 REPLAY_POLICIES = ("skip", "rerun", "ask")
-DEFAULT_REPLAY: dict[str, str] = {READ: "rerun", LOCAL_WRITE: "rerun", SIDE_EFFECT: "skip"}
+DEFAULT_REPLAY: dict[str, str] = {"read": "rerun", "local_write": "rerun", "side_effect": "skip"}
 FLAG_EVENT = "tool_call_flagged"
 _EXIT_CODE = re.compile(r"^Exit code (-?\d+)")
 
 
-@dataclass(frozen=True)
 class LedgerPolicy:
-    """Config ``ledger``: extra read-only and side-effect patterns, replay policy per class."""
+    """Config ``ledger``: extra read-only and side-effect patterns, replay policy per class.
 
-    read_only: tuple[str, ...] = ()
-    side_effects: tuple[str, ...] = ()
-    replay: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REPLAY))
+    Plain classes here, not dataclasses: defining one costs milliseconds on every `ov guard`.
+    """
+
+    __slots__ = ("read_only", "side_effects", "replay")
+
+    def __init__(self, read_only: tuple[str, ...] = (), side_effects: tuple[str, ...] = (),
+                 replay: Mapping[str, str] | None = None) -> None:
+        self.read_only = tuple(read_only)
+        self.side_effects = tuple(side_effects)
+        self.replay = dict(DEFAULT_REPLAY if replay is None else replay)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LedgerPolicy) and (self.read_only, self.side_effects, self.replay) == (
+            other.read_only, other.side_effects, other.replay)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def to_json(self) -> str:
         return json.dumps({"read_only": list(self.read_only), "side_effects": list(self.side_effects),
@@ -85,35 +86,38 @@ class LedgerPolicy:
         try:
             data = json.loads(text)
             replay = {**DEFAULT_REPLAY, **{k: v for k, v in (data.get("replay") or {}).items()
-                                           if k in CLASSES and v in REPLAY_POLICIES}}
+                                           if k in DEFAULT_REPLAY and v in REPLAY_POLICIES}}
             return cls(tuple(str(p) for p in data.get("read_only") or ()),
                        tuple(str(p) for p in data.get("side_effects") or ()), replay)
         except (ValueError, AttributeError, TypeError):
             return cls()
 
-    def rules(self) -> LedgerRules:
+    def rules(self) -> LedgerRules | None:
+        """The compiled patterns; None for the defaults (or patterns a hand-edited env broke)."""
         if not self.read_only and not self.side_effects:
-            return DEFAULT_LEDGER_RULES
+            return None
+        from overstory.guards.classify import LedgerRules
+
         try:
             return LedgerRules.from_texts(self.read_only, self.side_effects)
-        except ValueError:  # config validation rejects these; a hand-edited env must not break the guard
-            return DEFAULT_LEDGER_RULES
+        except ValueError:  # config validation rejects these; a broken env must not break the guard
+            return None
 
 
-@dataclass(frozen=True)
 class LedgerContext:
     """Who is calling and which attempt of which dispatch the call belongs to."""
 
-    agent: str
-    generation: int = 0
-    task: str = ""
-    turn_id: str | None = None
-    attempt: int = 0
-    dispatch: tuple[int, ...] = ()
-    run_id: str | None = None
-    worktree: str | None = None
-    rules: LedgerRules = DEFAULT_LEDGER_RULES
-    replay: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REPLAY))
+    __slots__ = ("agent", "generation", "task", "turn_id", "attempt", "dispatch", "run_id", "worktree", "rules",
+                 "replay")
+
+    def __init__(self, agent: str, generation: int = 0, task: str = "", turn_id: str | None = None,
+                 attempt: int = 0, dispatch: tuple[int, ...] = (), run_id: str | None = None,
+                 worktree: str | None = None, rules: LedgerRules | None = None,
+                 replay: Mapping[str, str] | None = None) -> None:
+        self.agent, self.generation, self.task, self.turn_id = agent, generation, task, turn_id
+        self.attempt, self.dispatch, self.run_id, self.worktree = attempt, tuple(dispatch), run_id, worktree
+        self.rules = rules  # None: the default rules
+        self.replay = dict(DEFAULT_REPLAY if replay is None else replay)
 
     @property
     def scope(self) -> str:
@@ -181,12 +185,14 @@ def record_pre(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decisi
         _flag(conn, events, ctx, call, begun)
     if not decision.allow or begun.status == "started":
         return decision
-    return Decision.deny(begun.reason or "ov: this call repeats an earlier attempt's and was held back.")
+    return type(decision).deny(begun.reason or "ov: this call repeats an earlier attempt's and was held back.")
 
 
 def _call(ctx: LedgerContext, tool: str, tool_input: Mapping[str, t.Any], tool_use_id: t.Any,
           source: str = "hook") -> store.Call:
-    klass = classify(tool, tool_input, ctx.rules)
+    from overstory.guards.classify import DEFAULT_LEDGER_RULES, classify, idempotency_key, normalize_input
+
+    klass = classify(tool, tool_input, ctx.rules or DEFAULT_LEDGER_RULES)
     normalized = normalize_input(tool, tool_input, ctx.worktree)
     key = idempotency_key(agent=ctx.agent, task=ctx.task, klass=klass, tool=tool, normalized=normalized,
                           scope=ctx.scope)
@@ -331,11 +337,9 @@ def _with_state(env: Mapping[str, str], text: str | None,
     if not os.path.isfile(state_db):
         return fallback
     try:
-        from pathlib import Path
-
         from overstory.store.db import open_state
 
-        conn = open_state(Path(state_db))
+        conn = open_state(state_db)  # type: ignore[arg-type]  # a str does: connect() only calls str() on it
         try:
             result = action(conn, data, ctx)
         finally:
@@ -343,7 +347,7 @@ def _with_state(env: Mapping[str, str], text: str | None,
     except Exception as exc:  # noqa: BLE001 - the ledger must never turn into the reason a call fails
         print(f"ov guard: the tool-call ledger was not written ({type(exc).__name__}: {exc})", file=sys.stderr)
         return fallback
-    return result if fallback is None or isinstance(result, Decision) else fallback
+    return result if fallback is None or type(result) is type(fallback) else fallback
 
 
 # --------------------------------------------------------------------------- runtimes without hooks

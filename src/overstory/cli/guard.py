@@ -10,8 +10,6 @@ import sys
 
 import click
 
-from overstory import guards
-
 
 @click.command(name="guard")
 @click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure hook: record the call's receipt.")
@@ -42,6 +40,8 @@ def guard(post: bool) -> None:
     if post:
         ledger.hook_post(text, os.environ)
         return
+    from overstory import guards
+
     response = guards.hook_response(ledger.hook_pre(text, guards.decide_hook_text(text, os.environ), os.environ))
     if response:
         click.echo(response)

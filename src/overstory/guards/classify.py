@@ -20,7 +20,6 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from overstory.guards.patterns import SHELL_TOOLS, ToolPattern, call_subjects, parse_pattern, shell_commands
 
@@ -89,19 +88,22 @@ _HTTP_WRITE = re.compile(
 )
 
 
-@dataclass(frozen=True)
 class LedgerRules:
     """The configured rules (``ledger.read_only`` and ``ledger.side_effects``) ahead of the defaults."""
 
-    read_only: tuple[ToolPattern, ...] = ()
-    side_effects: tuple[ToolPattern, ...] = ()
+    __slots__ = ("read_only", "side_effects", "_ordered")
+
+    def __init__(self, read_only: tuple[ToolPattern, ...] = (), side_effects: tuple[ToolPattern, ...] = ()) -> None:
+        self.read_only = read_only
+        self.side_effects = side_effects
+        self._ordered = (*((p, READ) for p in read_only), *((p, SIDE_EFFECT) for p in side_effects), *_DEFAULTS)
 
     @classmethod
     def from_texts(cls, read_only: Sequence[str] = (), side_effects: Sequence[str] = ()) -> LedgerRules:
         return cls(tuple(parse_pattern(t) for t in read_only), tuple(parse_pattern(t) for t in side_effects))
 
     def ordered(self) -> tuple[tuple[ToolPattern, str], ...]:
-        return (*((p, READ) for p in self.read_only), *((p, SIDE_EFFECT) for p in self.side_effects), *_DEFAULTS)
+        return self._ordered
 
 
 DEFAULT_LEDGER_RULES = LedgerRules()

@@ -30,7 +30,6 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from overstory.guards.shell import _ASSIGNMENT, _KEYWORDS, ShellCommand, split_shell
 
@@ -70,13 +69,19 @@ class _Glob:
         return self.regex is not None and self.regex.fullmatch(text) is not None
 
 
-@dataclass(frozen=True)
 class ToolPattern:
-    """One parsed pattern; ``matches`` answers for a whole call."""
+    """One parsed pattern; ``matches`` answers for a whole call. (A plain class: a dataclass costs
+    milliseconds to define, and `ov guard` imports this on every tool call.)"""
 
-    text: str
-    tool: _Glob
-    argument: _Glob | None
+    __slots__ = ("text", "tool", "argument")
+
+    def __init__(self, text: str, tool: _Glob, argument: _Glob | None) -> None:
+        self.text = text
+        self.tool = tool
+        self.argument = argument
+
+    def __repr__(self) -> str:
+        return f"ToolPattern({self.text!r})"
 
     def tool_matches(self, tool_name: str) -> bool:
         return self.tool(tool_name)

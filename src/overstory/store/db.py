@@ -7,15 +7,16 @@ which takes the write lock up front and makes read-modify-write sequences atomic
 
 from __future__ import annotations
 
-import random
 import sqlite3
 import time
 import typing as t
 from contextlib import contextmanager
-from pathlib import Path
 
 from overstory.errors import StoreError
 from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS, Migration
+
+if t.TYPE_CHECKING:  # pathlib costs milliseconds to import and `ov guard` opens state.db on every call
+    from pathlib import Path
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -31,7 +32,7 @@ def connect(path: Path, migrations: t.Sequence[Migration]) -> sqlite3.Connection
         _switch_to_wal(conn, path)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
-        migrate(conn, migrations, label=path.name)
+        migrate(conn, migrations, label=str(path).rsplit("/", 1)[-1])
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
@@ -60,6 +61,8 @@ def _switch_to_wal(conn: sqlite3.Connection, path: Path) -> None:
                 raise
         if time.monotonic() > deadline:
             raise StoreError(f"{path}: could not switch to WAL mode: the database stayed locked by another process")
+        import random
+
         time.sleep(0.005 + random.random() * 0.02)
 
 

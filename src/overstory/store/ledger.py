@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import typing as t
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from overstory.clock import now_ms
 from overstory.store.db import write_transaction
@@ -33,52 +33,47 @@ _COLUMNS = ("id, run_id, agent, generation, turn_id, attempt, scope, dispatch, t
             "ended_at")
 
 
-@dataclass(frozen=True)
 class Call:
-    """What is known about a tool call when it is about to run."""
+    """What is known about a tool call when it is about to run.
 
-    agent: str
-    generation: int
-    tool: str
-    input: str  # normalized, stable JSON
-    klass: str
-    idem_key: str
-    turn_id: str | None = None
-    attempt: int = 0
-    scope: str | None = None
-    dispatch: tuple[int, ...] = ()
-    run_id: str | None = None
-    tool_use_id: str | None = None
-    source: str = "hook"
+    Plain classes here, not dataclasses: defining a dataclass costs milliseconds, and
+    `ov guard` imports this module on every tool call.
+    """
+
+    __slots__ = ("agent", "generation", "tool", "input", "klass", "idem_key", "turn_id", "attempt", "scope",
+                 "dispatch", "run_id", "tool_use_id", "source")
+
+    def __init__(self, *, agent: str, generation: int, tool: str, input: str, klass: str, idem_key: str,
+                 turn_id: str | None = None, attempt: int = 0, scope: str | None = None,
+                 dispatch: tuple[int, ...] = (), run_id: str | None = None, tool_use_id: str | None = None,
+                 source: str = "hook") -> None:
+        self.agent, self.generation, self.tool, self.input = agent, generation, tool, input  # input: stable JSON
+        self.klass, self.idem_key, self.turn_id, self.attempt = klass, idem_key, turn_id, attempt
+        self.scope, self.dispatch, self.run_id, self.tool_use_id, self.source = (scope, dispatch, run_id,
+                                                                                 tool_use_id, source)
 
 
-@dataclass(frozen=True)
 class Prior:
     """An earlier attempt's row that a replayed call matched."""
 
-    id: int
-    status: str
-    receipt: str | None
-    exit_code: int | None
-    turn_id: str | None
-    attempt: int
-    started_at: int
+    __slots__ = ("id", "status", "receipt", "exit_code", "turn_id", "attempt", "started_at")
+
+    def __init__(self, row: sqlite3.Row) -> None:
+        self.id, self.status, self.receipt, self.exit_code = row["id"], row["status"], row["receipt"], row["exit_code"]
+        self.turn_id, self.attempt, self.started_at = row["turn_id"], row["attempt"], row["started_at"]
 
 
-@dataclass(frozen=True)
 class Begun:
-    id: int
-    status: str
-    reason: str | None
-    flagged: bool
-    prior: Prior | None
+    """The row ``begin`` wrote: its id and status, why (for a denial), and the earlier row it replays."""
 
+    __slots__ = ("id", "status", "reason", "flagged", "prior")
 
-Explain = t.Callable[[Prior], tuple[str, str, bool]]
+    def __init__(self, id: int, status: str, reason: str | None, flagged: bool, prior: Prior | None) -> None:
+        self.id, self.status, self.reason, self.flagged, self.prior = id, status, reason, flagged, prior
 
 
 def begin(conn: sqlite3.Connection, call: Call, *, denied_reason: str | None, check_replay: bool,
-          explain: Explain | None = None) -> Begun:
+          explain: Callable[[Prior], tuple[str, str, bool]] | None = None) -> Begun:
     """Insert the row for a call about to run (or refused with ``denied_reason``).
 
     With ``check_replay``, an allowed call that replays an earlier attempt's effect is
@@ -116,8 +111,7 @@ def _unconsumed_prior(conn: sqlite3.Connection, call: Call) -> Prior | None:
     for row in rows:
         if row["id"] in used_here or (row["status"] == "started" and row["id"] in warned):
             continue
-        return Prior(row["id"], row["status"], row["receipt"], row["exit_code"], row["turn_id"], row["attempt"],
-                     row["started_at"])
+        return Prior(row)
     return None
 
 
