@@ -466,3 +466,50 @@ def test_ov_sling_from_an_agent_is_idempotent_per_dispatch(project: ProjectPaths
     with pytest.raises(AgentExists):  # another dispatch (or other words) is a new request: refused as before
         sling(project, config, state_db, request, {**env, "OVERSTORY_DISPATCH": "11"}, start=False)
     run_git(project.root, "rev-parse", "--verify", "ov/builder-sub")
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------
+
+
+def test_worktree_state_and_stale_git_locks(git_repo: Path, tmp_path: Path) -> None:
+    from overstory.agents.checkpoint import clear_stale_git_locks, worktree_state
+
+    wt = tmp_path / "wt"
+    run_git(git_repo, "worktree", "add", "-q", "-b", "ov/b", str(wt))
+    (wt / "new.txt").write_text("x")
+    (wt / "README.md").write_text("changed\n")
+    head, status = worktree_state(str(wt))
+    assert head == run_git(git_repo, "rev-parse", "ov/b").strip()
+    assert status is not None and not status["clean"] and status["untracked"] == 1 and status["modified"] == 1
+    assert worktree_state(str(tmp_path / "nowhere")) == (None, None)
+    gitdir = Path(run_git(wt, "rev-parse", "--absolute-git-dir").strip())
+    common = Path(run_git(wt, "rev-parse", "--path-format=absolute", "--git-common-dir").strip())
+    locks = [gitdir / "index.lock", gitdir / "HEAD.lock", common / "refs" / "heads" / "ov" / "b.lock"]
+    for lock in locks:
+        lock.write_text("")
+    project_lock = common / "index.lock"
+    project_lock.write_text("")
+    assert sorted(clear_stale_git_locks(str(wt), "ov/b")) == sorted(str(p) for p in locks)
+    assert project_lock.exists(), "the project checkout's own lock is never touched"
+    run_git(wt, "add", "new.txt")  # git works again
+    assert clear_stale_git_locks(None, "ov/b") == [] and clear_stale_git_locks(str(git_repo), None) == []
+
+
+def test_the_merged_announcement_of_a_merger_turn_is_sent_once_per_dispatch(project: ProjectPaths, state_db: t.Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from overstory.merge.queue import MergeReport, _announce
+
+    _agent_row(state_db, "lead-1", capability="lead")
+    _agent_row(state_db, "builder-a", parent="lead-1", branch="ov/builder-a")
+    agent = sessions.get(state_db, "builder-a")
+    report = MergeReport(branch="ov/builder-a", target="main", agent="builder-a", merged=True, dry_run=False, tier=1,
+                         reason="merged cleanly", commit="abc")
+    monkeypatch.setenv("OVERSTORY_AGENT_NAME", "merger-1")
+    monkeypatch.setenv("OVERSTORY_DISPATCH", "4")
+    _announce(project, state_db, agent, report)
+    _announce(project, state_db, agent, MergeReport(**{**report.as_dict(), "reason": "Already up to date."}))
+    merged = state_db.execute("SELECT recipient FROM mail WHERE type = 'merged' ORDER BY id").fetchall()
+    assert [r[0] for r in merged] == ["lead-1", "builder-a"], "one announcement per recipient, not two"
+    monkeypatch.delenv("OVERSTORY_DISPATCH")  # the operator's own `ov merge`: never deduplicated
+    _announce(project, state_db, agent, report)
+    assert state_db.execute("SELECT count(*) FROM mail WHERE type = 'merged'").fetchone()[0] == 4

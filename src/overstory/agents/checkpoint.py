@@ -7,6 +7,7 @@ The turn runner writes one when a turn starts and rewrites it when the turn ends
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import typing as t
@@ -70,3 +71,39 @@ def save_end(state: sqlite3.Connection, agent: Session, turn_id: str, *, session
                                                                          agent.output_tokens)
     checkpoints.save_end(state, turn_id, session_id=session_id, head=head, git_status=status, cost_usd=cost,
                          input_tokens=tokens_in, output_tokens=tokens_out, turn_status=turn_status)
+
+
+def clear_stale_git_locks(worktree: str | None, branch: str | None) -> list[str]:
+    """Remove the lock files a killed git process left in an agent's own worktree; returns what went.
+
+    Called before a turn starts, when none of the agent's processes runs, so a lock there
+    is stale: a git command SIGKILLed mid-way (a crash, a reboot) never removes its
+    ``index.lock``, and every later ``git add``/``git commit`` of the agent would fail. The
+    agent cannot remove it itself (the guard keeps agents out of git's metadata). Only the
+    agent's worktree (``index.lock``, ``HEAD.lock``) and its own branch's ref lock; never
+    the project checkout.
+    """
+    if not worktree:
+        return []
+    try:
+        pointer = open(os.path.join(worktree, ".git"), encoding="utf-8").read().strip()
+    except OSError:
+        return []
+    if not pointer.startswith("gitdir:"):
+        return []
+    gitdir = os.path.join(worktree, pointer.split(":", 1)[1].strip())
+    candidates = [os.path.join(gitdir, "index.lock"), os.path.join(gitdir, "HEAD.lock")]
+    try:
+        common = open(os.path.join(gitdir, "commondir"), encoding="utf-8").read().strip()
+        if branch:
+            candidates.append(os.path.join(gitdir, common, "refs", "heads", *branch.split("/")) + ".lock")
+    except OSError:
+        pass
+    removed = []
+    for path in candidates:
+        try:
+            os.unlink(path)
+            removed.append(os.path.normpath(path))
+        except OSError:
+            continue
+    return removed

@@ -179,6 +179,10 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
     cwd = agent.worktree or str(project.root)
+    stale = checkpoint.clear_stale_git_locks(agent.worktree, agent.branch)
+    if stale:
+        event_store.record(events, "git_lock_removed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                           summary=f"removed stale git lock(s) left by a killed process: {', '.join(stale)}"[:300])
     checkpoint.save_start(state, agent, turn_id, attempt=attempt, scope=scope_of(dispatch), mail_ids=dispatch,
                           resume_session_id=resume_session_id, cwd=cwd, started_ms=started_ms)
     stream_ledger = None

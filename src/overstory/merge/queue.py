@@ -176,6 +176,12 @@ def _announce(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.S
     if not agent.is_terminal and agent.name not in recipients:
         recipients.append(agent.name)
     sender = os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
+    from overstory.store.dispatch import agent_key
+
+    # Run by an agent's turn, the announcement is idempotent per dispatch: a retried `ov merge` says it once.
     ids = [mid for mid in (mail.insert_message(conn, sender=sender, recipient=to, type=mail_type, priority="high",
-                                               subject=subject, body=body, payload=payload) for to in recipients) if mid]
+                                               subject=subject, body=body, payload=payload,
+                                               dedup_key=agent_key(os.environ, "announce", to, mail_type,
+                                                                   report.branch, report.target))
+                           for to in recipients) if mid]
     mail.record_sent(conn, ids)
