@@ -513,3 +513,61 @@ def test_the_merged_announcement_of_a_merger_turn_is_sent_once_per_dispatch(proj
     monkeypatch.delenv("OVERSTORY_DISPATCH")  # the operator's own `ov merge`: never deduplicated
     _announce(project, state_db, agent, report)
     assert state_db.execute("SELECT count(*) FROM mail WHERE type = 'merged'").fetchone()[0] == 4
+
+
+def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_no_hooks(
+        project: ProjectPaths, state_db: t.Any, events_db: t.Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime without tool hooks (here the scripted one with its hooks taken away): the rows come from its
+    tool_start/tool_end events. Nothing can be held back that way, but everything is recorded."""
+    from overstory.agents.spawn import SlingRequest, sling
+    from overstory.agents.turns import run_turn
+    from overstory.config import load_config
+    from overstory.runtimes.scripted import ScriptedRuntime
+    from overstory.store import mail
+
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps({"turns": [{"actions": [{"bash": "git status --short"},
+                                                           {"bash": "exit 3"}], "result": "done"}]}))
+    config = load_config(project.config_file, project.local_config_file)
+    result = sling(project, config, state_db, SlingRequest(capability="builder", task_id="s", runtime="scripted",
+                                                           scenario=scenario), start=False)
+    (project.worktree(result.name) / ".claude" / "settings.local.json").unlink()  # no hooks run
+    monkeypatch.setattr(ScriptedRuntime, "hook_settings", lambda self, ov_command, *, tmux_mode: None)
+    claimed = mail.claim(state_db, result.name, "turn-s")
+    agent = sessions.get(state_db, result.name)
+    done = run_turn(project, config, state_db, events_db, agent, mail.render_for_prompt(claimed), "turn-s",
+                    resume_session_id=None, base_env=dict(os.environ))
+    assert done.status == "ok", done.reason
+    rows = store.calls(state_db, agent=result.name)
+    assert [(r["input"], r["class"], r["status"], r["source"], r["scope"]) for r in rows] == [
+        ('{"command":"git status --short"}', "read", "succeeded", "stream", f"mail:{claimed[0].id}"),
+        ('{"command":"exit 3"}', "local_write", "failed", "stream", f"mail:{claimed[0].id}")]
+    mark = checkpoints_latest(state_db, result.name)
+    assert (mark["phase"], mark["turn_status"], mark["mail_ids"]) == ("end", "ok", [claimed[0].id])
+    assert mark["session_id"] == done.session_id and mark["head"]
+
+
+def checkpoints_latest(conn: t.Any, name: str) -> dict[str, t.Any]:
+    from overstory.store import checkpoints
+
+    found = checkpoints.latest(conn, name)
+    assert found is not None
+    return found
+
+
+def test_resume_all_leaves_recovery_to_a_running_watchdog(project: ProjectPaths) -> None:
+    idle = run_ov("resume", "--all", "--json", cwd=project.root)
+    assert idle.returncode == 0, idle.stderr
+    assert json.loads(idle.stdout)["actions"] == []
+    watchdog = subprocess.Popen([*ov_command(), "watchdog", "--interval", "0.5"], cwd=project.root,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert watchdog.stdout is not None and "watchdog running" in watchdog.stdout.readline()
+        busy = run_ov("resume", "--all", cwd=project.root)
+        assert busy.returncode == 0 and f"pid {watchdog.pid}" in busy.stdout and "re-adopts" in busy.stdout
+    finally:
+        watchdog.terminate()
+        watchdog.wait(timeout=30)
+    for args in (("resume",), ("resume", "--all", "x"), ("resume", "--all", "--fork")):
+        bad = run_ov(*args, cwd=project.root)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, args

@@ -371,7 +371,10 @@ class StreamLedger:
             if event.kind == "tool_start" and event.tool:
                 tool_input = data.get("tool_input")
                 if not isinstance(tool_input, dict):
-                    tool_input = {"input": data.get("input") or event.summary or ""}
+                    from overstory.guards.patterns import SHELL_TOOLS
+
+                    text = data.get("input") or event.summary or ""  # the parser's short rendering
+                    tool_input = {"command" if event.tool in SHELL_TOOLS else "input": text}
                 call = _call(self.ctx, event.tool, tool_input, data.get("tool_use_id"), source="stream")
                 store.begin(self.conn, call, denied_reason=None, check_replay=False)
             elif event.kind == "tool_end":

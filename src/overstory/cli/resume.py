@@ -23,8 +23,8 @@ def resume(agent: str | None, all_agents: bool, fork: bool, name: str | None, pr
     re-adopted (its interrupted turn is retried, resuming its runtime session; side
     effects that already happened are not repeated), claimed mail is released, and
     agents that cannot go on are retired with one worker_died to their parent. `ov
-    watch` and `ov watchdog` do the same when they start. Refused while a watchdog
-    runs (it already does this).
+    watch` and `ov watchdog` do the same when they start; while one runs, this only
+    says so (the watchdog already does it).
 
     --fork slings a new agent with AGENT's capability and task, on a new branch that
     starts at the commit of AGENT's newest checkpoint.
@@ -46,9 +46,17 @@ def resume(agent: str | None, all_agents: bool, fork: bool, name: str | None, pr
     config = load_config(project.config_file, project.local_config_file)
     conn = state_conn(project)
     if all_agents:
+        from overstory.errors import LockHeld
         from overstory.recovery import recover_all
 
-        report = recover_all(project, config, state=conn)
+        try:
+            report = recover_all(project, config, state=conn)
+        except LockHeld as running:  # the watchdog that holds the lock re-adopts every agent itself
+            if as_json:
+                echo_json({"recovered_by_watchdog": True, "detail": str(running)})
+            else:
+                click.echo(str(running))
+            return
         if as_json:
             echo_json(report.as_dict())
             return
