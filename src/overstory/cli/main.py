@@ -36,7 +36,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
 }
-HIDDEN: set[str] = set()
+# Left out of `ov --help` (still documented in the README and by `ov NAME --help`):
+# `ov guard` is the hook agents' tool calls go through, not a command for people.
+HIDDEN: set[str] = {"guard"}
 
 
 class LazyGroup(click.Group):

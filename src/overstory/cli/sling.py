@@ -48,6 +48,10 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
                            files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
                            scenario=scenario, tmux=tmux)
     result = do_sling(project, config, state_conn(project), request)
+    if prompt is None and spec_file is None:
+        click.echo(f"ov: warning: no --prompt or --spec: {result.name} has only its role ({capability}) and the "
+                   f"task id {task_id!r} to go on; send it the details with `ov mail send --to {result.name}`",
+                   err=True)
     if as_json:
         echo_json(result.as_dict())
         return
