@@ -69,6 +69,10 @@ class MergeSection(_Section):
     lock_wait: float = Field(30, ge=0)
 
 
+class LogsSection(_Section):
+    keep_days: float = Field(14, gt=0)
+
+
 class Provider(_Section):
     base_url: str
     api_key_env: str = "ANTHROPIC_API_KEY"
@@ -86,6 +90,7 @@ class Config(_Section):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
+    logs: LogsSection = Field(default_factory=LogsSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
 
@@ -149,6 +154,10 @@ merge:
   gates: []
   # Seconds to wait for another merge into the same branch before giving up.
   lock_wait: 30
+
+logs:
+  # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
+  keep_days: 14
 
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
 providers: {}

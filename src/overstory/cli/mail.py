@@ -7,7 +7,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.store import mail as store
 
 
@@ -70,7 +70,7 @@ def mail() -> None:
 
 
 @mail.command(name="send", epilog=PAYLOAD_FIELDS_HELP)
-@click.option("--to", "to", metavar="AGENT|@all|@<capability>s",
+@click.option("--to", "to", metavar="AGENT|@all|@<capability>s", shell_complete=completer("complete_recipients"),
               help="Recipient; protocol types default to the sender's parent.")
 @click.option("--subject", required=True, help="One-line subject.")
 @body_option
@@ -120,7 +120,7 @@ def _recipients(conn: t.Any, ids: list[int]) -> dict[int, str]:
 
 
 @mail.command(name="check")
-@click.option("--agent", metavar="NAME", help="Whose mail (default: $OVERSTORY_AGENT_NAME, else operator).")
+@click.option("--agent", metavar="NAME", shell_complete=completer("complete_agents"), help="Whose mail (default: $OVERSTORY_AGENT_NAME, else operator).")
 @click.option("--peek", is_flag=True, help="Show without marking read.")
 @click.option("--inject", is_flag=True, help="Compact block for a hook to inject into a model's context "
                                              "(prints nothing when there is no mail).")
@@ -269,7 +269,7 @@ def mail_purge(older_than: str, include_unread: bool, as_json: bool) -> None:
 
 
 @click.command(name="nudge")
-@click.argument("agent")
+@click.argument("agent", shell_complete=completer("complete_agents"))
 @click.argument("message", required=False)
 @json_option
 def nudge(agent: str, message: str | None, as_json: bool) -> None:

@@ -4,18 +4,18 @@ from pathlib import Path
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.runtimes import RUNTIME_NAMES
 
 
 @click.command(name="sling")
-@click.argument("capability")
+@click.argument("capability", shell_complete=completer("complete_capabilities"))
 @click.argument("task_id")
 @click.option("--name", help="Agent name (default: CAPABILITY-TASK_ID).")
 @click.option("--prompt", help="What the agent should do.")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
 @click.option("--files", multiple=True, help="File scope; repeat for several files: --files a.py --files b.py.")
-@click.option("--parent", help="Agent to report to (default: the calling agent, else operator).")
+@click.option("--parent", shell_complete=completer("complete_agents"), help="Agent to report to (default: the calling agent, else operator).")
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtime.default).")
 @click.option("--model", help="Model for this agent.")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
