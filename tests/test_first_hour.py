@@ -145,3 +145,31 @@ def test_guard_is_hidden_from_help_but_documented(tmp_path: Path) -> None:
     assert own.returncode == 0 and "PreToolUse" in own.stdout
     readme = (REPO_ROOT / "README.md").read_text()
     assert "| `ov guard`" in readme
+
+
+# ---- the scripted runtime's scenario format, as documented ------------------------------------
+
+
+def test_the_readme_scenario_example_plays_as_documented(project: ProjectPaths, tmp_path: Path) -> None:
+    """The YAML example in the README is a working scenario: a builder following it commits and reports."""
+    import re
+
+    from agent_helpers import wait_terminal
+    from conftest import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    [example] = re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(example)
+    result = run_ov("sling", "builder", "docs", "--runtime", "scripted", "--scenario", str(plan), "--prompt", "x",
+                    cwd=project.root)
+    assert result.returncode == 0, result.stderr
+    agent = wait_terminal(project, "builder-docs")
+    assert agent.state == "completed", agent.state_reason
+    assert run_git(project.root, "show", "ov/builder-docs:notes.md") == "# Notes\n"
+    conn = sqlite3.connect(project.state_db)
+    body = conn.execute("SELECT body FROM mail WHERE type = 'worker_done'").fetchone()[0]
+    conn.close()
+    assert body == "docs done", "${OVERSTORY_TASK_ID} was filled in"
+    help_text = run_ov("demo", "--help", cwd=project.root).stdout
+    assert "The scripted runtime's scenarios" in help_text and "### The scripted runtime's scenarios" in readme

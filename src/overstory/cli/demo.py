@@ -20,8 +20,8 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
 
     The claude runtime uses `runtime.claude_bin` from the project you run this in
     (or OV_RUNTIME_CLAUDE_BIN). The scripted runtime plays a scenario instead of
-    asking a model: the README's "The scripted runtime" section describes the
-    scenario format (`ov sling --runtime scripted --scenario FILE`).
+    asking a model; README.md, "The scripted runtime's scenarios", describes the
+    format (for your own: `ov sling --runtime scripted --scenario FILE`).
 
     \b
     ov demo                     # scripted runtime: no API key, no claude needed

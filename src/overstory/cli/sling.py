@@ -20,7 +20,7 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--model", help="Model for this agent.")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
-              help="Scenario file for the scripted runtime.")
+              help="Scenario file for the scripted runtime (format: README.md, \"The scripted runtime's scenarios\").")
 @click.option("--tmux/--headless", "tmux", default=None,
               help="Run the interactive TUI in tmux (`ov attach NAME`), or headless turns (default: runtime.tmux).")
 @json_option
