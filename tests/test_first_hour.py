@@ -173,3 +173,17 @@ def test_the_readme_scenario_example_plays_as_documented(project: ProjectPaths, 
     assert body == "docs done", "${OVERSTORY_TASK_ID} was filled in"
     help_text = run_ov("demo", "--help", cwd=project.root).stdout
     assert "The scripted runtime's scenarios" in help_text and "### The scripted runtime's scenarios" in readme
+
+
+def test_not_logged_in_is_an_auth_failure_that_is_not_retried() -> None:
+    """The result line of claude 2.1.197 run with no key and no login (captured in tests/e2e/test_demo_claude.py)."""
+    from overstory.runtimes import get_runtime
+    from overstory.runtimes.base import AUTH
+
+    parser = get_runtime("claude").new_parser()
+    parser.feed(json.dumps({"type": "result", "subtype": "success", "is_error": True, "api_error_status": None,
+                            "num_turns": 1, "result": "Not logged in \u00b7 Please run /login", "session_id": "s",
+                            "total_cost_usd": 0, "usage": {"input_tokens": 0, "output_tokens": 0}}))
+    assert parser.finished and not parser.succeeded
+    failure = parser.failure(resumed=False)
+    assert failure.kind == AUTH and "Not logged in" in failure.reason
