@@ -53,7 +53,11 @@ class Pane:
         return str(found)
 
     def close(self) -> None:
+        import os
+
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        base = Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / self.socket
+        base.unlink(missing_ok=True)  # our own server's socket: tmux may leave the file behind
 
 
 @pytest.fixture
