@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
+    "serve": ("overstory.cli.serve", "serve", "HTTP API, live events and the web dashboard."),
 }
 HIDDEN: set[str] = set()
 
