@@ -86,6 +86,10 @@ def test_send_and_nudge_use_the_mail_store_rules(api: TestClient, state_db: sqli
     assert sent.status_code == 201
     message = mail.get(state_db, sent.json()["ids"][0])
     assert message is not None and (message.sender, message.priority) == ("operator", "high")
+    once = {"to": "builder-n", "subject": "deploy window", "body": "after 6pm", "dedup_key": "window-1"}
+    first, retried = api.post("/api/mail", json=once), api.post("/api/mail", json=once)
+    assert len(first.json()["ids"]) == 1 and retried.json()["ids"] == [], "a retried request sends nothing new"
+    assert [m.subject for m in mail.list_messages(state_db, to="builder-n")].count("deploy window") == 1
     refused = api.post("/api/mail", json={"to": "builder-done", "subject": "too late"})
     assert refused.status_code == 409 and "completed" in refused.json()["error"]
     assert api.post("/api/mail", json={"to": "nobody-at-all", "subject": "x"}).status_code == 409

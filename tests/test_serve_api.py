@@ -133,6 +133,37 @@ def test_processes_creating_the_token_at_once_agree_on_one(tmp_path: Path) -> No
     assert not list(project.ov_dir.glob(".serve-token.*")), "no temporary file is left behind"
 
 
+KILLED_BEFORE_LINK = textwrap.dedent("""
+    import os, pathlib, sys, time
+    from overstory.paths import ProjectPaths
+    from overstory import serve_token
+    def stuck(*args):
+        print("written", flush=True)
+        time.sleep(600)
+    os.link = stuck
+    serve_token.ensure_token(ProjectPaths(pathlib.Path(sys.argv[1])))
+""")
+
+
+def test_a_creator_killed_before_linking_leaves_nothing_the_next_one_trips_on(tmp_path: Path) -> None:
+    from overstory.project_init import init_project
+
+    repo = make_repo(tmp_path / "killed")
+    init_project(repo)
+    project = ProjectPaths(repo)
+    project.serve_token_file.unlink()
+    victim = subprocess.Popen([sys.executable, "-c", KILLED_BEFORE_LINK, str(repo)], stdout=subprocess.PIPE, text=True)
+    assert victim.stdout is not None and victim.stdout.readline().strip() == "written"
+    leftovers = list(project.ov_dir.glob(".serve-token.*.tmp"))
+    assert [p.name for p in leftovers] == [f".serve-token.{victim.pid}.tmp"]
+    victim.kill()
+    victim.wait(timeout=10)
+    assert read_token(project) is None, "no half-made token is visible"
+    made = ensure_token(project)
+    assert made.created and read_token(project) == made.value
+    assert list(project.ov_dir.glob(".serve-token.*.tmp")) == [], "the dead creator's file is removed"
+
+
 # ---- 401 everywhere ---------------------------------------------------------------------------
 
 

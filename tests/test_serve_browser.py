@@ -39,7 +39,11 @@ CHROMIUM = os.environ.get("OV_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("OV_CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOTS = os.environ.get("OV_SCREENSHOTS")  # read now: the tests' environment drops OV_* variables
 CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                "--no-default-browser-check", "--disable-domain-reliability", "--metrics-recording-only",
+                "--disable-client-side-phishing-detection", "--disable-features=Translate,OptimizationHints",
+                # Every name but the test server's own address fails to resolve: the browser reaches nothing else.
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
 
 
 def _missing() -> list[str]:

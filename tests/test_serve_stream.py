@@ -184,3 +184,24 @@ def test_ctrl_c_stops_the_server_and_leaves_nothing_behind(fast_project: Project
     probe.bind(("127.0.0.1", port))  # the port is free again
     probe.close()
     print(f"\nov serve stopped {took:.2f}s after Ctrl-C with 3 streams open")
+
+
+def test_listening_beyond_loopback_warns_and_a_busy_port_is_one_line(fast_project: ProjectPaths) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        taken = run_ov("serve", "--port", str(port), cwd=fast_project.root)
+        assert taken.returncode == 1 and taken.stdout == ""
+        assert taken.stderr.strip().splitlines() == [
+            f"ov: error: cannot listen on 127.0.0.1:{port}: Address already in use; choose another with --port "
+            "(0 picks a free one)"]
+        # The warning comes before anything listens (here the port is taken, so nothing ever does).
+        wide = run_ov("serve", "--host", "0.0.0.0", "--port", str(port), cwd=fast_project.root)
+        assert wide.returncode == 1
+        first, second = wide.stderr.strip().splitlines()
+        assert first.startswith("warning: listening on 0.0.0.0: anyone who can reach this address")
+        assert "Address already in use" in second and "Traceback" not in wide.stderr
+    finally:
+        busy.close()

@@ -3,10 +3,11 @@
 Created by `ov init` (or the first `ov serve` of an older project) with mode 0600,
 and kept out of git by ``.overstory/.gitignore``. Standard library only.
 
-Creation is atomic: the token is written to a private temporary file that is then
-hard-linked into place, so two processes creating it at once agree on one token and
-a reader never sees a half-written file. A crash before the link leaves only a
-temporary file (removed on the next try); after it, the token is complete.
+Creation is atomic: the token is written to a private temporary file named for the
+writing process, then hard-linked into place, so two processes creating it at once
+agree on one token and a reader never sees a half-written file. A process killed
+before the link leaves only its temporary file, which the next creation removes
+(its process is gone); killed after it, the token is complete.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import secrets
 import stat
 from dataclasses import dataclass
 
+from overstory import procs
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 
@@ -55,6 +57,7 @@ def ensure_token(project: ProjectPaths) -> Token:
         return Token(existing, created=False)
     path = project.serve_token_file
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(project)
     temporary = path.with_name(f".serve-token.{os.getpid()}.tmp")
     value = secrets.token_urlsafe(TOKEN_BYTES)
     try:
@@ -74,6 +77,14 @@ def ensure_token(project: ProjectPaths) -> Token:
         temporary.unlink(missing_ok=True)
     _keep_out_of_git(project)
     return Token(value, created=True)
+
+
+def _remove_abandoned(project: ProjectPaths) -> None:
+    """Temporary files of creators that died before linking theirs into place."""
+    for leftover in project.ov_dir.glob(".serve-token.*.tmp"):
+        pid = leftover.name.split(".")[2]
+        if pid.isdigit() and not procs.is_alive(int(pid)):
+            leftover.unlink(missing_ok=True)
 
 
 def _keep_out_of_git(project: ProjectPaths) -> None:

@@ -71,6 +71,8 @@ class SendBody(Body):
     reply_to: int | None = None
     sender: str | None = Field(None, alias="from", description="sender (default operator)")
     allow_unknown: bool = False
+    dedup_key: str | None = Field(None, description="send at most once per key: a retried request with the same "
+                                                   "key sends nothing new (its answer then has no ids)")
 
 
 class ReplyBody(Body):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import html
+import re
 import typing as t
 
 from overstory import __version__
@@ -67,6 +68,11 @@ def document() -> dict[str, t.Any]:
     }
 
 
+def _text(text: str) -> str:
+    """Escaped, with `code` in backticks shown as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
+
+
 def _fields(model_name: str) -> str:
     schema = document()["components"]["schemas"][model_name]
     required = set(schema.get("required", []))
@@ -89,14 +95,14 @@ def docs_page() -> str:
         body = f"<h4>JSON body</h4>{_fields(endpoint.body)}" if endpoint.body else ""
         sections.append(
             f'<section class="endpoint" id="{endpoint.op}"><h3><span class="method">{endpoint.method}</span> '
-            f"<code>{html.escape(endpoint.path)}</code></h3><p>{html.escape(endpoint.summary)}</p>"
+            f"<code>{html.escape(endpoint.path)}</code></h3><p>{_text(endpoint.summary)}</p>"
             f"{'<ul>' + params + '</ul>' if params else ''}{body}"
             f"<p class=\"muted\">answers {endpoint.status} ({html.escape(endpoint.media)})</p></section>")
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>ov serve API</title>'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<link rel="stylesheet" href="{STATIC_PREFIX}/app.css"></head><body class="docs"><main>'
-        f"<h1>ov serve API <small>{__version__}</small></h1><p>{html.escape(DESCRIPTION)}</p>"
+        f"<h1>ov serve API <small>{__version__}</small></h1><p>{_text(DESCRIPTION)}</p>"
         '<p><a href="/api/openapi.json">OpenAPI document</a> · <a href="/">dashboard</a></p>'
         + "".join(sections) + "</main></body></html>"
     )

@@ -286,7 +286,7 @@ async def mail_send(request: Request) -> Response:
     return _json({"ids": await run(request, lambda c: mail.send(
         c.state, sender=body.sender or OPERATOR, to=body.to, subject=body.subject, body=body.body, type=body.type,
         priority=body.priority, payload=body.payload, reply_to=body.reply_to, allow_unknown=body.allow_unknown,
-        env={}))}, 201)
+        dedup_key=body.dedup_key, env={}))}, 201)
 
 
 async def mail_get(request: Request) -> Response:

@@ -5,7 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const page = {
   agents: [], showCompleted: false, selected: null, detail: null, lastEventId: 0, source: null,
-  refreshSoon: null, predictions: new Map(), streamTools: new Map(), tab: "stream",
+  refreshSoon: null, predictions: new Map(), streamTools: new Map(), tab: "stream", arriving: null,
 };
 window.ovPage = page;  // tests look at the page's state without reloading it
 
@@ -183,7 +183,11 @@ function mailItem(message) {
 async function refreshWaiting() {
   const [waiting, approvals] = await Promise.all([
     api("/api/waiting"),
-    api("/api/approvals").catch((error) => (error.status === 501 ? null : Promise.reject(error))),
+    page.noApprovals ? null : api("/api/approvals").catch((error) => {
+      if (error.status !== 501) throw error;
+      page.noApprovals = true;  // this version of ov has no approval gates: stop asking
+      return null;
+    }),
   ]);
   const items = [];
   for (const approval of approvals || []) items.push(approvalItem(approval));
@@ -226,10 +230,14 @@ function select(name) {
   $("agent-view").hidden = false;
   disarmStop();
   renderTree();
-  loadAgent(name).catch((error) => toast(`could not load ${name}: ${error.message}`, true));
+  loadAgent(name).catch((error) => {
+    page.arriving = null;
+    toast(`could not load ${name}: ${error.message}`, true);
+  });
 }
 
 async function loadAgent(name) {
+  page.arriving = [];  // live events for this agent that land while its history loads
   const [detail, history] = await Promise.all([
     api(`/api/agents/${encodeURIComponent(name)}`),
     api(`/api/events?agent=${encodeURIComponent(name)}&newest=1&limit=300`),
@@ -240,7 +248,10 @@ async function loadAgent(name) {
   $("agent-task").textContent = detail.task ? `Task: ${detail.task}` : "";
   page.streamTools = new Map();
   $("stream").replaceChildren();
+  const shown = history.events.length ? history.events[history.events.length - 1].id : 0;
   for (const event of history.events) addToStream(event);
+  for (const event of page.arriving) if (event.id > shown) addToStream(event);
+  page.arriving = null;
   renderTurns(detail.turn_list);
   if (page.tab === "mail") loadThread();
   if (page.tab === "diff") loadDiff();
@@ -410,7 +421,10 @@ function onEvent(event) {
   if (event.id <= page.lastEventId) return;
   page.lastEventId = event.id;
   addToFeed(event);
-  if (event.agent && event.agent === page.selected) addToStream(event);
+  if (event.agent && event.agent === page.selected) {
+    if (page.arriving) page.arriving.push(event);
+    else addToStream(event);
+  }
   scheduleRefresh(event.kind === "mail_sent" ? 150 : 600, event);
 }
 
