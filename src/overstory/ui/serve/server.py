@@ -23,6 +23,7 @@ import uvicorn
 from overstory.errors import OrchestratorError, UsageError
 from overstory.paths import ProjectPaths
 from overstory.serve_token import ensure_token
+from overstory.store.db import open_events, open_state
 from overstory.ui.serve.app import DEFAULT_HEARTBEAT, create_app
 from overstory.ui.serve.security import LOOPBACK_NAMES
 
@@ -86,6 +87,8 @@ def serve(project: ProjectPaths, *, host: str = "127.0.0.1", port: int = 7321, o
           heartbeat: float = DEFAULT_HEARTBEAT, on_listening: t.Callable[[Listening], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM. ``on_listening`` is told the address once the socket is bound."""
     token = ensure_token(project).value
+    for opener, path in ((open_state, project.state_db), (open_events, project.events_db)):
+        opener(path).close()  # an unusable database is a one-line error now, not a failed start-up later
     sock = _bind(host, port)
     actual_port = sock.getsockname()[1]
     loopback = is_loopback(host)
