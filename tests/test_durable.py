@@ -88,7 +88,7 @@ def test_a_retried_turn_does_not_push_or_mail_twice(durable: tuple[ProjectPaths,
     assert len(replay) == 2 and all("already succeeded" in r["reason"] for r in replay)
     assert "[new branch]" in replay[0]["reason"], "the model is told what the push did"
     merge_ready_id = state_db.execute("SELECT id FROM mail WHERE type = 'merge_ready'").fetchone()[0]
-    assert f"its result was: {merge_ready_id}" in replay[1]["reason"]
+    assert f"its result was: sent #{merge_ready_id} to operator" in replay[1]["reason"]
     assert [t["status"] for t in turns_of(state_db, name)] == ["transient", "ok"]
     # ov run show --turns and ov trace show the attempts and the replays.
     shown = run_ov("trace", name, "--json", cwd=project.root)

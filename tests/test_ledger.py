@@ -427,7 +427,8 @@ def test_ov_mail_send_is_idempotent_per_dispatch(project: ProjectPaths, state_db
     operator_again = run_ov("mail", "send", "--to", "lead-1", "--subject", "ready", "--body", "pushed",
                             cwd=project.root)
     assert json.loads(other_dispatch.stdout)["ids"] == [2]
-    assert operator.stdout.strip() == "3" and operator_again.stdout.strip() == "4", "the operator is never deduplicated"
+    assert operator.stdout.strip() == "sent #3 to lead-1" and operator_again.stdout.strip() == "sent #4 to lead-1", \
+        "the operator is never deduplicated"
     rows = state_db.execute("SELECT recipient, type FROM mail WHERE type = 'merge_ready'").fetchall()
     assert [tuple(r) for r in rows] == [("lead-1", "merge_ready")] * 2
     sent_events = events_db.execute("SELECT count(*) FROM events WHERE kind = 'mail_sent'").fetchone()[0]
@@ -440,11 +441,11 @@ def test_a_replayed_send_to_an_agent_that_finished_since_returns_the_first_id(pr
     _agent_row(state_db, "builder-a", parent="lead-1")
     env = {"OVERSTORY_AGENT_NAME": "builder-a", "OVERSTORY_DISPATCH": "1"}
     args = ("mail", "send", "--to", "lead-1", "--subject", "s", "--body", "b")
-    assert run_ov(*args, cwd=project.root, env=env).stdout.strip() == "1"
+    assert run_ov(*args, cwd=project.root, env=env).stdout.strip() == "sent #1 to lead-1"
     lead = sessions.get(state_db, "lead-1")
     sessions.transition(state_db, "lead-1", lead.generation, "completed", actor="test")
     replay = run_ov(*args, cwd=project.root, env=env)
-    assert (replay.returncode, replay.stdout.strip()) == (0, "1")
+    assert (replay.returncode, replay.stdout.strip()) == (0, "sent #1 to lead-1")
     fresh = run_ov(*args[:-1], "new body", cwd=project.root, env=env)
     assert fresh.returncode == 1 and "completed" in fresh.stderr
 

@@ -10,7 +10,7 @@ import click
 
 from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.store import mail as store
-from overstory.store.dispatch import agent_key
+from overstory.store.dispatch import agent_key, sent_before
 
 
 def _read_body(body: str | None, body_file: str | None) -> str:
@@ -104,10 +104,11 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
     conn = state_conn(project)
     sender = from_ or store.default_sender()
     parsed = _parse_payload(payload)
+    # From an agent's turn, idempotent per dispatch: a retried turn's identical send gets the first one's ids.
     key = agent_key(os.environ, "mail", sender, to, type_, subject, text, parsed, reply_to, priority)
-    ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                     payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown, dedup_key=key,
-                     idempotent=key is not None)
+    ids = sent_before(conn, key) or store.send(
+        conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority, payload=parsed,
+        reply_to=reply_to, allow_unknown=allow_unknown, dedup_key=key) or sent_before(conn, key)
     recipients = _recipients(conn, ids)
     if as_json:
         echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
@@ -233,8 +234,8 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
     text = _read_body(body, body_file)
     conn = state_conn(project_paths())
     sender = from_ or store.default_sender()
-    new_id = store.reply(conn, message_id, sender=sender, body=text,
-                         dedup_key=agent_key(os.environ, "reply", sender, message_id, text))
+    key = agent_key(os.environ, "reply", sender, message_id, text)
+    new_id = (sent_before(conn, key) or [store.reply(conn, message_id, sender=sender, body=text, dedup_key=key)])[0]
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:

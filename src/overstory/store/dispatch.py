@@ -55,3 +55,12 @@ def agent_key(env: t.Mapping[str, str], kind: str, *parts: t.Any) -> str | None:
 def claimed_ids(conn: t.Any, turn_id: str) -> list[int]:
     """The ids of the mail a turn claimed: the dispatch it answers."""
     return [int(r[0]) for r in conn.execute("SELECT id FROM mail WHERE claimed_by = ? ORDER BY id", (turn_id,))]
+
+
+def sent_before(conn: t.Any, key: str | None) -> list[int]:
+    """Ids of the mail already sent under an idempotency key (one per recipient of a broadcast)."""
+    if key is None:
+        return []
+    rows = conn.execute("SELECT id FROM mail WHERE dedup_key = ? OR substr(dedup_key, 1, ?) = ? ORDER BY id",
+                        (key, len(key) + 1, key + ":")).fetchall()
+    return [int(r[0]) for r in rows]

@@ -257,8 +257,7 @@ def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: 
 def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str, body: str = "",
          type: str = "status", priority: str | int = "normal", payload: t.Any = None,
          reply_to: int | None = None, allow_unknown: bool = False, dedup_key: str | None = None,
-         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None,
-         idempotent: bool = False) -> list[int]:
+         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None) -> list[int]:
     """Validate and deliver one message per recipient; returns the new ids.
 
     Recipients are resolved and the rows inserted in one write transaction, so a
@@ -268,8 +267,7 @@ def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str,
     to state.db); losing that event never loses the mail. A caller that holds its own
     transaction calls ``record_sent`` after it commits. With ``dedup_key`` a message
     that was already sent is not sent again (its id is then not returned); for a
-    broadcast each recipient's copy gets the key ``<dedup_key>:<recipient>``. With ``idempotent``
-    the ids already sent under the key come back instead (``store.dispatch.agent_key``).
+    broadcast each recipient's copy gets the key ``<dedup_key>:<recipient>``.
     """
     check_type(type)
     prio = priority_value(priority)
@@ -285,11 +283,7 @@ def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str,
             raise UsageError(f"--to is required for {type} mail (only protocol types default to the parent)")
         to = default_recipient(sender_row, env)
     ids: list[int] = []
-    new_ids: list[int] = []
     with _atomic(conn):
-        sent = conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (dedup_key,)).fetchone() if idempotent else None
-        if sent is not None:  # sent before (a retried turn): the recipient keeps its one copy
-            return [int(sent[0])]
         recipients = resolve_recipients(conn, to, sender=sender, allow_unknown=allow_unknown)
         if reply_to is not None and conn.execute("SELECT 1 FROM mail WHERE id = ?", (reply_to,)).fetchone() is None:
             raise MailError(f"no message #{reply_to} to reply to")
@@ -298,12 +292,9 @@ def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str,
             new_id = insert_message(conn, sender=sender, recipient=recipient, subject=subject, body=body, type=type,
                                     priority=prio, payload=clean_payload, reply_to=reply_to, dedup_key=key)
             if new_id is not None:
-                new_ids.append(new_id)
-            elif idempotent and (sent := conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (key,)).fetchone()):
-                ids.append(int(sent[0]))
-        ids = sorted(ids + new_ids)
-    if new_ids and not conn.in_transaction:
-        record_sent(conn, new_ids, events=events)
+                ids.append(new_id)
+    if ids and not conn.in_transaction:
+        record_sent(conn, ids, events=events)
     return ids
 
 
@@ -351,7 +342,7 @@ def _events_db_path(conn: sqlite3.Connection) -> Path:
 def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, subject: str | None = None,
           priority: str | int | None = None, env: t.Mapping[str, str] = os.environ,
           events: sqlite3.Connection | None = None, dedup_key: str | None = None) -> int:
-    """Answer message ``message_id``: to its sender, in its thread (idempotently with ``dedup_key``).
+    """Answer message ``message_id``: to its sender, in its thread.
 
     A reply to a ``question`` is a ``result``; any other reply is a ``status``. The
     original sender may be a name with no session (e.g. a tool), so unknown names
@@ -365,8 +356,8 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
     ids = send(conn, sender=sender, to=original.sender, subject=subject, body=body,
                type="result" if original.type == "question" else "status",
                priority=original.priority if priority is None else priority, reply_to=original.id,
-               allow_unknown=True, env=env, events=events, dedup_key=dedup_key, idempotent=dedup_key is not None)
-    return ids[0]
+               allow_unknown=True, env=env, events=events, dedup_key=dedup_key)
+    return ids[0] if ids else int(conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (dedup_key,)).fetchone()[0])
 
 
 # ---- reading and delivery ---------------------------------------------------------
