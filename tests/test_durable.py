@@ -174,7 +174,8 @@ def test_fork_starts_a_new_agent_from_the_checkpoint(durable: tuple[ProjectPaths
                                 (fork.name,)).fetchone()[0]
     assert f"fork of {name}" in dispatch and "try a second idea" in dispatch and head[:12] in dispatch
     wait_for(lambda: row(state_db, fork.name).is_terminal, 90, "the fork to finish")
-    assert subprocess.run(["git", "merge-base", "--is-ancestor", head, fork.branch], cwd=project.root).returncode == 0
+    assert subprocess.run(["git", "merge-base", "--is-ancestor", head, fork.branch], cwd=project.root,
+                          check=False).returncode == 0
     again = run_ov("resume", name, "--fork", cwd=project.root)
     assert again.returncode == 0 and f"{name}-fork2" in again.stdout
     bad = run_ov("resume", "nobody", "--fork", cwd=project.root)
@@ -191,7 +192,7 @@ REPORT = "ov mail send --type worker_done --subject 'done ${OVERSTORY_AGENT_NAME
 
 def _team(project: ProjectPaths, conn: t.Any, tmp_path: Path) -> dict[str, str]:
     """Five agents that will be, at the moment of the crash: in a turn, between turns, waiting on a
-    child, parked, and completed."""
+    child, parked, and completed (and a sixth in a turn with no retries left)."""
     busy = {"turns": [{"actions": [
         {"write": {"path": "busy.txt", "content": "work\n"}},
         {"bash": "git add busy.txt && git commit -qm busy || true"},
@@ -215,7 +216,11 @@ def _team(project: ProjectPaths, conn: t.Any, tmp_path: Path) -> dict[str, str]:
         {"actions": [{"expect_in_prompt": "go on"}, {"bash": REPORT}], "result": "done"},
     ]}
     done = {"turns": [{"actions": [{"bash": REPORT}], "result": "done"}]}
+    # A sixth, which cannot be recovered: its retries are used up when the crash hits its turn.
+    doomed = {"turns": [{"actions": [{"bash": once(tmp_path / "doomed-slept", "sleep 300")}, {"bash": REPORT}],
+                         "result": "done"}]}
     return {
+        "doomed": start_agent(project, conn, "doomed", doomed),
         "lead": start_agent(project, conn, "team", lead, capability="lead"),
         "idle": start_agent(project, conn, "idle", idle),
         "parked": start_agent(project, conn, "parked", parked),
@@ -239,6 +244,9 @@ def _bring_to_crash_point(project: ProjectPaths, conn: t.Any, team: dict[str, st
     wait_for(lambda: row(conn, team["lead"]).state == "between_turns" and row(conn, team["lead"]).turns == 1, 60,
              "the lead to wait for its child")
     wait_for(lambda: row(conn, team["done"]).state == "completed", 60, "one agent to complete")
+    wait_for(lambda: (tmp_path / "doomed-slept").exists(), 60, "the doomed builder to be mid-turn")
+    doomed = row(conn, team["doomed"])
+    assert sessions.update_fields(conn, doomed.name, doomed.generation, retries=3)  # turns.max_retries
     assert row(conn, team["busy"]).state == "in_turn"
 
 
@@ -272,12 +280,14 @@ def test_kill_9_of_the_whole_project_then_one_recovery(durable: tuple[ProjectPat
     report = _resume_all(project, *recover)
     for agent in ("busy", "idle", "lead", "parked"):
         assert f"{team[agent]}: readopted" in report.stdout, report.stdout
+    assert f"{team['doomed']}: zombie" in report.stdout
     assert f"{team['done']}:" not in report.stdout
     if recover[0] == "resume":
         second = _resume_all(project)
         assert "nothing to re-adopt" in second.stdout, "a second recovery finds every loop alive"
     _finish(project, state_db, team)
-    assert_invariants(project, state_db, completed=set(team.values()))
+    assert_invariants(project, state_db, completed=set(team.values()) - {team["doomed"]})
+    assert row(state_db, team["doomed"]).state == "zombie"  # and its parent got exactly one worker_died
     assert pushes(log) == {"refs/heads/ov/builder-busy": 1}
     busy = row(state_db, team["busy"])
     assert busy.failed_turns == 1 and busy.turns == 1
@@ -313,7 +323,8 @@ def test_a_reboot_from_a_copy_of_the_project_recovers(durable: tuple[ProjectPath
         assert all(before.values()), "the copy still records the dead loops' pids"
         _resume_all(project)
         _finish(project, conn, team)
-        assert_invariants(project, conn, completed=set(team.values()))
+        assert_invariants(project, conn, completed=set(team.values()) - {team["doomed"]})
+        assert row(conn, team["doomed"]).state == "zombie"
         assert pushes(log) == {"refs/heads/ov/builder-busy": 1}
     finally:
         conn.close()
@@ -359,8 +370,8 @@ def test_fault_injection_kills_everything_at_random_points(durable: tuple[Projec
     for _ in range(rng.randint(2, 4)):
         # A random point of the work: after a random number of further tool calls, plus a random delay.
         target = calls() + rng.randint(1, 10)
-        wait_for(lambda: calls() >= target or all(a.is_terminal for a in sessions.list_sessions(state_db)), 120,
-                 "more work", interval=0.02)
+        wait_for(lambda goal=target: calls() >= goal or all(a.is_terminal for a in sessions.list_sessions(state_db)),
+                 120, "more work", interval=0.02)
         time.sleep(rng.uniform(0, 0.4))
         kill_everything(project)
         if rng.random() < 0.4:  # die again while recovering

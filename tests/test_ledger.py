@@ -300,7 +300,7 @@ def _guard(project: ProjectPaths, payload: dict[str, t.Any], *args: str, **env: 
                  "OVERSTORY_PROJECT_ROOT": str(project.root), "OVERSTORY_WORKTREE": str(project.worktree("builder-a")),
                  "OVERSTORY_TASK_ID": "t", "OVERSTORY_GENERATION": "1", **env})
     return subprocess.run([*ov_command(), "guard", *args], input=json.dumps(payload), capture_output=True, text=True,
-                          env=full, cwd=project.root, timeout=60)
+                          env=full, cwd=project.root, timeout=60, check=False)
 
 
 def test_ov_guard_and_guard_post_write_the_ledger(project: ProjectPaths, state_db: t.Any) -> None:

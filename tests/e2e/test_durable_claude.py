@@ -4,8 +4,8 @@ Only the model is mocked (tests/mockapi.py): it cannot run here. The CLI, its Ba
 tool, its PreToolUse/PostToolUse hooks (`ov guard`, `ov guard --post`), its sessions
 and `--resume`, git (with a local bare remote) and SQLite are real. The mock replays
 the same calls when a turn is retried, as a model answering the same mail again would:
-it answers by position within the current turn (counted from the last user message
-that carries ov's mail), not within the whole conversation.
+``TurnScript`` answers by position within the current turn (counted from the last user
+message that carries ov's mail), not within the whole conversation.
 """
 
 from __future__ import annotations
@@ -20,36 +20,17 @@ from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_ov
 from durable_helpers import make_remote, pushes
-from mockapi import MockMessagesAPI, Reply, conversation_text, text_reply, tool_reply
+from mockapi import MockMessagesAPI, TurnScript, conversation_text, text_reply, tool_reply
 from overstory import procs
 from overstory.store import ledger
 from overstory.store.db import open_events, open_state
 
-Step = t.Union[tuple[str, dict[str, t.Any]], str]
+Step = tuple[str, dict[str, t.Any]] | str
 
 
-def _texts(message: dict[str, t.Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(str(b.get("text", "")) for b in content or () if isinstance(b, dict) and b.get("type") == "text")
-
-
-class ReplayTurn:
-    """Answers by position within the current turn, with fresh tool ids each time."""
-
-    def __init__(self, steps: list[Step]) -> None:
-        self.steps = steps
-
-    def __call__(self, body: dict[str, t.Any]) -> Reply:
-        messages = body.get("messages") or []
-        prompts = [i for i, m in enumerate(messages) if m.get("role") == "user" and "=== BEGIN MESSAGE #" in _texts(m)]
-        start = prompts[-1] if prompts else 0
-        position = sum(1 for m in messages[start:] if m.get("role") == "assistant")
-        if position >= len(self.steps):
-            return text_reply("(script finished)")
-        step = self.steps[position]
-        return text_reply(step) if isinstance(step, str) else tool_reply(step[0], step[1])
+def replay_turn(steps: list[Step]) -> TurnScript:
+    """The steps as a script played by position within the current turn (see ``TurnScript``)."""
+    return TurnScript([text_reply(step) if isinstance(step, str) else tool_reply(step[0], step[1]) for step in steps])
 
 
 def bash(command: str, what: str = "step") -> tuple[str, dict[str, t.Any]]:
@@ -99,7 +80,7 @@ def test_a_killed_turn_is_retried_without_a_second_push_or_merge_ready(project, 
         bash("ov mail send --type worker_done --subject done --body 'greet pushed'", "report"),
         "Done.",
     ]
-    with MockMessagesAPI(ReplayTurn(steps)) as api:
+    with MockMessagesAPI(replay_turn(steps)) as api:
         name, _ = start(project, tmp_path, api, "push")
         kill_turn_group(project, name, marker)  # after the push and the mail, before the turn's result
         agent = wait_terminal(project, name, timeout=180)
@@ -131,7 +112,7 @@ def test_a_side_effect_killed_mid_call_is_warned_not_repeated_and_flagged(projec
         bash("ov mail send --type worker_done --subject done --body 'greet pushed'", "report"),
         "Done.",
     ]
-    with MockMessagesAPI(ReplayTurn(steps)) as api:
+    with MockMessagesAPI(replay_turn(steps)) as api:
         name, _ = start(project, tmp_path, api, "mid")
         kill_turn_group(project, name, marker)  # PreToolUse ran and the push happened; PostToolUse never will
         agent = wait_terminal(project, name, timeout=180)
@@ -162,7 +143,7 @@ def test_a_crash_inside_the_first_turn_resumes_the_same_claude_session(project, 
         bash("ov mail send --type worker_done --subject done --body finished", "report"),
         "Done.",
     ]
-    with MockMessagesAPI(ReplayTurn(steps)) as api:
+    with MockMessagesAPI(replay_turn(steps)) as api:
         name, _ = start(project, tmp_path, api, "first")
         kill_turn_group(project, name, marker)
         first_session = agent_state(project, name).runtime_session_id

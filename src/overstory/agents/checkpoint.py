@@ -24,9 +24,9 @@ def worktree_state(cwd: str | None) -> tuple[str | None, dict[str, t.Any] | None
         return None, None
     try:
         head = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=cwd, capture_output=True,
-                              text=True, timeout=30)
+                              text=True, timeout=30, check=False)
         status = subprocess.run(["git", "status", "--porcelain=v1", "--untracked-files=normal"], cwd=cwd,
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None, None
     sha = head.stdout.strip() or None if head.returncode == 0 else None
@@ -86,7 +86,8 @@ def clear_stale_git_locks(worktree: str | None, branch: str | None) -> list[str]
     if not worktree:
         return []
     try:
-        pointer = open(os.path.join(worktree, ".git"), encoding="utf-8").read().strip()
+        with open(os.path.join(worktree, ".git"), encoding="utf-8") as handle:
+            pointer = handle.read().strip()
     except OSError:
         return []
     if not pointer.startswith("gitdir:"):
@@ -94,7 +95,8 @@ def clear_stale_git_locks(worktree: str | None, branch: str | None) -> list[str]
     gitdir = os.path.join(worktree, pointer.split(":", 1)[1].strip())
     candidates = [os.path.join(gitdir, "index.lock"), os.path.join(gitdir, "HEAD.lock")]
     try:
-        common = open(os.path.join(gitdir, "commondir"), encoding="utf-8").read().strip()
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as handle:
+            common = handle.read().strip()
         if branch:
             candidates.append(os.path.join(gitdir, common, "refs", "heads", *branch.split("/")) + ".lock")
     except OSError:

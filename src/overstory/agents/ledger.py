@@ -60,7 +60,7 @@ class LedgerPolicy:
     Plain classes here, not dataclasses: defining one costs milliseconds on every `ov guard`.
     """
 
-    __slots__ = ("read_only", "side_effects", "replay")
+    __slots__ = ("read_only", "replay", "side_effects")
 
     def __init__(self, read_only: tuple[str, ...] = (), side_effects: tuple[str, ...] = (),
                  replay: Mapping[str, str] | None = None) -> None:
@@ -107,8 +107,18 @@ class LedgerPolicy:
 class LedgerContext:
     """Who is calling and which attempt of which dispatch the call belongs to."""
 
-    __slots__ = ("agent", "generation", "task", "turn_id", "attempt", "dispatch", "run_id", "worktree", "rules",
-                 "replay")
+    __slots__ = (
+        "agent",
+        "attempt",
+        "dispatch",
+        "generation",
+        "replay",
+        "rules",
+        "run_id",
+        "task",
+        "turn_id",
+        "worktree",
+    )
 
     def __init__(self, agent: str, generation: int = 0, task: str = "", turn_id: str | None = None,
                  attempt: int = 0, dispatch: tuple[int, ...] = (), run_id: str | None = None,
@@ -209,20 +219,21 @@ def _replay_verdict(call: store.Call, prior: store.Prior, policy: str, ctx: Ledg
         approved = request_approval(call, prior)
         if approved:
             return "started", "", False
-        return ("denied", f"ov: this call repeats one from an earlier attempt at this task ({where}); config "
-                "ledger.replay says a person must decide whether it runs again. Approval is not available yet, so "
-                "it was refused and flagged for the operator. Ask your parent with `ov mail send --type question` "
-                "if it must run again.", True)
+        return ("denied", (f"ov: this call repeats one from an earlier attempt at this task ({where}); config "
+                           "ledger.replay says a person must decide whether it runs again. Approval is not available "
+                           "yet, so it was refused and flagged for the operator. Ask your parent with `ov mail send "
+                           "--type question` if it must run again."), True)
     if prior.status == "succeeded":
         exit_note = f" (exit code {prior.exit_code})" if prior.exit_code not in (None, 0) else ""
         receipt = (prior.receipt or "").strip() or "(no output)"
-        return ("skipped_duplicate", f"ov: not run again. This exact call already succeeded in an earlier attempt "
-                f"at this task that crashed before the turn ended ({where}); its result was{exit_note}: "
-                f"{store.trim(receipt, 1500)}\nCarry on from there; do not repeat it another way.", False)
-    return ("denied", f"ov: held back once. This exact call was started in an earlier attempt at this task that "
-            f"crashed before its result came back ({where}), so it may already have happened: check before "
-            f"repeating it (for a push, `git ls-remote`; for mail, `ov mail list --from {ctx.agent}`). If it did "
-            "not happen, issue the same call again and it will run.", True)
+        return ("skipped_duplicate", (f"ov: not run again. This exact call already succeeded in an earlier attempt "
+                                      f"at this task that crashed before the turn ended ({where}); its result "
+                                      f"was{exit_note}: {store.trim(receipt, 1500)}\nCarry on from there; do not "
+                                      "repeat it another way."), False)
+    return ("denied", (f"ov: held back once. This exact call was started in an earlier attempt at this task that "
+                       f"crashed before its result came back ({where}), so it may already have happened: check "
+                       f"before repeating it (for a push, `git ls-remote`; for mail, `ov mail list --from "
+                       f"{ctx.agent}`). If it did not happen, issue the same call again and it will run."), True)
 
 
 def _flag(conn: sqlite3.Connection, events: sqlite3.Connection | None, ctx: LedgerContext, call: store.Call,
@@ -243,7 +254,7 @@ def _flag(conn: sqlite3.Connection, events: sqlite3.Connection | None, ctx: Ledg
                            f"(ledger #{begun.id}, replay of #{begun.prior.id if begun.prior else '?'})"[:300],
                            data={"ledger_id": begun.id, "replay_of": begun.prior.id if begun.prior else None,
                                  "class": call.klass, "input": call.input[:500]})
-    except Exception:  # noqa: BLE001 - the flagged row is what counts; the event is a courtesy
+    except Exception:  # noqa: BLE001, S110 - the flagged row is what counts; the event is a courtesy
         pass
     finally:
         if own and events is not None:

@@ -91,7 +91,7 @@ _HTTP_WRITE = re.compile(
 class LedgerRules:
     """The configured rules (``ledger.read_only`` and ``ledger.side_effects``) ahead of the defaults."""
 
-    __slots__ = ("read_only", "side_effects", "_ordered")
+    __slots__ = ("_ordered", "read_only", "side_effects")
 
     def __init__(self, read_only: tuple[ToolPattern, ...] = (), side_effects: tuple[ToolPattern, ...] = ()) -> None:
         self.read_only = read_only

@@ -73,7 +73,7 @@ class ToolPattern:
     """One parsed pattern; ``matches`` answers for a whole call. (A plain class: a dataclass costs
     milliseconds to define, and `ov guard` imports this on every tool call.)"""
 
-    __slots__ = ("text", "tool", "argument")
+    __slots__ = ("argument", "text", "tool")
 
     def __init__(self, text: str, tool: _Glob, argument: _Glob | None) -> None:
         self.text = text

@@ -40,8 +40,21 @@ class Call:
     `ov guard` imports this module on every tool call.
     """
 
-    __slots__ = ("agent", "generation", "tool", "input", "klass", "idem_key", "turn_id", "attempt", "scope",
-                 "dispatch", "run_id", "tool_use_id", "source")
+    __slots__ = (
+        "agent",
+        "attempt",
+        "dispatch",
+        "generation",
+        "idem_key",
+        "input",
+        "klass",
+        "run_id",
+        "scope",
+        "source",
+        "tool",
+        "tool_use_id",
+        "turn_id",
+    )
 
     def __init__(self, *, agent: str, generation: int, tool: str, input: str, klass: str, idem_key: str,
                  turn_id: str | None = None, attempt: int = 0, scope: str | None = None,
@@ -56,7 +69,7 @@ class Call:
 class Prior:
     """An earlier attempt's row that a replayed call matched."""
 
-    __slots__ = ("id", "status", "receipt", "exit_code", "turn_id", "attempt", "started_at")
+    __slots__ = ("attempt", "exit_code", "id", "receipt", "started_at", "status", "turn_id")
 
     def __init__(self, row: sqlite3.Row) -> None:
         self.id, self.status, self.receipt, self.exit_code = row["id"], row["status"], row["receipt"], row["exit_code"]
@@ -66,7 +79,7 @@ class Prior:
 class Begun:
     """The row ``begin`` wrote: its id and status, why (for a denial), and the earlier row it replays."""
 
-    __slots__ = ("id", "status", "reason", "flagged", "prior")
+    __slots__ = ("flagged", "id", "prior", "reason", "status")
 
     def __init__(self, id: int, status: str, reason: str | None, flagged: bool, prior: Prior | None) -> None:
         self.id, self.status, self.reason, self.flagged, self.prior = id, status, reason, flagged, prior
