@@ -572,3 +572,22 @@ def test_resume_all_leaves_recovery_to_a_running_watchdog(project: ProjectPaths)
     for args in (("resume",), ("resume", "--all", "x"), ("resume", "--all", "--fork")):
         bad = run_ov(*args, cwd=project.root)
         assert bad.returncode == 2 and "Traceback" not in bad.stderr, args
+
+
+def test_an_interrupted_ov_mail_send_or_sling_just_runs_again(state_db: t.Any) -> None:
+    """They are idempotent per dispatch themselves, so nothing needs checking: no warning, no flag."""
+    for command, safe in (("ov mail send --type worker_done --subject done --body ok", True),
+                          ("git add -A && /venv/bin/ov sling builder t2 --prompt x", True),
+                          ("ov mail send --to x --subject s && git push origin ov/a", False),
+                          ("gh pr create --fill", False)):
+        assert cls.reruns_safely("Bash", {"command": command}) is safe, command
+    crashed, retry = _ctx("turn-1"), _ctx("turn-2", 1)
+    send = "ov mail send --type worker_done --subject done --body ok"
+    assert ledger.record_pre(state_db, _hook(send, "u1"), ALLOW, crashed).allow  # killed mid-call: no receipt
+    assert ledger.record_pre(state_db, _hook(send, "u2"), ALLOW, retry).allow
+    rows = store.calls(state_db)
+    assert [(r["status"], r["replay_of"], r["flagged"]) for r in rows] == [("started", None, False),
+                                                                         ("started", 1, False)]
+    _post(state_db, retry, send, "u2", "sent #7 to lead-1")
+    assert not ledger.record_pre(state_db, _hook(send, "u3"), ALLOW, _ctx("turn-3", 2)).allow, \
+        "once a result is known, a replay is answered with it"

@@ -303,6 +303,9 @@ class Watchdog:
             if fresh is not None and fresh.generation == agent.generation and not fresh.is_terminal:
                 pid, ticks = self._spawn(self.project, agent.name, agent.generation)
                 self._started[agent.name] = (agent.generation, pid, ticks)
+                # Recorded at once (the loop records itself too, a moment later): a one-shot recovery that
+                # runs right after this one (`ov resume --all`, `ov watchdog --once`) must see it alive.
+                sessions.update_fields(self.state, agent.name, agent.generation, loop_pid=pid, loop_start_ticks=ticks)
                 self._event("watchdog_readopt", agent, f"{action.detail}; new loop pid {pid}")
         return actions
 

@@ -17,9 +17,11 @@ stream (``StreamLedger``); there a replay can be recorded but not held back.
 Replay policy per class (config ``ledger.replay``): ``skip`` (default for
 ``side_effect``): a call that already succeeded is denied with its receipt
 (``skipped_duplicate``), one that started without a receipt is denied once with "may
-already have happened" and flagged for the operator; ``rerun`` (default for ``read``
-and ``local_write``): runs again; ``ask``: the seam for approval gates. Until they
-exist (``request_approval`` answers None), an ``ask`` replay is refused and flagged.
+already have happened" and flagged for the operator, except `ov mail send`, `ov mail
+reply` and `ov sling`, which are idempotent per dispatch themselves and so just run
+again; ``rerun`` (default for ``read`` and ``local_write``): runs again; ``ask``: the
+seam for approval gates. Until they exist (``request_approval`` answers None), an
+``ask`` replay is refused and flagged.
 
 A ledger that cannot be written (database locked for too long, read-only sandbox)
 never blocks a call: the guard's decision stands and a warning goes to stderr.
@@ -187,6 +189,8 @@ def record_pre(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decisi
     policy = ctx.replay.get(call.klass, "rerun")
 
     def explain(prior: store.Prior) -> tuple[str, str, bool]:
+        if prior.status == "started" and policy == "skip" and _reruns_safely(tool, tool_input, ctx):
+            return "started", "", False  # `ov mail send`/`ov sling`: the command itself happens once
         return _replay_verdict(call, prior, policy, ctx)
 
     begun = store.begin(conn, call, denied_reason=None if decision.allow else decision.reason,
@@ -210,6 +214,12 @@ def _call(ctx: LedgerContext, tool: str, tool_input: Mapping[str, t.Any], tool_u
                       idem_key=key, turn_id=ctx.turn_id, attempt=ctx.attempt, scope=ctx.scope or None,
                       dispatch=ctx.dispatch, run_id=ctx.run_id,
                       tool_use_id=tool_use_id if isinstance(tool_use_id, str) else None, source=source)
+
+
+def _reruns_safely(tool: str, tool_input: Mapping[str, t.Any], ctx: LedgerContext) -> bool:
+    from overstory.guards.classify import DEFAULT_LEDGER_RULES, reruns_safely
+
+    return reruns_safely(tool, tool_input, ctx.rules or DEFAULT_LEDGER_RULES)
 
 
 def _replay_verdict(call: store.Call, prior: store.Prior, policy: str, ctx: LedgerContext) -> tuple[str, str, bool]:

@@ -141,6 +141,34 @@ def classify(tool: str, tool_input: Mapping[str, object] | None, rules: LedgerRu
     return LOCAL_WRITE
 
 
+#: Side effects that are idempotent by themselves inside an agent's turn (keyed by the dispatch, see
+#: ``store.dispatch``): running one again returns the first one's result instead of repeating it.
+IDEMPOTENT_COMMANDS = ("ov mail send", "ov mail reply", "ov sling")
+
+
+def reruns_safely(tool: str, tool_input: Mapping[str, object] | None,
+                  rules: LedgerRules = DEFAULT_LEDGER_RULES) -> bool:
+    """True when every side effect of a shell call is one of ``IDEMPOTENT_COMMANDS``.
+
+    Such a call may simply run again when it is not known whether its first run happened:
+    the command itself makes sure it happens once.
+    """
+    command = (tool_input or {}).get("command")
+    if tool not in SHELL_TOOLS or not isinstance(command, str):
+        return False
+    found = False
+    for words, _redirects in shell_commands(command):
+        if words and os.sep in words[0]:
+            words = [os.path.basename(words[0]), *words[1:]]
+        subject = " ".join(words)
+        if classify(tool, {"command": subject}, rules) != SIDE_EFFECT:
+            continue
+        if not any(subject == c or subject.startswith(c + " ") for c in IDEMPOTENT_COMMANDS):
+            return False
+        found = True
+    return found
+
+
 def _sends_data(words: list[str], subject: str) -> bool:
     """curl/wget/httpie with a body or a method other than GET/HEAD, and ``gh api`` that writes."""
     if not words:

@@ -12,8 +12,9 @@ Replay matching (``begin``): a call whose idempotency key (it includes the dispa
 scope) matches rows of *other* turns that succeeded or started is a replay. Matches are
 consumed in order: the n-th identical call of a retried attempt answers to the n-th
 earlier effect, so an agent that legitimately repeats a call in one attempt is not
-blocked by its own first call. A ``started`` effect is held back once in all (a warning
-the model can act on); after that, the same call runs.
+blocked by its own first call. A ``started`` effect is dealt with once in all: held back
+once (a warning the model can act on), or run again when that is safe; after that, the
+same call runs.
 """
 
 from __future__ import annotations
@@ -118,11 +119,12 @@ def _unconsumed_prior(conn: sqlite3.Connection, call: Call) -> Prior | None:
     used_here = {r[0] for r in conn.execute(
         "SELECT replay_of FROM tool_calls WHERE idem_key = ? AND turn_id = ? AND replay_of IS NOT NULL",
         (call.idem_key, call.turn_id))}
-    warned = {r[0] for r in conn.execute(
-        "SELECT replay_of FROM tool_calls WHERE idem_key = ? AND flagged = 1 AND replay_of IS NOT NULL",
-        (call.idem_key,))}
+    # An uncertain (started) effect is dealt with once in all: warned about, or run again where that is safe.
+    handled = {r[0] for r in conn.execute(
+        "SELECT replay_of FROM tool_calls WHERE idem_key = ? AND replay_of IS NOT NULL "
+        "AND (flagged = 1 OR status IN ('started', 'succeeded', 'failed'))", (call.idem_key,))}
     for row in rows:
-        if row["id"] in used_here or (row["status"] == "started" and row["id"] in warned):
+        if row["id"] in used_here or (row["status"] == "started" and row["id"] in handled):
             continue
         return Prior(row)
     return None
