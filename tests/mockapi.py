@@ -40,6 +40,7 @@ __all__ = [
     "tool_reply",
     "tools_reply",
     "with_headers",
+    "with_usage",
 ]
 
 _ids = itertools.count(1)
@@ -70,6 +71,9 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     output_tokens: int | None = None
     delay_seconds: float = 0.0
+    input_tokens: int | None = None
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
     @property
     def is_error(self) -> bool:
@@ -131,6 +135,18 @@ def with_headers(reply: Reply, **headers: str) -> Reply:
     """The same reply with extra response headers (``retry_after="2"`` -> ``retry-after: 2``)."""
     extra = tuple((name.replace("_", "-"), value) for name, value in headers.items())
     return dataclasses.replace(reply, headers=reply.headers + extra)
+
+
+def with_usage(reply: Reply, *, input_tokens: int | None = None, output_tokens: int | None = None,
+               cache_read: int = 0, cache_write: int = 0) -> Reply:
+    """The same reply reporting these token counts (a big bill without a big conversation).
+
+    The input and cache counts go out in ``message_start`` (the CLI copies them into each
+    streamed ``assistant`` event); the output count only in the final ``message_delta``.
+    """
+    return dataclasses.replace(reply, input_tokens=input_tokens,
+                               output_tokens=output_tokens if output_tokens is not None else reply.output_tokens,
+                               cache_read_input_tokens=cache_read, cache_creation_input_tokens=cache_write)
 
 
 # --------------------------------------------------------------------------- requests
@@ -274,10 +290,10 @@ def _message_json(reply: Reply, model: str, input_tokens: int) -> dict[str, t.An
         "stop_reason": reply.stop_reason,
         "stop_sequence": None,
         "usage": {
-            "input_tokens": input_tokens,
+            "input_tokens": reply.input_tokens if reply.input_tokens is not None else input_tokens,
             "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": reply.cache_creation_input_tokens,
+            "cache_read_input_tokens": reply.cache_read_input_tokens,
         },
     }
 

@@ -47,6 +47,52 @@ class TurnsSection(_Section):
     max_concurrent: int = Field(4, ge=1)
     retry_backoff: float = Field(2.0, ge=0)
     kill_grace: float = Field(5.0, ge=0)
+    idle_nudge: float = Field(60, gt=0)
+    max_nudges: int = Field(2, ge=0)
+
+
+def _seconds(value: t.Any) -> t.Any:
+    """A duration as seconds: a number, or text such as "90m", "4h"."""
+    if isinstance(value, str):
+        from overstory.clock import parse_duration
+
+        return parse_duration(value)
+    return value
+
+
+class BudgetLimits(_Section):
+    """The four optional limits of an agent or a run; null means no limit."""
+
+    max_usd: float | None = Field(None, ge=0)
+    max_turns: int | None = Field(None, ge=0)
+    max_tool_calls: int | None = Field(None, ge=0)
+    max_wallclock: float | None = Field(None, ge=0)
+
+    @field_validator("max_wallclock", mode="before")
+    @classmethod
+    def _duration(cls, value: t.Any) -> t.Any:
+        return _seconds(value)
+
+    def as_limits(self) -> dict[str, float | int | None]:
+        return self.model_dump()
+
+
+class BudgetsSection(_Section):
+    agent: BudgetLimits = Field(default_factory=BudgetLimits)
+    run: BudgetLimits = Field(default_factory=BudgetLimits)
+
+
+class QuotaSection(_Section):
+    backoff_initial: float = Field(60, gt=0)
+    backoff_max: float = Field(1800, gt=0)
+    stagger: float = Field(5, ge=0)
+
+
+class ModelPrice(_Section):
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cache_read_per_mtok: float | None = Field(None, ge=0)
+    cache_write_per_mtok: float | None = Field(None, ge=0)
 
 
 class WatchdogSection(_Section):
@@ -81,8 +127,11 @@ class Config(_Section):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
+    budgets: BudgetsSection = Field(default_factory=BudgetsSection)
+    quota: QuotaSection = Field(default_factory=QuotaSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=dict)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -116,6 +165,11 @@ turns:
   retry_backoff: 2.0
   # Seconds between SIGTERM and SIGKILL when a turn's process group is stopped.
   kill_grace: 5.0
+  # A turn that ended without the agent's report (worker_done...) and with no mail waiting
+  # gets an automatic follow-up turn (a nudge) after this many seconds...
+  idle_nudge: 60
+  # ...at most this many times; then its parent gets one escalation and it is `stalled` (no report).
+  max_nudges: 2
 
 watchdog:
   # Seconds between watchdog ticks.
@@ -145,11 +199,51 @@ merge:
   # Seconds to wait for another merge into the same branch before giving up.
   lock_wait: 30
 
+budgets:
+  # Spending limits of each agent (`ov sling --max-usd ...` overrides them). null: no limit.
+  # Crossing one parks the agent (`ov resume NAME --add-usd 5` goes on); a child's limits
+  # never exceed what is left of its run's.
+  agent:
+    # Dollars: the runtime's own figure after each turn, a live estimate (`prices`) during it.
+    max_usd: null
+    # Turns started.
+    max_turns: null
+    # Tool calls, counted by `ov guard` (the call past the limit is denied).
+    max_tool_calls: null
+    # Wall-clock time since the agent was slung: seconds or 90m, 4h.
+    max_wallclock: null
+  # The same limits for a whole run (`ov coordinator start --budget-usd ...` overrides them);
+  # wall clock counts from the run's start. Crossing one parks every agent of the run.
+  run:
+    # Dollars spent by all of the run's agents together.
+    max_usd: null
+    # Turns started by all of them.
+    max_turns: null
+    # Tool calls made by all of them.
+    max_tool_calls: null
+    # Wall-clock time since the run started.
+    max_wallclock: null
+
+quota:
+  # A rate or usage limit with no reset time parks every agent of that provider for this long
+  # (seconds), doubling on each further limit in a row...
+  backoff_initial: 60
+  # ...up to this many seconds.
+  backoff_max: 1800
+  # Seconds between the agents of one provider un-parking after a reset (no stampede).
+  stagger: 5
+
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
 providers: {}
 
 # Model per capability: "provider/model" or a plain model alias, e.g. {builder: sonnet}.
 models: {}
+
+# Extra or corrected model prices in USD per million tokens, added to the built-in table of
+# current Claude models (`ov costs --prices` prints it), e.g.
+#   {my-model: {input_per_mtok: 3, output_per_mtok: 15, cache_read_per_mtok: 0.3, cache_write_per_mtok: 3.75}}
+# A model in neither is priced as the most expensive known one, and `ov costs` says so.
+prices: {}
 """
 
 

@@ -18,6 +18,9 @@ from overstory.runtimes import RUNTIME_NAMES
 def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) -> None:
     """Run a small team (a scout and two builders) in a throw-away repository.
 
+    Exit codes are `ov wait`'s: 0 every agent completed, 3 one died, 4/5/6 one was
+    parked (budget, quota, auth), 124 not settled within --timeout.
+
     \b
     ov demo                     # scripted runtime: no API key, no claude needed
     ov demo --runtime claude    # the real Claude Code CLI
@@ -39,7 +42,7 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
              "cost_usd": round(a.cost_usd, 6), "branch": a.branch} for a in outcome.agents]
     if as_json:
         echo_json({"project": str(outcome.project), "all_completed": outcome.all_completed,
-                   "seconds": round(outcome.seconds, 2), "agents": rows})
+                   "exit_code": outcome.exit_code, "seconds": round(outcome.seconds, 2), "agents": rows})
     else:
         click.echo("")
         for row in rows:
@@ -52,5 +55,5 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
         click.echo("  ov mail list         # the team's mail, including their worker_done reports")
         click.echo("  ov feed              # every tool call and turn")
         click.echo("  git log --all --oneline --graph")
-    if not outcome.all_completed:
-        raise click.exceptions.Exit(1)
+    if outcome.exit_code:
+        raise click.exceptions.Exit(outcome.exit_code)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import typing as t
 
 import click
 
@@ -16,7 +17,8 @@ def guard() -> None:
 
     Reads the hook JSON on stdin. Prints Claude's deny object when the call is blocked and
     nothing when it is allowed; exits 0 either way. Outside an agent (no
-    OVERSTORY_AGENT_NAME) every call is allowed.
+    OVERSTORY_AGENT_NAME) every call is allowed. An allowed call is counted against the
+    agent's and its run's max_tool_calls; the call past either limit is denied.
 
     \b
     Example hook in <worktree>/.claude/settings.local.json:
@@ -29,6 +31,22 @@ def guard() -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    response = guards.hook_response(guards.decide_hook_text(text, os.environ))
+    decision = guards.decide_hook_text(text, os.environ)
+    if decision.allow:
+        refusal = _count_tool_call(os.environ)
+        if refusal:
+            decision = guards.Decision.deny(refusal)
+    response = guards.hook_response(decision)
     if response:
         click.echo(response)
+
+
+def _count_tool_call(env: t.Mapping[str, str]) -> str | None:
+    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
+    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
+                               env.get("OVERSTORY_GENERATION", ""))
+    if not agent or not root or not generation.isdigit():
+        return None
+    from overstory.store.tool_count import count_tool_call
+
+    return count_tool_call(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
