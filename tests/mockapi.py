@@ -456,6 +456,9 @@ class MockMessagesAPI:
     (played by ``ScriptedConversation``). Side requests (``is_side_request``) go to
     ``side_responder`` or get a harmless default and never reach ``responder``.
 
+    ``authorize`` sees each request's headers (lower-case names) first; a Reply it returns
+    (a 401, say) answers the request instead of the script.
+
     ``requests`` holds every POST /v1/messages body in arrival order, each with a
     ``_headers`` dict (lower-case names), a ``_side`` flag and ``_agent_id`` (the
     sub-agent's id, else None); ``main_requests`` / ``side_requests`` split them.
@@ -466,7 +469,9 @@ class MockMessagesAPI:
         responder: t.Callable[[dict[str, t.Any]], Reply] | t.Sequence[Reply | t.Sequence[Reply]],
         *,
         side_responder: t.Callable[[dict[str, t.Any]], Reply] | None = None,
+        authorize: t.Callable[[dict[str, str]], Reply | None] | None = None,
     ) -> None:
+        self._authorize = authorize
         if callable(responder):
             self._responder: t.Callable[[dict[str, t.Any]], Reply] = responder
         else:
@@ -552,6 +557,10 @@ class MockMessagesAPI:
         record["_agent_id"] = record["_headers"].get("x-claude-code-agent-id")
         with self._lock:
             self.requests.append(record)
+        if self._authorize is not None:
+            refused = self._authorize(record["_headers"])
+            if refused is not None:
+                return refused
         try:
             reply = (self._side_responder if side else self._responder)(body)
         except Exception as exc:  # a broken script must show up, not hang the CLI

@@ -259,3 +259,29 @@ def test_wait_exit_codes(project, tmp_path):
     assert run_ov("wait", cwd=project.root).returncode == 2
     assert run_ov("wait", "builder-nobody", cwd=project.root).returncode == 1
     run_ov("stop", "builder-slow", cwd=project.root)
+
+
+def test_a_loop_that_dies_between_the_budget_stop_and_the_park_parks_once_after_recovery(project, tmp_path):
+    """Crash safety: the watchdog re-adopts the agent and the pre-turn budget check parks it, once."""
+    import signal
+    import subprocess
+
+    from conftest import ov_command
+
+    once = tmp_path / "spent-once"
+    start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
+          budget={"max_usd": 0.5}, env={"OV_TEST_DIE_AT": "park"})
+    wait_for(lambda: (rows := turns_of(project, "builder-t1")) and rows[0]["status"] == "budget", 60)
+    wait_for(lambda: not procs.is_alive(agent_state(project, "builder-t1").loop_pid), 10, message="the loop died")
+    assert agent_state(project, "builder-t1").state == "in_turn", "it died before parking"
+    watchdog = subprocess.Popen([*ov_command(), "watchdog", "--interval", "0.5"], cwd=project.root,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        agent = settled(project, "builder-t1")
+    finally:
+        os.killpg(watchdog.pid, signal.SIGTERM)
+        watchdog.wait(timeout=30)
+    assert agent.state == "parked" and agent.state_reason.startswith("budget: max_usd 0.50 reached (1.00")
+    assert len(mail_rows(project, type="escalation")) == 1
+    assert mail_rows(project, type="dispatch")[0]["read_at"] is None
+    assert len(turns_of(project, "builder-t1")) == 1, "no turn was started past the limit"

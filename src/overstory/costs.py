@@ -17,6 +17,7 @@ import typing as t
 from overstory.clock import iso
 
 GROUPINGS = ("agent", "run", "capability", "model")
+COLUMN = {"agent": "agent", "run": "run_id", "capability": "capability"}
 COUNTERS = ("turns", "tool_calls", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
@@ -90,7 +91,7 @@ def report(conn: sqlite3.Connection, *, by: str = "agent", since_ms: int | None 
     for row in _turn_rows(conn, since_ms):
         _add_turn(totals, row)
         if by != "model":
-            key = row[by] if by != "agent" else row["agent"]
+            key = row[COLUMN[by]]
             _add_turn(groups.setdefault(key or "(none)", _empty()), row)
             continue
         shares = _model_shares(row, prices)

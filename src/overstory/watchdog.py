@@ -343,8 +343,11 @@ class Watchdog:
                        "turn_start_ticks": None, "current_turn_id": None, "current_tool": None}
 
         def bookkeeping(tx: sqlite3.Connection, _ok: sessions.Ok | None = None) -> None:
+            from overstory.store import budgets
+
             self._fence(tx, agent)
             mail.release_agent(tx, agent.name)
+            budgets.settle_interrupted(tx, agent.name, agent.generation)
             turns.end_live_turns(tx, agent.name, agent.generation, status="failed",
                                  error="the agent loop died during the turn")
 

@@ -29,6 +29,7 @@ from overstory.store.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, m
 from overstory.store.sessions import Session
 
 SUMMARY_CHECK_SECONDS = 1.0
+FAULT_ENV = "OV_TEST_DIE_AT"  # test hook: a point at which the loop kills itself (crash-safety tests)
 # Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult).
 PARKING_STATUSES = frozenset({"budget", "rate_limit", "auth", "parked"})
 
@@ -100,6 +101,9 @@ class AgentLoop(AgentProcess):
         if agent.current_turn_id:
             mail.release(self.state, agent.current_turn_id)
             turns.mark_interrupted(self.state, agent.current_turn_id)
+        from overstory.store import budgets
+
+        budgets.settle_interrupted(self.state, self.name, self.generation)  # its spend so far counts
         event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
                            turn_id=agent.current_turn_id, summary="the previous loop died mid-turn; retrying")
         self._settle(agent, agent.current_turn_id or "", _Interrupted())
@@ -275,6 +279,8 @@ class AgentLoop(AgentProcess):
         from overstory.store import budgets, lifecycle, mail, quota
         from overstory.store import events as event_store
 
+        if os.environ.get(FAULT_ENV) == "park":
+            os._exit(9)  # dies after the turn, before the park: the watchdog and the budget check recover
         mail.release(self.state, turn_id)
         fresh = self.current()
         if fresh is None or result.status == "parked":

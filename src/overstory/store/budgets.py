@@ -288,6 +288,14 @@ def settle_turn(conn: sqlite3.Connection, name: str, generation: int, usd: float
                  "AND generation = ?", (usd, name, generation))
 
 
+def settle_interrupted(conn: sqlite3.Connection, name: str, generation: int) -> float:
+    """A turn whose runner died: its last live estimate becomes spent (the money is gone). Returns it."""
+    row = conn.execute("UPDATE budgets SET spent_usd = spent_usd + live_usd, live_usd = 0 WHERE scope = 'agent' "
+                       "AND name = ? AND generation = ? AND live_usd > 0 RETURNING spent_usd",
+                       (name, generation)).fetchone()
+    return 0.0 if row is None else float(row[0])
+
+
 def raise_limits(conn: sqlite3.Connection, scope: str, name: str, generation: int, *, add_usd: float = 0,
                  add_turns: int = 0, add_tool_calls: int = 0, add_seconds: float = 0,
                  now: int | None = None) -> Budget | None:
