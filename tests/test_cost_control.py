@@ -285,3 +285,21 @@ def test_a_loop_that_dies_between_the_budget_stop_and_the_park_parks_once_after_
     assert len(mail_rows(project, type="escalation")) == 1
     assert mail_rows(project, type="dispatch")[0]["read_at"] is None
     assert len(turns_of(project, "builder-t1")) == 1, "no turn was started past the limit"
+
+
+def test_demo_exit_codes(tmp_path):
+    from conftest import stop_project_processes
+    from overstory.paths import ProjectPaths
+
+    quick = run_ov("demo", "--dir", str(tmp_path / "quick"), "--timeout", "0", "--json", cwd=tmp_path)
+    try:
+        assert quick.returncode == 124, quick.stderr
+        assert json.loads(quick.stdout)["exit_code"] == 124
+    finally:
+        stop_project_processes(ProjectPaths(tmp_path / "quick"))
+    full = run_ov("demo", "--dir", str(tmp_path / "full"), "--timeout", "120", cwd=tmp_path, timeout=180)
+    try:
+        assert full.returncode == 0, full.stdout + full.stderr
+        assert "every agent completed" in full.stdout
+    finally:
+        stop_project_processes(ProjectPaths(tmp_path / "full"))
