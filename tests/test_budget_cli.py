@@ -88,23 +88,26 @@ def test_costs_group_real_and_estimated_dollars(project, state_db):
                        "claude-haiku-4-5": {"input": 1_000_000, "output": 0, "cache_read": 0, "cache_write": 0,
                                             "cost_usd": None}})
     add_turn(state_db, s, "t3", cost=0.25)
+    add_turn(state_db, s, "t4", cost=0.0, estimated=True, model="mystery-model")
     by_agent = json.loads(invoke(project, "costs", "--json"))
+    assert len(by_agent["estimates_of_unknown_models"]) == 1
+    assert "unknown model 'mystery-model'" in by_agent["estimates_of_unknown_models"][0]
     rows = {r["agent"]: r for r in by_agent["groups"]}
     assert rows["builder-a"]["usd_real"] == 1.0 and rows["builder-a"]["usd_estimated"] == 0.5
     assert rows["builder-a"]["turns"] == 2 and rows["builder-a"]["tool_calls"] == 4
     assert rows["builder-a"]["input_tokens"] == 2000 and rows["builder-a"]["cache_read_tokens"] == 400
-    assert by_agent["totals"]["usd"] == 1.75 and by_agent["totals"]["turns"] == 3
+    assert by_agent["totals"]["usd"] == 1.75 and by_agent["totals"]["turns"] == 4
     by_cap = {r["capability"]: r["usd"] for r in json.loads(invoke(project, "costs", "--by", "capability",
                                                                      "--json"))["groups"]}
-    assert by_cap == {"builder": 1.5, "scout": 0.25}
+    assert by_cap == {"builder": 1.5, "scout": 0.25}  # the mystery turn cost nothing
     by_run = {r["run"]: r["turns"] for r in json.loads(invoke(project, "costs", "--by", "run", "--json"))["groups"]}
-    assert by_run == {run.id: 2, "(none)": 1}
+    assert by_run == {run.id: 2, "(none)": 2}
     by_model = {r["model"]: r for r in json.loads(invoke(project, "costs", "--by", "model", "--json"))["groups"]}
     assert by_model["claude-haiku-4-5"]["usd_estimated"] == pytest.approx(1.0)  # priced from the table: $1/M
     text = invoke(project, "costs")
-    assert "est." in text and "total" in text
+    assert "est." in text and "total" in text and "unknown model 'mystery-model'" in text
     assert "claude-opus-5-5" in invoke(project, "costs", "--prices")
-    assert json.loads(invoke(project, "costs", "--since", "1h", "--json"))["totals"]["turns"] == 3
+    assert json.loads(invoke(project, "costs", "--since", "1h", "--json"))["totals"]["turns"] == 4
     assert "--since" in invoke(project, "costs", "--since", "yesterday-ish", code=2)
 
 

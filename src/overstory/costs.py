@@ -88,8 +88,13 @@ def report(conn: sqlite3.Connection, *, by: str = "agent", since_ms: int | None 
         prices = PriceTable()
     groups: dict[str, dict[str, t.Any]] = {}
     totals = _empty()
+    unknown: dict[str, str] = {}
     for row in _turn_rows(conn, since_ms):
         _add_turn(totals, row)
+        for model in (json.loads(row["usage_by_model"]) if row["usage_by_model"] else {row["model"]: None}):
+            found = prices.lookup(model) if model else None
+            if found is not None and found.guessed and row["cost_estimated"]:
+                unknown[model] = found.note or ""
         if by != "model":
             key = row[COLUMN[by]]
             _add_turn(groups.setdefault(key or "(none)", _empty()), row)
@@ -110,7 +115,8 @@ def report(conn: sqlite3.Connection, *, by: str = "agent", since_ms: int | None 
     rows = [{by: key, **_finish(entry)} for key, entry in groups.items()]
     rows.sort(key=lambda entry: (-entry["usd"], str(entry[by])))
     return {"by": by, "since": iso(since_ms) if since_ms else None, "groups": rows, "totals": _finish(totals),
-            "in_progress_usd_estimated": round(float(live), 6)}
+            "in_progress_usd_estimated": round(float(live), 6),
+            "estimates_of_unknown_models": [unknown[model] for model in sorted(unknown)]}
 
 
 def render_text(document: dict[str, t.Any]) -> str:
@@ -134,4 +140,5 @@ def render_text(document: dict[str, t.Any]) -> str:
         text.append(f"turns in progress: ${document['in_progress_usd_estimated']:.4f} estimated so far")
     if any(entry["usd_estimated"] for entry in document["groups"]):
         text.append("est. = priced by ov from streamed usage (the turn stopped before the runtime reported its cost)")
+    text.extend(document.get("estimates_of_unknown_models", []))
     return "\n".join(text)
