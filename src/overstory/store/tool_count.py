@@ -49,6 +49,8 @@ def count_tool_call(state_db: str, agent: str, generation: int) -> str | None:
     except sqlite3.Error:
         return None
     try:
+        # As every ov connection: in WAL mode a commit then needs no fsync (the count is not worth one per call).
+        conn.execute("PRAGMA synchronous = NORMAL")
         if conn.execute(_COUNT, (agent, generation)).fetchone() is not None:
             return None
         row = conn.execute(_REFUSE, (agent, generation)).fetchone()
