@@ -262,6 +262,9 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
 def _cost_detail(stream: TurnParser, meter: TurnMeter, estimated: bool, cost: float) -> dict[str, t.Any]:
     """Tokens by kind and by model for the turn row: the runtime's own figures, else the live ones."""
     reported = {} if estimated else stream.model_costs()
+    known = [entry.cost_usd for entry in reported.values() if entry.cost_usd is not None]
+    if reported and abs(sum(known) - cost) > max(0.01 * cost, 1e-6):
+        reported = {}  # the per-model figures do not add up to the turn's cost: price the live usage instead
     if reported:
         by_model = {model: {**entry.tokens._asdict(), "cost_usd": entry.cost_usd} for model, entry in reported.items()}
     else:

@@ -81,3 +81,10 @@ def record_costs(conn: sqlite3.Connection, turn_id: str, *, model: str | None, c
         "cost_estimated = ?, usage_by_model = ? WHERE id = ?",
         (model, cache_read_tokens, cache_write_tokens, int(cost_estimated),
          json.dumps(usage_by_model, sort_keys=True) if usage_by_model else None, turn_id))
+
+
+def recent(conn: sqlite3.Connection, agent: str, *, limit: int = 20) -> list[dict[str, object]]:
+    """The newest ``limit`` turn rows of ``agent`` (every generation), newest first (index ``turns_agent``)."""
+    rows = conn.execute("SELECT * FROM turns WHERE agent = ? ORDER BY started_at DESC, id DESC LIMIT ?",
+                        (agent, limit)).fetchall()
+    return [dict(r) for r in rows]
