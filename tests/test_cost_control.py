@@ -22,7 +22,8 @@ from overstory.config import load_config
 from overstory.store.db import open_events, open_state
 
 REPORT = {"bash": 'ov mail send --type worker_done --subject "done ${OVERSTORY_AGENT_NAME}" --body ok'}
-BIG = {"input_tokens": 200_000, "output_tokens": 10}  # $1.00 at the most expensive known price
+# $1.00: claude-opus-4-8 costs $5 per million input tokens (measured; see tests/fixtures/CLAUDE_PROBE_NOTES.md).
+BIG = {"input_tokens": 200_000, "output_tokens": 0, "model": "claude-opus-4-8"}
 
 
 def start(project, tmp_path, turns, *, task="t1", env=None, budget=None, capability="builder", parent=None,

@@ -317,10 +317,10 @@ class _Turn:
         return {"parent_tool_use_id": None, "session_id": self.session.id, "uuid": str(uuid.uuid4())}
 
     def say(self, block: dict[str, t.Any], *, error: str | None = None, tokens: dict[str, int] | None = None,
-            extra: Event | None = None) -> None:
+            extra: Event | None = None, model: str | None = None) -> None:
         self.steps += 1
         message = {"id": f"msg_scripted_{uuid.uuid4().hex[:20]}", "type": "message", "role": "assistant",
-                   "model": self.model, "content": [block], "stop_reason": None, "stop_sequence": None,
+                   "model": model or self.model, "content": [block], "stop_reason": None, "stop_sequence": None,
                    "usage": tokens if tokens is not None else usage(100 + len(self.prompt) // 4, 10)}
         event: Event = {"type": "assistant", "message": message, **self._base(), **(extra or {})}
         if error:
@@ -423,7 +423,8 @@ class _Turn:
                 tokens["cache_read_input_tokens"] = int(spec.get("cache_read", 0))
                 tokens["cache_creation_input_tokens"] = int(spec.get("cache_write", 0))
                 self.extra_cost += float(spec.get("cost_usd", 0))
-                self.say({"type": "text", "text": str(spec.get("text", "working on it"))}, tokens=tokens)
+                self.say({"type": "text", "text": str(spec.get("text", "working on it"))}, tokens=tokens,
+                         model=spec.get("model"))
             elif "text" in action:
                 self.say({"type": "text", "text": str(action["text"])})
             elif "write" in action:
