@@ -256,6 +256,11 @@ class AgentLoop(AgentProcess):
         fresh = self.current()
         if fresh is None or (result.status == "aborted" and self.stopping):
             return
+        if fresh.state == "parked":  # parked (a run's budget, a quota window) as this turn started
+            from overstory.store import budgets
+
+            budgets.refund_turn(self.state, self.name, self.generation)  # it did nothing: no turn, no retry
+            return
         if result.status in ("permanent", "stalled"):
             declare_zombie(self.state, fresh, result.reason, actor=actor)
             return
@@ -286,11 +291,16 @@ class AgentLoop(AgentProcess):
         if fresh is None or result.status == "parked":
             return  # parked (or stopped) by someone else, who released the mail and told whom it concerns
         expect = {"booting", "in_turn", "between_turns", "stalled"}
-        if result.status == "budget" and result.crossing is not None:
-            parked = park_for_crossing(self.state, fresh, result.crossing, actor="turn-runner", expect=expect)
+        if result.status == "budget":
+            crossing = result.crossing or budgets.check(self.state, self.name, self.generation, starting_turn=True)
+            if crossing is None:  # the limit was raised meanwhile: its next turn gets the mail again
+                sessions.transition(self.state, self.name, self.generation, "between_turns", actor="turn-runner",
+                                    reason="budget raised during the turn", expect={"booting", "in_turn", "stalled"})
+                return
+            parked = park_for_crossing(self.state, fresh, crossing, actor="turn-runner", expect=expect)
             event_store.record(self.events, "budget_parked", agent=self.name, generation=self.generation,
-                               turn_id=turn_id, summary=f"{result.reason}; parked: {', '.join(parked) or 'none'}"[:300],
-                               data={"crossing": result.crossing.as_dict(), "parked": parked,
+                               turn_id=turn_id, summary=f"{crossing.reason}; parked: {', '.join(parked) or 'none'}"[:300],
+                               data={"crossing": crossing.as_dict(), "parked": parked,
                                      "turn_cost_usd": round(result.cost_usd, 6)})
             return
         budgets.refund_turn(self.state, self.name, self.generation)  # the turn did no work
