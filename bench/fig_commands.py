@@ -85,7 +85,11 @@ def _setup(ctx: Context) -> dict[str, t.Any]:
     finally:
         state.close()
         events.close()
-    return {"root": root, "project": project, "worktree": worktree, "names": names, "generation": generation}
+    # The agent's loop holds state.db open for its whole life, so a guard's connection is never the last one
+    # to close (the last one to close checkpoints the WAL, an fsync): keep one open as the loop would.
+    loop_connection = open_state(project.state_db)
+    return {"root": root, "project": project, "worktree": worktree, "names": names, "generation": generation,
+            "loop_connection": loop_connection}
 
 
 def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dict[str, Command]:
@@ -229,6 +233,11 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                             over_click_floor_ms=round(measured.median - click_floor.median, 1),
                             ratio_of_minimums=round(measured.min / click_floor.min, 3),
                             ratio_without_startup_pth=round((measured.median - pth_ms) / (click_floor.median - pth_ms), 3)))
+        counted, uncounted = stats["ov guard (Bash PreToolUse)"], stats["ov guard, no budget count"]
+        paired = Stats([a - b for a, b in zip(counted.samples, uncounted.samples)])
+        rows.append(row(1, f"ov guard: time the budget count adds [{label}]", "ms", paired,
+                        note="per-round differences (the two guards run back to back in every round), median and "
+                             f"range; medians alone: {counted.median - uncounted.median:+.1f} ms"))
         for name, command in commands.items():
             if name.startswith("floor"):
                 continue
@@ -237,6 +246,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
             details["import_profiles"].setdefault(mode, {})[name] = import_profile(
                 [ctx.python, *command.argv], command.env, Path(command.cwd or setup["root"]), command.stdin)
     rows.extend(_budget_count_rows(setup))
+    setup["loop_connection"].close()
     for mode, pth_ms in details.get("startup_pth_ms", {}).items():
         if pth_ms:
             adjusted = ", ".join(f"{r['name'].split(' [')[0]} {r['ratio_without_startup_pth']:.2f}x" for r in rows
