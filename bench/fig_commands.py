@@ -169,7 +169,7 @@ def _guard_cpu_rows(commands: dict[str, Command], label: str, *, rounds: int) ->
         row(1, f"ov guard, no budget count, CPU time [{label}]", "ms", uncounted),
         row(1, f"ov guard: CPU the budget count adds [{label}]", "ms",
             Stats([a - b for a, b in zip(counted.samples, uncounted.samples)]),
-            note="per-pair differences of user+system CPU time; the clock's tick is 1 ms, hence the steps"),
+            note="per-pair differences of user+system CPU time (getrusage of each finished child)"),
     ]
 
 
