@@ -197,3 +197,31 @@ def test_exit_codes_follow_one_contract(state_db):
     assert code_of(agent("f", "between_turns")) is None
     assert outcome_code([done, dead, budget]) == 4 and outcome_code([quota, auth, done]) == 6
     assert outcome_code([]) == 0
+
+
+def test_ov_serve_routes_reach_the_same_core(project, state_db):
+    """`ov serve`'s resume, costs and budget routes call the functions `ov resume`/`costs`/`budget` call."""
+    from starlette.testclient import TestClient
+
+    from overstory.serve_token import ensure_token
+    from overstory.ui.serve.app import create_app
+
+    a = make_agent(state_db, "builder-a", limits={"max_usd": 2})
+    add_turn(state_db, a, "t1", cost=2.5)
+    budgets.settle_turn(state_db, a.name, a.generation, 2.5)
+    lifecycle.park(state_db, a, "budget", "budget: max_usd 2.00 reached (2.50)", actor="test")
+    token = ensure_token(project).value
+    with TestClient(create_app(project, token=token, cookie_name="c"), base_url="http://127.0.0.1",
+                    headers={"Authorization": f"Bearer {token}"}) as api:
+        detail = api.get("/api/agents/builder-a").json()
+        assert detail["budget"]["limits"]["usd"] == {"limit": 2.0, "used": 2.5, "left": 0.0, "settled": 2.5,
+                                                     "live_estimate": 0.0}
+        costs = api.get("/api/costs?by=capability&since=1h").json()
+        assert costs["groups"][0]["capability"] == "builder" and costs["totals"]["usd"] == 2.5
+        assert api.get("/api/costs?since=whenever").status_code == 400
+        refused = api.post("/api/agents/builder-a/resume", json={"add_usd": 0.1})
+        assert refused.status_code >= 400 and "stays parked" in refused.json()["error"]
+        assert api.post("/api/agents/builder-a/resume", json={"add_time": "soon"}).status_code == 400
+        resumed = api.post("/api/agents/builder-a/resume", json={"add_usd": 1, "add_time": "30m"})
+        assert resumed.status_code == 200 and resumed.json()["unparked"] is True
+    assert sessions.get(state_db, "builder-a").state == "between_turns"

@@ -142,3 +142,19 @@ def render_text(document: dict[str, t.Any]) -> str:
         text.append("est. = priced by ov from streamed usage (the turn stopped before the runtime reported its cost)")
     text.extend(document.get("estimates_of_unknown_models", []))
     return "\n".join(text)
+
+
+def costs_report(project: t.Any, conn: sqlite3.Connection, *, by: str | None = None,
+                 since: str | None = None) -> dict[str, t.Any]:
+    """`ov costs` for callers that hold text (`ov serve`): ``since`` as `ov costs --since` takes it."""
+    from overstory.clock import parse_since
+    from overstory.config import load_config
+    from overstory.errors import UsageError
+    from overstory.prices import PriceTable
+
+    try:
+        since_ms = parse_since(since) if since else None
+    except ValueError as exc:
+        raise UsageError(f"since: {exc}") from None
+    config = load_config(project.config_file, project.local_config_file)
+    return report(conn, by=by or "agent", since_ms=since_ms, prices=PriceTable(config.prices))

@@ -157,6 +157,21 @@ def resume_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection
     return result
 
 
+def resume_from_request(project: ProjectPaths, config: Config, conn: sqlite3.Connection, name: str, *,
+                        add_usd: float | None = None, add_turns: int | None = None,
+                        add_time: str | None = None) -> dict[str, t.Any]:
+    """``resume_agent`` for callers that hold text (`ov serve`): ``add_time`` as `ov resume --add-time` takes it."""
+    from overstory.clock import parse_duration
+    from overstory.errors import UsageError
+
+    try:
+        seconds = parse_duration(add_time) if add_time else 0.0
+    except ValueError as exc:
+        raise UsageError(f"add_time: {exc}") from None
+    return resume_agent(project, config, conn, name, add_usd=add_usd or 0.0, add_turns=add_turns or 0,
+                        add_seconds=seconds).as_dict()
+
+
 def refresh_credentials(project: ProjectPaths, config: Config, agent: Session,
                         environ: t.Mapping[str, str] | None) -> list[str]:
     """Copy the runtime's credential variables from the operator's environment into the agent's.

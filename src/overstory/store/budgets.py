@@ -159,6 +159,13 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> Budget | None:
     return Budget.from_row(row) if row else None
 
 
+def agent_budget(conn: sqlite3.Connection, name: str) -> dict[str, t.Any] | None:
+    """The budget of ``name``'s current generation as `ov budget --json` shows it; None when it has none."""
+    row = conn.execute("SELECT b.* FROM budgets b JOIN sessions s ON s.name = b.name AND s.generation = b.generation "
+                       "WHERE b.scope = 'agent' AND b.name = ?", (name,)).fetchone()
+    return Budget.from_row(row).as_dict() if row else None
+
+
 def current_agents(conn: sqlite3.Connection, names: t.Collection[str] | None = None) -> dict[str, Budget]:
     """The budget of each agent's current generation, by name (one query)."""
     rows = conn.execute(
