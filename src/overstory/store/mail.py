@@ -38,6 +38,7 @@ PRIORITIES = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 PRIORITY_NAMES = {value: name for name, value in PRIORITIES.items()}
 
 MAX_BODY_BYTES = 1024 * 1024
+MAX_PAYLOAD_DEPTH = 64
 BROADCAST_ALL = "@all"
 
 # Copies of overstory.store.sessions constants: importing that module (its 36-field
@@ -133,7 +134,15 @@ def check_body(body: str) -> None:
 
 
 def _encode_payload(payload: t.Mapping[str, t.Any] | None) -> str | None:
-    return None if payload is None else json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    if payload is None:
+        return None
+    from overstory.store.payload_shape import check_shape  # a deep or huge payload is refused, not stored
+
+    check_shape(payload, MAX_PAYLOAD_DEPTH)
+    encoded = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    if len(encoded) > MAX_BODY_BYTES:
+        raise PayloadError(f"the payload is over {MAX_BODY_BYTES} characters (1 MiB): send a file path instead")
+    return encoded
 
 
 _COLUMNS = "id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, " \
