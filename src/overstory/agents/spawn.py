@@ -354,12 +354,21 @@ def _read_text_file(path: Path, option: str) -> str:
 def _require_events_db(project: ProjectPaths, name: str) -> None:
     """The agent's loop records its events there: refuse before creating anything if it is unusable."""
     from overstory.store.db import open_events
+    from overstory.store.migrations import EVENTS_MIGRATIONS
+    from overstory.store.schema import missing_objects
 
     try:
-        open_events(project.events_db).close()
+        conn = open_events(project.events_db)
     except OrchestratorError as exc:
         raise SpawnError(f"cannot spawn {name}: {exc} (the agent's loop needs it; run `ov doctor`); "
                          "nothing was created") from None
+    try:
+        missing = [obj for kind, obj in missing_objects(conn, EVENTS_MIGRATIONS) if kind == "table"]
+    finally:
+        conn.close()
+    if missing:
+        raise SpawnError(f"cannot spawn {name}: {project.events_db} has no table {', '.join(missing)} (the agent's "
+                         "loop needs it; `ov doctor --repair` recreates it); nothing was created")
 
 
 def _commit_of(project: ProjectPaths, branch: str) -> str:

@@ -100,7 +100,7 @@ def undo(project: ProjectPaths, conn: sqlite3.Connection, intent: t.Mapping[str,
     name = str(intent["name"])
     removed: list[str] = []
     row = _own_session(conn, intent)
-    removed += _stop_processes(project, row, extra_pids)
+    removed += _stop_processes(project, conn, row, extra_pids)
     worktree = Path(intent["worktree"]) if intent.get("worktree") else None
     if worktree is not None and reached(intent, "worktree") and _inside(worktree, project.worktrees_dir):
         if _remove_worktree(project, worktree):
@@ -132,7 +132,7 @@ def _own_session(conn: sqlite3.Connection, intent: t.Mapping[str, t.Any]) -> ses
     return row if reached(intent, "session") and row.created_at >= int(intent["started_at"]) else None
 
 
-def _stop_processes(project: ProjectPaths, row: sessions.Session | None,
+def _stop_processes(project: ProjectPaths, conn: sqlite3.Connection, row: sessions.Session | None,
                     extra: t.Sequence[tuple[int, int | None]]) -> list[str]:
     stopped = []
     targets = list(extra)
@@ -142,6 +142,9 @@ def _stop_processes(project: ProjectPaths, row: sessions.Session | None,
         if procs.is_alive(pid, ticks):
             procs.kill_group(pid, ticks, grace=1.0, force=True)
             stopped.append(f"process {pid}")
+    fresh = sessions.get(conn, row.name) if row is not None else None
+    if row is not None and fresh is not None and fresh.generation == row.generation:
+        row = fresh  # read again: the loop may have started a turn before it died
     if row is not None and row.mode == "headless" and (row.turn_pgid or row.current_turn_id):
         procs.kill_turn(row.turn_pgid, row.turn_start_ticks, row.current_turn_id, force=True)
     if row is not None and row.mode == "tmux" and row.tmux_session:

@@ -105,8 +105,13 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
     project = project_paths()
     conn = state_conn(project)
     sender = from_ or store.default_sender()
+    parsed = _parse_payload(payload)
+    if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
+        from overstory.agents.work_report import fill_worker_done
+
+        parsed = fill_worker_done(project, conn, sender, parsed)
     ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                     payload=_parse_payload(payload), reply_to=reply_to, allow_unknown=allow_unknown)
+                     payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
     if as_json:
         rows = conn.execute(
             f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id", ids
