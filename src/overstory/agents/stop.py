@@ -65,6 +65,10 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
                           undone_spawn=undone)
     if agent is None:
         raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+    if clean:
+        from overstory.merge.intents import settle_all
+
+        settle_all(project, conn)  # a merge of its branch killed half-way: finished or rolled back first
     if clean and not force:
         check_clean_is_safe(project, agent, fallback_base)
     result = StopResult(agent=name, generation=agent.generation, previous_state=agent.state,

@@ -154,6 +154,7 @@ def merge_branch(
                     return result
                 kill_point("merge:committed")
                 write_journal(journal, {**state, "phase": "publishing", "new": result.commit})
+                kill_point("merge:publishing")
                 publish(root, target=target, source=source, old=target_sha, new=t.cast(str, result.commit),
                         at_root=at_root, lock=lock)
         finally:

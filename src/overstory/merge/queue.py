@@ -152,12 +152,13 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     label = agent.name if agent else branch
     report = MergeReport(branch=branch, target=target, agent=agent.name if agent else None, merged=False,
                          dry_run=dry_run, tier=None, queue_id=queue_id)
+    if not dry_run:
+        merge_intents.settle_all(project, conn)  # an earlier run of ours that was killed: finish or undo it first
     unmerged = unmerged_commits(project.root, branch, target)
     if not unmerged:
         return _nothing_new(project, conn, agent, report, queue_id)
     if dry_run:
         return _predict(project, config, report, levels, unmerged, label)
-    merge_intents.settle_all(project, conn)  # an earlier run of ours that was killed: finish or undo it first
     resolver = _resolver(config, levels)
     source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()
     target_sha = git(project.root, "rev-parse", f"refs/heads/{target}").stdout.strip()
