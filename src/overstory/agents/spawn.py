@@ -19,7 +19,15 @@ from pathlib import Path
 
 from overstory import procs
 from overstory.agents import spawn_journal
-from overstory.errors import AgentExists, DiskFull, HierarchyError, OrchestratorError, SpawnError, UsageError
+from overstory.errors import (
+    AgentExists,
+    DiskFull,
+    HierarchyError,
+    OrchestratorError,
+    SpawnError,
+    StoreError,
+    UsageError,
+)
 from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
@@ -323,6 +331,9 @@ def _spawn_failure(name: str, exc: Exception, problems: list[str]) -> Orchestrat
     left = f" (but: {'; '.join(problems)}; `ov stop {name}` finishes the cleanup)" if problems else ""
     if isinstance(exc, DiskFull) or "No space left on device" in text or "disk is full" in text:
         return DiskFull(f"no space left on device: the spawn of {name} was undone, nothing was written{left}")
+    if str(exc).startswith("no such table:"):
+        return StoreError(f"could not spawn {name}: ov's state database has no table {str(exc)[15:]!r}: it is "
+                          f"damaged; run `ov doctor` (the spawn was undone){left}")
     if isinstance(exc, OrchestratorError):
         if problems:
             exc.args = (f"{exc}{left}",)
