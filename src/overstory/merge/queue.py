@@ -181,7 +181,8 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     report.commit = result.commit if not result.already_merged else merge_commit_of(project.root, source_sha, target)
     report.commits = result.commits if not result.already_merged else unmerged
     if not result.merged:
-        report.next_step = _next_step(project, config, report, levels, label)
+        needs = predict_merge(project.root, source_sha, target).tier if report.conflicts else None
+        report.next_step = _next_step(project, config, report, levels, label, needs)
     announce(conn, project.root, agent, merged=report.merged, branch=branch, target=target, source_commit=source_sha,
              reason=report.reason, tier=report.tier, commit=report.commit, commits=report.commits,
              conflicts=report.conflicts, target_before=target_sha, next_step=report.next_step)
@@ -233,17 +234,18 @@ def _predict(project: ProjectPaths, config: Config, report: MergeReport, levels:
         verdict = f"would merge with tier {needs} ({'clean merge' if needs == 1 else 'conflicts resolved'})"
     report.reason = f"{verdict}; {prediction.reason}"
     if not report.merged:
-        report.next_step = _next_step(project, config, report, levels, label)
+        report.next_step = _next_step(project, config, report, levels, label, needs)
     return report
 
 
-def _next_step(project: ProjectPaths, config: Config, report: MergeReport, levels: int, label: str) -> str:
-    """What the operator can do about a merge that failed (or would fail)."""
+def _next_step(project: ProjectPaths, config: Config, report: MergeReport, levels: int, label: str,
+               needs: int | None) -> str:
+    """What the operator can do about a merge that failed (or would fail) needing tier ``needs``."""
     steps = []
-    if report.tier is not None and report.tier > levels:
-        if report.tier <= config.merge.tier_max or (report.tier == 3 and config.merge.ai_resolve):
-            steps.append(f"`ov merge {label} --tier-max {report.tier}`")
-        elif report.tier == 3:
+    if needs is not None and needs > levels:
+        if needs < 3 or config.merge.ai_resolve:
+            steps.append(f"`ov merge {label} --tier-max {needs}`")
+        else:
             steps.append("tier 3 (model-assisted) could resolve it: set merge.ai_resolve: true")
     if report.conflicts:
         switch = "" if current_branch(project.root) == report.target else f"git switch {report.target} && "
