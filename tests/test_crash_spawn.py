@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from agent_helpers import loop_processes, mail_rows, wait_for, wait_terminal, write_scenario
+from agent_helpers import loop_processes, mail_rows, wait_terminal, write_scenario
 from conftest import ov_command, run_git, run_ov
 from overstory.store import sessions
 from overstory.store.db import open_state
@@ -194,7 +194,7 @@ def test_watchdog_settles_a_booting_agent_whose_loop_cannot_start(project, tmp_p
         assert watchdog.poll() is None, watchdog.stderr.read() if watchdog.stderr else ""
     finally:
         watchdog.send_signal(signal.SIGTERM)
-        out, err = watchdog.communicate(timeout=20)
+        _, err = watchdog.communicate(timeout=20)
         project.events_db.write_bytes(saved)
     assert watchdog.returncode == 0, err
     assert agent.state == "zombie"

@@ -13,22 +13,31 @@ import os
 import signal
 import typing as t
 
+import pytest
+
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
-from test_watchdog import (  # noqa: F401 - fixtures
+from test_watchdog import (
     REPORT_DONE,
     agent_processes,
-    cleanup_agents,
-    fast_project,
-    make_watchdog,
     mail_rows,
+    make_watchdog,
     repeat_turns,
     row,
     start_agent,
     wait_for,
     write_local_config,
 )
+
+
+@pytest.fixture
+def quick(project: ProjectPaths) -> ProjectPaths:
+    """Retries and kills fast; the project fixture stops whatever the test leaves running."""
+    write_local_config(project, turns={"retry_backoff": 0.05, "kill_grace": 1, "stall_timeout": 120,
+                                       "max_retries": 3, "max_concurrent": 8})
+    return project
+
 
 AFTER_PROMISE = [{"expect_in_prompt": "Type: dispatch"}, REPORT_DONE]
 
@@ -58,40 +67,36 @@ def conn_project(conn: t.Any) -> ProjectPaths:
     return ProjectPaths(os.path.dirname(os.path.dirname(path)))  # type: ignore[arg-type]
 
 
-def test_turn_group_killed_after_worker_done_completes_the_agent(fast_project: ProjectPaths, state_db: t.Any,
-                                                                 cleanup_agents: None) -> None:
-    name = start_agent(fast_project, state_db, "t1",
+def test_turn_group_killed_after_worker_done_completes_the_agent(quick: ProjectPaths, state_db: t.Any) -> None:
+    name = start_agent(quick, state_db, "t1",
                        repeat_turns([*AFTER_PROMISE, {"bash": "sleep 30"}], count=3))
     busy = _promised_and_busy(state_db, name)
     os.killpg(busy.turn_pgid, signal.SIGKILL)  # type: ignore[arg-type]
     _settled_once(state_db, name)
 
 
-def test_turn_crashing_after_worker_done_is_not_retried(fast_project: ProjectPaths, state_db: t.Any,
-                                                        cleanup_agents: None) -> None:
-    name = start_agent(fast_project, state_db, "t1", repeat_turns([*AFTER_PROMISE, {"crash": 3}], count=3))
+def test_turn_crashing_after_worker_done_is_not_retried(quick: ProjectPaths, state_db: t.Any) -> None:
+    name = start_agent(quick, state_db, "t1", repeat_turns([*AFTER_PROMISE, {"crash": 3}], count=3))
     _settled_once(state_db, name)
 
 
-def test_turn_stalling_after_worker_done_completes_instead_of_zombie(fast_project: ProjectPaths, state_db: t.Any,
-                                                                     cleanup_agents: None) -> None:
-    write_local_config(fast_project, turns={"retry_backoff": 0.05, "kill_grace": 0.5, "stall_timeout": 2,
+def test_turn_stalling_after_worker_done_completes_instead_of_zombie(quick: ProjectPaths, state_db: t.Any) -> None:
+    write_local_config(quick, turns={"retry_backoff": 0.05, "kill_grace": 0.5, "stall_timeout": 2,
                                             "max_retries": 3})
-    name = start_agent(fast_project, state_db, "t1",
+    name = start_agent(quick, state_db, "t1",
                        repeat_turns([*AFTER_PROMISE, {"bash": "sleep 60"}], count=3))
     _settled_once(state_db, name)
 
 
-def test_loop_and_turn_killed_after_worker_done_the_watchdog_completes_it(fast_project: ProjectPaths, state_db: t.Any,
-                                                                          cleanup_agents: None) -> None:
-    name = start_agent(fast_project, state_db, "t1",
+def test_loop_and_turn_killed_after_worker_done_the_watchdog_completes_it(quick: ProjectPaths, state_db: t.Any) -> None:
+    name = start_agent(quick, state_db, "t1",
                        repeat_turns([*AFTER_PROMISE, {"bash": "sleep 30"}], count=3))
     busy = _promised_and_busy(state_db, name)
     os.kill(busy.loop_pid, signal.SIGKILL)  # type: ignore[arg-type]
     os.killpg(busy.turn_pgid, signal.SIGKILL)  # type: ignore[arg-type]
     wait_for(lambda: not procs.is_alive(busy.loop_pid, busy.loop_start_ticks), what="the loop to die")
-    actions = make_watchdog(fast_project, state_db).tick()
+    actions = make_watchdog(quick, state_db).tick()
     assert [(a.agent, a.kind) for a in actions] == [(name, "completed")], actions
     agent = _settled_once(state_db, name)
     assert agent.loop_pid == busy.loop_pid, "no new loop was started for a finished agent"
-    assert make_watchdog(fast_project, state_db).tick() == []
+    assert make_watchdog(quick, state_db).tick() == []

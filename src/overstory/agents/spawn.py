@@ -370,6 +370,8 @@ def _require_events_db(project: ProjectPaths, name: str) -> None:
 
     try:
         conn = open_events(project.events_db)
+    except DiskFull as exc:
+        raise DiskFull(f"cannot spawn {name}: {exc}") from None
     except OrchestratorError as exc:
         raise SpawnError(f"cannot spawn {name}: {exc} (the agent's loop needs it; run `ov doctor`); "
                          "nothing was created") from None
@@ -440,14 +442,6 @@ def _add_worktree(project: ProjectPaths, worktree: Path, branch: str) -> None:
     worktree.parent.mkdir(parents=True, exist_ok=True)
     with worktree_admin_lock(project.root), gitpython.Repo(project.root) as repo:
         repo.git.worktree("add", str(worktree), branch)
-
-
-def _remove_worktree(project: ProjectPaths, worktree: Path) -> None:
-    with worktree_admin_lock(project.root):
-        git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
-        if worktree.exists():
-            shutil.rmtree(worktree, ignore_errors=True)
-        git(project.root, "worktree", "prune", check=False)
 
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,

@@ -102,9 +102,9 @@ def undo(project: ProjectPaths, conn: sqlite3.Connection, intent: t.Mapping[str,
     row = _own_session(conn, intent)
     removed += _stop_processes(project, conn, row, extra_pids)
     worktree = Path(intent["worktree"]) if intent.get("worktree") else None
-    if worktree is not None and reached(intent, "worktree") and _inside(worktree, project.worktrees_dir):
-        if _remove_worktree(project, worktree):
-            removed.append(str(worktree))
+    ours = worktree is not None and reached(intent, "worktree") and _inside(worktree, project.worktrees_dir)
+    if ours and _remove_worktree(project, worktree):  # type: ignore[arg-type]
+        removed.append(str(worktree))
     branch = intent.get("branch")
     if branch and reached(intent, "branch"):
         removed += _remove_branch(project, branch, intent.get("base_commit"))

@@ -144,7 +144,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     target = target_for(agent, config, into)
     if not branch_exists(project.root, target):
         raise MergeError(f"target branch {target} does not exist (use --into)")
-    if agent is not None and agent_name is not None and not force and not agent.is_terminal and not promised(conn, agent):
+    if agent is not None and not force and not agent.is_terminal and not promised(conn, agent):
         raise MergeError(f"{agent.name} is still working (state {agent.state}; it has not sent its terminal mail): "
                          "merging now could miss the commits it is about to make; wait for its worker_done, "
                          f"or pass --force")
