@@ -99,7 +99,8 @@ def assert_merged_once(project, main_before):
     payload = json.loads(mails[0]["payload"])
     branch_head = run_git(project.root, "rev-parse", "main^2").strip()
     assert run_git(project.root, "log", "--format=%s", "-1", branch_head).strip() == "add a.txt"
-    assert payload["commits"] == [branch_head] and payload["commit"] == run_git(project.root, "rev-parse", "main").strip()
+    assert payload["commits"] == [branch_head]
+    assert payload["commit"] == run_git(project.root, "rev-parse", "main").strip()
 
 
 @pytest.mark.parametrize("step", STEPS)

@@ -67,7 +67,8 @@ def test_a_branch_with_no_commits_is_nothing_to_merge(project, tmp_path):
     before = run_git(project.root, "rev-parse", "main")
     result = run_ov("merge", "builder-c", cwd=project.root)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "builder-c: nothing to merge: ov/builder-c has no commits since it was slung from main"
+    assert result.stdout.strip() == ("builder-c: nothing to merge: ov/builder-c has no commits since it was "
+                                     "slung from main")
     assert run_git(project.root, "rev-parse", "main") == before
     assert mail_rows(project, type="merged") == [] and mail_rows(project, type="merge_failed") == []
 
@@ -148,7 +149,8 @@ def test_a_failed_merge_prints_the_next_step_and_following_it_works(project, tmp
     reported = run_ov("merge", "builder-a", cwd=project.root)
     assert reported.returncode == 0 and "already merged into main by" in reported.stdout
     mails = [m for m in mail_rows(project, type="merged") if m["recipient"] == "operator"]
-    assert len(mails) == 1 and json.loads(mails[0]["payload"])["commit"] == run_git(project.root, "rev-parse", "HEAD").strip()
+    assert len(mails) == 1
+    assert json.loads(mails[0]["payload"])["commit"] == run_git(project.root, "rev-parse", "HEAD").strip()
 
 
 def test_tier_three_without_a_key_is_one_clear_line(project, tmp_path, monkeypatch):

@@ -187,7 +187,8 @@ def _read_yaml(path: Path) -> dict[str, t.Any]:
         raise ConfigError(f"{path}: not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
                           "is not UTF-8); compare it with `ov config --defaults`") from None
     except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be an ov config; compare it with `ov config --defaults`") from None
+        raise ConfigError(f"{path}: nested too deeply to be an ov config; compare it with "
+                          "`ov config --defaults`") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -230,7 +231,8 @@ def _check_env_names(environ: t.Mapping[str, str]) -> None:
             expected = f"expected one of: {', '.join(same_section)}"
         else:
             sections = ", ".join(f"OV_{s.upper()}_*" for s in Config.model_fields if s not in ("providers", "models"))
-            expected = f"expected OV_<SECTION>_<KEY> with a section of {sections}, or one of {', '.join(OTHER_VARIABLES)}"
+            expected = (f"expected OV_<SECTION>_<KEY> with a section of {sections}, "
+                        f"or one of {', '.join(OTHER_VARIABLES)}")
         problems.append(f"unknown variable {name} ({expected})")
     raise ConfigError("environment: " + "; ".join(problems))
 

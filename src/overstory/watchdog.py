@@ -248,7 +248,8 @@ class Watchdog:
         from overstory.agents.spawn_journal import settle_all
         from overstory.merge.intents import settle_all as settle_merges
 
-        actions = [Action(name, "spawn_undone", "its `ov sling` died half-way; removed: " + (", ".join(what) or "nothing"))
+        actions = [Action(name, "spawn_undone",
+                          "its `ov sling` died half-way; removed: " + (", ".join(what) or "nothing"))
                    for name, what in settle_all(self.project, self.state).items()]
         scan, self._scanned = not self._scanned, True  # merge journals without an intent: looked for once
         for label, what in settle_merges(self.project, self.state, scan_journals=scan).items():

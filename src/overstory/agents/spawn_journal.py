@@ -180,7 +180,8 @@ def _remove_worktree(project: ProjectPaths, worktree: Path) -> bool:
 
 def _remove_branch(project: ProjectPaths, branch: str, base_commit: str | None) -> list[str]:
     """Delete the spawn's branch if it still points where the spawn created it; keep it (and say so) otherwise."""
-    head = git(project.root, "rev-parse", "-q", "--verify", f"refs/heads/{branch}^{{commit}}", check=False).stdout.strip()
+    head = git(project.root, "rev-parse", "-q", "--verify", f"refs/heads/{branch}^{{commit}}",
+               check=False).stdout.strip()
     if not head:
         return []
     if base_commit and head != base_commit:

@@ -23,8 +23,10 @@ def describe(exc: BaseException, argv: t.Sequence[str]) -> str | None:
             return _missing_table(text.split(":", 1)[1].strip(), argv)
         if "database or disk is full" in text:
             return f"{NO_SPACE} for ov's database: the change was rolled back, nothing was written"
-        if "readonly database" in text or "unable to open database file" in text:
+        if "readonly database" in text:
             return f"cannot write ov's database ({text}): is .overstory/ on a read-only file system?"
+        if "unable to open database file" in text:
+            return f"cannot open ov's database ({text}): is .overstory/ missing, or read-only?"
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"{NO_SPACE}{_where(exc)}"
     if isinstance(exc, OSError) and exc.errno == errno.EROFS:

@@ -14,7 +14,8 @@ from overstory.cli._common import echo_json, json_option, project_paths, state_c
               help="Merge every builder that finished with commits, and the merge_ready queue, in the order they "
                    "became ready; lists what it skipped and why.")
 @click.option("--into", help="Target branch (default: the branch the agent was slung from).")
-@click.option("--dry-run", is_flag=True, help="Predict with git merge-tree (the tier, each conflicting file); touch nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Predict with git merge-tree (the tier, each conflicting file); touch nothing.")
 @click.option("--tier-max", type=click.IntRange(1, 3), help="Highest resolution tier to try (default: config merge.tier_max).")
 @click.option("--force", is_flag=True, help="Merge an agent that is still working (has not sent its terminal mail).")
 @json_option

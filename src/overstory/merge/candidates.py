@@ -65,7 +65,8 @@ def unmerged_commits(root: Path, branch: str, target: str) -> list[str]:
     return git(root, "rev-list", "--reverse", f"refs/heads/{target}..refs/heads/{branch}", check=False).stdout.split()
 
 
-def gather(root: Path, config: Config, conn: sqlite3.Connection, into: str | None) -> tuple[list[Candidate], list[Skipped]]:
+def gather(root: Path, config: Config, conn: sqlite3.Connection,
+           into: str | None) -> tuple[list[Candidate], list[Skipped]]:
     candidates = [Candidate(branch=row["branch"], target=row["target"], agent=row["agent"], queue_id=row["id"],
                             ready_at=int(row["enqueued_at"])) for row in merge_queue.pending(conn)]
     queued = {c.branch for c in candidates}
@@ -106,6 +107,6 @@ def _ready_at(conn: sqlite3.Connection, agent: sessions.Session) -> int:
                        (agent.name, agent.generation)).fetchone()
     if row and row[0] is not None:
         return int(row[0])
-    mail = conn.execute("SELECT min(created_at) FROM mail WHERE sender = ? AND type = 'worker_done' AND created_at >= ?",
-                        (agent.name, agent.created_at)).fetchone()
+    mail = conn.execute("SELECT min(created_at) FROM mail WHERE sender = ? AND type = 'worker_done' "
+                        "AND created_at >= ?", (agent.name, agent.created_at)).fetchone()
     return int(mail[0]) if mail and mail[0] is not None else agent.updated_at

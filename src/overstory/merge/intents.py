@@ -22,8 +22,9 @@ from overstory.store import intents, merge_queue, sessions
 
 def begin(conn: sqlite3.Connection, *, agent: sessions.Session | None, branch: str, target: str, source_commit: str,
           target_before: str, queue_id: int | None) -> int:
-    return intents.begin_merge(conn, agent=agent.name if agent else None, generation=agent.generation if agent else None,
-                               branch=branch, target=target, source_commit=source_commit, target_before=target_before,
+    return intents.begin_merge(conn, agent=agent.name if agent else None,
+                               generation=agent.generation if agent else None, branch=branch, target=target,
+                               source_commit=source_commit, target_before=target_before,
                                queue_id=queue_id, sender=os.environ.get("OVERSTORY_AGENT_NAME") or "operator",
                                pid=os.getpid(), pid_ticks=procs.start_ticks(os.getpid()))
 
@@ -65,7 +66,8 @@ def finish(project: ProjectPaths, conn: sqlite3.Connection, row: t.Mapping[str, 
                   check=False).stdout.split()
     tier = tier_of(project, merge_commit)
     announce(conn, project.root, agent, merged=True, branch=row["branch"], target=target, source_commit=source,
-             reason=f"merged by an `ov merge` that was interrupted before reporting it (commit {merge_commit or source})",
+             reason=f"merged by an `ov merge` that was interrupted before reporting it "
+                    f"(commit {merge_commit or source})",
              tier=tier, commit=merge_commit, commits=commits)
     if row["queue_id"] is not None:
         merge_queue.settle(conn, row["queue_id"], merged=True, tier=tier, result="merged (finished after a crash)")

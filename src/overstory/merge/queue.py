@@ -177,7 +177,8 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
         raise
     kill_point("merge:published")
     report.merged, report.tier, report.conflicts = result.merged, result.tier, list(result.conflicts)
-    report.reason, report.resolutions, report.already_merged = result.reason, dict(result.resolutions), result.already_merged
+    report.reason, report.resolutions = result.reason, dict(result.resolutions)
+    report.already_merged = result.already_merged
     report.commit = result.commit if not result.already_merged else merge_commit_of(project.root, source_sha, target)
     report.commits = result.commits if not result.already_merged else unmerged
     if not result.merged:
@@ -198,12 +199,13 @@ def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: session
     own = agent_commits(project.root, agent) if agent is not None else []
     if not own:
         report.nothing_to_merge = True
-        since = f"since it was slung from {agent.base_branch}" if agent and agent.base_branch else f"that {report.target} lacks"
+        since = (f"since it was slung from {agent.base_branch}" if agent and agent.base_branch
+                 else f"that {report.target} lacks")
         report.reason = f"nothing to merge: {report.branch} has no commits {since}"
         if queue_id is not None:
             merge_queue.settle(conn, queue_id, merged=False, tier=None, result=report.reason)
         return report
-    source = own[-1]
+    source = git(project.root, "rev-parse", f"refs/heads/{report.branch}").stdout.strip()
     report.merged = report.already_merged = True
     report.commit = merge_commit_of(project.root, source, report.target)
     report.tier = merge_intents.tier_of(project, report.commit)
@@ -212,8 +214,7 @@ def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: session
     if not report.dry_run:
         # Merged by another run, by hand, or by a run killed before it reported: report it once.
         announce(conn, project.root, agent, merged=True, branch=report.branch, target=report.target,
-                 source_commit=git(project.root, "rev-parse", f"refs/heads/{report.branch}").stdout.strip(),
-                 reason=report.reason, tier=report.tier, commit=report.commit, commits=own)
+                 source_commit=source, reason=report.reason, tier=report.tier, commit=report.commit, commits=own)
         if queue_id is not None:
             merge_queue.settle(conn, queue_id, merged=True, tier=report.tier, result=report.reason)
     return report

@@ -93,8 +93,9 @@ def complete_promised(conn: sqlite3.Connection, agent: Session, what_happened: s
         now = now_ms()
         tx.execute("UPDATE mail SET read_at = ? WHERE recipient = ? AND claimed_by IS NOT NULL AND read_at IS NULL",
                    (now, agent.name))
-        tx.execute("UPDATE turns SET status = 'interrupted', ended_at = ?, error = ? WHERE agent = ? AND generation = ? "
-                   "AND status IN ('starting', 'running')", (now, what_happened[:300], agent.name, agent.generation))
+        tx.execute("UPDATE turns SET status = 'interrupted', ended_at = ?, error = ? WHERE agent = ? "
+                   "AND generation = ? AND status IN ('starting', 'running')",
+                   (now, what_happened[:300], agent.name, agent.generation))
 
     return sessions.transition(
         conn, agent.name, agent.generation, "completed", actor=actor,
