@@ -104,7 +104,7 @@ def _conflicting(project, tmp_path, task="a"):
 def test_dry_run_names_the_tier_and_each_conflicting_file(project, tmp_path):
     sling(project, tmp_path, "a", [*commit_action("a.txt", "a\n"), DONE])
     clean = run_ov("merge", "builder-a", "--dry-run", cwd=project.root)
-    assert clean.returncode == 0 and "would merge with tier 1 (clean merge)" in clean.stdout
+    assert clean.returncode == 0 and "would merge with tier 1; clean merge" in clean.stdout
 
     (project.root / "lines.txt").write_text("one\ntwo\nthree\n")
     run_git(project.root, "add", "lines.txt")

@@ -4,11 +4,11 @@ import typing as t
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.command(name="merge")
-@click.argument("agent", required=False)
+@click.argument("agent", required=False, shell_complete=completer("complete_agents"))
 @click.option("--branch", help="Merge this branch instead of an agent's.")
 @click.option("--all", "merge_all_", is_flag=True,
               help="Merge every builder that finished with commits, and the merge_ready queue, in the order they "

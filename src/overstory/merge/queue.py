@@ -20,6 +20,7 @@ import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.clock import iso
 from overstory.errors import AgentNotFound, MergeError, UsageError
 from overstory.gitutil import branch_exists, current_branch, git
 from overstory.merge import intents as merge_intents
@@ -35,7 +36,7 @@ from overstory.store.lifecycle import promised
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
-__all__ = ["MergeReport", "merge_all", "merge_one", "sync_queue", "target_for"]
+__all__ = ["MergeReport", "merge_all", "merge_one", "queue_view", "sync_queue", "target_for"]
 
 
 @dataclass
@@ -74,12 +75,8 @@ class MergeRun:
 
 def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
     """Queue every merge_ready message not queued yet; returns how many were added."""
-    rows = conn.execute(
-        "SELECT m.id, m.sender, m.payload, m.created_at FROM mail m "
-        "LEFT JOIN merge_queue q ON q.mail_id = m.id WHERE m.type = 'merge_ready' AND q.id IS NULL ORDER BY m.id"
-    ).fetchall()
     added = 0
-    for row in rows:
+    for row in merge_queue.announced_not_queued(conn):
         payload = json.loads(row["payload"] or "{}")
         agent_name = payload.get("agent") or row["sender"]
         branch = payload.get("branch")
@@ -91,6 +88,31 @@ def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
                                      task_id=payload.get("task_id"), files=payload.get("files_modified") or [],
                                      mail_id=row["id"], enqueued_at=row["created_at"])
     return added
+
+
+def queue_view(conn: sqlite3.Connection, config: Config, *, limit: int = 20) -> list[dict[str, t.Any]]:
+    """The queue as `ov merge --all` would find it, without changing anything.
+
+    ``merge_ready`` mail that no `ov merge --all` has queued yet comes first (status
+    ``announced``), then pending rows, then the latest merged or failed ones.
+    """
+    entries: list[dict[str, t.Any]] = []
+    for row in merge_queue.announced_not_queued(conn)[:limit]:
+        payload = json.loads(row["payload"] or "{}")
+        name = payload.get("agent") or row["sender"]
+        if not payload.get("branch"):
+            continue
+        agent = sessions.get(conn, name)
+        entries.append({"id": None, "mail_id": row["id"], "agent": name, "branch": payload["branch"],
+                        "target": payload.get("target_branch") or target_for(agent, config, None),
+                        "task_id": payload.get("task_id"), "files": payload.get("files_modified") or [],
+                        "status": "announced", "tier": None, "result": None, "enqueued_at": iso(row["created_at"])})
+    for row in merge_queue.recent(conn, max(0, limit - len(entries))):
+        entries.append({"id": row["id"], "mail_id": row["mail_id"], "agent": row["agent"], "branch": row["branch"],
+                        "target": row["target"], "task_id": row["task_id"], "files": json.loads(row["files"] or "[]"),
+                        "status": row["status"], "tier": row["tier"], "result": row["result"],
+                        "enqueued_at": iso(row["enqueued_at"])})
+    return entries
 
 
 def _resolver(config: Config, tier_max: int) -> t.Any:
@@ -144,7 +166,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     target = target_for(agent, config, into)
     if not branch_exists(project.root, target):
         raise MergeError(f"target branch {target} does not exist (use --into)")
-    if agent is not None and not force and not agent.is_terminal and not promised(conn, agent):
+    if agent is not None and not (force or dry_run) and not agent.is_terminal and not promised(conn, agent):
         raise MergeError(f"{agent.name} is still working (state {agent.state}; it has not sent its terminal mail): "
                          "merging now could miss the commits it is about to make; wait for its worker_done, "
                          f"or pass --force")
@@ -232,7 +254,7 @@ def _predict(project: ProjectPaths, config: Config, report: MergeReport, levels:
     elif needs > levels:
         verdict = f"would NOT merge: it needs tier {needs} but tier_max is {levels}"
     else:
-        verdict = f"would merge with tier {needs} ({'clean merge' if needs == 1 else 'conflicts resolved'})"
+        verdict = f"would merge with tier {needs}"
     report.reason = f"{verdict}; {prediction.reason}"
     if not report.merged:
         report.next_step = _next_step(project, config, report, levels, label, needs)
