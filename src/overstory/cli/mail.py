@@ -37,7 +37,9 @@ def _parse_payload(text: str | None) -> t.Any:
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
     except RecursionError:
-        raise click.BadParameter(f"nested too deeply (at most {store.MAX_PAYLOAD_DEPTH} levels of lists/objects)",
+        from overstory.store.payload_shape import MAX_DEPTH
+
+        raise click.BadParameter(f"nested too deeply (at most {MAX_DEPTH} levels of lists/objects)",
                                  param_hint="--payload") from None
 
 

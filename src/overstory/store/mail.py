@@ -38,7 +38,6 @@ PRIORITIES = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 PRIORITY_NAMES = {value: name for name, value in PRIORITIES.items()}
 
 MAX_BODY_BYTES = 1024 * 1024
-MAX_PAYLOAD_DEPTH = 64
 BROADCAST_ALL = "@all"
 
 # Copies of overstory.store.sessions constants: importing that module (its 36-field
@@ -136,13 +135,8 @@ def check_body(body: str) -> None:
 def _encode_payload(payload: t.Mapping[str, t.Any] | None) -> str | None:
     if payload is None:
         return None
-    from overstory.store.payload_shape import check_shape  # a deep or huge payload is refused, not stored
-
-    check_shape(payload, MAX_PAYLOAD_DEPTH)
-    encoded = json.dumps(payload, ensure_ascii=False, sort_keys=True)
-    if len(encoded) > MAX_BODY_BYTES:
-        raise PayloadError(f"the payload is over {MAX_BODY_BYTES} characters (1 MiB): send a file path instead")
-    return encoded
+    from overstory.store.payload_shape import encode  # refuses a payload too deep or too big
+    return encode(payload, MAX_BODY_BYTES)
 
 
 _COLUMNS = "id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, " \

@@ -1,14 +1,26 @@
-"""How deep a mail payload may nest. Standard library only (``ov mail send`` imports it).
+"""How deep and how big a mail payload may be. Standard library only (``ov mail send`` imports it).
 
-Checked without recursion, so a 60 000-deep document is refused here instead of crashing
-whatever reads it back later (``json.loads``, pydantic, a prompt renderer).
+The depth is checked without recursion, so a 60 000-deep document is refused here instead
+of crashing whatever reads it back later (``json.loads``, pydantic, a prompt renderer).
 """
 
 from __future__ import annotations
 
+import json
 import typing as t
 
 from overstory.errors import PayloadError
+
+MAX_DEPTH = 64
+
+
+def encode(payload: t.Any, max_chars: int) -> str:
+    """The payload as stored (JSON), or PayloadError when it is too deep or too big."""
+    check_shape(payload, MAX_DEPTH)
+    encoded = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    if len(encoded) > max_chars:
+        raise PayloadError(f"the payload is over {max_chars} characters (1 MiB): send a file path instead")
+    return encoded
 
 
 def check_shape(payload: t.Any, max_depth: int) -> None:
