@@ -94,7 +94,10 @@ def _keep_out_of_git(project: ProjectPaths) -> None:
         lines = ignore.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         return
-    if GITIGNORE_LINE not in (line.strip() for line in lines):
+    present = {line.strip() for line in lines}
+    if "/*" in present:  # the ignore-everything-but-what-a-team-shares file `ov init` writes today
+        return
+    if GITIGNORE_LINE not in present:
         with ignore.open("a", encoding="utf-8") as handle:
             handle.write(("" if not lines or ignore.read_text(encoding="utf-8").endswith("\n") else "\n")
                          + GITIGNORE_LINE + "\n")
