@@ -230,6 +230,9 @@ class Watchdog:
         actions: list[Action] = []
         try:
             actions.extend(self._settle_intents())
+        except (sqlite3.Error, OSError, OrchestratorError) as exc:  # never in the way of the rules below
+            actions.append(Action("-", "error", f"settling interrupted commands: {exc}"))
+        try:
             spawning = {row["name"] for row in intents.list_spawns(self.state)}
             agents = sessions.list_sessions(self.state, include_terminal=False)
         except (sqlite3.Error, OrchestratorError) as exc:  # e.g. locked past the busy timeout: try next tick

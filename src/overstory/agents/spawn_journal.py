@@ -86,7 +86,10 @@ def settle_all(project: ProjectPaths, conn: sqlite3.Connection) -> dict[str, lis
     undone = {}
     for intent in intents.list_spawns(conn):
         if not spawner_alive(intent):
-            undone[intent["name"]] = undo(project, conn, intent)
+            try:
+                undone[intent["name"]] = undo(project, conn, intent)
+            except (OrchestratorError, OSError, sqlite3.Error) as exc:  # the next pass tries again
+                undone[intent["name"]] = [f"could not finish undoing it: {exc}"]
     return undone
 
 

@@ -16,6 +16,7 @@ import sqlite3
 import typing as t
 
 from overstory import procs
+from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import intents, merge_queue, sessions
 
@@ -43,7 +44,10 @@ def settle_all(project: ProjectPaths, conn: sqlite3.Connection, *, scan_journals
         done = {f"merge into {target}": "; ".join(what)
                 for target, what in recover_all(project.root, project.locks_dir).items()}
     for row in dead:
-        done[row["agent"] or row["branch"]] = finish(project, conn, row)
+        try:
+            done[row["agent"] or row["branch"]] = finish(project, conn, row)
+        except (OrchestratorError, OSError, sqlite3.Error) as exc:  # the next pass tries again
+            done[row["agent"] or row["branch"]] = f"could not settle its interrupted merge: {exc}"
     return done
 
 

@@ -132,6 +132,8 @@ def recover_all(repo_root: Path, lock_dir: Path) -> dict[str, list[str]]:
                 done = recover(Git(root_path), root_path, lock_dir, target)
         except LockHeld:
             continue  # that merge is running
+        except MergeError as exc:  # e.g. a leftover index.lock: said, and tried again next time
+            done = [str(exc)]
         if done:
             found[target] = done
     return found
