@@ -122,6 +122,8 @@ CASES = [
          "OV_TURNS_STALL_TIMEOUT", 1, env={"OV_TURNS_STALL_TIMOUT": "30"}),
     Case("unknown OV_ variable (sling)", ["sling", "builder", "t1", "--runtime", "scripted"],
          "unknown variable OV_BOGUS", 1, env={"OV_BOGUS": "1"}),
+    Case("watchdog --interval nan", ["watchdog", "--interval", "nan"], "must be a number of seconds greater than 0",
+         2, click_usage=True),
     Case("usage error stays click's", ["mail", "send", "--to", "operator"], "Missing option '--subject'", 2,
          click_usage=True),
 ]
