@@ -156,7 +156,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
     task_id = validate_name(request.task_id, "task id")
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
-    runtime = request.runtime or config.runtime.default
+    runtime = request.runtime or config.runtime_for(capability)
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter)
@@ -215,16 +215,23 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             _fault("worktree", environ)
             _add_worktree(project, worktree, branch)
             undo.push("worktree", lambda: _remove_worktree(project, worktree))
-            _fault("instructions", environ)
-            _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
-                                branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                files=request.files, ov_command=ov_command, tmux_mode=tmux)
         run_dir = project.run_dir / name
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         undo.push("run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True))
-        if at_root:
+        if _write_state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                              worktree=worktree, branch=branch or base_branch or "", base_branch=base_branch or "",
+                              parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
+                              tmux_mode=tmux, environ=environ):
+            pass  # the runtime reads its instructions and hooks from its own state dir, not the worktree
+        elif not at_root:
+            assert worktree is not None and branch is not None
+            _fault("instructions", environ)
+            _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
+                                branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
+                                files=request.files, ov_command=ov_command, tmux_mode=tmux)
+        else:
             _fault("instructions", environ)
             _write_root_instructions(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                      base_branch=base_branch or "", parent=parent, prompt=prompt or "",
@@ -381,6 +388,33 @@ def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runt
     settings = runtime.hook_settings(ov_command, tmux_mode=False)
     if settings is not None:
         (run_dir / runtime.root_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+def _write_state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
+                       task_id: str, worktree: Path | None, branch: str, base_branch: str, parent: str, prompt: str,
+                       files: t.Sequence[str], ov_command: list[str], tmux_mode: bool,
+                       environ: t.Mapping[str, str]) -> bool:
+    """A runtime with an ov-owned state dir (CODEX_HOME, ...) reads the agent's instructions and hook config
+    from there: nothing is written into the worktree. False when the runtime wants them elsewhere."""
+    from overstory.runtimes.base import AgentSetup
+
+    state_dir = runtime.state_dir(run_dir)
+    if state_dir is None:
+        return False
+    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
+                              base_branch=base_branch, worktree=worktree or project.root, parent=parent, prompt=prompt,
+                              files=files)
+    written = runtime.state_files(AgentSetup(
+        name=name, capability=capability, writable=capability in WRITER_CAPABILITIES, project_root=project.root,
+        worktree=worktree, run_dir=run_dir, instructions=text, ov_command=ov_command, tmux_mode=tmux_mode))
+    if written is None:
+        return False
+    _fault("instructions", environ)
+    for relative, content in written.items():
+        target = state_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    return True
 
 
 def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime, *, name: str, capability: str,
