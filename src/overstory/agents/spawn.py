@@ -162,7 +162,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     tmux = _tmux_mode(request, config, adapter)
     from overstory.agents.turns import model_choice
 
-    model_choice(request.model, capability, config, _launch_env(project, environ), runtime)  # unknown provider, missing key
+    model, _ = model_choice(request.model, capability, config, _launch_env(project, environ),
+                            runtime)  # unknown provider, missing key
     prompt = request.prompt
     if request.spec_file is not None:
         try:
@@ -223,7 +224,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         if _write_state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                               worktree=worktree, branch=branch or base_branch or "", base_branch=base_branch or "",
                               parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
-                              tmux_mode=tmux, environ=environ):
+                              tmux_mode=tmux, environ=environ, model=model):
             pass  # the runtime reads its instructions and hooks from its own state dir, not the worktree
         elif not at_root:
             assert worktree is not None and branch is not None
@@ -393,7 +394,7 @@ def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runt
 def _write_state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
                        task_id: str, worktree: Path | None, branch: str, base_branch: str, parent: str, prompt: str,
                        files: t.Sequence[str], ov_command: list[str], tmux_mode: bool,
-                       environ: t.Mapping[str, str]) -> bool:
+                       environ: t.Mapping[str, str], model: str | None) -> bool:
     """A runtime with an ov-owned state dir (CODEX_HOME, ...) reads the agent's instructions and hook config
     from there: nothing is written into the worktree. False when the runtime wants them elsewhere."""
     from overstory.runtimes.base import AgentSetup
@@ -406,7 +407,8 @@ def _write_state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *
                               files=files)
     written = runtime.state_files(AgentSetup(
         name=name, capability=capability, writable=capability in WRITER_CAPABILITIES, project_root=project.root,
-        worktree=worktree, run_dir=run_dir, instructions=text, ov_command=ov_command, tmux_mode=tmux_mode))
+        worktree=worktree, run_dir=run_dir, instructions=text, ov_command=ov_command, tmux_mode=tmux_mode,
+        model=model))
     if written is None:
         return False
     _fault("instructions", environ)

@@ -104,6 +104,7 @@ def turn_environment(base: t.Mapping[str, str], agent: Session, project: Project
     env.update(runtime.turn_env(project.run_dir / agent.name))
     env.update(extra or {})
     env.update({
+        "PWD": agent.worktree or str(project.root),  # the turn's cwd; some CLIs trust $PWD over getcwd()
         "OVERSTORY_AGENT_NAME": agent.name,
         "OVERSTORY_PROJECT_ROOT": str(project.root),
         "OVERSTORY_WORKTREE": agent.worktree or str(project.root),

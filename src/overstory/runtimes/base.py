@@ -130,6 +130,7 @@ class AgentSetup:
     instructions: str          # the rendered overlay
     ov_command: list[str]      # how hooks call ov
     tmux_mode: bool = False
+    model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
 @dataclass(frozen=True)

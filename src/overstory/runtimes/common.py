@@ -74,16 +74,18 @@ def reset_after(seconds: float | None, now: float | None = None) -> int | None:
     return int(((time.time() if now is None else now) + seconds) * 1000)
 
 
-_DELAY = re.compile(r"(?:retry[-_ ]?(?:after|delay)|try again in)[\"':= ]*\"?(\d+(?:\.\d+)?)\s*(ms|s)?", re.IGNORECASE)
+_DELAY = re.compile(r"(?:retry[-_ ]?(?:after|delay)(-ms)?|try again in)[\"':= ]*\"?(\d+(?:\.\d+)?)\s*(ms|s)?",
+                    re.IGNORECASE)
 
 
 def retry_seconds(text: str) -> float | None:
-    """A retry delay a provider put into an error text ("retryDelay": "12s", "try again in 3s", retry-after: 3)."""
+    """A retry delay a provider put into an error text ("retryDelay": "12s", "try again in 3s",
+    retry-after: 3, retry-after-ms: 500)."""
     match = _DELAY.search(text or "")
     if not match:
         return None
-    value = float(match.group(1))
-    return value / 1000 if match.group(2) == "ms" else value
+    value = float(match.group(2))
+    return value / 1000 if match.group(1) or match.group(3) == "ms" else value
 
 
 def guard_hook_command(ov_command: list[str]) -> str:
