@@ -46,9 +46,12 @@ def _q(text: str | Path) -> str:
 def git_write_dirs(worktree: Path) -> list[Path]:
     """The directories a commit in ``worktree`` writes: its own admin dir under the main repository's
     ``.git/worktrees/`` and the shared objects, refs and logs."""
-    result = subprocess.run(["git", "rev-parse", "--absolute-git-dir", "--git-common-dir"], cwd=worktree,
-                            capture_output=True, text=True, check=False)
-    lines = result.stdout.split()
+    try:
+        result = subprocess.run(["git", "rev-parse", "--absolute-git-dir", "--git-common-dir"], cwd=worktree,
+                                capture_output=True, text=True, check=False)
+    except OSError:  # no worktree (yet), or no git: nothing a commit could write
+        return []
+    lines = result.stdout.splitlines()
     if result.returncode != 0 or len(lines) != 2:
         return []
     git_dir = Path(lines[0])
