@@ -24,10 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from ci_versions import pinned
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+CODEX_VERSION = pinned("CODEX_VERSION")
 MISSING_MESSAGE = (
-    "real Codex CLI not found: run `npm install --prefix .ci/node @openai/codex@0.169.0` or set OV_CODEX_BIN"
+    f"real Codex CLI not found: run `npm install --prefix .ci/node @openai/codex@{CODEX_VERSION}` or set OV_CODEX_BIN"
 )
 
 # The model name is deliberately not in codex's bundled catalog: unknown models get the

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from ci_versions import pinned
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-GEMINI_VERSION = "0.61.0"
+GEMINI_VERSION = pinned("GEMINI_CLI_VERSION")
 MISSING_MESSAGE = (
     f"real Gemini CLI not found: run `npm install --prefix .ci/node @google/gemini-cli@{GEMINI_VERSION}`"
     " or set OV_GEMINI_BIN"

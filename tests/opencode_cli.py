@@ -27,9 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from ci_versions import pinned
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-OPENCODE_VERSION = "1.18.33"
+OPENCODE_VERSION = pinned("OPENCODE_VERSION")
 PROVIDER_ID = "mock"
 MODEL_ID = "mock-model"
 MODEL = f"{PROVIDER_ID}/{MODEL_ID}"

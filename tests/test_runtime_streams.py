@@ -194,11 +194,11 @@ def test_gemini_api_failures(fixture: str, exit_code: int, kind: str) -> None:
 
 
 @pytest.mark.parametrize(("message", "error_type", "kind"), [
-    ('[API Error: {"error":{"code":400,"message":"API key not valid.","status":"INVALID_ARGUMENT",'
-     '"details":[{"reason":"API_KEY_INVALID"}]}}]', "unknown", "auth"),
+    (('[API Error: {"error":{"code":400,"message":"API key not valid.","status":"INVALID_ARGUMENT",'
+      '"details":[{"reason":"API_KEY_INVALID"}]}}]'), "unknown", "auth"),
     ('[API Error: {"error":{"code":400,"message":"bad field","status":"INVALID_ARGUMENT"}}]', "unknown", "permanent"),
-    ('[API Error: {"error":{"code":429,"message":"Resource exhausted","details":[{"retryDelay":"400s"}]}}]\n'
-     "Please wait and try again later.", "unknown", "rate_limit"),
+    (('[API Error: {"error":{"code":429,"message":"Resource exhausted","details":[{"retryDelay":"400s"}]}}]\n'
+      "Please wait and try again later."), "unknown", "rate_limit"),
     ("You have exhausted your daily quota on this model.", "unknown", "rate_limit"),
     ("Reached max session turns for this session.", "FatalTurnLimitedError", "permanent"),
     ("The model returned an empty response.", "unknown", "transient"),

@@ -84,7 +84,7 @@ def model_choice(model: str | None, capability: str, config: Config,
             known = ", ".join(sorted(config.providers)) or "none configured"
             raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config "
                                     f"`providers` ({known})")
-        adapter = get_runtime(runtime or config.runtime.default)
+        adapter = get_runtime(runtime or config.runtime_for(capability))
         if provider.protocol and adapter.protocols and provider.protocol not in adapter.protocols:
             raise OrchestratorError(f"provider {provider_name!r} speaks {provider.protocol}; the {adapter.name} runtime "
                                     f"needs {' or '.join(adapter.protocols)} (model {choice!r})")

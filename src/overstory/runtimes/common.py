@@ -133,7 +133,7 @@ def probe_program(name: str, configured: str, *, env: t.Mapping[str, str], crede
                             f"npm install -g {package}, or set runtime.{hint_key}")
     try:
         result = subprocess.run([path, *version_args], capture_output=True, text=True, timeout=30, env=dict(env),
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired):
         result = None
     lines = ((result.stdout or result.stderr).strip().splitlines() if result is not None else [])
