@@ -143,7 +143,8 @@ def test_codex_home_files(tmp_path: Path) -> None:
     assert config["model_provider"] == "ov" and config["default_permissions"] == "ov"
     assert config["model_providers"]["ov"] == {"name": "ov", "base_url": "https://api.openai.com/v1",
                                                "env_key": "OV_CODEX_API_KEY", "wire_api": "responses"}
-    assert config["features"] == {"plugins": False, "shell_snapshot": False} and not config["analytics"]["enabled"]
+    assert config["features"] == {"plugins": False, "shell_snapshot": False, "multi_agent": False}
+    assert not config["analytics"]["enabled"]
     hook = config["hooks"]["PreToolUse"][0]["hooks"][0]
     assert hook["type"] == "command" and hook["command"].startswith("'/opt/ov bin/ov' guard || {")
     rules = config["permissions"]["ov"]["filesystem"]
@@ -312,3 +313,13 @@ def test_no_python_import_of_heavy_modules_by_the_parsers() -> None:
             "print(sorted(m for m in ('pydantic', 'click', 'rich', 'git', 'yaml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("runtime", NEW_RUNTIMES)
+def test_tmux_mode_is_refused_clearly(project: ProjectPaths, state_db: t.Any, bins: dict[str, str],
+                                      runtime: str) -> None:
+    config = Config.model_validate({"runtime": bins, "models": {"builder": "m-1"}})
+    with pytest.raises(UsageError, match=f"the {runtime} runtime is headless only"):
+        sling(project, config, state_db, SlingRequest(capability="builder", task_id="t1", runtime=runtime, tmux=True),
+              environ=dict(os.environ), start=False)
+    assert not project.worktree("builder-t1").exists()

@@ -28,6 +28,7 @@ from mock_openai_responses import (
     shell_reply,
     stalled_reply,
     text_reply,
+    tool_names,
 )
 from overstory import procs
 from overstory.paths import ProjectPaths
@@ -88,6 +89,8 @@ def test_codex_builder_writes_commits_reports_and_completes(project: ProjectPath
     # nothing of ov's is left in the worktree.
     first = requests[0]
     assert first["_headers"]["authorization"] == f"Bearer {KEY}" and first["model"] == MOCK_MODEL
+    offered = tool_names(first)
+    assert "exec_command" in offered and not any(name.startswith("multi_agent") for name in offered)
     assert any("builder-task-42" in text and "AGENTS.md instructions" in text
                for text in input_messages(first, "user"))
     worktree = project.worktree(name)

@@ -84,6 +84,8 @@ def test_opencode_builder_writes_commits_reports_and_completes(project: ProjectP
     assert len(done) == 1 and json.loads(done[0]["payload"])["branch"] == "ov/builder-task-42"
     assert first["_headers"]["authorization"] == f"Bearer {KEY}" and first["model"] == MODEL_ID
     assert "builder-task-42" in json.dumps(first["messages"][0])  # AGENTS.md from the ov-owned config dir
+    offered = [tool["function"]["name"] for tool in first["tools"]]
+    assert "bash" in offered and "task" not in offered  # opencode's sub-agents are off: ov slings
     assert run_git(project.worktree(name), "status", "--porcelain", "--ignored") == ""
 
 

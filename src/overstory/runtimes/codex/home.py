@@ -6,7 +6,8 @@ What it holds and why (facts in tests/fixtures/CODEX_PROBE_NOTES.md):
   ``OV_CODEX_API_KEY``; its ``base_url`` is OpenAI's unless the agent's provider names
   another, which each turn passes as ``-c model_providers.ov.base_url=...``;
 - update checks, analytics and the plugin sync off (the only outside traffic codex
-  attempts besides the model), login shells and the shell snapshot off;
+  attempts besides the model), login shells and the shell snapshot off, and codex's own
+  sub-agents off (ov agents delegate through ``ov sling``);
 - a permission profile for codex's own sandbox (bubblewrap and seccomp around every
   tool command): everything readable, nothing writable except ov's database directory,
   the temp dirs and, for writers, the agent's worktree and the git metadata a commit
@@ -93,6 +94,7 @@ def config_toml(setup: AgentSetup, tmp_dir: Path) -> str:
         "[features]",
         "plugins = false",
         "shell_snapshot = false",
+        "multi_agent = false  # codex's own sub-agents: ov agents delegate with `ov sling`",
         "",
         f"[model_providers.{PROVIDER}]",
         'name = "ov"',

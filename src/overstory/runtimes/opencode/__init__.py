@@ -78,7 +78,9 @@ def opencode_json(model: str) -> dict[str, t.Any]:
         "share": "disabled",
         "snapshot": False,
         "agent": {"title": {"disable": True}},
-        "permission": {"bash": "allow", "edit": "allow", "external_directory": "allow"},
+        # task (opencode's sub-agents) is denied, which takes it off the tool list: ov agents delegate with
+        # `ov sling`. Everything else runs unasked; `ov guard` judges each call (the plugin).
+        "permission": {"bash": "allow", "edit": "allow", "external_directory": "allow", "task": "deny"},
     }
 
 
