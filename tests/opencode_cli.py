@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from ci_versions import pinned
+from claude_cli import pinned_version as pinned
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

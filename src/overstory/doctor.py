@@ -65,7 +65,7 @@ def check_runtimes(config: Config | None) -> list[Check]:
     checks = []
     for name in RUNTIME_NAMES:
         probe = get_runtime(name).probe(config)
-        status = {"ok": OK, "missing": WARN}.get(probe.status, FAIL)
+        status = {"ok": OK, "missing": WARN, "outdated": WARN}.get(probe.status, FAIL)
         detail = probe.detail if probe.credentials == "not needed" else f"{probe.detail}; {probe.credentials}"
         checks.append(Check(name, status, detail, probe.hint))
     return checks
