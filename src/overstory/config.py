@@ -72,6 +72,10 @@ class MergeSection(_Section):
     lock_wait: float = Field(30, ge=0)
 
 
+class LogsSection(_Section):
+    keep_days: float = Field(14, gt=0)
+
+
 PROTOCOLS = ("anthropic", "openai-responses", "openai-chat", "gemini")
 
 
@@ -96,6 +100,11 @@ class ModelPrice(_Section):
     output_per_mtok: float = Field(ge=0)
 
 
+# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
+# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
+DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
+
+
 class Config(_Section):
     project: ProjectSection = Field(default_factory=ProjectSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
@@ -103,8 +112,9 @@ class Config(_Section):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
+    logs: LogsSection = Field(default_factory=LogsSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
-    models: dict[str, str] = Field(default_factory=dict)
+    models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
@@ -194,15 +204,26 @@ merge:
   # Seconds to wait for another merge into the same branch before giving up.
   lock_wait: 30
 
+logs:
+  # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
+  keep_days: 14
+
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
 # openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
 providers: {}
 
-# Model per capability: "provider/model" or a plain model alias, e.g. {builder: sonnet}.
-models: {}
+# Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
+# A capability not listed uses runtime.model, else the CLI's default (its most capable and
+# most expensive model). `models: {}` gives every capability the CLI's default.
+models:
+  # Builders write the code: sonnet does it for a fraction of the default's price.
+  builder: sonnet
+  # Scouts only read and report: haiku is enough and cheaper still.
+  scout: haiku
 
 # Runtime per capability, e.g. {builder: codex, reviewer: gemini}; the rest use runtime.default.
+# (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
 runtimes: {}
 
 # Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...}},

@@ -68,6 +68,9 @@ def model_choice(model: str | None, capability: str, config: Config,
                  environ: t.Mapping[str, str], runtime: str | None = None) -> tuple[str | None, dict[str, str]]:
     """``--model`` (or sling's) > config ``models[capability]`` > ``runtime.model``.
 
+    ov's two built-in ``models`` entries (``DEFAULT_MODELS``: Claude aliases) are skipped for a
+    runtime that does not speak Anthropic's API.
+
     ``provider/model`` routes the agent to that config ``providers`` entry: the runtime
     turns its ``base_url`` and the key held by the variable named in ``api_key_env``
     into its own environment (for claude: ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY).
@@ -75,7 +78,13 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    choice = model or config.models.get(capability) or config.runtime.model
+    from overstory.config import DEFAULT_MODELS
+
+    adapter = get_runtime(runtime or config.runtime_for(capability))
+    configured = config.models.get(capability)
+    if configured and configured == DEFAULT_MODELS.get(capability) and "anthropic" not in adapter.protocols:
+        configured = None  # ov's built-in default is a Claude alias: another CLI keeps its own default
+    choice = model or configured or config.runtime.model
     extra: dict[str, str] = {}
     if choice and "/" in choice:
         provider_name, _, model_name = choice.partition("/")
@@ -84,7 +93,6 @@ def model_choice(model: str | None, capability: str, config: Config,
             known = ", ".join(sorted(config.providers)) or "none configured"
             raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config "
                                     f"`providers` ({known})")
-        adapter = get_runtime(runtime or config.runtime_for(capability))
         if provider.protocol and adapter.protocols and provider.protocol not in adapter.protocols:
             raise OrchestratorError(f"provider {provider_name!r} speaks {provider.protocol}; the {adapter.name} runtime "
                                     f"needs {' or '.join(adapter.protocols)} (model {choice!r})")

@@ -39,7 +39,8 @@ PERMANENT_PATTERN = re.compile(
 )
 RESUME_PATTERN = re.compile(r"no conversation found|session.*(not found|does not exist|expired)|unknown session",
                             re.IGNORECASE)
-AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key", re.IGNORECASE)
+# "Not logged in · Please run /login": no key and no login (measured on 2.1.197; no request is made).
+AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key|not logged in|run /login", re.IGNORECASE)
 COARSE_KIND = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
 
 
