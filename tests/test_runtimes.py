@@ -323,3 +323,16 @@ def test_tmux_mode_is_refused_clearly(project: ProjectPaths, state_db: t.Any, bi
         sling(project, config, state_db, SlingRequest(capability="builder", task_id="t1", runtime=runtime, tmux=True),
               environ=dict(os.environ), start=False)
     assert not project.worktree("builder-t1").exists()
+
+
+def test_claudes_default_models_are_not_given_to_other_runtimes() -> None:
+    """`ov init` gives builders `sonnet` and scouts `haiku`: Claude aliases that codex, gemini and
+    opencode would reject. A capability run by one of them keeps that CLI's own default instead;
+    a model the user chose for it is passed on."""
+    config = Config.model_validate({"runtimes": {"builder": "codex"}})
+    assert config.models["builder"] == "sonnet"
+    assert model_choice(None, "builder", config, {}) == (None, {})
+    assert model_choice(None, "scout", config, {}) == ("haiku", {}), "claude keeps it"
+    assert model_choice(None, "builder", config, {}, "claude") == ("sonnet", {}), "sling --runtime claude"
+    chosen = Config.model_validate({"runtimes": {"builder": "gemini"}, "models": {"builder": "gemini-2.5-pro"}})
+    assert model_choice(None, "builder", chosen, {}) == ("gemini-2.5-pro", {})
