@@ -336,3 +336,15 @@ def test_claudes_default_models_are_not_given_to_other_runtimes() -> None:
     assert model_choice(None, "builder", config, {}, "claude") == ("sonnet", {}), "sling --runtime claude"
     chosen = Config.model_validate({"runtimes": {"builder": "gemini"}, "models": {"builder": "gemini-2.5-pro"}})
     assert model_choice(None, "builder", chosen, {}) == ("gemini-2.5-pro", {})
+
+
+def test_a_failed_spawn_leaves_no_home_behind(project: ProjectPaths, state_db: t.Any, bins: dict[str, str]) -> None:
+    """The home files are written after the spawn journal's run-dir step: an injected failure right
+    there is undone like any other (no branch, worktree, run dir or row left)."""
+    config = Config.model_validate({"runtime": bins, "runtimes": {"builder": "codex"}})
+    with pytest.raises(OrchestratorError, match="injected failure at step 'instructions'"):
+        sling(project, config, state_db, SlingRequest(capability="builder", task_id="t1", prompt="do it"),
+              environ={**os.environ, "OV_TEST_FAIL_AT": "instructions"}, start=False)
+    assert not (project.run_dir / "builder-t1").exists() and not project.worktree("builder-t1").exists()
+    assert "ov/builder-t1" not in run_git(project.root, "branch", "--list")
+    assert state_db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
