@@ -16,7 +16,7 @@ from overstory.guards.agent import _Agent
 
 @dataclass
 class _ShellState:
-    """The working directory as the policy walks a command line; None once it is unknown."""
+    """The working directory a command runs in; None when it cannot be known."""
 
     cwd: str | None
 
@@ -27,6 +27,12 @@ class _Effect:
 
     kind: read | test (test runners/linters) | write | code (unknowable code) | install
           (global package install) | unknown | deny (refused for everyone, see reason).
+    unsafe: why a read-only agent may not run it even though its kind is read or test
+          (an option ov does not know to be read-only, an output file …).
+    env / env_unset / env_clear: what a wrapper (``env``) does to the inner command's
+          environment, checked like assignments.
+    sets_vars: shell variables the command sets to values ov cannot know (``read x``).
+    opaque: the command may change anything in the current shell (``eval``, ``source``).
     """
 
     kind: str
@@ -38,6 +44,12 @@ class _Effect:
     scripts: list[str] = field(default_factory=list)
     chdir: str | None = None
     reason: str = ""
+    unsafe: str = ""
+    env: list[tuple[str, str]] = field(default_factory=list)
+    env_unset: list[str] = field(default_factory=list)
+    env_clear: bool = False
+    sets_vars: list[str] = field(default_factory=list)
+    opaque: bool = False
 
 
 _READ = _Effect("read")

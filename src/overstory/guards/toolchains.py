@@ -24,72 +24,88 @@ from overstory.guards.effects import (
     _values,
 )
 from overstory.guards.filetools import _uniq
+from overstory.guards.ov import ov_command
 
 # ---- test runners, linters, build tools
 
-_REPORT_FILE_OPTIONS = ("--junitxml", "--junit-xml", "--junit-prefix", "--result-log",
-                        "--report-log", "--html", "--json-report-file", "--resultlog")
+#: Options that never write or run anything: with only these, the option tables stay unloaded.
+_COMMON_OPTIONS = frozenset({"-q", "-qq", "-x", "-v", "-vv", "-s", "-xq", "-qx", "--quiet",
+                             "--verbose", "--exitfirst", "--no-header", "-rA", "--tb=short",
+                             "--tb=no", "--tb=line"})
 
 
-def _pytest(argv: list[str], *_: object) -> _Effect:
-    return _test_args(argv[1:], "pytest")
+def _pytest(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    return _test_args(argv[1:], "pytest", agent)
 
 
-def _test_args(args: list[str], label: str) -> _Effect:
-    if any(a.split("=", 1)[0] in _REPORT_FILE_OPTIONS for a in args):
-        return _Effect("write", what=f"write a report file with {label}")
-    return _Effect("test", what=label)
+def _test_args(args: list[str], label: str, agent: _Agent, tool: str = "pytest") -> _Effect:
+    """A test runner or linter: files its options write (targets), and for read-only agents
+    whether every option is one ov knows to be harmless (``unsafe`` otherwise)."""
+    if all(a in _COMMON_OPTIONS or not a.startswith("-") for a in args):
+        return _Effect("test", what=label)
+    if "--install-types" in args:
+        return _Effect("install", what=f"`{label} --install-types` installs packages")
+    from overstory.guards import testopts  # the option tables load only when needed
+
+    targets, unsafe = testopts.inspect(tool, args, read_only=not agent.writable)
+    return _Effect("test", what=label, targets=targets, unsafe=unsafe)
 
 
 def _fixable(check_flags: frozenset[str], fix_flags: frozenset[str] = frozenset()) -> _Handler:
     """Formatters/linters: read-only with a check flag and without a fix flag."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+        tool = os.path.basename(argv[0])
         args = set(a.split("=", 1)[0] for a in argv[1:])
         if not check_flags or args & check_flags:
             if not args & fix_flags:
-                return _Effect("test", what=argv[0])
+                return _test_args(argv[1:], tool, agent, tool)
         paths = [a for a in argv[1:] if not a.startswith("-")]
-        return _Effect("write", what=f"rewrite files with `{os.path.basename(argv[0])}`",
-                       targets=paths, writes_cwd=not paths)
+        return _Effect("write", what=f"rewrite files with `{tool}`", targets=paths,
+                       writes_cwd=not paths)
 
     return handler
 
 
-def _ruff(argv: list[str], *_: object) -> _Effect:
+def _ruff(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     args = argv[1:]
     fix = {"--fix", "--unsafe-fixes", "--add-noqa", "--fix-only"}
     sub = next((a for a in args if not a.startswith("-")), "check")
     if any(a in _VERSION_FLAGS for a in args) or sub in ("version", "rule", "config", "linter",
                                                         "help"):
         return _READ
+    rest = [a for a in args if a != sub]
     if sub == "check" and not fix & {a.split("=", 1)[0] for a in args}:
-        return _Effect("test", what="ruff check")
+        return _test_args(rest, "ruff check", agent, "ruff")
     if sub == "format" and {"--check", "--diff"} & set(args):
-        return _Effect("test", what="ruff format --check")
+        return _test_args(rest, "ruff format --check", agent, "ruff")
     return _Effect("write", what=f"rewrite files with `ruff {sub}`", writes_cwd=True)
 
 
-def _tsc(argv: list[str], *_: object) -> _Effect:
+def _tsc(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     if {"--noEmit", "--version", "-v", "--help", "-h"} & set(argv[1:]):
-        return _Effect("test", what="tsc --noEmit")
+        return _test_args(argv[1:], "tsc --noEmit", agent, "tsc")
     return _Effect("write", what="emit compiled files with `tsc`", writes_cwd=True)
 
 
-def _make(argv: list[str], *_: object) -> _Effect:
+def _make(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-C", "--directory", "-f", "--file",
                                                      "--makefile", "-j", "--jobs", "-l",
                                                      "-o", "-W", "-I"))
     names = _names(options)
     directory = _values(options, "-C", "--directory")
+    chdir = directory[0] if directory else None
     if names & {"-n", "--dry-run", "--just-print", "-q", "--question", "-p",
                 "--print-data-base", "--version", "-v", "-h", "--help"}:
         return _READ
     goals = [p for p in positionals if "=" not in p]
     if goals and all(g in ("test", "tests", "check", "lint", "typecheck") for g in goals):
-        return _Effect("test", what=f"make {' '.join(goals)}")
-    return _Effect("unknown", what="make", writes_cwd=True,
-                   chdir=directory[0] if directory else None)
+        effect = _test_args(argv[1:], f"make {' '.join(goals)}", agent, "make")
+        effect.writes_cwd, effect.chdir = True, chdir
+        if len(goals) < len(positionals) and not agent.writable:
+            effect.unsafe = effect.unsafe or "override make variables (they can change the commands make runs)"
+        return effect
+    return _Effect("unknown", what="make", writes_cwd=True, chdir=chdir)
 
 
 # ---- package managers
@@ -144,7 +160,7 @@ def _pip_args(program: str, args: list[str], agent: _Agent, state: _ShellState) 
     return _Effect("install", what=f"`pip {sub}` writes to the shared Python environment")
 
 
-def _node_pm(argv: list[str], *_: object) -> _Effect:
+def _node_pm(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     tool = os.path.basename(argv[0])
     args = argv[1:]
     sub, rest = _first_word(args)
@@ -156,7 +172,8 @@ def _node_pm(argv: list[str], *_: object) -> _Effect:
         return _READ
     if sub in _NODE_TEST or (sub == "run" and rest[:1] and rest[0] in ("test", "lint",
                                                                          "typecheck")):
-        return _Effect("test", what=f"{tool} {sub}")
+        extra = rest[1:] if sub == "run" else rest
+        return _test_args(extra, f"{tool} {sub}", agent, "npm")
     if sub in _NODE_INSTALL:
         if sub == "global" or {"-g", "--global", "--location=global"} & set(args):
             shown = f"{tool} global" if sub == "global" else f"{tool} {sub} -g"
@@ -165,26 +182,26 @@ def _node_pm(argv: list[str], *_: object) -> _Effect:
     return _Effect("unknown", what=f"{tool} {sub}", writes_cwd=True)
 
 
-def _cargo(argv: list[str], *_: object) -> _Effect:
-    sub, _ = _first_word(argv[1:])
+def _cargo(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    sub, rest = _first_word(argv[1:])
     if not sub or sub in ("tree", "metadata", "version", "help", "search", "locate-project",
                           "pkgid", "verify-project") or argv[1:2] == ["--version"]:
         return _READ
     if sub in ("test", "t", "check", "c", "clippy", "bench", "fmt") and (
         sub != "fmt" or "--check" in argv
     ):
-        return _Effect("test", what=f"cargo {sub}")
+        return _test_args(rest, f"cargo {sub}", agent, "cargo")
     if sub in ("install", "uninstall"):
         return _Effect("install", what=f"`cargo {sub}` writes to ~/.cargo")
     return _Effect("unknown", what=f"cargo {sub}", writes_cwd=True)
 
 
-def _go(argv: list[str], *_: object) -> _Effect:
+def _go(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if sub in ("version", "list", "doc", "help") or (sub == "env" and "-w" not in rest):
         return _READ
     if sub in ("test", "vet"):
-        return _Effect("test", what=f"go {sub}")
+        return _test_args(rest, f"go {sub}", agent, "go")
     if sub == "install":
         return _Effect("install", what="`go install` writes to GOPATH/bin")
     return _Effect("unknown", what=f"go {sub}", writes_cwd=True)
@@ -193,7 +210,7 @@ def _go(argv: list[str], *_: object) -> _Effect:
 def _system_packages(argv: list[str], *_: object) -> _Effect:
     tool = os.path.basename(argv[0])
     sub, _ = _first_word(argv[1:])
-    if tool in ("apt-cache", "dpkg-query", "rpm") or not sub or sub in _SYSTEM_PACKAGE_READ:
+    if tool == "apt-cache" or not sub or sub in _SYSTEM_PACKAGE_READ:
         return _READ
     return _Effect("install", what=f"`{tool} {sub}` changes the system's packages")
 
@@ -208,12 +225,12 @@ def _global_installer(argv: list[str], *_: object) -> _Effect:
     return _Effect("install", what=f"`{tool} {sub}` installs outside the worktree")
 
 
-def _uv(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
+def _uv(argv: list[str], *_: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if not sub or sub in ("tree", "version", "help") or argv[1:2] == ["--version"]:
         return _READ
     if sub == "pip":
-        inner, inner_rest = _first_word(rest)
+        inner, _ = _first_word(rest)
         if inner in _PIP_READ or not inner:
             return _READ
         if "--system" in rest:
@@ -227,12 +244,12 @@ def _uv(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str
             return _Effect("code", what="`uv tool run`")
         return _Effect("install", what=f"`uv tool {inner}` installs outside the worktree")
     if sub == "run":
-        return _python_like_run(rest, agent, state, "uv run")
+        return _python_like_run(rest, "uv run")
     return _Effect("write" if sub in ("add", "remove", "sync", "lock", "venv", "init") else
                    "unknown", what=f"uv {sub}", writes_cwd=True)
 
 
-def _python_like_run(rest: list[str], agent: _Agent, state: _ShellState, label: str) -> _Effect:
+def _python_like_run(rest: list[str], label: str) -> _Effect:
     _, command = _parse_options(rest, ("--with", "--python", "-p", "--project", "--directory",
                                        "--extra", "--group"), stop_at_positional=True)
     if not command:
@@ -274,15 +291,19 @@ def _python(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str,
 def _python_module(
     module: str, rest: list[str], program: str, agent: _Agent, state: _ShellState
 ) -> _Effect:
-    if module in ("pytest", "unittest", "doctest"):
-        return _test_args(rest, f"python -m {module}")
+    if module == "pytest":
+        return _test_args(rest, "python -m pytest", agent)
+    if module in ("unittest", "doctest"):
+        return _Effect("test", what=f"python -m {module}")
     if module == "pip":
         return _pip_args(program, rest, agent, state)
-    if module in ("overstory",):
-        return _READ
+    if module in ("overstory", "overstory.cli.main"):
+        return ov_command(["ov", *rest], agent)
     if module == "json.tool":
         return _uniq(["json.tool", *rest]) if len(rest) >= 2 else _READ
-    if module in ("mypy", "pyright", "pyflakes", "flake8", "pylint", "compileall"):
+    if module in ("mypy", "pyright", "flake8", "pylint"):
+        return _test_args(rest, f"python -m {module}", agent, module)
+    if module in ("pyflakes", "compileall"):
         return _Effect("test", what=f"python -m {module}")
     if module in ("ruff", "black", "isort"):
         return TOOLCHAIN_HANDLERS[module]([module, *rest], agent, state, {})
