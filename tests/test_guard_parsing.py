@@ -15,7 +15,8 @@ from overstory import guards
 from overstory.guards.shell import parse
 from overstory.guards.textproc import _awk_writes, sed_script
 from overstory.guards.walk import MAX_COMMAND_BYTES, _Walk, check_shell
-from overstory.guards.words import TooManyWords, expand_word, lex_words
+from overstory.guards.expand import expand_word
+from overstory.guards.words import TooManyWords, lex_words
 
 UNKNOWN = "__ov_cmdsub__"
 
@@ -203,3 +204,47 @@ def test_commands_over_64_kb_are_refused_before_parsing(tmp_path: Path) -> None:
     reason = check_shell(huge, agent, agent.worktree)
     assert reason is not None and "64 KB" in reason
     assert check_shell("echo '" + "x" * 60_000 + "'", agent, agent.worktree) is None
+
+
+# --------------------------------------------------------------------------- the hot path
+
+
+def test_the_lazy_handler_table_matches_the_modules() -> None:
+    import importlib
+
+    from overstory.guards import programs
+
+    for module, names in programs._FAMILIES.items():
+        table = importlib.import_module(f"overstory.guards.{module}").HANDLERS
+        assert sorted(names.split()) == sorted(table), module
+
+
+def test_an_ordinary_call_loads_only_the_guard_modules_it_needs(tmp_path: Path) -> None:
+    """`ov guard` runs once per tool call: a builder's `python -m pytest … && git status`
+    must not compile the option tables, the expansion code or unrelated handlers."""
+    import json
+    import os
+    import sys
+
+    root = tmp_path / "proj"
+    worktree = root / ".overstory" / "worktrees" / "b"
+    worktree.mkdir(parents=True)
+    code = f"""
+import json, sys
+from overstory import guards
+payload = {{"hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": {str(worktree)!r},
+           "tool_input": {{"command": "python -m pytest -q tests/test_parser.py && git status --short"}}}}
+env = {{"OVERSTORY_AGENT_NAME": "b", "OVERSTORY_CAPABILITY": "builder",
+       "OVERSTORY_WORKTREE": {str(worktree)!r}, "OVERSTORY_PROJECT_ROOT": {str(root)!r}}}
+assert guards.decide(payload, env).allow
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("overstory.guards."))))
+"""
+    env = dict(os.environ)
+    src = str(Path(guards.__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60, check=True)
+    loaded = {m.rsplit(".", 1)[1] for m in json.loads(done.stdout)}
+    assert loaded.isdisjoint({"testopts", "expand", "toolchains", "filetools", "textproc",
+                              "wrappers", "builtins", "ov"}), loaded
+    assert {"walk", "shell", "words", "python", "git"} <= loaded

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from overstory.guards.shell import _SUBST
 
@@ -32,16 +31,25 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-@dataclass(frozen=True)
 class _Agent:
-    name: str
-    capability: str
-    writable: bool
-    worktree: str | None
-    project_root: str | None
-    env: Mapping[str, str]
-    temp_dirs: tuple[str, ...]
-    real_dirs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """The agent asking: name, capability, its worktree and project, its environment."""
+
+    __slots__ = ("name", "capability", "writable", "worktree", "project_root", "env", "temp_dirs",
+                 "real_dirs")
+
+    def __init__(self, name: str, capability: str, writable: bool, worktree: str | None,
+                 project_root: str | None, env: Mapping[str, str], temp_dirs: tuple[str, ...]) -> None:
+        self.name = name
+        self.capability = capability
+        self.writable = writable
+        self.worktree = worktree
+        self.project_root = project_root
+        self.env = env
+        self.temp_dirs = temp_dirs
+        self.real_dirs: dict[str, str] = {}  # realpath answers for this one hook call
+
+    def __repr__(self) -> str:
+        return f"_Agent({self.name!r}, {self.capability!r}, worktree={self.worktree!r})"
 
     @classmethod
     def from_env(cls, name: str, env: Mapping[str, str]) -> _Agent:

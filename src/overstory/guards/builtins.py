@@ -122,7 +122,7 @@ def _ripgrep(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-BUILTIN_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "alias": _alias,
     "hash": _hash,
     "shopt": _shopt,

@@ -288,7 +288,7 @@ def _split(argv: list[str], *_: object) -> _Effect:
     return _Effect("write", what=f"write files with {argv[0]}", writes_cwd=True)
 
 
-FILE_TOOL_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "tee": _tee,
     "uniq": _uniq,
     "shuf": _output_option("-o", "--output", label="shuf -o"),

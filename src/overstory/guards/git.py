@@ -411,7 +411,7 @@ def _gh(argv: list[str], *_: object) -> _Effect:
     ))
 
 
-GIT_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "git": _git,
     "gh": _gh,
 }

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from overstory.guards.agent import _Agent
 from overstory.guards.shell import _SUBST
@@ -61,10 +60,26 @@ SHELL_TOOLS = frozenset({"Bash", "Monitor"})
 CODE_TOOLS = frozenset({"REPL", "PowerShell"})
 
 
-@dataclass(frozen=True)
 class Decision:
-    allow: bool
-    reason: str = ""
+    """Allowed, or denied with the reason shown to the model. Immutable."""
+
+    __slots__ = ("allow", "reason")
+
+    def __init__(self, allow: bool, reason: str = "") -> None:
+        object.__setattr__(self, "allow", allow)
+        object.__setattr__(self, "reason", reason)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Decision is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Decision) and (self.allow, self.reason) == (other.allow, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.allow, self.reason))
+
+    def __repr__(self) -> str:
+        return f"Decision(allow={self.allow!r}, reason={self.reason!r})"
 
     @classmethod
     def deny(cls, reason: str) -> Decision:

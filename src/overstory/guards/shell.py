@@ -13,8 +13,6 @@ taken with one regular expression, and nothing rescans what it has already read.
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass, field
 
 from overstory.guards.words import Word, lex_words, word_text
 
@@ -34,32 +32,50 @@ class _Unparseable(Exception):
     """Internal: the command line is not something we can split safely."""
 
 
-@dataclass
 class ShellCommand:
     """One simple command: its words, its redirections ``(operator, target)``, and the
     operator that ended it (``&&``, ``||``, ``|``, ``;``, newline, ``(``, ``)``, ``sub``
     for a command inside a substitution, or empty at the end)."""
 
-    argv: list[str]
-    redirects: list[tuple[str, str]] = field(default_factory=list)
-    sep: str = ""
+    __slots__ = ("argv", "redirects", "sep")
+
+    def __init__(self, argv: list[str], redirects: list[tuple[str, str]] | None = None,
+                 sep: str = "") -> None:
+        self.argv = argv
+        self.redirects = redirects if redirects is not None else []
+        self.sep = sep
+
+    def __repr__(self) -> str:
+        return f"ShellCommand({self.argv!r}, {self.redirects!r}, {self.sep!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ShellCommand) and (self.argv, self.redirects, self.sep) == (
+            other.argv, other.redirects, other.sep)
 
 
-@dataclass
 class _Command:
     """What the policy walks: words still to be expanded (``Word``) or plain strings."""
 
-    words: list[str | Word]
-    redirects: list[tuple[str, str | Word]]
-    sep: str
+    __slots__ = ("words", "redirects", "sep")
+
+    def __init__(self, words: list[str | Word], redirects: list[tuple[str, str | Word]],
+                 sep: str) -> None:
+        self.words = words
+        self.redirects = redirects
+        self.sep = sep
+
+    def __repr__(self) -> str:
+        return f"_Command({self.words!r}, {self.redirects!r}, {self.sep!r})"
 
 
-@dataclass
 class Scan:
     """A parsed command line: its simple commands and the constructs the policy needs to see."""
 
-    commands: list[_Command]
-    forms: set[str]
+    __slots__ = ("commands", "forms")
+
+    def __init__(self, commands: list[_Command], forms: set[str]) -> None:
+        self.commands = commands
+        self.forms = forms
 
 
 def split_shell(script: str) -> list[ShellCommand]:
@@ -242,7 +258,8 @@ def _redirection(text: str, i: int, buf: list[str], heredocs: list[tuple[str, bo
     if op in ("<<", "<<-"):
         i, delimiter, expand = _heredoc_word(text, i)
         heredocs.append((delimiter, op == "<<-", expand))
-        buf.append(f" {_OP}{op} {shlex.quote(delimiter)} ")
+        quoted = "'" + delimiter.replace("'", "'\"'\"'") + "'"
+        buf.append(f" {_OP}{op} {quoted} ")
         return i
     buf.append(f" {_OP}{op} ")
     return i

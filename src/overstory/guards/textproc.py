@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from overstory.guards.effects import _Effect, _names, _parse_options, _values
+from overstory.guards.effects import _Effect, _Handler, _names, _parse_options, _values
 
 # ---- sed
 
@@ -323,7 +323,7 @@ def _tar(argv: list[str], *_: object) -> _Effect:
     return effect
 
 
-TEXTPROC_HANDLERS = {
+HANDLERS: dict[str, _Handler] = {
     "sed": _sed,
     "gsed": _sed,
     "awk": _awk,

@@ -1,18 +1,16 @@
-"""Handlers for language toolchains: test runners, linters, build tools, package managers.
+"""Handlers for language toolchains other than Python's: linters, build tools, package
+managers.
 
-Running tests and type checkers is allowed for read-only agents (reviewers need it);
+Running linters and type checkers is allowed for read-only agents (reviewers need it);
 rewriting files (``--fix``, formatters without ``--check``) is a write, and installing
-outside the worktree (global npm, ``pip`` into the shared environment, system packages)
-is refused for writers too. ``python`` runs code that cannot be checked, unless it runs
-a module we know (``-m pytest``, ``-m pip``, ``-m venv``, the linters …).
+outside the worktree (global npm, system packages) is refused for writers too.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
-from overstory.guards.agent import _Agent, _inside
+from overstory.guards.agent import _Agent
 from overstory.guards.effects import (
     _READ,
     _VERSION_FLAGS,
@@ -20,35 +18,11 @@ from overstory.guards.effects import (
     _Handler,
     _names,
     _parse_options,
-    _ShellState,
     _values,
 )
-from overstory.guards.filetools import _uniq
-from overstory.guards.ov import ov_command
+from overstory.guards.python import _PIP_READ, _first_word, _test_args
 
-# ---- test runners, linters, build tools
-
-#: Options that never write or run anything: with only these, the option tables stay unloaded.
-_COMMON_OPTIONS = frozenset({"-q", "-qq", "-x", "-v", "-vv", "-s", "-xq", "-qx", "--quiet",
-                             "--verbose", "--exitfirst", "--no-header", "-rA", "--tb=short",
-                             "--tb=no", "--tb=line"})
-
-
-def _pytest(argv: list[str], agent: _Agent, *_: object) -> _Effect:
-    return _test_args(argv[1:], "pytest", agent)
-
-
-def _test_args(args: list[str], label: str, agent: _Agent, tool: str = "pytest") -> _Effect:
-    """A test runner or linter: files its options write (targets), and for read-only agents
-    whether every option is one ov knows to be harmless (``unsafe`` otherwise)."""
-    if all(a in _COMMON_OPTIONS or not a.startswith("-") for a in args):
-        return _Effect("test", what=label)
-    if "--install-types" in args:
-        return _Effect("install", what=f"`{label} --install-types` installs packages")
-    from overstory.guards import testopts  # the option tables load only when needed
-
-    targets, unsafe = testopts.inspect(tool, args, read_only=not agent.writable)
-    return _Effect("test", what=label, targets=targets, unsafe=unsafe)
+# ---- linters, build tools
 
 
 def _fixable(check_flags: frozenset[str], fix_flags: frozenset[str] = frozenset()) -> _Handler:
@@ -110,8 +84,6 @@ def _make(argv: list[str], agent: _Agent, *_: object) -> _Effect:
 
 # ---- package managers
 
-_PIP_READ = frozenset({"list", "show", "freeze", "check", "help", "index", "inspect", "debug",
-                       "search", "hash", "cache"})
 _NODE_READ = frozenset({"ls", "list", "ll", "la", "view", "v", "info", "show", "outdated",
                         "why", "explain", "help", "search", "root", "prefix", "bin", "doctor",
                         "whoami", "licenses"})
@@ -122,42 +94,6 @@ _NODE_INSTALL = frozenset({"install", "i", "in", "ci", "add", "uninstall", "remo
 _SYSTEM_PACKAGE_READ = frozenset({"list", "show", "search", "policy", "info", "depends",
                                   "rdepends", "madison", "showpkg", "--version", "-v",
                                   "help", "outdated", "deps", "desc", "leaves", "query"})
-
-
-def _first_word(args: list[str]) -> tuple[str, list[str]]:
-    for i, arg in enumerate(args):
-        if not arg.startswith("-"):
-            return arg, args[i + 1 :]
-    return "", []
-
-
-def _pip(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
-    return _pip_args(argv[0], argv[1:], agent, state)
-
-
-def _pip_args(program: str, args: list[str], agent: _Agent, state: _ShellState) -> _Effect:
-    sub, rest = _first_word(args)
-    if not sub or sub in _PIP_READ or any(a in _VERSION_FLAGS for a in args[:1]):
-        return _READ
-    if sub not in ("install", "uninstall", "download", "wheel"):
-        return _Effect("unknown", what=f"pip {sub}")
-    options, _ = _parse_options(rest, ("-t", "--target", "--prefix", "--root", "-d", "--dest",
-                                       "-w", "--wheel-dir", "-r", "--requirement", "-c",
-                                       "--constraint", "-e", "--editable", "-i", "--index-url",
-                                       "--extra-index-url", "-f", "--find-links"))
-    if sub in ("download", "wheel"):
-        dest = _values(options, "-d", "--dest", "-w", "--wheel-dir")
-        return _Effect("write", what=f"pip {sub}", targets=dest, writes_cwd=not dest)
-    local = _values(options, "-t", "--target", "--prefix", "--root")
-    if "--user" not in _names(options) and agent.worktree:
-        places = local + [agent.env.get("VIRTUAL_ENV", "")]
-        if "/" in program:
-            places.append(program)
-        for place in places:
-            path = agent.expand(place, state.cwd) if place else None
-            if path and _inside(path, agent.worktree):
-                return _Effect("write", what=f"pip {sub}", targets=[place])
-    return _Effect("install", what=f"`pip {sub}` writes to the shared Python environment")
 
 
 def _node_pm(argv: list[str], agent: _Agent, *_: object) -> _Effect:
@@ -260,63 +196,7 @@ def _python_like_run(rest: list[str], label: str) -> _Effect:
 # ---- python
 
 
-def _python(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
-    args = argv[1:]
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("--version", "-V", "-VV", "--help", "-h"):
-            return _READ
-        if arg == "-" or not arg.startswith("-"):
-            return _Effect("code", what=f"a Python script (`{arg}`)")
-        if not arg.startswith("--"):
-            cluster = arg[1:]
-            for j, flag in enumerate(cluster):
-                if flag == "c":
-                    return _Effect("code", what="`python -c` (inline code)")
-                if flag == "m":
-                    attached = cluster[j + 1 :]
-                    if attached:
-                        return _python_module(attached, args[i + 1 :], argv[0], agent, state)
-                    module = args[i + 1] if i + 1 < len(args) else ""
-                    return _python_module(module, args[i + 2 :], argv[0], agent, state)
-                if flag in "WX":
-                    if not cluster[j + 1 :]:
-                        i += 1
-                    break
-        i += 1
-    return _Effect("code", what="Python reading code from stdin")
-
-
-def _python_module(
-    module: str, rest: list[str], program: str, agent: _Agent, state: _ShellState
-) -> _Effect:
-    if module == "pytest":
-        return _test_args(rest, "python -m pytest", agent)
-    if module in ("unittest", "doctest"):
-        return _Effect("test", what=f"python -m {module}")
-    if module == "pip":
-        return _pip_args(program, rest, agent, state)
-    if module in ("overstory", "overstory.cli.main"):
-        return ov_command(["ov", *rest], agent)
-    if module == "json.tool":
-        return _uniq(["json.tool", *rest]) if len(rest) >= 2 else _READ
-    if module in ("mypy", "pyright", "flake8", "pylint"):
-        return _test_args(rest, f"python -m {module}", agent, module)
-    if module in ("pyflakes", "compileall"):
-        return _Effect("test", what=f"python -m {module}")
-    if module in ("ruff", "black", "isort"):
-        return TOOLCHAIN_HANDLERS[module]([module, *rest], agent, state, {})
-    if module in ("venv", "virtualenv"):
-        _, positionals = _parse_options(rest, ("--prompt",))
-        return _Effect("write", what=f"create a virtualenv with `python -m {module}`",
-                       targets=positionals)
-    return _Effect("code", what=f"`python -m {module}`")
-
-
-TOOLCHAIN_HANDLERS: dict[str, _Handler] = {
-    "pytest": _pytest,
-    "py.test": _pytest,
+HANDLERS: dict[str, _Handler] = {
     "tox": _fixable(frozenset()),
     "nox": _fixable(frozenset()),
     "mypy": _fixable(frozenset()),
@@ -333,8 +213,6 @@ TOOLCHAIN_HANDLERS: dict[str, _Handler] = {
     "ruff": _ruff,
     "tsc": _tsc,
     "make": _make,
-    "pip": _pip,
-    "pip3": _pip,
     "npm": _node_pm,
     "pnpm": _node_pm,
     "yarn": _node_pm,

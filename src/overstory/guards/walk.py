@@ -36,7 +36,7 @@ from overstory.guards.shell import (
     _Unparseable,
     parse,
 )
-from overstory.guards.words import TooManyWords, Word, expand_word, word_text
+from overstory.guards.words import TooManyWords, Word, word_text
 
 _MAX_DEPTH = 8
 MAX_COMMAND_BYTES = 64 * 1024
@@ -172,7 +172,7 @@ class _Walk:
         assignments: list[tuple[str, str]] = []
         while k < len(words) and _ASSIGNMENT.match(word_text(words[k])):
             name = word_text(words[k]).split("=", 1)[0].split("[", 1)[0].rstrip("+")
-            value = expand_word(words[k], self.lookup, self.forms, assignment=True)[0]
+            value = self._expand(words[k], assignment=True)[0]
             assignments.append((name, value.split("=", 1)[1] if "=" in value else ""))
             k += 1
         argv: list[str] = []
@@ -225,11 +225,13 @@ class _Walk:
             return None
         return self.agent.env.get(name)
 
-    def _expand(self, word: str | Word) -> list[str]:
+    def _expand(self, word: str | Word, *, assignment: bool = False) -> list[str]:
         if isinstance(word, str):
             return [word]
+        from overstory.guards.expand import expand_word  # only words with $, {, ~ need it
+
         try:
-            return expand_word(word, self.lookup, self.forms)
+            return expand_word(word, self.lookup, self.forms, assignment=assignment)
         except TooManyWords as exc:
             raise _Refused(f"ov guard will not check this command: {exc}. Split it up.") from None
 

@@ -245,7 +245,7 @@ def _crontab(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _outside_the_turn(argv, agent)
 
 
-WRAPPER_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "trap": _trap,
     "xargs": _xargs,
     "eval": _eval,
@@ -302,4 +302,4 @@ WRAPPER_HANDLERS: dict[str, _Handler] = {
     "watch": _watch,
 }
 for _name in _SHELLS:
-    WRAPPER_HANDLERS[_name] = _shell
+    HANDLERS[_name] = _shell
