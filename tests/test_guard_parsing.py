@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from overstory import guards
+from overstory.guards.expand import expand_word
 from overstory.guards.shell import parse
 from overstory.guards.textproc import _awk_writes, sed_script
 from overstory.guards.walk import MAX_COMMAND_BYTES, _Walk, check_shell
-from overstory.guards.expand import expand_word
 from overstory.guards.words import TooManyWords, lex_words
 
 UNKNOWN = "__ov_cmdsub__"

@@ -34,8 +34,16 @@ def _inside(path: str, root: str) -> bool:
 class _Agent:
     """The agent asking: name, capability, its worktree and project, its environment."""
 
-    __slots__ = ("name", "capability", "writable", "worktree", "project_root", "env", "temp_dirs",
-                 "real_dirs")
+    __slots__ = (
+        "capability",
+        "env",
+        "name",
+        "project_root",
+        "real_dirs",
+        "temp_dirs",
+        "worktree",
+        "writable",
+    )
 
     def __init__(self, name: str, capability: str, writable: bool, worktree: str | None,
                  project_root: str | None, env: Mapping[str, str], temp_dirs: tuple[str, ...]) -> None:

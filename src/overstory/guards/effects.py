@@ -38,8 +38,23 @@ class _Effect:
     ``dataclasses`` costs more than everything the guard does for a usual command.
     """
 
-    __slots__ = ("kind", "what", "targets", "writes_cwd", "removes", "inner", "scripts", "chdir",
-                 "reason", "unsafe", "env", "env_unset", "env_clear", "sets_vars", "opaque")
+    __slots__ = (
+        "chdir",
+        "env",
+        "env_clear",
+        "env_unset",
+        "inner",
+        "kind",
+        "opaque",
+        "reason",
+        "removes",
+        "scripts",
+        "sets_vars",
+        "targets",
+        "unsafe",
+        "what",
+        "writes_cwd",
+    )
 
     def __init__(self, kind: str, what: str = "", targets: list[str] | None = None, *,
                  writes_cwd: bool = False, removes: bool = False,

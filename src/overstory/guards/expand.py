@@ -7,6 +7,7 @@ line. Most commands have no such word, so this module is only imported when one 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 
@@ -185,7 +186,7 @@ def _first_group(tokens: list[tuple[int, str, bool] | str]
     start, end, commas = best
     if commas:
         bounds = [start] + commas + [end]
-        return start, end, [tokens[a + 1 : b] for a, b in zip(bounds, bounds[1:])]
+        return start, end, [tokens[a + 1 : b] for a, b in itertools.pairwise(bounds)]
     return start, end, [[item] for item in _sequence(tokens[start + 1 : end]) or []]
 
 

@@ -137,12 +137,12 @@ def _git(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, st
         reason = _git_branch_switch(sub, sub_args, positionals, flags, directory, agent)
         if reason:
             return _deny(reason)
-    if sub in ("clean", "stash") and _removes_untracked(sub, positionals, flags):
-        if agent.hook_settings_inside(agent.worktree or ""):
-            return _deny(
-                f"`git {sub}` here would delete .claude/settings*.json, the hook settings that run "
-                "`ov guard`; no agent may remove them. Remove the files you mean with `rm`."
-            )
+    if sub in ("clean", "stash") and _removes_untracked(sub, positionals, flags) and (
+            agent.hook_settings_inside(agent.worktree or "")):
+        return _deny(
+            f"`git {sub}` here would delete .claude/settings*.json, the hook settings that run "
+            "`ov guard`; no agent may remove them. Remove the files you mean with `rm`."
+        )
     targets = [directory] if directory else []
     return _Effect("write", what=f"git {sub}", targets=targets + [t for _, t in outputs],
                    chdir=directory, scripts=scripts, inner=inner)
@@ -252,7 +252,7 @@ def _program_refusal(sub: str, sub_args: list[str], flags: set[str]) -> str | No
     if sub in ("rebase", "difftool", "mergetool", "grep"):
         runs = runs - {"--exec"}
     if runs:
-        return (f"`git {sub} {sorted(runs)[0]}` makes git run a program named on the command line; "
+        return (f"`git {sub} {min(runs)}` makes git run a program named on the command line; "
                 "refused for every agent.")
     if sub == "apply" and "--unsafe-paths" in flags:
         return "`git apply --unsafe-paths` writes outside the repository; refused for every agent."

@@ -56,7 +56,7 @@ class ShellCommand:
 class _Command:
     """What the policy walks: words still to be expanded (``Word``) or plain strings."""
 
-    __slots__ = ("words", "redirects", "sep")
+    __slots__ = ("redirects", "sep", "words")
 
     def __init__(self, words: list[str | Word], redirects: list[tuple[str, str | Word]],
                  sep: str) -> None:

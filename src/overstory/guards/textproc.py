@@ -179,7 +179,6 @@ _AWK_RUNS = re.compile(r"\bsystem\b|\||@")
 
 def _awk(argv: list[str], *_: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], _AWK_VALUE)
-    names = _names(options)
     if "inplace" in _values(options, "-i", "--include"):
         return _Effect("write", what="edit files in place (`awk -i inplace`)",
                        targets=positionals[1:])

@@ -30,7 +30,7 @@ def _fixable(check_flags: frozenset[str], fix_flags: frozenset[str] = frozenset(
 
     def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
         tool = os.path.basename(argv[0])
-        args = set(a.split("=", 1)[0] for a in argv[1:])
+        args = {a.split("=", 1)[0] for a in argv[1:]}
         if not check_flags or args & check_flags:
             if not args & fix_flags:
                 return _test_args(argv[1:], tool, agent, tool)

@@ -201,9 +201,12 @@ class _Walk:
             if reason:
                 return reason
         effect = self.last_effect
-        if effect is not None:
-            if effect.opaque:
-                self.opaque = True
+        if effect is not None and effect.opaque:
+            # eval/source may set any variable. A cd in eval's text leaves the directory
+            # unknown; a sourced file (a venv's activate …) is code the writer could run
+            # anyway, so its directory changes are not guessed at (the sandbox bounds it).
+            self.opaque = True
+            if any(_CD_WORDS.search(script) for script in effect.scripts):
                 self._move({None}, keyworded=True)
         return None
 
@@ -293,13 +296,11 @@ class _Walk:
         """Builtins that set shell variables: check the names, forget the values."""
         agent = self.agent
         args = argv[1:]
-        if name == "printf":
-            if args and _SUBST in args[0] and not agent.writable:
-                return agent.read_only("run `printf` with a first argument computed at run time "
-                                       "(it could be `-v NAME`, which sets a variable)")
-        elif name in _DECLARERS or name == "unset":
-            if any(_SUBST in a.split("=", 1)[0] for a in args):
-                return _computed_names(name)
+        if name == "printf" and args and _SUBST in args[0] and not agent.writable:
+            return agent.read_only("run `printf` with a first argument computed at run time "
+                                   "(it could be `-v NAME`, which sets a variable)")
+        if name in (*_DECLARERS, "unset") and any(_SUBST in a.split("=", 1)[0] for a in args):
+            return _computed_names(name)
         if name in _DECLARERS:
             flags = "".join(a[1:] for a in args if a.startswith(("-", "+")) and "=" not in a)
             if "n" in flags or "i" in flags:

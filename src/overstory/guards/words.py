@@ -224,7 +224,7 @@ def _ansi_c(segment: str, i: int) -> tuple[str, int]:
             out.append(chr(int(code, 8) & 0xFF))
         elif e in "xuU":
             width = {"x": 2, "u": 4, "U": 8}[e]
-            digits = re.match(r"[0-9A-Fa-f]{1,%d}" % width, segment[i:i + width])
+            digits = re.match(f"[0-9A-Fa-f]{{1,{width}}}", segment[i:i + width])
             if digits:
                 i += len(digits.group())
                 out.append(chr(min(int(digits.group(), 16), 0x10FFFF)))
