@@ -30,6 +30,8 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig6_watch_rounds": (10, 4),
     "fig7_agents": (50, 25),
     "fig7_runs": (3, 1),
+    "fig8_repeat": (7, 3),
+    "fig8_rounds": (10, 4),
 }
 
 
