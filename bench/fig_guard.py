@@ -1,4 +1,4 @@
-"""Figure 8: how long the guard takes to check a shell command, by the command's length.
+"""Figure 9: how long the guard takes to check a shell command, by the command's length.
 
 Issue 12 found a 120 KB command that took 15-23 s to check (a quadratic scanner and
 policy). The guard now refuses commands over 64 KB at once and checks anything shorter
@@ -63,13 +63,13 @@ def _cpu_ms(function: Callable[[], t.Any], *, repeat: int) -> Stats:
 def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
     from overstory.guards.walk import check_shell
 
-    root = make_repo(ctx.scratch / "fig8-project", files=5)
+    root = make_repo(ctx.scratch / "fig9-project", files=5)
     worktree = root / ".overstory" / "worktrees" / "builder-hot"
     worktree.parent.mkdir(parents=True)
     git(root, "worktree", "add", "-q", "-b", "ov/builder-hot", str(worktree), "main")
     rows: list[dict[str, t.Any]] = []
     details: dict[str, t.Any] = {"ms": {}}
-    repeat = ctx.p("fig8_repeat")
+    repeat = ctx.p("fig9_repeat")
     for shape, make in SHAPES.items():
         by_size = {}
         for kb in SIZES_KB:
@@ -79,7 +79,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                                   repeat=repeat)
         details["ms"][shape] = {kb: stats.summary() for kb, stats in by_size.items()}
         ratio = by_size[64].median / max(by_size[8].median, 1e-3)
-        rows.append(row(8, f"check_shell, {shape}, 64 KB", "ms", by_size[64],
+        rows.append(row(9, f"check_shell, {shape}, 64 KB", "ms", by_size[64],
                         ratio=ratio, baseline="the same shape at 8 KB",
                         target=f"<= {TARGET_64KB_MS:.0f} ms and <= {TARGET_RATIO:.0f}x 8 KB",
                         met=by_size[64].median <= TARGET_64KB_MS and ratio <= TARGET_RATIO))
@@ -103,12 +103,12 @@ def _whole_process(ctx: Context, root: t.Any, worktree: t.Any) -> list[dict[str,
         "ov guard, 60 KB commit message": Command([ctx.ov, "guard"], env, cwd=worktree,
                                                  stdin=payload(long_command)),
     }
-    stats, errors = time_interleaved(commands, rounds=ctx.p("fig8_rounds"), warmup=1)
+    stats, errors = time_interleaved(commands, rounds=ctx.p("fig9_rounds"), warmup=1)
     ordinary = stats["ov guard, ordinary Bash call"]
-    rows = [row(8, "ov guard, ordinary Bash call (whole process)", "ms", ordinary)]
+    rows = [row(9, "ov guard, ordinary Bash call (whole process)", "ms", ordinary)]
     long = stats["ov guard, 60 KB commit message"]
-    rows.append(row(8, "ov guard, 60 KB commit message (whole process)", "ms", long,
+    rows.append(row(9, "ov guard, 60 KB commit message (whole process)", "ms", long,
                     ratio=long.median / ordinary.median, baseline="the ordinary call"))
     if errors:
-        rows.append({"figure": 8, "name": "note", "unit": "", "note": "; ".join(errors[:3])})
+        rows.append({"figure": 9, "name": "note", "unit": "", "note": "; ".join(errors[:3])})
     return rows

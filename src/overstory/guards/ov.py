@@ -19,7 +19,7 @@ from overstory.guards.agent import _Agent
 from overstory.guards.effects import _READ, _Effect, _parse_options, _values
 from overstory.guards.shell import _SUBST
 
-_READS = frozenset({"status", "logs", "feed", "tree", "config", "doctor", "guard"})
+_READS = frozenset({"status", "logs", "feed", "tree", "config", "doctor", "guard", "diff"})
 _MERGERS = frozenset({"merger", "coordinator"})
 _STOPPERS = frozenset({"coordinator", "lead"})
 _NUDGERS = frozenset({"coordinator", "lead", "monitor"})
@@ -29,6 +29,8 @@ _OPERATOR_ONLY = {
     "watchdog": "runs the watchdog",
     "attach": "attaches a terminal to an agent",
     "demo": "runs a throw-away swarm",
+    "clean": "removes what finished agents left behind (worktrees, branches)",
+    "serve": "serves ov's HTTP API and dashboard",
 }
 _VALUE_OPTIONS = ("--to", "--subject", "--body", "--body-file", "--type", "--priority", "--payload",
                   "--reply-to", "--from", "--agent", "--limit", "--thread", "--since", "--name",
