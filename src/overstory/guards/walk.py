@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from overstory.guards.agent import _NULL_SINKS, _Agent
+from overstory.guards.agent import _NULL_SINKS, _Agent, _inside
 from overstory.guards.effects import _Effect, _names, _parse_options, _ShellState
 from overstory.guards.programs import _PLAIN_READERS, _analyze
 from overstory.guards.shell import (
@@ -271,11 +271,26 @@ class _Walk:
                     "cannot follow; refused for every agent. Use `IFS=… read` for one command.")
         if name == "CDPATH":
             self.cdpath = True
+        if name == "PYTHONPATH" and self._all_in_home_area(value):
+            return None  # `PYTHONPATH=src pytest`: its own code, which the tests run anyway
         if read_only_rules and not agent.writable and not (name in _SAFE_VARS or name.startswith("LC_")
                                        or _LOWERCASE_NAME.fullmatch(name)):
             return agent.read_only(f"set `{name}`, which can change what programs run or where "
                                    "they write")
         return None
+
+    def _all_in_home_area(self, value: str) -> bool:
+        """Is every ``:``-separated path in ``value`` inside the agent's own area, from
+        every directory the shell may be in?"""
+        home = self.agent.home_area
+        if not home or not value or _SUBST in value or None in self.current:
+            return False
+        for entry in value.split(":"):
+            for cwd in self.current:
+                path = self.agent.expand(entry, cwd)
+                if path is None or not _inside(path, home):
+                    return False
+        return True
 
     def _assign(self, name: str, value: str) -> None:
         self.vars[name] = None if _SUBST in value else value
