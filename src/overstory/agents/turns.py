@@ -74,6 +74,9 @@ def model_choice(model: str | None, capability: str, config: Config,
                  environ: t.Mapping[str, str], runtime: str | None = None) -> tuple[str | None, dict[str, str]]:
     """``--model`` (or sling's) > config ``models[capability]`` > ``runtime.model``.
 
+    ov's two built-in ``models`` entries (``DEFAULT_MODELS``: Claude aliases) are skipped for a
+    runtime that does not speak Anthropic's API.
+
     ``provider/model`` routes the agent to that config ``providers`` entry: the runtime
     turns its ``base_url`` and the key held by the variable named in ``api_key_env``
     into its own environment (for claude: ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY).
@@ -81,7 +84,13 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    choice = model or config.models.get(capability) or config.runtime.model
+    from overstory.config import DEFAULT_MODELS
+
+    adapter = get_runtime(runtime or config.runtime_for(capability))
+    configured = config.models.get(capability)
+    if configured and configured == DEFAULT_MODELS.get(capability) and "anthropic" not in adapter.protocols:
+        configured = None  # ov's built-in default is a Claude alias: another CLI keeps its own default
+    choice = model or configured or config.runtime.model
     extra: dict[str, str] = {}
     if choice and "/" in choice:
         provider_name, _, model_name = choice.partition("/")
@@ -90,11 +99,14 @@ def model_choice(model: str | None, capability: str, config: Config,
             known = ", ".join(sorted(config.providers)) or "none configured"
             raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config "
                                     f"`providers` ({known})")
+        if provider.protocol and adapter.protocols and provider.protocol not in adapter.protocols:
+            raise OrchestratorError(f"provider {provider_name!r} speaks {provider.protocol}; the {adapter.name} runtime "
+                                    f"needs {' or '.join(adapter.protocols)} (model {choice!r})")
         key = environ.get(provider.api_key_env)
         if not key:
             raise OrchestratorError(f"provider {provider_name!r} (model {choice!r}) takes its API key from "
                                     f"${provider.api_key_env}, which is not set")
-        extra.update(get_runtime(runtime or config.runtime.default).provider_env(provider.base_url, key))
+        extra.update(adapter.provider_env(provider.base_url, key))
         return model_name or None, extra
     return choice, extra
 
@@ -109,10 +121,12 @@ def provider_of(model: str | None, capability: str, config: Config, runtime: str
 
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
                      extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in NESTED_SESSION_VARS}
-    env.update(get_runtime(agent.runtime).turn_env())
+    runtime = get_runtime(agent.runtime)
+    env = {k: v for k, v in runtime.inherited_env(base).items() if k not in NESTED_SESSION_VARS}
+    env.update(runtime.turn_env(project.run_dir / agent.name))
     env.update(extra or {})
     env.update({
+        "PWD": agent.worktree or str(project.root),  # the turn's cwd; some CLIs trust $PWD over getcwd()
         "OVERSTORY_AGENT_NAME": agent.name,
         "OVERSTORY_PROJECT_ROOT": str(project.root),
         "OVERSTORY_WORKTREE": agent.worktree or str(project.root),
@@ -171,7 +185,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         model, provider_env = resolve_model_and_provider(agent, config, base_env)
         argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
                                                     run_dir=project.run_dir / agent.name,
-                                                    at_project_root=not agent.worktree, scenario=scenario), config)
+                                                    at_project_root=not agent.worktree, scenario=scenario,
+                                                    provider_env=provider_env), config)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
         return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
     env = turn_environment(base_env, agent, project, turn_id, provider_env)
@@ -206,7 +221,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         assert proc.stdout is not None
         reader = _LineReader(proc.stdout)
         status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id, meter,
-                               stall_timeout=config.turns.stall_timeout, should_stop=should_stop)
+                               stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
+                               price=lambda data: _price_result(data, stream.model or model, config))
         reader.close()
         if status == "running":
             try:
@@ -223,7 +239,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                turn_id=turn_id, summary=f"{status}: process group {pgid} stopped"[:300],
                                data={"status": status, "pgid": pgid,
                                      "stop_seconds": round(time.monotonic() - stopping_at, 3)})
-    reset_at_ms = None
+    stream.finish(exit_code, _tail(log_dir / "stderr.txt"))
+    failure: TurnFailure | None = None
     if status == "running":
         if stream.succeeded:
             status, reason = "ok", "turn finished"
@@ -231,12 +248,14 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
             failure = stream.failure(resumed=bool(resume_session_id))
             status = PARKING_STATUS.get(failure.kind, failure.kind)
             reason = failure.reason + (f" (exit {exit_code})" if not stream.finished else "")
-            reset_at_ms = failure.reset_at_ms
-    input_tokens, output_tokens, cost = stream.usage()
-    estimated = not stream.finished
-    if estimated:  # stopped or crashed before the runtime said what the turn cost: our estimate stands
+    reported = stream.usage()
+    input_tokens, output_tokens, cost = priced_usage(stream, model, config)
+    # ov's figure, not the runtime's: the turn stopped before it reported one (our live estimate stands),
+    # or the runtime reports tokens only (priced with the same table).
+    estimated = not stream.finished or (not reported.cost_usd and cost > 0)
+    live = stream.live_usage()
+    if not stream.finished and live:
         cost = meter.price(stream)
-        live = stream.live_usage()
         input_tokens = sum(tk.input + tk.cache_read + tk.cache_write for tk in live.values())
         output_tokens = sum(tk.output for tk in live.values())
     sessions.update_fields(state, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
@@ -253,10 +272,11 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                        data={"status": status, "reason": reason, "exit_code": exit_code, "cost_usd": cost,
                              "cost_estimated": estimated, "input_tokens": input_tokens, "output_tokens": output_tokens,
                              "tool_calls": stream.tool_calls, "session_id": stream.session_id,
-                             **({"price_notes": meter.notes} if meter.notes else {})})
+                             **({"price_notes": meter.notes} if meter.notes else {}),
+                             **({"failure": failure.kind, "reset_at_ms": failure.reset_at_ms} if failure else {})})
     crossing = meter.stopped_by.crossing if meter.stopped_by is not None else None
     return TurnResult(status, reason, stream.session_id, started_ms, stream, crossing=crossing,
-                      reset_at_ms=reset_at_ms, cost_usd=cost)
+                      reset_at_ms=failure.reset_at_ms if failure else None, cost_usd=cost)
 
 
 def _cost_detail(stream: TurnParser, meter: TurnMeter, estimated: bool, cost: float) -> dict[str, t.Any]:
@@ -284,7 +304,8 @@ def stream_model(stream: TurnParser) -> str | None:
 
 def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, *,
-          stall_timeout: float, should_stop: t.Callable[[], bool]) -> tuple[str, str]:
+          stall_timeout: float, should_stop: t.Callable[[], bool],
+          price: t.Callable[[dict[str, t.Any]], None] = lambda data: None) -> tuple[str, str]:
     """Read the stream until EOF; returns ('running', '') normally, or a stop status."""
     last_event = time.monotonic()
     last_write = 0.0
@@ -301,6 +322,8 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
             batch.extend(parsed)
             last_event = now
             for item in parsed:
+                if item.kind == "turn_result" and item.data is not None:
+                    price(item.data)
                 event_store.record(events, item.kind, agent=agent.name, generation=agent.generation, turn_id=turn_id,
                                    tool=item.tool, summary=item.summary, data=item.data)
             if not entered_turn and stream.events_seen:
@@ -343,6 +366,45 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
     return "running", ""
 
 
+def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage:
+    """The turn's usage; dollars from the price table (``overstory.prices``) when the runtime reported none.
+
+    A model the table does not know is priced as the most expensive known one (as budgets
+    price it live), not as free: an unknown model must not make a budget blind.
+    """
+    usage = stream.usage()
+    if usage.cost_usd or not (usage.input_tokens or usage.output_tokens):
+        return usage
+    return usage._replace(cost_usd=_table_cost(stream.model or model, usage.input_tokens, usage.output_tokens,
+                                               config))
+
+
+def _table_cost(model: str | None, input_tokens: int, output_tokens: int, config: Config) -> float:
+    from overstory.prices import PriceTable, Tokens
+
+    return PriceTable(config.prices).lookup(model).price.cost(Tokens(input_tokens, output_tokens))
+
+
+def _price_result(data: dict[str, t.Any], model: str | None, config: Config) -> None:
+    """Fill in a turn_result event's cost from the price table when the runtime did not report one."""
+    if data.get("total_cost_usd"):
+        return
+    data["total_cost_usd"] = _table_cost(model, int(data.get("input_tokens") or 0),
+                                         int(data.get("output_tokens") or 0), config)
+    data["cost_source"] = "price_table"
+    data.setdefault("model", model)
+
+
+def _tail(path: Path, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def _revive_if_stalled(state: sqlite3.Connection, agent: Session) -> None:
     """A turn the watchdog marked stalled that speaks again is back in its turn."""
     row = state.execute("SELECT state FROM sessions WHERE name=? AND generation=?", (agent.name, agent.generation)).fetchone()
@@ -360,8 +422,8 @@ def _describe(outcome: sessions.Outcome) -> str:
 
 
 def _finish_turn_row(state: sqlite3.Connection, turn_id: str, status: str, stream: TurnParser, error: str | None,
-                     exit_code: int | None = None, usage: tuple[int, int, float] | None = None) -> None:
-    input_tokens, output_tokens, cost = usage if usage is not None else stream.usage()
+                     exit_code: int | None = None, usage: Usage | None = None) -> None:
+    input_tokens, output_tokens, cost = usage or stream.usage()
     turn_rows.finish(state, turn_id, status, input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost,
                      tool_calls=stream.tool_calls, session_id=stream.session_id,
                      error=error if exit_code is None else (f"{error} [exit {exit_code}]" if error else None))
