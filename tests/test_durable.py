@@ -180,7 +180,7 @@ def test_fork_starts_a_new_agent_from_the_checkpoint(durable: tuple[ProjectPaths
     assert again.returncode == 0 and f"{name}-fork2" in again.stdout
     bad = run_ov("resume", "nobody", "--fork", cwd=project.root)
     assert bad.returncode == 1 and "no agent named" in bad.stderr and "Traceback" not in bad.stderr
-    usage = run_ov("resume", name, cwd=project.root)
+    usage = run_ov("resume", name, "--name", "x", cwd=project.root)
     assert usage.returncode == 2 and "--fork" in usage.stderr
     wait_for(lambda: all(a.is_terminal for a in sessions.list_sessions(state_db)), 90, "every fork to finish")
 

@@ -496,24 +496,20 @@ def test_worktree_state_and_stale_git_locks(git_repo: Path, tmp_path: Path) -> N
     assert clear_stale_git_locks(None, "ov/b") == [] and clear_stale_git_locks(str(git_repo), None) == []
 
 
-def test_the_merged_announcement_of_a_merger_turn_is_sent_once_per_dispatch(project: ProjectPaths, state_db: t.Any,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from overstory.merge.queue import MergeReport, _announce
+def test_a_retried_merger_turn_announces_merged_once(project: ProjectPaths, state_db: t.Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from overstory.merge.announce import announce
 
     _agent_row(state_db, "lead-1", capability="lead")
     _agent_row(state_db, "builder-a", parent="lead-1", branch="ov/builder-a")
     agent = sessions.get(state_db, "builder-a")
-    report = MergeReport(branch="ov/builder-a", target="main", agent="builder-a", merged=True, dry_run=False, tier=1,
-                         reason="merged cleanly", commit="abc")
     monkeypatch.setenv("OVERSTORY_AGENT_NAME", "merger-1")
     monkeypatch.setenv("OVERSTORY_DISPATCH", "4")
-    _announce(project, state_db, agent, report)
-    _announce(project, state_db, agent, MergeReport(**{**report.as_dict(), "reason": "Already up to date."}))
+    for reason in ("merged cleanly", "Already up to date."):  # the replay of `ov merge` reports again
+        announce(state_db, project.root, agent, merged=True, branch="ov/builder-a", target="main",
+                 source_commit="abc123", reason=reason, tier=1, commit="def456")
     merged = state_db.execute("SELECT recipient FROM mail WHERE type = 'merged' ORDER BY id").fetchall()
     assert [r[0] for r in merged] == ["lead-1", "builder-a"], "one announcement per recipient, not two"
-    monkeypatch.delenv("OVERSTORY_DISPATCH")  # the operator's own `ov merge`: never deduplicated
-    _announce(project, state_db, agent, report)
-    assert state_db.execute("SELECT count(*) FROM mail WHERE type = 'merged'").fetchone()[0] == 4
 
 
 def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_no_hooks(
@@ -533,7 +529,7 @@ def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_n
     result = sling(project, config, state_db, SlingRequest(capability="builder", task_id="s", runtime="scripted",
                                                            scenario=scenario), start=False)
     (project.worktree(result.name) / ".claude" / "settings.local.json").unlink()  # no hooks run
-    monkeypatch.setattr(ScriptedRuntime, "hook_settings", lambda self, ov_command, *, tmux_mode: None)
+    monkeypatch.setattr(ScriptedRuntime, "tool_hooks", frozenset())
     claimed = mail.claim(state_db, result.name, "turn-s")
     agent = sessions.get(state_db, result.name)
     done = run_turn(project, config, state_db, events_db, agent, mail.render_for_prompt(claimed), "turn-s",

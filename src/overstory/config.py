@@ -28,6 +28,9 @@ class ProjectSection(_Section):
 class RuntimeSection(_Section):
     default: str = "claude"
     claude_bin: str = "claude"
+    codex_bin: str = "codex"
+    gemini_bin: str = "gemini"
+    opencode_bin: str = "opencode"
     model: str | None = None
     tmux: bool = False
 
@@ -47,6 +50,54 @@ class TurnsSection(_Section):
     max_concurrent: int = Field(4, ge=1)
     retry_backoff: float = Field(2.0, ge=0)
     kill_grace: float = Field(5.0, ge=0)
+    idle_nudge: float = Field(60, gt=0)
+    max_nudges: int = Field(2, ge=0)
+
+
+def _seconds(value: t.Any) -> t.Any:
+    """A duration as seconds: a number, or text such as "90m", "4h"."""
+    if isinstance(value, str):
+        from overstory.clock import parse_duration
+
+        return parse_duration(value)
+    return value
+
+
+class BudgetLimits(_Section):
+    """The four optional limits of an agent or a run; null means no limit."""
+
+    max_usd: float | None = Field(None, ge=0)
+    max_turns: int | None = Field(None, ge=0)
+    max_tool_calls: int | None = Field(None, ge=0)
+    max_wallclock: float | None = Field(None, ge=0)
+
+    @field_validator("max_wallclock", mode="before")
+    @classmethod
+    def _duration(cls, value: t.Any) -> t.Any:
+        return _seconds(value)
+
+    def as_limits(self) -> dict[str, float | int | None]:
+        return self.model_dump()
+
+
+class BudgetsSection(_Section):
+    agent: BudgetLimits = Field(default_factory=BudgetLimits)
+    run: BudgetLimits = Field(default_factory=BudgetLimits)
+
+
+class QuotaSection(_Section):
+    backoff_initial: float = Field(60, gt=0)
+    backoff_max: float = Field(1800, gt=0)
+    stagger: float = Field(5, ge=0)
+
+
+class ModelPrice(_Section):
+    """US dollars per million tokens (``overstory.prices``): live estimates, and CLIs that report no cost."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cache_read_per_mtok: float | None = Field(None, ge=0)
+    cache_write_per_mtok: float | None = Field(None, ge=0)
 
 
 class WatchdogSection(_Section):
@@ -106,9 +157,21 @@ class LogsSection(_Section):
     keep_days: float = Field(14, gt=0)
 
 
+PROTOCOLS = ("anthropic", "openai-responses", "openai-chat", "gemini")
+
+
 class Provider(_Section):
     base_url: str
     api_key_env: str = "ANTHROPIC_API_KEY"
+    # The API the endpoint speaks; when set, ov refuses to point a runtime that speaks another at it.
+    protocol: str | None = None
+
+    @field_validator("protocol")
+    @classmethod
+    def _known_protocol(cls, value: str | None) -> str | None:
+        if value is not None and value not in PROTOCOLS:
+            raise ValueError(f"unknown protocol; choose one of: {', '.join(PROTOCOLS)}")
+        return value
 
 
 # Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
@@ -126,8 +189,30 @@ class Config(_Section):
     ledger: LedgerSection = Field(default_factory=LedgerSection)
     guards: GuardsSection = Field(default_factory=GuardsSection)
     logs: LogsSection = Field(default_factory=LogsSection)
+    budgets: BudgetsSection = Field(default_factory=BudgetsSection)
+    quota: QuotaSection = Field(default_factory=QuotaSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
+    runtimes: dict[str, str] = Field(default_factory=dict)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, value: dict[str, str]) -> dict[str, str]:
+        from overstory.runtimes import RUNTIME_NAMES
+        from overstory.store.sessions import CAPABILITIES
+
+        for capability, runtime in value.items():
+            if capability not in CAPABILITIES:
+                raise ValueError(f"unknown capability {capability!r}; choose among: {', '.join(CAPABILITIES)}")
+            if runtime not in RUNTIME_NAMES:
+                raise ValueError(f"unknown runtime {runtime!r} for {capability}; choose one of: "
+                                 f"{', '.join(RUNTIME_NAMES)}")
+        return value
+
+    def runtime_for(self, capability: str) -> str:
+        """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
+        return self.runtimes.get(capability) or self.runtime.default
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -141,10 +226,17 @@ project:
   canonical_branch: main
 
 runtime:
-  # Runtime for new agents: claude (the real Claude Code CLI) or scripted (built-in fake).
+  # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
+  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
   default: claude
   # Program started for the claude runtime (a name on PATH or an absolute path).
   claude_bin: claude
+  # Program started for the codex runtime (npm package @openai/codex).
+  codex_bin: codex
+  # Program started for the gemini runtime (npm package @google/gemini-cli).
+  gemini_bin: gemini
+  # Program started for the opencode runtime (npm package opencode-ai).
+  opencode_bin: opencode
   # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
   model: null
   # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
@@ -161,6 +253,11 @@ turns:
   retry_backoff: 2.0
   # Seconds between SIGTERM and SIGKILL when a turn's process group is stopped.
   kill_grace: 5.0
+  # A turn that ended without the agent's report (worker_done...) and with no mail waiting
+  # gets an automatic follow-up turn (a nudge) after this many seconds...
+  idle_nudge: 60
+  # ...at most this many times; then its parent gets one escalation and it is `stalled` (no report).
+  max_nudges: 2
 
 watchdog:
   # Seconds between watchdog ticks.
@@ -210,7 +307,43 @@ logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
   keep_days: 14
 
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
+budgets:
+  # Spending limits of each agent (`ov sling --max-usd ...` overrides them). null: no limit.
+  # Crossing one parks the agent (`ov resume NAME --add-usd 5` goes on); a child's limits
+  # never exceed what is left of its run's.
+  agent:
+    # Dollars: the runtime's own figure after each turn, a live estimate (`prices`) during it.
+    max_usd: null
+    # Turns started.
+    max_turns: null
+    # Tool calls, counted by `ov guard` (the call past the limit is denied).
+    max_tool_calls: null
+    # Wall-clock time since the agent was slung: seconds or 90m, 4h.
+    max_wallclock: null
+  # The same limits for a whole run (`ov coordinator start --budget-usd ...` overrides them);
+  # wall clock counts from the run's start. Crossing one parks every agent of the run.
+  run:
+    # Dollars spent by all of the run's agents together.
+    max_usd: null
+    # Turns started by all of them.
+    max_turns: null
+    # Tool calls made by all of them.
+    max_tool_calls: null
+    # Wall-clock time since the run started.
+    max_wallclock: null
+
+quota:
+  # A rate or usage limit with no reset time parks every agent of that provider for this long
+  # (seconds), doubling on each further limit in a row...
+  backoff_initial: 60
+  # ...up to this many seconds.
+  backoff_max: 1800
+  # Seconds between the agents of one provider un-parking after a reset (no stampede).
+  stagger: 5
+
+# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
+# protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
+# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
 providers: {}
 
 # Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
@@ -221,6 +354,17 @@ models:
   builder: sonnet
   # Scouts only read and report: haiku is enough and cheaper still.
   scout: haiku
+
+# Runtime per capability, e.g. {builder: codex, reviewer: gemini}; the rest use runtime.default.
+# (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
+runtimes: {}
+
+# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...,
+# cache_read_per_mtok: ..., cache_write_per_mtok: ...}} (the cache prices are optional). They price the
+# live estimate of a turn (budgets) and the turns of CLIs that report tokens but no cost (codex, gemini,
+# opencode). Entries here add to or override ov's built-in list (`ov costs --prices` prints it); a model
+# in neither is priced as the most expensive known one, and `ov costs` says so.
+prices: {}
 """
 
 
@@ -232,7 +376,9 @@ def load_config(config_file: Path, local_file: Path | None = None,
     for path in (config_file, local_file):
         if path is not None and path.exists():
             layers.append((str(path), _read_yaml(path)))
-    overrides = _env_overrides(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    _check_env_names(environ)
+    overrides = _env_overrides(environ)
     if overrides:
         layers.append(("environment (" + ", ".join(_override_names(overrides)) + ")", overrides))
     config = Config()
@@ -252,6 +398,12 @@ def _override_names(overrides: dict[str, t.Any]) -> list[str]:
 def _read_yaml(path: Path) -> dict[str, t.Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
+                          "is not UTF-8); compare it with `ov config --defaults`") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be an ov config; compare it with "
+                          "`ov config --defaults`") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -264,6 +416,41 @@ def _read_yaml(path: Path) -> dict[str, t.Any]:
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, found {type(data).__name__}")
     # A section whose keys are all commented out parses as null: it overrides nothing.
     return {key: {} if value is None else value for key, value in data.items()}
+
+
+# OV_* variables that are not config keys: what ov reads besides, and what its own test
+# suite reads. Any other OV_* name is a mistake and is reported like an unknown key.
+OTHER_VARIABLES: dict[str, str] = {
+    "OV_DEBUG": "1 prints tracebacks for errors",
+    "OV_SCRIPTED_SCENARIO": "the scripted runtime's scenario file when --scenario is not given",
+    "OV_SCRIPTED_STATE_DIR": "where the scripted runtime keeps its sessions",
+    "OV_CLAUDE_BIN": "the claude binary the test suite's e2e tests use",
+    "OV_CAPTURE_STREAM_FIXTURES": "1 makes the e2e tests save stream fixtures",
+    "OV_SCREENSHOTS": "where the browser tests save the dashboard's screenshots",
+}
+OTHER_PREFIXES = ("OV_TEST_",)  # fault-injection hooks used by the tests
+
+
+def _check_env_names(environ: t.Mapping[str, str]) -> None:
+    known = set(env_var_names()) | set(OTHER_VARIABLES)
+    unknown = sorted(name for name in environ if name.startswith("OV_") and name not in known
+                     and not name.startswith(OTHER_PREFIXES))
+    if not unknown:
+        return
+    problems = []
+    for name in unknown:
+        section = next((s for s in Config.model_fields if name.startswith(f"OV_{s.upper()}_")), None)
+        same_section = [v for v in env_var_names() if section and v.startswith(f"OV_{section.upper()}_")]
+        if section in ("providers", "models"):
+            expected = f"`{section}` is set in config.yaml only"
+        elif same_section:
+            expected = f"expected one of: {', '.join(same_section)}"
+        else:
+            sections = ", ".join(f"OV_{s.upper()}_*" for s in Config.model_fields if s not in ("providers", "models"))
+            expected = (f"expected OV_<SECTION>_<KEY> with a section of {sections}, "
+                        f"or one of {', '.join(OTHER_VARIABLES)}")
+        problems.append(f"unknown variable {name} ({expected})")
+    raise ConfigError("environment: " + "; ".join(problems))
 
 
 def _env_overrides(environ: t.Mapping[str, str]) -> dict[str, t.Any]:

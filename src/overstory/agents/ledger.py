@@ -329,9 +329,10 @@ def _summary(value: t.Any) -> str:
 # --------------------------------------------------------------------------- for `ov guard`
 
 
-def hook_pre(text: str | None, decision: Decision, env: Mapping[str, str]) -> Decision:
-    """`ov guard`'s one call after deciding: record the call and apply the replay policy."""
-    return _with_state(env, text, lambda conn, data, ctx: record_pre(conn, data, decision, ctx), decision)
+def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str]) -> Decision:
+    """`ov guard`'s one call after deciding (the hook's JSON text, or the call already in Claude's
+    shape): record the call and apply the replay policy."""
+    return _with_state(env, hook_input, lambda conn, data, ctx: record_pre(conn, data, decision, ctx), decision)
 
 
 def hook_post(text: str | None, env: Mapping[str, str]) -> None:
@@ -342,14 +343,14 @@ def hook_post(text: str | None, env: Mapping[str, str]) -> None:
 _T = t.TypeVar("_T")
 
 
-def _with_state(env: Mapping[str, str], text: str | None,
+def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
                 action: t.Callable[[sqlite3.Connection, dict[str, t.Any], LedgerContext], t.Any], fallback: _T) -> _T:
     ctx = LedgerContext.from_env(env)
     root = env.get("OVERSTORY_PROJECT_ROOT")
     if ctx is None or not root or not text:
         return fallback
     try:
-        data = json.loads(text)
+        data = dict(text) if isinstance(text, Mapping) else json.loads(text)
     except ValueError:
         return fallback
     if not isinstance(data, dict):

@@ -1,8 +1,11 @@
 """`ov sling`: spawning an agent is a transaction.
 
-Each step has an undo. If any step fails, the steps already done are undone in
-reverse order, so no branch, worktree, session row, mail or process is left
-behind and the same command can simply be run again.
+Its first durable act is a record of intent (``agents.spawn_journal``); each step notes
+itself there before acting. If a step fails, what was done is undone and the intent
+deleted, so no branch, worktree, session row, mail or process is left behind and the
+same command can simply be run again. If the spawner is killed instead, the intent
+remains with its dead pid, and a retry, `ov stop NAME` or the watchdog undoes it.
+The events database is checked before anything is created: the agent's loop needs it.
 """
 
 from __future__ import annotations
@@ -15,13 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory import procs
-from overstory.errors import AgentExists, HierarchyError, OrchestratorError, SpawnError, UsageError
+from overstory.agents import spawn_journal
+from overstory.errors import (
+    AgentExists,
+    DiskFull,
+    HierarchyError,
+    OrchestratorError,
+    SpawnError,
+    StoreError,
+    UsageError,
+)
 from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
 from overstory.runtimes import get_runtime
-from overstory.store import sessions
+from overstory.store import intents, sessions
 from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
 
 if t.TYPE_CHECKING:
@@ -51,6 +63,7 @@ class SlingRequest:
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
+    budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
 
 
 @dataclass
@@ -69,6 +82,8 @@ class SlingResult:
     dispatch_mail_id: int | None = None
     mode: str = "headless"
     tmux_session: str | None = None
+    budget: dict[str, t.Any] = field(default_factory=dict)
+    budget_notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
@@ -157,23 +172,22 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
     task_id = validate_name(request.task_id, "task id")
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
-    runtime = request.runtime or config.runtime.default
+    spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
+    runtime = request.runtime or config.runtime_for(capability)
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter)
     from overstory.agents.turns import model_choice
 
-    model_choice(request.model, capability, config, _launch_env(project, environ), runtime)  # unknown provider, missing key
+    model, _ = model_choice(request.model, capability, config, _launch_env(project, environ),
+                            runtime)  # unknown provider, missing key
     prompt = request.prompt
     if request.spec_file is not None:
-        try:
-            prompt = Path(request.spec_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read --spec {request.spec_file}: {exc.strerror}") from None
+        prompt = _read_text_file(request.spec_file, "--spec")
     from overstory.store.dispatch import agent_key
 
     key = agent_key(environ, "sling", capability, task_id, name, prompt, list(request.files), request.parent,
-                    request.runtime, request.model, request.base_branch, request.at_project_root)
+                    request.runtime, request.model, request.base_branch, request.at_project_root, request.start_point)
     existing = sessions.get(conn, name)
     if key is not None and existing is not None and existing.spec.get("idempotency_key") == key:
         return _result_of(conn, existing)  # a retried turn slinging again: the agent it already started
@@ -187,10 +201,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                              f"{config.agents.max_concurrent_agents}); wait for some to finish or stop them")
     scenario_text = None
     if request.scenario is not None:
-        try:
-            scenario_text = Path(request.scenario).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read --scenario {request.scenario}: {exc.strerror}") from None
+        scenario_text = _read_text_file(request.scenario, "--scenario")
     else:
         built_in = adapter.default_scenario(capability, task_id)
         scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
@@ -210,28 +221,63 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         if worktree.exists():  # type: ignore[union-attr]
             raise SpawnError(f"{worktree} already exists; remove it or choose another --name")
 
+    _require_events_db(project, name)
     run_id = _open_run_id(conn)
+    from overstory.agents.budgeting import agent_limits
+    from overstory.agents.turns import provider_of
+
+    limits, budget_notes = agent_limits(conn, config, run_id, request.budget)
     ov_command, ov_bin_dir = ov_executable()
-    undo = _Undo()
+    run_dir = project.run_dir / name
+    # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.
+    base_commit = None if at_root else _commit_of(project, base_branch, request.start_point)  # type: ignore[arg-type]
+    intent: dict[str, t.Any] = {
+        "name": name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()), "branch": branch,
+        "base_commit": base_commit, "worktree": str(worktree) if worktree else None, "run_dir": str(run_dir),
+        "tmux_session": _tmux_session_name(name) if tmux else None, "step": "intent", "started_at": 0,
+    }
+    spawn_journal.begin(conn, intent)
+    intent["started_at"] = (intents.get_spawn(conn, name) or {}).get("started_at", 0)
+    spawn_journal.kill_point("intent", environ)
+    undo = _Undo()  # what the journal cannot undo by itself: processes only this call knows about
+    started_pids: list[tuple[int, int | None]] = []
     try:
         if not at_root:
             assert worktree is not None and branch is not None
             _fault("branch", environ)
-            git(project.root, "branch", branch, request.start_point or base_branch)
-            undo.push("branch", lambda: git(project.root, "branch", "-D", branch, check=False))
+            spawn_journal.step(conn, intent, "branch")
+            git(project.root, "branch", branch, base_commit or base_branch)
+            spawn_journal.kill_point("branch", environ)
             _fault("worktree", environ)
+            spawn_journal.step(conn, intent, "worktree")
             _add_worktree(project, worktree, branch)
-            undo.push("worktree", lambda: _remove_worktree(project, worktree))
-            _fault("instructions", environ)
-            _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
-                                branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                files=request.files, ov_command=ov_command, tmux_mode=tmux)
-        run_dir = project.run_dir / name
+            spawn_journal.kill_point("worktree", environ)
+            home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                                      worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
+                                      prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux,
+                                      model=model)
+            if home_files is None:  # the runtime reads them from the worktree
+                _fault("instructions", environ)
+                spawn_journal.step(conn, intent, "instructions")
+                _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
+                                    branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
+                                    files=request.files, ov_command=ov_command, tmux_mode=tmux)
+                spawn_journal.kill_point("instructions", environ)
+        else:
+            home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                                      worktree=None, branch=base_branch or "", base_branch=base_branch or "",
+                                      parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
+                                      tmux_mode=tmux, model=model)
+        spawn_journal.step(conn, intent, "rundir")
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        undo.push("run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True))
-        if at_root:
+        if home_files is not None:  # the runtime's own home under the run dir: nothing goes into the worktree
+            _fault("instructions", environ)
+            for target, content in home_files.items():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content, encoding="utf-8")
+        elif at_root:
             _fault("instructions", environ)
             _write_root_instructions(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                      base_branch=base_branch or "", parent=parent, prompt=prompt or "",
@@ -246,30 +292,41 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         launch_env = _launch_env(project, environ)
         save_launch_env(project, name, launch_env)
         _fault("session", environ)
+        spawn_journal.step(conn, intent, "session")
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
-                "scenario": str(scenario_path) if scenario_path else None, "idempotency_key": key}
+                "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit,
+                "idempotency_key": key}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
             worktree=str(worktree) if worktree else None, branch=branch, base_branch=base_branch, spec=spec,
             run_id=run_id, mode="tmux" if tmux else "headless",
-            tmux_session=_tmux_session_name(name) if tmux else None)
-        undo.push("session", lambda: sessions.discard_session(conn, name, generation))
+            tmux_session=_tmux_session_name(name) if tmux else None,
+            provider=provider_of(request.model, capability, config, runtime))
+        intent["generation"] = generation
+        from overstory.store import budgets
+
+        budgets.create_agent(conn, name, generation, run_id=run_id, limits=limits)  # the journal's undo removes it
+        spawn_journal.kill_point("session", environ)
         _fault("dispatch", environ)
         from overstory.store import mail
+        from overstory.store.db import write_transaction
 
-        dispatch_id = mail.insert_message(
-            conn, sender=parent, recipient=name, type="dispatch", priority="high",
-            subject=f"task {task_id}",
-            body=prompt or f"Work on task {task_id} as described in "
-                            f"{adapter.instructions_file if worktree else 'your instructions'}.",
-            payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
-                     "file_scope": list(request.files)},
-        )
-        undo.push("dispatch", lambda: mail.discard(conn, dispatch_id))
+        with write_transaction(conn):  # the mail and the note that it exists: one commit
+            dispatch_id = mail.insert_message(
+                conn, sender=parent, recipient=name, type="dispatch", priority="high",
+                subject=f"task {task_id}",
+                body=prompt or f"Work on task {task_id} as described in "
+                                f"{adapter.instructions_file if worktree else 'your instructions'}.",
+                payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
+                         "file_scope": list(request.files)},
+            )
+            spawn_journal.step(conn, intent, "dispatch", generation=generation, dispatch_id=dispatch_id)
+        spawn_journal.kill_point("dispatch", environ)
         loop_pid = None
         if start:
             _fault("start", environ)
+            spawn_journal.step(conn, intent, "start")
             if tmux:
                 from overstory.agents.tmux import abort_start, start_agent
 
@@ -280,15 +337,21 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                 from overstory.agents.loop import spawn_loop
 
                 loop_pid, ticks = spawn_loop(project, name, generation, launch_env)
-                undo.push("start", lambda: procs.kill_group(loop_pid, ticks, force=True))
+                started_pids.append((loop_pid, ticks))
                 sessions.update_fields(conn, name, generation, loop_pid=loop_pid, loop_start_ticks=ticks)
+            spawn_journal.kill_point("start", environ)
             _fault("after_start", environ)
-    except OrchestratorError:
-        undo.run()
-        raise
-    except Exception as exc:
+        intents.end_spawn(conn, name)  # the commit point: from here on the agent exists
+    except BaseException as exc:
         problems = undo.run()
-        raise SpawnError(f"could not spawn {name}: {exc}" + (f" (and {'; '.join(problems)})" if problems else "")) from exc
+        try:
+            spawn_journal.undo(project, conn, intent, extra_pids=started_pids)
+        except Exception as undo_exc:  # noqa: BLE001 - the intent stays for a retry, `ov stop` or the watchdog
+            problems.append(f"undo: {undo_exc}")
+            _give_up_intent(conn, name)
+        if not isinstance(exc, Exception):
+            raise
+        raise _spawn_failure(name, exc, problems) from exc
     _record_spawn_event(project, name, generation, capability, task_id, parent)
     from overstory.store import mail
 
@@ -296,16 +359,92 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     return SlingResult(name=name, capability=capability, task_id=task_id, generation=generation, branch=branch,
                        worktree=str(worktree) if worktree else None, parent=parent, depth=depth, runtime=runtime,
                        loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id,
-                       mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None)
+                       mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None,
+                       budget=limits, budget_notes=budget_notes)
+
+
+def _spawn_failure(name: str, exc: Exception, problems: list[str]) -> OrchestratorError:
+    """The error a failed spawn reports, after its undo: one line, and a full disk said plainly."""
+    text = f"{exc} {getattr(exc, 'stderr', '') or ''}"
+    left = f" (but: {'; '.join(problems)}; `ov stop {name}` finishes the cleanup)" if problems else ""
+    if isinstance(exc, DiskFull) or "No space left on device" in text or "disk is full" in text:
+        return DiskFull(f"no space left on device: the spawn of {name} was undone, nothing was written{left}")
+    if str(exc).startswith("no such table:"):
+        return StoreError(f"could not spawn {name}: ov's state database has no table {str(exc)[15:]!r}: it is "
+                          f"damaged; run `ov doctor` (the spawn was undone){left}")
+    if isinstance(exc, OrchestratorError):
+        if problems:
+            exc.args = (f"{exc}{left}",)
+        return exc
+    stderr = getattr(exc, "stderr", None)
+    detail = f"{exc}: {stderr.strip()}" if isinstance(stderr, str) and stderr.strip() else str(exc)
+    return SpawnError(f"could not spawn {name}: {detail}{left}")
+
+
+def _give_up_intent(conn: sqlite3.Connection, name: str) -> None:
+    """Our undo failed half-way: leave the intent to whoever comes next (a dead pid)."""
+    try:
+        intents.abandon_spawn(conn, name)
+    except Exception:  # noqa: BLE001 - after we exit our pid is dead anyway
+        pass
+
+
+def _read_text_file(path: Path, option: str) -> str:
+    from overstory.limits import read_at_most
+    from overstory.store.mail import MAX_BODY_BYTES
+
+    data = read_at_most(str(path), MAX_BODY_BYTES, f"{option} {path}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{option} {path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _require_events_db(project: ProjectPaths, name: str) -> None:
+    """The agent's loop records its events there: refuse before creating anything if it is unusable."""
+    from overstory.store.db import open_events
+    from overstory.store.migrations import EVENTS_MIGRATIONS
+    from overstory.store.schema import missing_objects
+
+    try:
+        conn = open_events(project.events_db)
+    except DiskFull as exc:
+        raise DiskFull(f"cannot spawn {name}: {exc}") from None
+    except OrchestratorError as exc:
+        raise SpawnError(f"cannot spawn {name}: {exc} (the agent's loop needs it; run `ov doctor`); "
+                         "nothing was created") from None
+    try:
+        missing = [obj for kind, obj in missing_objects(conn, EVENTS_MIGRATIONS) if kind == "table"]
+    finally:
+        conn.close()
+    if missing:
+        raise SpawnError(f"cannot spawn {name}: {project.events_db} has no table {', '.join(missing)} (the agent's "
+                         "loop needs it; `ov doctor --repair` recreates it); nothing was created")
+
+
+def _commit_of(project: ProjectPaths, branch: str, start_point: str | None = None) -> str:
+    ref = start_point or f"refs/heads/{branch}"
+    done = git(project.root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise UsageError(f"start point {start_point!r} is not a commit" if start_point else
+                         f"base branch {branch!r} does not exist")
+    return done.stdout.strip()
 
 
 def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult:
+    """What the first `ov sling` of this agent printed (a retried turn slings it again)."""
+    from overstory.store import budgets
+
     row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' ORDER BY id LIMIT 1",
                        (agent.name,)).fetchone()
+    limits = budgets.get_agent(conn, agent.name, agent.generation)
+    budget = {k: getattr(limits, k) for k in ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")} \
+        if limits is not None else {}
     return SlingResult(name=agent.name, capability=agent.capability, task_id=agent.task_id,
                        generation=agent.generation, branch=agent.branch, worktree=agent.worktree, parent=agent.parent,
                        depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
-                       dispatch_mail_id=row[0] if row else None, mode=agent.mode, tmux_session=agent.tmux_session)
+                       dispatch_mail_id=row[0] if row else None, mode=agent.mode, tmux_session=agent.tmux_session,
+                       budget=budget)
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:
@@ -361,14 +500,6 @@ def _add_worktree(project: ProjectPaths, worktree: Path, branch: str) -> None:
         repo.git.worktree("add", str(worktree), branch)
 
 
-def _remove_worktree(project: ProjectPaths, worktree: Path) -> None:
-    with worktree_admin_lock(project.root):
-        git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
-        if worktree.exists():
-            shutil.rmtree(worktree, ignore_errors=True)
-        git(project.root, "worktree", "prune", check=False)
-
-
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
                        base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
     from overstory.agents.overlay import render_instructions
@@ -400,6 +531,27 @@ def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runt
         (run_dir / runtime.root_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
+def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
+                 task_id: str, worktree: Path | None, branch: str, base_branch: str, parent: str, prompt: str,
+                 files: t.Sequence[str], ov_command: list[str], tmux_mode: bool,
+                 model: str | None) -> dict[Path, str] | None:
+    """The files of a runtime that reads the agent's instructions and hook config from an ov-owned home of its
+    own (CODEX_HOME, ...), by absolute path; None when it reads them from the worktree (or the run dir)."""
+    from overstory.runtimes.base import AgentSetup
+
+    state_dir = runtime.state_dir(run_dir)
+    if state_dir is None:
+        return None
+    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
+                              base_branch=base_branch, worktree=worktree or project.root, parent=parent, prompt=prompt,
+                              files=files)
+    written = runtime.state_files(AgentSetup(
+        name=name, capability=capability, writable=capability in WRITER_CAPABILITIES, project_root=project.root,
+        worktree=worktree, run_dir=run_dir, instructions=text, ov_command=ov_command, tmux_mode=tmux_mode,
+        model=model))
+    return None if written is None else {state_dir / relative: content for relative, content in written.items()}
+
+
 def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime, *, name: str, capability: str,
                         task_id: str, branch: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
                         ov_command: list[str], tmux_mode: bool) -> None:
@@ -421,12 +573,20 @@ def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime,
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,
                         parent: str) -> None:
+    """After the commit point: losing this event must not undo (or fail) a spawn that happened."""
+    import sqlite3 as sqlite
+
     from overstory.store import events as event_store
     from overstory.store.db import open_events
 
-    conn = open_events(project.events_db)
+    try:
+        conn = open_events(project.events_db)
+    except OrchestratorError:
+        return
     try:
         event_store.record(conn, "spawn", agent=name, generation=generation,
                            summary=f"{capability} on {task_id}, parent {parent}")
+    except (sqlite.Error, OrchestratorError, OSError):
+        pass
     finally:
         conn.close()

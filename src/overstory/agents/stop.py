@@ -5,7 +5,9 @@ turn runner see a terminal agent and stop starting work; then the loop is
 signalled and waited for; then whatever turn group the row still records is
 killed. Only processes ov recorded, verified by their start ticks, are signalled.
 Unclaimed mail stays where it is; mail claimed by the killed turn is released so
-it stays readable.
+it stays readable. The agent's parent gets one ``status`` mail ("stopped by the
+operator") inside the same compare-and-swap, so a lead or coordinator waiting for
+the agent's report does not wait forever.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from overstory.errors import AgentNotFound, CleanRefused, OrchestratorError
 from overstory.gitutil import branch_exists, git, worktree_admin_lock
 from overstory.paths import ProjectPaths
 from overstory.store import sessions, turns
+from overstory.store.lifecycle import tell_parent_stopped
 from overstory.store.sessions import Session
 
 ACTOR = "operator"
+STOPPED_REASON = "stopped by the operator"
 
 
 
@@ -41,26 +45,56 @@ class StopResult:
     killed_groups: list[int] = field(default_factory=list)
     released_mail: int = 0
     cleaned: list[str] = field(default_factory=list)
+    undone_spawn: list[str] | None = None  # what an unfinished (killed) `ov sling` of this name had made
 
     def as_dict(self) -> dict[str, t.Any]:
         return {"agent": self.agent, "generation": self.generation, "previous_state": self.previous_state,
                 "state": "completed", "already_completed": self.already_completed, "loop": self.loop,
-                "killed_groups": self.killed_groups, "released_mail": self.released_mail, "cleaned": self.cleaned}
+                "killed_groups": self.killed_groups, "released_mail": self.released_mail, "cleaned": self.cleaned,
+                "undone_spawn": self.undone_spawn}
 
 
 def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, force: bool = False,
                clean: bool = False, kill_grace: float = 5.0, fallback_base: str | None = None) -> StopResult:
-    """Stop ``name``; raises AgentNotFound, CleanRefused (before anything changed) or OrchestratorError."""
+    """Stop ``name``; raises AgentNotFound, CleanRefused (before anything changed) or OrchestratorError.
+
+    A spawn of ``name`` that was killed half-way is undone first (it never became an agent).
+    """
+    from overstory.agents.spawn_journal import settle_abandoned
+
+    undone = settle_abandoned(project, conn, name)
     agent = sessions.get(conn, name)
+    if agent is None and undone is not None:
+        return StopResult(agent=name, generation=0, previous_state="unfinished spawn", already_completed=False,
+                          undone_spawn=undone)
     if agent is None:
         raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+    if clean:
+        from overstory.merge.intents import settle_all
+
+        settle_all(project, conn)  # a merge of its branch killed half-way: finished or rolled back first
     if clean and not force:
         check_clean_is_safe(project, agent, fallback_base)
     result = StopResult(agent=name, generation=agent.generation, previous_state=agent.state,
                         already_completed=agent.state == "completed")
     if not result.already_completed:
-        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=ACTOR,
-                                      reason="stopped by the operator" + (" (--force)" if force else ""))
+        reason = STOPPED_REASON + (" (--force)" if force else "")
+        notified: list[int] = []
+
+        def tell_parent(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
+            # The parent (a lead or coordinator waiting for the agent's report) hears it once, with the
+            # state change; a zombie's parent already had its worker_died, the operator stopped it themself.
+            if ok.prev != "zombie" and agent.parent and agent.parent != "operator":
+                message_id = tell_parent_stopped(tx, agent, reason, ok.prev)
+                if message_id is not None:
+                    notified.append(message_id)
+
+        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=ACTOR, reason=reason,
+                                      then=tell_parent)
+        if notified:
+            from overstory.store import mail
+
+            mail.record_sent(conn, notified)
         if isinstance(outcome, sessions.StaleGeneration):
             raise OrchestratorError(f"{name} was just replaced by generation {outcome.current}; "
                                     "run `ov stop` again to stop the new one")
@@ -75,6 +109,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         tmux_panes.kill_session(project, agent, grace=kill_grace, force=force)
     if clean:
         result.cleaned = remove_worktree_and_branch(project, agent)
+    result.undone_spawn = undone
     return result
 
 

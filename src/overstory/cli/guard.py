@@ -7,21 +7,26 @@ from __future__ import annotations
 
 import os
 import sys
+import typing as t
 
 import click
 
 
 @click.command(name="guard")
-@click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure hook: record the call's receipt.")
+@click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure hook: record the call's result.")
 def guard(post: bool) -> None:
-    """Decide one tool call for Claude's PreToolUse hook, and record it in the tool-call ledger.
+    """Decide one tool call for a runtime's pre-tool hook (Claude, Codex, Gemini CLI, OpenCode).
 
-    Reads the hook JSON on stdin. Prints Claude's deny object when the call is blocked and
-    nothing when it is allowed; exits 0 either way. Outside an agent (no
-    OVERSTORY_AGENT_NAME) every call is allowed. A call that repeats a side effect an
-    earlier, crashed attempt of the same task already had is denied with that attempt's
-    result. With --post it reads a PostToolUse or PostToolUseFailure payload, stores the
-    result, and prints nothing.
+    Reads the hook JSON on stdin. When the call is blocked it prints the runtime's deny
+    object (Claude and Codex: hookSpecificOutput; Gemini CLI: {"decision": "deny"}) or, for
+    OpenCode's plugin and for input it cannot read, exits 2 with the reason on stderr.
+    Allowed calls get no output and exit 0. Outside an agent (no OVERSTORY_AGENT_NAME)
+    every call is allowed.
+    An allowed call is counted against the agent's and its run's max_tool_calls; the
+    call past either limit is denied. Every call is recorded in the tool-call ledger, and
+    one that repeats a side effect an earlier, crashed attempt of the same task already
+    had is denied with that attempt's result. With --post it reads Claude's PostToolUse
+    or PostToolUseFailure payload, stores the call's result, and prints nothing.
 
     \b
     Example hook in <worktree>/.claude/settings.local.json:
@@ -42,6 +47,23 @@ def guard(post: bool) -> None:
         return
     from overstory import guards
 
-    response = guards.hook_response(ledger.hook_pre(text, guards.decide_hook_text(text, os.environ), os.environ))
-    if response:
-        click.echo(response)
+    stdout, stderr, status = guards.guard_reply(
+        text, os.environ, count_call=lambda: _count_tool_call(os.environ),
+        record=lambda hook_input, decision: ledger.hook_pre(hook_input, decision, os.environ))
+    if stdout:
+        click.echo(stdout)
+    if stderr:
+        click.echo(stderr, err=True)
+    if status:
+        sys.exit(status)
+
+
+def _count_tool_call(env: t.Mapping[str, str]) -> str | None:
+    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
+    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
+                               env.get("OVERSTORY_GENERATION", ""))
+    if not agent or not root or not generation.isdigit():
+        return None
+    from overstory.store.tool_count import count_tool_call
+
+    return count_tool_call(os.path.join(root, ".overstory", "state.db"), agent, int(generation))

@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sling": ("overstory.cli.sling", "sling", "Spawn an agent on a task."),
     "status": ("overstory.cli.status", "status", "Show agents, mail and runs."),
     "stop": ("overstory.cli.stop", "stop", "Stop an agent."),
+    "resume": ("overstory.cli.budget", "resume", "Un-park an agent; --all after a crash; --fork."),
+    "budget": ("overstory.cli.budget", "budget", "Show budgets: limit, used and left."),
+    "costs": ("overstory.cli.costs", "costs", "Show tokens, dollars, turns and tool calls."),
+    "wait": ("overstory.cli.wait", "wait", "Wait until an agent or run settles (exit code says how)."),
     "logs": ("overstory.cli.logs", "logs", "Show one agent's events."),
     "feed": ("overstory.cli.logs", "feed", "Show the project's event feed."),
     "watch": ("overstory.cli.watch", "watch", "Live dashboard (runs the watchdog too)."),
@@ -35,7 +39,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
     "trace": ("overstory.cli.trace", "trace", "Show one agent's turns, tool calls and mail."),
-    "resume": ("overstory.cli.resume", "resume", "Recover every agent after a crash, or fork one."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
     "diff": ("overstory.cli.diff", "diff", "Show an agent's changes against its base."),
     "clean": ("overstory.cli.clean", "clean", "Remove what finished agents left behind."),
@@ -125,6 +128,12 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
     except Exception as exc:  # a bug in ov: still one line unless asked for more
         if _debug_requested(args):
             raise
+        from overstory.cli.failures import describe
+
+        known = describe(exc, args)
+        if known is not None:
+            click.echo(f"ov: error: {_one_line(known)}", err=True)
+            sys.exit(1)
         click.echo(f"ov: internal error: {type(exc).__name__}: {_one_line(str(exc))} (run with -v or OV_DEBUG=1 for the traceback)", err=True)
         sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)

@@ -10,7 +10,9 @@ A runtime answers five questions:
   (``ParsedEvent``) and, at the end, says whether the turn succeeded, what it cost
   and, if it failed, which kind of failure it was (``TurnFailure``);
 - which files carry an agent's instructions and guard hooks (``instructions_file``,
-  ``hook_settings``), or None where the runtime has no hooks;
+  ``hook_settings``), or None where the runtime has no hooks; a runtime that reads them
+  from an ov-owned home of its own (``state_dir``) writes them there (``state_files``),
+  and starts from a cleaned environment (``inherited_env``, ``turn_env``);
 - how to run its interactive TUI in tmux (``tui``), or None;
 - whether it is installed and has credentials (``probe``, for ``ov doctor``).
 
@@ -22,8 +24,10 @@ from __future__ import annotations
 import abc
 import shutil
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from overstory.prices import Tokens
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -64,10 +68,19 @@ class Usage(t.NamedTuple):
     cost_usd: float = 0.0
 
 
+@dataclass(frozen=True)
+class ModelCost:
+    """One model's share of a finished turn, as the runtime reported it."""
+
+    tokens: Tokens
+    cost_usd: float | None  # None: the runtime gave no figure for this model
+
+
 class TurnParser(abc.ABC):
     """What one turn's stdout has said so far. Pure: no I/O, so it is tested on captured output."""
 
     session_id: str | None = None
+    model: str | None = None       # the model the runtime reported, when it does (for the price table)
     events_seen: int = 0
     tool_calls: int = 0
     current_tool: str | None = None
@@ -92,7 +105,29 @@ class TurnParser(abc.ABC):
 
     @abc.abstractmethod
     def usage(self) -> Usage:
-        """Tokens and dollars of the turn as reported so far."""
+        """Tokens and dollars of the turn as reported so far (dollars 0.0 when the runtime does not say)."""
+
+    def finish(self, exit_code: int | None, stderr_tail: str) -> None:
+        """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
+        are asked. For runtimes that report some outcomes only there (an unknown session to resume, a
+        broken config, a turn that has no closing event)."""
+
+    # ---- for budgets (optional: a runtime that reports none is only checked between turns)
+
+    def live_usage(self) -> dict[str, Tokens]:
+        """Tokens per model that the stream has reported so far in this turn (priced live by ov)."""
+        return {}
+
+    def model_costs(self) -> dict[str, ModelCost]:
+        """Per model, what the finished turn used and cost (empty when the runtime did not say)."""
+        return {}
+
+    def early_failure(self) -> TurnFailure | None:
+        """A failure the runtime is still retrying but that retrying cannot fix (a rejected key).
+
+        The turn runner stops the turn at once instead of waiting out the runtime's retries.
+        """
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +139,25 @@ class TurnRequest:
     run_dir: Path              # .overstory/run/<agent>/: root-agent instructions, runtime state
     at_project_root: bool      # no worktree (the coordinator): instructions and hooks come from run_dir
     scenario: Path | None = None
+    # What ``provider_env`` returned for this turn's provider (empty without one): a runtime whose CLI
+    # takes the endpoint on its command line, not from the environment, reads it here.
+    provider_env: t.Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """What ``ov sling`` knows of a new agent when a runtime writes the files of its state dir."""
+
+    name: str
+    capability: str
+    writable: bool             # a writer (builder, merger); everyone else is read-only
+    project_root: Path
+    worktree: Path | None      # None: the agent works at the project root (the coordinator)
+    run_dir: Path              # .overstory/run/<agent>/
+    instructions: str          # the rendered overlay
+    ov_command: list[str]      # how hooks call ov
+    tmux_mode: bool = False
+    model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
 @dataclass(frozen=True)
@@ -165,6 +219,7 @@ class RuntimeProbe:
     detail: str          # version and path, or why it is missing
     credentials: str     # e.g. "ANTHROPIC_API_KEY set", "logged in", "none found", "not needed"
     hint: str = ""
+    has_credentials: bool | None = None  # None: the runtime needs none
 
     @property
     def installed(self) -> bool:
@@ -178,9 +233,16 @@ class Runtime(abc.ABC):
     # Where the agent's instructions go inside its worktree, and (None: no hooks) its hook settings.
     instructions_file: t.ClassVar[str]
     hook_settings_file: t.ClassVar[str | None] = None
+    # Which tool-call hooks call ov: "pre" (``ov guard`` before each call, which also writes the
+    # tool-call ledger's row) and "post" (``ov guard --post``, the call's result). Without "pre",
+    # the turn runner fills the ledger from the stream's tool_start/tool_end events instead.
+    tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
     # For an agent at the project root: file names inside its run dir.
     root_instructions_file: t.ClassVar[str] = "instructions.md"
     root_settings_file: t.ClassVar[str] = "settings.json"
+    # Environment variables that carry its credentials (`ov resume` of an agent parked for
+    # auth brings fixed values from the operator's environment into the agent's).
+    credential_vars: t.ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def program(self, config: Config) -> list[str]:
@@ -198,13 +260,32 @@ class Runtime(abc.ABC):
     def new_parser(self) -> TurnParser:
         """A parser for one turn's stdout."""
 
+    # The wire protocols this runtime can speak to a provider (config ``providers.<name>.protocol``).
+    protocols: t.ClassVar[tuple[str, ...]] = ()
+
     def provider_env(self, base_url: str, api_key: str) -> dict[str, str]:
         """Environment that routes this runtime to a configured provider endpoint."""
         return {}
 
-    def turn_env(self) -> dict[str, str]:
-        """Fixed environment every turn of this runtime needs."""
+    def inherited_env(self, environ: t.Mapping[str, str]) -> dict[str, str]:
+        """The part of ov's environment a turn starts from: a runtime drops what would make it read the
+        user's own config or account, or change its behaviour (all of it by default)."""
+        return dict(environ)
+
+    def turn_env(self, run_dir: Path) -> dict[str, str]:
+        """Environment every turn of this agent needs (e.g. where its state dir is)."""
         return {}
+
+    def state_dir(self, run_dir: Path) -> Path | None:
+        """Where the runtime keeps this agent's own state and config (CODEX_HOME...), under its run dir;
+        None when it keeps them where it always does."""
+        return None
+
+    def state_files(self, setup: AgentSetup) -> dict[str, str] | None:
+        """Files ``ov sling`` writes into ``state_dir`` ({relative path: text}): the agent's instructions and
+        the config that makes the runtime call ``ov guard``. None: the instructions and hook settings go into
+        the worktree (``instructions_file``, ``hook_settings_file``) or, at the project root, the run dir."""
+        return None
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         """The settings that make the runtime call ``ov guard`` before each tool call; None: no hooks."""

@@ -171,6 +171,117 @@ def _state_m002_pending_mail_index(conn: sqlite3.Connection) -> None:
     )
 
 
+def _state_m003_intents(conn: sqlite3.Connection) -> None:
+    """Records of intent for the two commands that change git and the database together.
+
+    ``spawn_intents``: written before `ov sling` creates anything, deleted when the spawn is
+    complete. A row whose spawner is dead is a half-done spawn that a retry, `ov stop` or
+    the watchdog undoes. ``merge_intents``: written before `ov merge` starts, deleted once
+    its result is announced; a dead merger's row is finished (mail) or rolled back.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE spawn_intents (
+            name         TEXT PRIMARY KEY,
+            pid          INTEGER,
+            pid_ticks    INTEGER,
+            step         TEXT NOT NULL,
+            branch       TEXT,
+            base_commit  TEXT,
+            worktree     TEXT,
+            run_dir      TEXT NOT NULL,
+            tmux_session TEXT,
+            generation   INTEGER,
+            dispatch_id  INTEGER,
+            started_at   INTEGER NOT NULL
+        );
+
+        CREATE TABLE merge_intents (
+            id            INTEGER PRIMARY KEY,
+            agent         TEXT,
+            generation    INTEGER,
+            branch        TEXT NOT NULL,
+            target        TEXT NOT NULL,
+            source_commit TEXT NOT NULL,
+            target_before TEXT NOT NULL,
+            queue_id      INTEGER,
+            sender        TEXT NOT NULL,
+            pid           INTEGER,
+            pid_ticks     INTEGER,
+            started_at    INTEGER NOT NULL
+        );
+        CREATE INDEX merge_intents_branch ON merge_intents(branch, target);
+        """
+    )
+
+
+def _state_m005_budgets(conn: sqlite3.Connection) -> None:
+    """Budgets, parking, quota windows, idle nudges and per-turn cost detail (issue 14).
+
+    ``budgets`` holds one row per agent generation (scope 'agent') and per run (scope
+    'run', generation 0): the four limits and what was used against them. A trigger
+    rolls every change of an agent's counters up into its run's row in the same
+    statement, so `ov guard` counts a tool call against both with one UPDATE and a run
+    keeps what earlier generations of its agents spent.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE budgets (
+            scope              TEXT NOT NULL,
+            name               TEXT NOT NULL,
+            generation         INTEGER NOT NULL DEFAULT 0,
+            run_id             TEXT,
+            max_usd            REAL,
+            max_turns          INTEGER,
+            max_tool_calls     INTEGER,
+            max_wallclock      REAL,
+            started_at         INTEGER NOT NULL,
+            spent_usd          REAL NOT NULL DEFAULT 0,
+            live_usd           REAL NOT NULL DEFAULT 0,
+            turns              INTEGER NOT NULL DEFAULT 0,
+            tool_calls         INTEGER NOT NULL DEFAULT 0,
+            refused_tool_calls INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope, name, generation)
+        );
+        CREATE INDEX budgets_run ON budgets(run_id, scope);
+        CREATE TRIGGER budgets_roll_up AFTER UPDATE OF spent_usd, live_usd, turns, tool_calls ON budgets
+        WHEN NEW.scope = 'agent' AND NEW.run_id IS NOT NULL
+        BEGIN
+            UPDATE budgets SET spent_usd = spent_usd + NEW.spent_usd - OLD.spent_usd,
+                               live_usd = live_usd + NEW.live_usd - OLD.live_usd,
+                               turns = turns + NEW.turns - OLD.turns,
+                               tool_calls = tool_calls + NEW.tool_calls - OLD.tool_calls
+            WHERE scope = 'run' AND name = NEW.run_id AND generation = 0;
+        END;
+
+        CREATE TABLE quota_windows (
+            provider   TEXT PRIMARY KEY,
+            until_ms   INTEGER NOT NULL,
+            level      INTEGER NOT NULL DEFAULT 0,
+            reset_known INTEGER NOT NULL DEFAULT 0,
+            reason     TEXT,
+            opened_at  INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL
+        );
+
+        ALTER TABLE sessions ADD COLUMN provider TEXT;
+        ALTER TABLE sessions ADD COLUMN park_kind TEXT;
+        ALTER TABLE sessions ADD COLUMN park_until INTEGER;
+        ALTER TABLE sessions ADD COLUMN nudges INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX sessions_parked ON sessions(park_until) WHERE state = 'parked';
+
+        ALTER TABLE turns ADD COLUMN capability TEXT;
+        ALTER TABLE turns ADD COLUMN run_id TEXT;
+        ALTER TABLE turns ADD COLUMN model TEXT;
+        ALTER TABLE turns ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN cost_estimated INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN usage_by_model TEXT;
+        CREATE INDEX turns_started ON turns(started_at);
+        """
+    )
+
+
 def _state_m006_tool_ledger(conn: sqlite3.Connection) -> None:
     """The tool-call ledger (one row per tool call, ARCHITECTURE §13) and one checkpoint per turn.
 
@@ -235,7 +346,8 @@ def _state_m006_tool_ledger(conn: sqlite3.Connection) -> None:
     )
 
 
-STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m006_tool_ledger]
+STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
+                                     _state_m005_budgets, _state_m006_tool_ledger]
 
 
 # ---------------------------------------------------------------------------
