@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from overstory.config_approvals import ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
 from overstory.errors import ConfigError
 
 
@@ -188,6 +189,8 @@ class Config(_Section):
     merge: MergeSection = Field(default_factory=MergeSection)
     ledger: LedgerSection = Field(default_factory=LedgerSection)
     guards: GuardsSection = Field(default_factory=GuardsSection)
+    approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
     logs: LogsSection = Field(default_factory=LogsSection)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     quota: QuotaSection = Field(default_factory=QuotaSection)
@@ -302,6 +305,27 @@ guards:
   # Remotes an agent (builder or merger) may push its own branch to with `git push REMOTE
   # BRANCH`; empty: nobody pushes. Force pushes and other branches are always refused.
   push_remotes: []
+
+approvals:
+  # Tool calls that need a person's approval first: [{match: "Bash(git push*)", reason: ..., timeout: 10m,
+  # capability: builder}]; match is a tool pattern as in ledger. `ov sling --approve PATTERN` adds more.
+  rules: []
+  # How long a request waits for a decision (seconds or 30m) unless its rule says otherwise.
+  timeout: 1800
+  # What the watchdog does with an undecided request: reject, or escalate to the next ancestor.
+  on_timeout: reject
+  # Who decides: parent (the agent's parent: the operator for agents it slung), or operator.
+  decider: parent
+  # A turn that would start with the agent's spend past this many dollars needs approval (null: never).
+  spend_over_usd: null
+
+notify:
+  # Where to tell a person: apprise URLs, e.g. ["ntfy://topic", "json://127.0.0.1:8080/hook"].
+  targets: []
+  # Which events: approval_requested, worker_died, budget_parked, quota_parked, run_finished,
+  # merge_failed (also approval_approved, approval_rejected, approval_expired).
+  # (quoted: YAML reads a bare `on` as true; a bare one is accepted too)
+  "on": [approval_requested, worker_died, budget_parked, quota_parked, run_finished, merge_failed]
 
 logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.

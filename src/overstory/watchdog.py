@@ -54,6 +54,7 @@ from overstory.store.lifecycle import (
     terminal_mail_sent,
 )
 from overstory.store.sessions import Session
+from overstory.watchdog_people import PeopleTick
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -202,6 +203,7 @@ class Watchdog:
         self._started: dict[str, tuple[int, int, int | None]] = {}
         self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
         self._scanned = False
+        self._people = PeopleTick(project)
 
     # -- plumbing
 
@@ -249,6 +251,7 @@ class Watchdog:
                 actions.extend(self._check(agent, now))
             except (sqlite3.Error, OSError, OrchestratorError) as exc:
                 actions.append(Action(agent.name, "error", f"{type(exc).__name__}: {exc}"))
+        actions.extend(Action(*done) for done in self._people.tick(self.state))  # approval timeouts, notifications
         return actions
 
     def _settle_intents(self) -> list[Action]:

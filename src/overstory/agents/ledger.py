@@ -332,7 +332,21 @@ def _summary(value: t.Any) -> str:
 def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str]) -> Decision:
     """`ov guard`'s one call after deciding (the hook's JSON text, or the call already in Claude's
     shape): record the call and apply the replay policy."""
-    return _with_state(env, hook_input, lambda conn, data, ctx: record_pre(conn, data, decision, ctx), decision)
+    spec = env.get("OVERSTORY_APPROVALS")
+
+    def action(conn: sqlite3.Connection, data: dict[str, t.Any], ctx: LedgerContext) -> Decision:
+        gated = decision
+        if spec and decision.allow:  # approval gates (agents.gate): ask a person first
+            from overstory.agents import gate
+
+            gated = gate.check(conn, data, decision, ctx, spec)
+        return record_pre(conn, data, gated, ctx)
+
+    if spec and decision.allow:  # fail closed: a gate whose state cannot be opened refuses the call
+        denied = type(decision).deny("ov: this call may need approval, but ov's state could not be opened; "
+                                     "it was refused. Try again in a moment.")
+        return _with_state(env, hook_input, action, denied, on_error=denied)
+    return _with_state(env, hook_input, action, decision)
 
 
 def hook_post(text: str | None, env: Mapping[str, str]) -> None:
@@ -344,9 +358,12 @@ _T = t.TypeVar("_T")
 
 
 def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
-                action: t.Callable[[sqlite3.Connection, dict[str, t.Any], LedgerContext], t.Any], fallback: _T) -> _T:
+                action: t.Callable[[sqlite3.Connection, dict[str, t.Any], LedgerContext], t.Any], fallback: _T,
+                on_error: _T | None = None) -> _T:
     ctx = LedgerContext.from_env(env)
     root = env.get("OVERSTORY_PROJECT_ROOT")
+    if on_error is not None:
+        fallback = on_error if ctx is not None and root else fallback
     if ctx is None or not root or not text:
         return fallback
     try:

@@ -268,6 +268,8 @@ class AgentLoop(AgentProcess):
                 event_store.record(self.events, "contract_violation", agent=self.name, generation=self.generation,
                                    turn_id=turn_id, summary="turn ended cleanly without any mail: nobody knows what it did")
             sessions.count_finished_turn(self.state, self.name, self.generation)
+            if not done and park_for_approval(self.state, self.events, agent, turn_id, actor=actor):
+                return  # a tool call of this turn waits for a person: parked until it is decided
             sessions.transition(self.state, self.name, self.generation, "completed" if done else "between_turns",
                                 actor=actor, reason="terminal mail sent" if done else "turn finished",
                                 expect={"booting", "in_turn", "stalled"})
@@ -367,6 +369,42 @@ class AgentLoop(AgentProcess):
                 conn.close()
             except sqlite3.Error:
                 pass
+
+
+def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
+                      actor: str) -> bool:
+    """After a clean turn that left approval gates pending: park the agent (reason ``approval apr-…``).
+
+    The park's transaction checks the gates are still pending, so a decision that
+    commits first (nothing to wait for) and one that commits after (it un-parks) are
+    both right; its other mail waits in the inbox while it is parked.
+    """
+    from overstory.store import approvals, lifecycle
+
+    ids = approvals.pending_for(state, agent.name, agent.generation)
+    if not ids:
+        return False
+
+    def still_pending(tx: sqlite3.Connection) -> None:
+        if not approvals.pending_for(tx, agent.name, agent.generation):
+            raise _Decided()
+
+    try:
+        outcome = lifecycle.park(state, agent, "approval", f"approval {' '.join(ids)}"[:300], actor=actor,
+                                 escalate=False, expect={"booting", "in_turn", "stalled"}, also=still_pending)
+    except _Decided:
+        return False
+    if outcome.ok:
+        from overstory.store import events as event_store
+
+        event_store.record(events, "approval_parked", agent=agent.name, generation=agent.generation,
+                           turn_id=turn_id, summary=f"parked until {', '.join(ids)} is decided"[:300],
+                           data={"approvals": ids})
+    return outcome.ok
+
+
+class _Decided(Exception):
+    """Rolls back an approval park: the gates were decided while the turn ended."""
 
 
 def main(argv: t.Sequence[str] | None = None) -> int:

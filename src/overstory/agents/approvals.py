@@ -1,0 +1,131 @@
+"""Deciding approval gates: `ov approve`, `ov reject`, and the watchdog's timeout (ARCHITECTURE §13).
+
+Who may decide: the operator any gate; an agent only the gates of its own descendants
+(its children, their children …). The same function serves `ov approve/reject` run by a
+person or by an agent inside its turn (``OVERSTORY_AGENT_NAME`` names the caller), and
+is the seam for the per-agent endpoint (issue 12): it passes the caller it
+authenticated as ``by``.
+
+Approve: the agent gets "approved: you may now run <call>" and the guard lets exactly
+that call through once. Reject: the agent gets the reason and goes on without it. An
+undecided gate past its deadline is settled once by the watchdog (``expire_due``):
+``reject`` (the agent is told nobody answered) or ``escalate`` to the next ancestor of
+the decider, up to the operator, with a fresh deadline.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import typing as t
+
+from overstory.clock import iso, now_ms
+from overstory.store import approvals as store
+from overstory.store import sessions
+from overstory.store.approvals import ApprovalError, describe_call
+
+OPERATOR = "operator"
+
+
+def authorize(conn: sqlite3.Connection, row: dict[str, t.Any], by: str) -> None:
+    """Refuse ``by`` unless it is the operator or an ancestor of the gate's agent."""
+    if by == OPERATOR:
+        return
+    seen: set[str] = set()
+    name: str | None = row["agent"]
+    while name and name != OPERATOR and name not in seen:
+        seen.add(name)
+        agent = sessions.get(conn, name)
+        name = agent.parent if agent else None
+        if name == by:
+            return
+    raise ApprovalError(f"{by} may not decide {row['id']}: only the operator or an ancestor of {row['agent']} "
+                        "decides its approvals")
+
+
+def decide(conn: sqlite3.Connection, approval_id: str, *, approve: bool, by: str, note: str | None = None,
+           events: sqlite3.Connection | None = None) -> dict[str, t.Any]:
+    """Approve or reject a pending gate for ``by`` (an agent or the operator); returns the row."""
+    row = store.get(conn, approval_id)
+    if row is None:
+        raise ApprovalError(f"no approval {approval_id}; `ov approvals --all` lists them")
+    authorize(conn, row, by)
+    if not approve and not (note or "").strip():
+        raise ApprovalError("a rejection needs --reason: the agent is told why")
+    call = describe_call(row["tool"], row["input"])
+    if approve:
+        subject = f"approved: you may now run {call}"
+        body = (f"Your request {approval_id} was approved by {by}{': ' + note if note else ''}.\n"
+                f"Run exactly the same call again now: `{call}`. It is allowed once; any other call that "
+                "needs approval must be asked for on its own.")
+    else:
+        subject = f"rejected: {call}"
+        body = (f"Your request {approval_id} to run `{call}` was rejected by {by}: {note}\n"
+                "Do not run it, nor anything to the same effect. Continue your task without it and report "
+                "as usual.")
+    status = "approved" if approve else "rejected"
+    decided = store.settle(conn, approval_id, status, by=by, note=note, agent_subject=subject, agent_body=body)
+    _event(conn, events, f"approval_{status}", decided, f"{approval_id} {status} by {by}"
+           f"{': ' + note if note else ''}")
+    return decided
+
+
+def expire_due(conn: sqlite3.Connection, *, now: int | None = None,
+               events: sqlite3.Connection | None = None) -> list[tuple[str, str]]:
+    """Settle every gate past its deadline once: [(id, "expired" | "escalated to X")]."""
+    done: list[tuple[str, str]] = []
+    for row in store.due(conn, now_ms() if now is None else now):
+        if row["on_timeout"] == "escalate" and row["decider"] != OPERATOR:
+            upper = _next_decider(conn, row["decider"])
+            if store.escalate(conn, row["id"], upper):
+                _event(conn, events, "approval_escalated", row,
+                       f"{row['id']}: {row['decider']} did not decide in time; asked {upper}")
+                done.append((row["id"], f"escalated to {upper}"))
+            continue
+        call = describe_call(row["tool"], row["input"])
+        minutes = row["timeout_s"] / 60
+        try:
+            decided = store.settle(
+                conn, row["id"], "expired", by="watchdog", note="nobody decided in time",
+                agent_subject=f"rejected (no answer in time): {call}",
+                agent_body=(f"Nobody decided your request {row['id']} to run `{call}` within "
+                            f"{minutes:g} minutes (asked {row['decider']}), so it counts as rejected. Do not run "
+                            "it; continue your task without it and report as usual."),
+                expired_is_error=False)
+        except ApprovalError:
+            continue  # decided, or expired by another watchdog, in the meantime
+        _event(conn, events, "approval_expired", decided, f"{row['id']} expired: nobody decided by "
+               f"{iso(row['deadline'])}")
+        done.append((row["id"], "expired"))
+    return done
+
+
+def _next_decider(conn: sqlite3.Connection, decider: str) -> str:
+    agent = sessions.get(conn, decider)
+    if agent is None or not agent.parent:
+        return OPERATOR
+    return agent.parent
+
+
+def caller_name(env: t.Mapping[str, str]) -> str:
+    return env.get("OVERSTORY_AGENT_NAME") or OPERATOR
+
+
+def _event(conn: sqlite3.Connection, events: sqlite3.Connection | None, kind: str, row: dict[str, t.Any],
+           summary: str) -> None:
+    from overstory.store import events as event_store
+
+    own = events is None
+    try:
+        if events is None:
+            from overstory.store.db import open_events
+            from overstory.store.mail import _events_db_path
+
+            events = open_events(_events_db_path(conn))
+        event_store.record(events, kind, agent=row["agent"], generation=row["generation"], tool=row["tool"],
+                           summary=summary[:300], data={"approval_id": row["id"], "decider": row["decider"],
+                                                        "status": row["status"]})
+    except Exception:  # noqa: BLE001, S110 - the decision is committed; the event is the trace
+        pass
+    finally:
+        if own and events is not None:
+            events.close()

@@ -1,0 +1,177 @@
+"""Approval gates (issue 17): the guard asks first, a person or a parent decides, the watchdog times out.
+
+Real agent loops on the scripted runtime (every tool call goes through the real `ov
+guard`), real git with a bare remote, real SQLite, real `ov` commands. The real-claude
+version of the push check is tests/e2e/test_approvals_claude.py.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import typing as t
+from pathlib import Path
+
+import pytest
+
+from conftest import run_ov
+from durable_helpers import kill_everything, make_remote, pushes, wait_for
+from overstory.paths import ProjectPaths
+from overstory.store import sessions
+from test_watchdog import start_agent, write_local_config
+
+PUSH = "git push origin ${OVERSTORY_BRANCH}"
+DONE = "ov mail send --type worker_done --subject done --body finished"
+
+
+@pytest.fixture
+def gated(project: ProjectPaths, tmp_path: Path) -> t.Iterator[tuple[ProjectPaths, Path]]:
+    write_local_config(project, guards={"push_remotes": ["origin"]},
+                       approvals={"rules": [{"match": "Bash(git push*)", "reason": "pushing leaves the machine"}]},
+                       turns={"retry_backoff": 0.1, "kill_grace": 1, "max_concurrent": 8},
+                       watchdog={"interval": 0.3})
+    log = make_remote(project, tmp_path)
+    yield project, log
+    kill_everything(project)
+
+
+def row(conn: t.Any, name: str) -> sessions.Session:
+    found = sessions.get(conn, name)
+    assert found is not None
+    return found
+
+
+def approvals_of(conn: t.Any, name: str) -> list[dict[str, t.Any]]:
+    return [dict(r) for r in conn.execute("SELECT * FROM approvals WHERE agent = ? ORDER BY requested_at", (name,))]
+
+
+def events(project: ProjectPaths, kind: str) -> list[dict[str, t.Any]]:
+    from overstory.store.db import open_events
+
+    conn = open_events(project.events_db)
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM events WHERE kind = ? ORDER BY id", (kind,))]
+    finally:
+        conn.close()
+
+
+def push_scenario(second_turn: list[dict[str, t.Any]]) -> dict[str, t.Any]:
+    return {"turns": [
+        {"actions": [{"write": {"path": "work.txt", "content": "done\n"}},
+                     {"bash": "git add work.txt && git commit -qm work"},
+                     {"bash": PUSH}], "result": "waiting for approval"},
+        {"actions": second_turn, "result": "done"},
+    ]}
+
+
+def parked_for_approval(conn: t.Any, name: str) -> sessions.Session:
+    return wait_for(lambda: (a := row(conn, name)).state == "parked" and a, 60, f"{name} to park")
+
+
+def test_approve_lets_exactly_that_call_run_once(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    project, log = gated
+    name = start_agent(project, state_db, "ship", push_scenario([
+        {"expect_in_prompt": "approved: you may now run"}, {"bash": PUSH}, {"bash": "git push origin HEAD"},
+        {"bash": DONE}]))
+    agent = parked_for_approval(state_db, name)
+    assert agent.park_kind == "approval"
+    [gate] = approvals_of(state_db, name)
+    assert gate["status"] == "pending" and agent.state_reason == f"approval {gate['id']}"
+    assert pushes(log) == {}, "the push waits for the decision"
+    gates = state_db.execute("SELECT * FROM mail WHERE type = 'decision_gate'").fetchall()
+    assert [(m["recipient"], json.loads(m["payload"])["approval_id"]) for m in gates] == [("operator", gate["id"])]
+    assert f"ov approve {gate['id']}" in gates[0]["body"]
+    denied = [r for r in state_db.execute("SELECT * FROM tool_calls WHERE agent = ? AND input LIKE '%git push%'",
+                                          (name,))]
+    assert [r["status"] for r in denied] == ["denied"]
+    assert f"waiting for approval `{gate['id']}`: end your turn" in denied[0]["reason"]
+    listed = run_ov("approvals", "--json", cwd=project.root)
+    assert [a["id"] for a in json.loads(listed.stdout)] == [gate["id"]]
+
+    done = run_ov("approve", gate["id"], "--note", "ship it", cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: row(state_db, name).is_terminal, 60, "the agent to finish")
+    assert row(state_db, name).state == "completed"
+    branch = row(state_db, name).branch
+    assert pushes(log) == {f"refs/heads/{branch}": 1}
+    calls = [(r["status"], json.loads(r["input"])["command"]) for r in state_db.execute(
+        "SELECT * FROM tool_calls WHERE agent = ? AND input LIKE '%git push%' ORDER BY id", (name,))]
+    # The approved call ran; a different push (HEAD) needed its own approval and was held.
+    assert [s for s, _ in calls] == ["denied", "succeeded", "denied"]
+    assert len(approvals_of(state_db, name)) == 2 and approvals_of(state_db, name)[0]["used_at"]
+    twice = run_ov("approve", gate["id"], cwd=project.root)
+    assert twice.returncode == 1 and "already approved" in twice.stderr and "Traceback" not in twice.stderr
+    assert [e["kind"] for e in events(project, "approval_approved")] == ["approval_approved"]
+    assert len(events(project, "approval_requested")) == 2
+
+
+def test_reject_tells_the_agent_why_and_it_goes_on(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    project, log = gated
+    name = start_agent(project, state_db, "nope", push_scenario([
+        {"expect_in_prompt": "not before the review"}, {"bash": DONE}]))
+    parked_for_approval(state_db, name)
+    [gate] = approvals_of(state_db, name)
+    missing = run_ov("reject", gate["id"], cwd=project.root)
+    assert missing.returncode == 2, "--reason is required"
+    done = run_ov("reject", gate["id"], "--reason", "not before the review", cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: row(state_db, name).is_terminal, 60, "the agent to finish")
+    assert row(state_db, name).state == "completed" and pushes(log) == {}
+    late = run_ov("approve", gate["id"], cwd=project.root)
+    assert late.returncode == 1 and "already rejected" in late.stderr
+
+
+def _expire_in(root: str, barrier: t.Any, out: t.Any) -> None:
+    from overstory.agents.approvals import expire_due
+    from overstory.store.db import open_state
+
+    conn = open_state(Path(root) / ".overstory" / "state.db")
+    barrier.wait()
+    out.put(expire_due(conn))
+
+
+def test_a_timeout_expires_once_even_with_two_watchdogs(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    project, log = gated
+    write_local_config(project, guards={"push_remotes": ["origin"]}, turns={"max_concurrent": 8},
+                       approvals={"rules": [{"match": "Bash(git push*)", "timeout": 3}]})
+    name = start_agent(project, state_db, "slow", push_scenario([
+        {"expect_in_prompt": "rejected (no answer in time)"}, {"bash": DONE}]))
+    parked_for_approval(state_db, name)
+    [gate] = approvals_of(state_db, name)
+    assert gate["deadline"] - gate["requested_at"] == 3000
+    wait_for(lambda: __import__("time").time() * 1000 > gate["deadline"] + 50, 10, "the deadline")
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    racers = [ctx.Process(target=_expire_in, args=(str(project.root), barrier, out)) for _ in range(2)]
+    for racer in racers:
+        racer.start()
+    results = [out.get(timeout=30) for _ in racers]
+    for racer in racers:
+        racer.join(10)
+    assert sorted(len(r) for r in results) == [0, 1], results
+    assert len(events(project, "approval_expired")) == 1
+    wait_for(lambda: row(state_db, name).is_terminal, 60, "the agent to finish")
+    assert row(state_db, name).state == "completed" and pushes(log) == {}
+    told = state_db.execute("SELECT * FROM mail WHERE recipient = ? AND subject LIKE 'rejected (no answer%'",
+                            (name,)).fetchall()
+    assert len(told) == 1
+    late = run_ov("approve", gate["id"], cwd=project.root)
+    assert late.returncode == 1 and "expired" in late.stderr
+
+
+def test_only_an_ancestor_decides(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    project, _log = gated
+    lead = start_agent(project, state_db, "lead", {"turns": []}, capability="lead", start=False)
+    other = start_agent(project, state_db, "other", {"turns": []}, capability="lead", start=False)
+    child = start_agent(project, state_db, "kid", push_scenario([{"bash": DONE}]), parent=lead)
+    parked_for_approval(state_db, child)
+    [gate] = approvals_of(state_db, child)
+    mail = state_db.execute("SELECT recipient FROM mail WHERE type = 'decision_gate'").fetchall()
+    assert [m[0] for m in mail] == [lead], "the parent decides by default"
+    env = {**os.environ, "OVERSTORY_AGENT_NAME": other}
+    refused = run_ov("approve", gate["id"], cwd=project.root, env=env)
+    assert refused.returncode == 1 and f"{other} may not decide" in refused.stderr
+    env = {**os.environ, "OVERSTORY_AGENT_NAME": lead}
+    assert run_ov("approve", gate["id"], cwd=project.root, env=env).returncode == 0
+    assert approvals_of(state_db, child)[0]["decided_by"] == lead
