@@ -323,8 +323,8 @@ notify:
   # Where to tell a person: apprise URLs, e.g. ["ntfy://topic", "json://127.0.0.1:8080/hook"].
   targets: []
   # Which events: approval_requested, worker_died, budget_parked, quota_parked, run_finished,
-  # merge_failed (also approval_approved, approval_rejected, approval_expired).
-  # (quoted: YAML reads a bare `on` as true; a bare one is accepted too)
+  # merge_failed (also approval_approved, approval_rejected, approval_expired). Quoted: YAML reads a
+  # bare `on` as true (ov accepts that too).
   "on": [approval_requested, worker_died, budget_parked, quota_parked, run_finished, merge_failed]
 
 logs:

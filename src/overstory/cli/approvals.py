@@ -44,6 +44,10 @@ def approve(approval_id: str, note: str | None, as_json: bool) -> None:
 
     An agent may decide only for its own descendants; deciding twice, or after the
     deadline, is an error.
+
+    \b
+    ov approve apr-1a2b3c4d5e
+    ov approve apr-1a2b3c4d5e --note "fine, push it"
     """
     _decide(approval_id, approve=True, note=note, as_json=as_json)
 
@@ -53,7 +57,11 @@ def approve(approval_id: str, note: str | None, as_json: bool) -> None:
 @click.option("--reason", required=True, help="Why: the agent is told, and goes on without the call.")
 @json_option
 def reject(approval_id: str, reason: str, as_json: bool) -> None:
-    """Reject a request: the agent gets the reason and continues without the call."""
+    """Reject a request: the agent gets the reason and continues without the call.
+
+    \b
+    ov reject apr-1a2b3c4d5e --reason "not before the review"
+    """
     _decide(approval_id, approve=False, note=reason, as_json=as_json)
 
 

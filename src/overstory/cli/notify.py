@@ -9,13 +9,23 @@ from overstory.cli._common import echo_json, json_option, project_paths, state_c
 
 @click.group(name="notify")
 def notify() -> None:
-    """Notifications through apprise: config notify.targets (URLs) and notify.on (events)."""
+    """Notifications through apprise: config notify.targets (URLs) and notify.on (events).
+
+    \b
+    ov notify test
+    ov notify pending
+    """
 
 
 @notify.command(name="test")
 @json_option
 def test(as_json: bool) -> None:
-    """Send a test message to every target and report each result (exit 1 if any failed)."""
+    """Send a test message to every target and report each result (exit 1 if any failed).
+
+    \b
+    ov notify test
+    ov notify test --json
+    """
     from overstory.config import load_config
     from overstory.errors import ConfigError
     from overstory.notify import test_targets
@@ -38,7 +48,12 @@ def test(as_json: bool) -> None:
 @notify.command(name="pending")
 @json_option
 def pending(as_json: bool) -> None:
-    """Notifications not sent yet (the watchdog retries them with backoff)."""
+    """Notifications not sent yet (the watchdog retries them with backoff).
+
+    \b
+    ov notify pending
+    ov notify pending --json
+    """
     from overstory.clock import iso
     from overstory.store.outbox import pending as unsent
 
