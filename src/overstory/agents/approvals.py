@@ -129,3 +129,29 @@ def _event(conn: sqlite3.Connection, events: sqlite3.Connection | None, kind: st
     finally:
         if own and events is not None:
             events.close()
+
+
+# ---- the seams `ov serve` calls (ui/serve/actions.py SEAMS); the endpoint of issue 12 will call ``decide``
+
+
+def as_json(row: dict[str, t.Any]) -> dict[str, t.Any]:
+    """A row for people and pages: the call as text, times as ISO 8601."""
+    out = dict(row)
+    out["call"] = out["summary"] = describe_call(row["tool"], row["input"])
+    for key in ("requested_at", "deadline", "decided_at", "used_at"):
+        out[key] = iso(row[key]) if row.get(key) else None
+    return out
+
+
+def list_approvals(project: t.Any, conn: sqlite3.Connection, *, include_decided: bool = False) -> list[dict[str, t.Any]]:
+    return [as_json(r) for r in store.list_approvals(conn, include_decided=include_decided)]
+
+
+def approve(project: t.Any, conn: sqlite3.Connection, approval_id: str, *, decider: str,
+            note: str | None = None) -> dict[str, t.Any]:
+    return as_json(decide(conn, approval_id, approve=True, by=decider, note=note))
+
+
+def reject(project: t.Any, conn: sqlite3.Connection, approval_id: str, *, decider: str,
+           reason: str) -> dict[str, t.Any]:
+    return as_json(decide(conn, approval_id, approve=False, by=decider, note=reason))
