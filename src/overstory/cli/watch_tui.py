@@ -316,7 +316,17 @@ class WatchApp:
         if approval is None:
             self.status = f"{agent} has no pending gate"
             return
-        self.start(f"{verb} {approval}", [verb, approval])
+        if verb == "approve":
+            self.start(f"approve {approval}", ["approve", approval])
+            return
+
+        def reject(text: str) -> None:  # the agent is told why: `ov reject` needs a reason
+            if not text.strip():
+                self.status = "not rejected: a reason is needed"
+                return
+            self.start(f"reject {approval}", ["reject", approval, "--reason", text.strip()])
+
+        self.prompt = Prompt(f"reject {approval} of {agent}, because: ", reject)
 
     # ---- drawing -------------------------------------------------------------------------
 
