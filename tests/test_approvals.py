@@ -104,6 +104,16 @@ def test_approve_lets_exactly_that_call_run_once(gated: tuple[ProjectPaths, Path
     assert twice.returncode == 1 and "already approved" in twice.stderr and "Traceback" not in twice.stderr
     assert [e["kind"] for e in events(project, "approval_approved")] == ["approval_approved"]
     assert len(events(project, "approval_requested")) == 2
+    # ov trace and ov status show them.
+    trace = json.loads(run_ov("trace", name, "--json", cwd=project.root).stdout)
+    assert [(a["id"], a["status"], a["decided_by"]) for a in trace["approvals"]][0] == (gate["id"], "approved",
+                                                                                         "operator")
+    assert f"approval {gate['id']} `git push origin {branch}`: approved by operator" in run_ov(
+        "trace", name, cwd=project.root).stdout
+    status = run_ov("status", cwd=project.root).stdout
+    waiting = json.loads(run_ov("status", "--json", cwd=project.root).stdout)["waiting"]
+    assert [w["id"] for w in waiting] == [approvals_of(state_db, name)[1]["id"]], "the HEAD push still waits"
+    assert status.startswith("waiting for you:\n  " + waiting[0]["id"])
 
 
 def test_reject_tells_the_agent_why_and_it_goes_on(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:

@@ -340,7 +340,8 @@ class WatchApp:
         names = [a["name"] for a in self.agents]
         if self.selected not in names:
             self.selected = names[0] if names else None
-        lines = [ui.to_lines(console, line)[0] for line in ui.header_lines(snapshot, self.note(), width)]
+        lines = [ui.to_lines(console, line)[0] for line in (*ui.header_lines(snapshot, self.note(), width),
+                                                             *ui.waiting_lines(snapshot, width))]
         footer = [self._status_line(console, width), ui.to_lines(console, ui.dim(FOOTER, width))[0]]
         room = height - len(lines) - len(footer)
         if self.view.kind == "list":
