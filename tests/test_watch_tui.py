@@ -226,7 +226,8 @@ def test_r_resumes_a_parked_agent(project: ProjectPaths, state_db: sqlite3.Conne
 def select(pane: Pane, name: str) -> None:
     """Move the selection to ``name`` (the rows re-sort as states change)."""
     for _ in range(10):
-        lines = [line for line in pane.text().splitlines() if line.split()[:2] and "agent-" in line[:25]]
+        lines = [line for line in pane.text().splitlines()
+                 if any(word.startswith("agent-") for word in line.split()[:2]) and "wants" not in line]
         at = next((i for i, line in enumerate(lines) if line.startswith(">")), None)
         want = next((i for i, line in enumerate(lines) if name in line.split()[:2]), None)
         if at is not None and at == want:
