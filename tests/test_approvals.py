@@ -117,10 +117,32 @@ def test_approve_lets_exactly_that_call_run_once(gated: tuple[ProjectPaths, Path
 
 
 def test_reject_tells_the_agent_why_and_it_goes_on(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    """Also: a notification target that refuses connections changes nothing for the agent."""
+    import socket
+    import subprocess
+
+    from conftest import ov_command
+
     project, log = gated
-    name = start_agent(project, state_db, "nope", push_scenario([
-        {"expect_in_prompt": "not before the review"}, {"bash": DONE}]))
-    parked_for_approval(state_db, name)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        refusing = sock.getsockname()[1]
+    write_local_config(project, guards={"push_remotes": ["origin"]}, watchdog={"interval": 0.3},
+                       approvals={"rules": [{"match": "Bash(git push*)"}]}, turns={"max_concurrent": 8},
+                       notify={"targets": [f"json://127.0.0.1:{refusing}/hook"]})
+    watchdog = subprocess.Popen([*ov_command(), "watchdog"], cwd=project.root, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        name = start_agent(project, state_db, "nope", push_scenario([
+            {"expect_in_prompt": "not before the review"}, {"bash": DONE}]))
+        parked_for_approval(state_db, name)
+        wait_for(lambda: events(project, "notify_failed"), 30, "the failed notification to be recorded")
+    finally:
+        watchdog.terminate()
+        watchdog.wait(30)
+    outbox = state_db.execute("SELECT attempts, sent_at FROM notify_outbox WHERE kind = 'approval_requested'"
+                              ).fetchone()
+    assert outbox["attempts"] >= 1 and outbox["sent_at"] is None
     [gate] = approvals_of(state_db, name)
     missing = run_ov("reject", gate["id"], cwd=project.root)
     assert missing.returncode == 2, "--reason is required"

@@ -16,6 +16,7 @@ that decide approvals: never by `ov guard` or the mail commands.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 import typing as t
@@ -29,6 +30,7 @@ if t.TYPE_CHECKING:
     from overstory.config import Config
     from overstory.paths import ProjectPaths
 
+FAULT_ENV = "OV_TEST_NOTIFY_DIE"  # test hook: "before_send" kills the sender after the outbox commit
 BACKOFF_FIRST_MS = 5_000
 BACKOFF_MAX_MS = 600_000
 
@@ -43,7 +45,7 @@ def collect(conn: sqlite3.Connection) -> int:
         top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM mail").fetchone()[0]
         for row in rows:
             added += outbox.enqueue(conn, f"{row['type']}:mail:{row['id']}", row["type"], row["sender"],
-                                    f"ov: {row['subject']}"[:200], row["body"][:2000])
+                                    f"ov: {row['subject']}"[:200], (row["body"] or row["subject"])[:2000])
         outbox.set_cursor(conn, "mail", top)
         last = outbox.cursor(conn, "transitions")
         rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, s.park_kind, s.state, s.generation AS g "
@@ -78,6 +80,8 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
     """Send every due outbox row to each target (within about ``budget_s``); never raises for a target."""
     result = Sent()
     send = sender or send_one
+    if os.environ.get(FAULT_ENV) == "before_send" and outbox.due(conn):
+        os._exit(9)  # crash-safety tests: the rows are committed, nothing was sent
     started = time.monotonic()
     for row in outbox.due(conn):
         if time.monotonic() - started > budget_s:
@@ -93,7 +97,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         for target in config.notify.targets:
             if target in delivered:
                 continue
-            error = send(target, row["title"], row["body"])
+            error = send(target, row["title"], row["body"] or row["title"])  # apprise sends no empty body
             if error is None:
                 delivered.append(target)
             else:
