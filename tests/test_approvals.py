@@ -154,6 +154,39 @@ def test_reject_tells_the_agent_why_and_it_goes_on(gated: tuple[ProjectPaths, Pa
     assert late.returncode == 1 and "already rejected" in late.stderr
 
 
+def test_a_loop_killed_between_the_turn_and_the_park_parks_on_restart(gated: tuple[ProjectPaths, Path],
+                                                                      state_db: t.Any) -> None:
+    """The gate and its mail are committed by the guard; the loop dies before parking the agent.
+    The watchdog restarts the loop, which parks the agent; deciding then works as usual."""
+    import subprocess
+
+    from conftest import ov_command
+    from overstory.agents.loop import FAULT_ENV, spawn_loop
+
+    project, log = gated
+    name = start_agent(project, state_db, "crash", push_scenario([
+        {"expect_in_prompt": "approved: you may now run"}, {"bash": PUSH}, {"bash": DONE}]), start=False)
+    agent = row(state_db, name)
+    pid, ticks = spawn_loop(project, name, agent.generation, {**os.environ, FAULT_ENV: "approval_park"})
+    sessions.update_fields(state_db, name, agent.generation, loop_pid=pid, loop_start_ticks=ticks)
+    wait_for(lambda: approvals_of(state_db, name) and not __import__("overstory.procs").procs.is_alive(pid, ticks),
+             60, "the loop to die after asking")
+    assert row(state_db, name).state == "in_turn"
+    watchdog = subprocess.Popen([*ov_command(), "watchdog"], cwd=project.root, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        parked_for_approval(state_db, name)
+        [gate] = approvals_of(state_db, name)
+        assert state_db.execute("SELECT count(*) FROM mail WHERE type = 'decision_gate'").fetchone()[0] == 1
+        assert run_ov("approve", gate["id"], cwd=project.root).returncode == 0
+        wait_for(lambda: row(state_db, name).is_terminal, 60, "the agent to finish")
+    finally:
+        watchdog.terminate()
+        watchdog.wait(30)
+    assert row(state_db, name).state == "completed"
+    assert pushes(log) == {f"refs/heads/{row(state_db, name).branch}": 1}
+
+
 def _expire_in(root: str, barrier: t.Any, out: t.Any) -> None:
     from overstory.agents.approvals import expire_due
     from overstory.store.db import open_state

@@ -76,6 +76,9 @@ class AgentLoop(AgentProcess):
                 self._wake_if_due(agent)
                 time.sleep(POLL_SECONDS)
                 continue
+            if agent.state == "between_turns" and park_for_approval(self.state, self.events, agent, "",
+                                                                     actor="agent-loop"):
+                continue  # a gate of an earlier turn is still pending (its loop died before parking)
             if not self._has_pending_mail():
                 self._check_idle(agent)
                 time.sleep(POLL_SECONDS)
@@ -384,6 +387,8 @@ def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, age
     ids = approvals.pending_for(state, agent.name, agent.generation)
     if not ids:
         return False
+    if os.environ.get(FAULT_ENV) == "approval_park" and actor == "turn-runner":
+        os._exit(9)  # dies after the turn, before the park: the next loop parks it (crash-safety tests)
 
     def still_pending(tx: sqlite3.Connection) -> None:
         if not approvals.pending_for(tx, agent.name, agent.generation):
@@ -391,7 +396,8 @@ def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, age
 
     try:
         outcome = lifecycle.park(state, agent, "approval", f"approval {' '.join(ids)}"[:300], actor=actor,
-                                 escalate=False, expect={"booting", "in_turn", "stalled"}, also=still_pending)
+                                 escalate=False, expect={"booting", "in_turn", "stalled", "between_turns"},
+                                 also=still_pending)
     except _Decided:
         return False
     if outcome.ok:
