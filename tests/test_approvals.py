@@ -342,3 +342,22 @@ def test_the_guard_asks_once_allows_the_approved_call_once_and_stays_light(proje
     # Fail closed: a gate whose state cannot be opened refuses the call.
     broken, _ = guard_call(project, "mcp__prod__deploy", deploy, root=tmp_path / "nowhere")
     assert "could not be opened" in broken
+
+
+def test_a_turn_past_spend_over_usd_waits_for_an_approval(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    project, _log = gated
+    write_local_config(project, approvals={"spend_over_usd": 0.5}, turns={"max_concurrent": 8})
+    name = start_agent(project, state_db, "spend", {"turns": [
+        {"actions": [{"usage": {"input_tokens": 10, "output_tokens": 10, "cost_usd": 1.0}}], "result": "spent"},
+        {"actions": [{"expect_in_prompt": "keep going"}, {"bash": DONE}], "result": "done"}]})
+    wait_for(lambda: row(state_db, name).turns == 1 and row(state_db, name).state == "between_turns", 60,
+             "the first turn")
+    assert row(state_db, name).cost_usd >= 1.0
+    assert run_ov("mail", "send", "--to", name, "--subject", "keep going", "--body", "more",
+                  cwd=project.root).returncode == 0
+    agent = parked_for_approval(state_db, name)
+    [gate] = approvals_of(state_db, name)
+    assert gate["tool"] == "Turn" and agent.state_reason == f"approval {gate['id']}" and agent.turns == 1
+    assert run_ov("approve", gate["id"], cwd=project.root).returncode == 0
+    wait_for(lambda: row(state_db, name).is_terminal, 60, "the agent to finish")
+    assert row(state_db, name).state == "completed" and row(state_db, name).turns == 2

@@ -155,3 +155,53 @@ def approve(project: t.Any, conn: sqlite3.Connection, approval_id: str, *, decid
 def reject(project: t.Any, conn: sqlite3.Connection, approval_id: str, *, decider: str,
            reason: str) -> dict[str, t.Any]:
     return as_json(decide(conn, approval_id, approve=False, by=decider, note=reason))
+
+
+# ---- approvals.spend_over_usd: a turn that would start past that spend needs approval
+
+
+def spend_gate(conn: sqlite3.Connection, agent: sessions.Session, over_usd: float | None, *,
+               timeout_s: float, on_timeout: str, decider: str) -> bool:
+    """Before a turn: True when it may start. Past ``over_usd`` each turn needs an approval:
+    approved, that one turn starts; pending, the agent parks (``approval``); rejected or
+    expired, the agent parks for ``budget`` (``ov resume`` asks again)."""
+    if over_usd is None or agent.cost_usd <= over_usd:
+        return True
+    from overstory.store import lifecycle
+
+    key = f"spend:{agent.name}:{agent.generation}"
+    latest = conn.execute("SELECT * FROM approvals WHERE key = ? ORDER BY requested_at DESC, rowid DESC LIMIT 1",
+                          (key,)).fetchone()
+    if latest is not None and latest["status"] in ("rejected", "expired") and latest["used_at"] is None:
+        def used(tx: sqlite3.Connection) -> None:
+            tx.execute("UPDATE approvals SET used_at = ? WHERE id = ?", (now_ms(), latest["id"]))
+
+        lifecycle.park(conn, agent, "budget", f"spend past ${over_usd:g} was {latest['status']}"
+                       f"{': ' + latest['note'] if latest['note'] else ''}; `ov resume {agent.name}` asks again"[:300],
+                       actor="agent-loop", escalate=False, expect={"booting", "between_turns", "stalled"}, also=used)
+        return False
+    verdict, approval_id = store.gate(
+        conn, agent=agent.name, generation=agent.generation, parent=decider, task_id=agent.task_id, turn_id=None,
+        tool="Turn", input=f'{{"spend_usd":{round(agent.cost_usd, 4)},"over_usd":{over_usd:g}}}', key=key,
+        rule=store.Rule("approvals.spend_over_usd", f"its spend ${agent.cost_usd:.2f} is past ${over_usd:g}"),
+        decider=decider, timeout_s=timeout_s, on_timeout=on_timeout)
+    if verdict == "allow":
+        return True
+    if verdict == "new":
+        _event(conn, None, "approval_requested", store.get(conn, approval_id) or {},
+               f"{approval_id}: a turn past ${over_usd:g} of spend waits for {decider}")
+
+    def still_pending(tx: sqlite3.Connection) -> None:
+        if tx.execute("SELECT status FROM approvals WHERE id = ?", (approval_id,)).fetchone()[0] != "pending":
+            raise _Decided()
+
+    try:
+        lifecycle.park(conn, agent, "approval", f"approval {approval_id}", actor="agent-loop", escalate=False,
+                       expect={"booting", "between_turns", "stalled"}, also=still_pending)
+    except _Decided:
+        pass  # decided meanwhile: the next look starts the turn (or parks for the rejection)
+    return False
+
+
+class _Decided(Exception):
+    pass

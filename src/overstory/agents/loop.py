@@ -203,6 +203,8 @@ class AgentLoop(AgentProcess):
         from overstory.agents.budgeting import park_for_crossing
         from overstory.store import budgets
 
+        if not self._spend_approved(agent):
+            return
         crossing = budgets.begin_turn(self.state, self.name, self.generation)
         if crossing is not None:  # no turn past a limit: park before spending anything
             parked = park_for_crossing(self.state, agent, crossing, actor="agent-loop",
@@ -244,6 +246,17 @@ class AgentLoop(AgentProcess):
             if result.status == "resume_failed":
                 result.status = "permanent"
         self._settle(agent, turn_id, result)
+
+    def _spend_approved(self, agent: Session) -> bool:
+        """Config ``approvals.spend_over_usd``: past it, each turn waits for an approval."""
+        over = self.config.approvals.spend_over_usd
+        if over is None or agent.cost_usd <= over:
+            return True
+        from overstory.agents.approvals import spend_gate
+
+        decider = agent.parent if self.config.approvals.decider == "parent" else "operator"
+        return spend_gate(self.state, agent, over, timeout_s=self.config.approvals.timeout,
+                          on_timeout=self.config.approvals.on_timeout, decider=decider or "operator")
 
     def _settle(self, agent: Session, turn_id: str, result: t.Any) -> None:
         from overstory.store import events as event_store
