@@ -276,6 +276,38 @@ def test_context_round_trips_through_the_turn_environment() -> None:
     assert ledger.ENV_POLICY not in ledger.turn_env(attempt=0, dispatch=[1], run_id=None, policy=ledger.LedgerPolicy())
 
 
+def test_a_turn_gets_its_own_durable_ids_never_inherited_ones(project: ProjectPaths, state_db: t.Any,
+                                                              tmp_path: Path) -> None:
+    """A retried (or forked) turn's hooks key its calls by this agent's attempt, dispatch and run; what ov's own
+    environment happens to carry (a launch from inside another agent's turn) must not stand in for them, and a
+    push permission or replay policy only ever comes from this project's config."""
+    from overstory.agents.spawn import SlingRequest, sling
+    from overstory.agents.turns import durable_env, turn_environment
+    from overstory.config import load_config
+
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps({"turns": [{"actions": [], "result": "done"}]}))
+    config = load_config(project.config_file, project.local_config_file)
+    slung = sling(project, config, state_db, SlingRequest(capability="builder", task_id="d", runtime="scripted",
+                                                          scenario=scenario), start=False)
+    agent = sessions.get(state_db, slung.name)
+    assert agent is not None
+    stale = {"OVERSTORY_ATTEMPT": "7", "OVERSTORY_DISPATCH": "99", "OVERSTORY_RUN_ID": "run-of-someone-else",
+             "OVERSTORY_PUSH_REMOTES": "origin",
+             ledger.ENV_POLICY: ledger.LedgerPolicy((), (), {**ledger.DEFAULT_REPLAY, "side_effect": "rerun"}).to_json()}
+    env = turn_environment({**os.environ, **stale}, agent, project, "turn-2", durable_env(config, agent, 1, [5, 3]))
+    ctx = ledger.LedgerContext.from_env(env)
+    assert ctx is not None
+    assert (ctx.agent, ctx.turn_id, ctx.attempt, ctx.dispatch, ctx.run_id) == (
+        agent.name, "turn-2", 1, (3, 5), agent.run_id)
+    assert ctx.replay == ledger.DEFAULT_REPLAY, "the replay policy is this project's, not an inherited one"
+    assert "OVERSTORY_PUSH_REMOTES" not in env, "no push permission the config does not give"
+    project.local_config_file.write_text("guards:\n  push_remotes: [backup]\n")
+    config = load_config(project.config_file, project.local_config_file)
+    env = turn_environment({**os.environ, **stale}, agent, project, "turn-3", durable_env(config, agent, 0, [5]))
+    assert (env["OVERSTORY_PUSH_REMOTES"], env["OVERSTORY_ATTEMPT"], env["OVERSTORY_DISPATCH"]) == ("backup", "0", "5")
+
+
 def test_config_rejects_broken_patterns_and_policies(project: ProjectPaths) -> None:
     from overstory.config import load_config
     from overstory.errors import ConfigError

@@ -123,7 +123,10 @@ def provider_of(model: str | None, capability: str, config: Config, runtime: str
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
                      extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
     runtime = get_runtime(agent.runtime)
-    env = {k: v for k, v in runtime.inherited_env(base).items() if k not in NESTED_SESSION_VARS}
+    # Every OVERSTORY_* variable of a turn is set here: one inherited from whoever launched ov (another
+    # agent's turn) would key the ledger by its attempt, dispatch or run, or lend it a push permission.
+    env = {k: v for k, v in runtime.inherited_env(base).items()
+           if k not in NESTED_SESSION_VARS and not k.startswith("OVERSTORY_")}
     env.update(runtime.turn_env(project.run_dir / agent.name))
     env.update(extra or {})
     env.update({
