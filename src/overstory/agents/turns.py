@@ -166,8 +166,11 @@ def durable_env(config: Config, agent: Session, attempt: int, dispatch: t.Sequen
 
 def approval_rules(config: Config, agent: Session) -> list[dict[str, t.Any]]:
     """Config ``approvals.rules`` for the agent's capability, then its own ``ov sling --approve`` patterns."""
-    rules = [{"match": r.match, "reason": r.reason, "timeout": r.timeout} for r in config.approvals.rules
-             if r.capability in (None, agent.capability)]
+    rules = []
+    for rule in config.approvals.rules:  # models from pydantic, or plain dicts from a config snapshot
+        get = rule.get if isinstance(rule, dict) else (lambda key, rule=rule: getattr(rule, key, None))
+        if get("capability") in (None, agent.capability):
+            rules.append({"match": get("match"), "reason": get("reason"), "timeout": get("timeout")})
     rules += [{"match": p, "reason": "ov sling --approve", "timeout": None} for p in agent.spec.get("approve") or ()]
     return rules
 
