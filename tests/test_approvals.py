@@ -225,21 +225,28 @@ def test_a_timeout_expires_once_even_with_two_watchdogs(gated: tuple[ProjectPath
     assert late.returncode == 1 and "expired" in late.stderr
 
 
-def test_a_parent_approves_from_its_own_turn_and_a_sibling_is_refused(gated: tuple[ProjectPaths, Path],
+def test_the_parent_coordinator_approves_from_its_own_turn_and_a_sibling_is_refused(gated: tuple[ProjectPaths, Path],
                                                                        state_db: t.Any) -> None:
     from overstory.agents.loop import spawn_loop
 
+    from overstory.agents.spawn import SlingRequest, sling
+    from test_watchdog import load
+
     project, log = gated
-    lead = start_agent(project, state_db, "lead", {"turns": []}, capability="lead", start=False)
-    other = start_agent(project, state_db, "other", {"turns": []}, capability="lead", start=False)
+    scenario = project.root.parent / "scenario-coordinator.json"
+    scenario.write_text(json.dumps({"turns": []}))
+    lead = sling(project, load(project), state_db, SlingRequest(  # the coordinator: at the project root
+        capability="coordinator", task_id="run", runtime="scripted", scenario=scenario, at_project_root=True),
+        start=False).name
     child = start_agent(project, state_db, "kid", push_scenario([{"bash": PUSH}, {"bash": DONE}]), parent=lead)
+    other = start_agent(project, state_db, "other", {"turns": []}, capability="lead", parent=lead, start=False)
     parked_for_approval(state_db, child)
     [gate] = approvals_of(state_db, child)
     mail = state_db.execute("SELECT recipient FROM mail WHERE type = 'decision_gate'").fetchall()
     assert [m[0] for m in mail] == [lead], "the parent decides by default"
 
     def run_turn_of(name: str, command: str) -> None:
-        """Give the lead a turn that runs ``command`` (its scenario is written now that the id is known)."""
+        """Give ``name`` a turn that runs ``command`` (its scenario is written now that the id is known)."""
         agent = row(state_db, name)
         scenario = Path(agent.spec["scenario"])  # the copy `ov sling` keeps in the agent's run dir
         scenario.write_text(json.dumps({"turns": [{"actions": [{"bash": command}], "result": "decided"}]}))
