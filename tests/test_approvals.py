@@ -368,3 +368,16 @@ def test_a_turn_past_spend_over_usd_waits_for_an_approval(gated: tuple[ProjectPa
     assert run_ov("approve", gate["id"], cwd=project.root).returncode == 0
     wait_for(lambda: row(state_db, name).is_terminal, 60, "the agent to finish")
     assert row(state_db, name).state == "completed" and row(state_db, name).turns == 2
+
+
+def test_a_stopped_agents_gate_is_dropped_by_the_watchdog(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
+    from overstory.agents.approvals import expire_due
+
+    project, _log = gated
+    name = start_agent(project, state_db, "stopped", push_scenario([{"bash": DONE}]))
+    parked_for_approval(state_db, name)
+    assert run_ov("stop", name, cwd=project.root).returncode == 0
+    [gate] = approvals_of(state_db, name)
+    assert expire_due(state_db) == [(gate["id"], "dropped")]
+    assert approvals_of(state_db, name)[0]["status"] == "expired"
+    assert json.loads(run_ov("status", "--json", cwd=project.root).stdout)["waiting"] == []

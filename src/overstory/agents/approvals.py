@@ -73,6 +73,16 @@ def expire_due(conn: sqlite3.Connection, *, now: int | None = None,
                events: sqlite3.Connection | None = None) -> list[tuple[str, str]]:
     """Settle every gate past its deadline once: [(id, "expired" | "escalated to X")]."""
     done: list[tuple[str, str]] = []
+    for row in store.orphaned(conn):  # the agent ended (stopped, died, replaced): nobody waits for the answer
+        try:
+            decided = store.settle(conn, row["id"], "expired", by="watchdog", note="the agent ended",
+                                   agent_subject=f"request {row['id']} dropped: you ended",
+                                   agent_body="This request was dropped because the agent ended.",
+                                   expired_is_error=False)
+        except ApprovalError:
+            continue
+        _event(conn, events, "approval_expired", decided, f"{row['id']} dropped: {row['agent']} ended")
+        done.append((row["id"], "dropped"))
     for row in store.due(conn, now_ms() if now is None else now):
         if row["on_timeout"] == "escalate" and row["decider"] != OPERATOR:
             upper = _next_decider(conn, row["decider"])

@@ -265,3 +265,10 @@ def escalate(conn: sqlite3.Connection, approval_id: str, new_decider: str) -> bo
 def due(conn: sqlite3.Connection, now: int) -> list[dict[str, t.Any]]:
     return [dict(r) for r in conn.execute("SELECT * FROM approvals WHERE status = 'pending' AND deadline <= ? "
                                           "ORDER BY deadline", (now,)).fetchall()]
+
+
+def orphaned(conn: sqlite3.Connection) -> list[dict[str, t.Any]]:
+    """Pending gates whose agent (that generation) is gone or terminal."""
+    return [dict(r) for r in conn.execute(
+        "SELECT a.* FROM approvals a LEFT JOIN sessions s ON s.name = a.agent WHERE a.status = 'pending' "
+        "AND (s.name IS NULL OR s.generation != a.generation OR s.state IN ('completed', 'zombie'))").fetchall()]
