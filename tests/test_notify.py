@@ -30,7 +30,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 outer.bodies.append(json.loads(self.rfile.read(length) or b"{}"))
                 self.send_response(200)
@@ -86,7 +86,7 @@ def watchdog_once(project: ProjectPaths, **env: str) -> subprocess.CompletedProc
     import os
 
     return subprocess.run([*ov_command(), "watchdog", "--once"], cwd=project.root, capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
+                          env={**os.environ, **env}, timeout=120, check=False)
 
 
 def kinds(receiver: Receiver) -> list[str]:
