@@ -335,6 +335,10 @@ def test_the_guard_asks_once_allows_the_approved_call_once_and_stays_light(proje
     again, _ = guard_call(project, "mcp__prod__deploy", deploy)
     assert "asked already" in again and state_db.execute("SELECT count(*) FROM approvals").fetchone()[0] == 1
     assert state_db.execute("SELECT count(*) FROM mail WHERE type = 'decision_gate'").fetchone()[0] == 1
+    from overstory.store.approvals import ApprovalError
+
+    with pytest.raises(ApprovalError, match="builder-g may not decide"):
+        decide(state_db, gate["id"], approve=True, by="builder-g")  # nobody approves its own request
     decide(state_db, gate["id"], approve=True, by="operator")
     other, _ = guard_call(project, "mcp__prod__deploy", {"service": "db", "version": "1.2"})
     assert "waiting for approval" in other, "a different call needs its own approval"
