@@ -6,8 +6,10 @@ state by ``collect`` (worker_died and merge_failed mail, parks for a budget or a
 quota, finished runs), each under a dedup key. ``flush`` sends what is due to every
 ``notify.targets`` URL and marks it sent; a failure is retried with backoff (5 s
 doubling, at most 10 min) and recorded as a ``notify_failed`` event; it is never fatal.
-If the sender dies after a send and before marking it, that one is sent again (at
-least once); a restart otherwise sends nothing twice.
+Two senders at once (the watchdog and `ov approve`) do not both send a row: each
+leases it first (a compare-and-swap on ``next_at``). If the sender dies after a send
+and before marking it, that one is sent again when the lease runs out (at least
+once); a restart otherwise sends nothing twice.
 
 apprise is imported only here, and only by the watchdog, `ov notify` and the commands
 that decide approvals: never by `ov guard` or the mail commands.
@@ -32,6 +34,7 @@ if t.TYPE_CHECKING:
 
 FAULT_ENV = "OV_TEST_NOTIFY_DIE"  # test hook: "before_send" kills the sender after the outbox commit
 BACKOFF_FIRST_MS = 5_000
+LEASE_MS = 120_000  # a sender that dies mid-send holds its rows this long; then another one sends them
 BACKOFF_MAX_MS = 600_000
 
 
@@ -92,6 +95,8 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
                                                                   else "not in notify.on"))
             result.skipped += 1
             continue
+        if not outbox.lease(conn, row["id"], row["next_at"], now_ms() + LEASE_MS):
+            continue  # another sender (the watchdog, `ov approve`) has it
         delivered = list(json.loads(row["delivered"] or "[]"))
         errors = []
         for target in config.notify.targets:

@@ -31,6 +31,12 @@ def due(conn: sqlite3.Connection, now: int | None = None, limit: int = 50) -> li
     return [dict(r) for r in rows]
 
 
+def lease(conn: sqlite3.Connection, row_id: int, seen_next_at: int, until: int) -> bool:
+    """Take a due row for sending (until ``until``); False when another sender took it first."""
+    return conn.execute("UPDATE notify_outbox SET next_at = ? WHERE id = ? AND sent_at IS NULL AND next_at = ?",
+                        (until, row_id, seen_next_at)).rowcount == 1
+
+
 def mark_sent(conn: sqlite3.Connection, row_id: int, note: str | None = None) -> None:
     conn.execute("UPDATE notify_outbox SET sent_at = ?, attempts = attempts + 1, last_error = ? "
                  "WHERE id = ? AND sent_at IS NULL", (now_ms(), note, row_id))
