@@ -161,3 +161,39 @@ def test_notify_test_reports_each_target(project: ProjectPaths, receiver: Receiv
     assert done.returncode == 1
     assert [r["ok"] for r in json.loads(done.stdout)] == [True, False]
     assert [b["title"] for b in receiver.bodies] == ["ov: test notification"]
+
+
+def test_two_senders_at_once_send_each_notification_once(project: ProjectPaths, state_db: t.Any) -> None:
+    """The watchdog and `ov approve` may flush together: each leases a row before sending it."""
+    from overstory.config import Config
+    from overstory.notify import flush
+    from overstory.store.db import open_state
+
+    for index in range(5):
+        lifecycle.declare_zombie(state_db, fake_agent(state_db, f"dead-{index}"), "gone", actor="test")
+    from overstory.notify import collect
+
+    collect(state_db)
+    config = Config.model_validate({"notify": {"targets": ["json://127.0.0.1:9/unused"]}})
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def slow_sender(target: str, title: str, body: str) -> None:
+        time.sleep(0.2)
+        with lock:
+            sent.append(title)
+
+    def sender_thread() -> None:
+        conn = open_state(project.state_db)
+        try:
+            flush(conn, config, sender=slow_sender)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=sender_thread) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(sent) == sorted(set(sent)) and len(sent) == 5, sent
+    assert state_db.execute("SELECT count(*) FROM notify_outbox WHERE sent_at IS NULL").fetchone()[0] == 0
