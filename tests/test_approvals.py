@@ -373,6 +373,30 @@ def test_a_turn_past_spend_over_usd_waits_for_an_approval(gated: tuple[ProjectPa
     assert row(state_db, name).state == "completed" and row(state_db, name).turns == 2
 
 
+def test_a_rejected_spend_parks_for_budget_and_ov_resume_asks_again(gated: tuple[ProjectPaths, Path],
+                                                                   state_db: t.Any) -> None:
+    project, _log = gated
+    write_local_config(project, approvals={"spend_over_usd": 0.5}, turns={"max_concurrent": 8})
+    name = start_agent(project, state_db, "spent", {"turns": [
+        {"actions": [{"usage": {"input_tokens": 10, "output_tokens": 10, "cost_usd": 1.0}}], "result": "spent"},
+        {"actions": [{"bash": DONE}], "result": "done"}]})
+    wait_for(lambda: row(state_db, name).turns == 1 and row(state_db, name).state == "between_turns", 60,
+             "the first turn")
+    run_ov("mail", "send", "--to", name, "--subject", "keep going", "--body", "more", cwd=project.root)
+    parked_for_approval(state_db, name)
+    [gate] = approvals_of(state_db, name)
+    assert run_ov("reject", gate["id"], "--reason", "too expensive", cwd=project.root).returncode == 0
+    agent = wait_for(lambda: (a := row(state_db, name)).state == "parked" and a.park_kind == "budget" and a, 60,
+                     "the budget park")
+    assert "too expensive" in agent.state_reason and agent.turns == 1, "no turn past the spend"
+    missing = run_ov("approve", "apr-nope", cwd=project.root)
+    assert missing.returncode == 1 and "no approval apr-nope" in missing.stderr
+    assert run_ov("resume", name, cwd=project.root).returncode == 0
+    wait_for(lambda: len(approvals_of(state_db, name)) == 2 and row(state_db, name).state == "parked", 60,
+             "a new request after ov resume")
+    assert approvals_of(state_db, name)[1]["status"] == "pending" and row(state_db, name).turns == 1
+
+
 def test_a_stopped_agents_gate_is_dropped_by_the_watchdog(gated: tuple[ProjectPaths, Path], state_db: t.Any) -> None:
     from overstory.agents.approvals import expire_due
 
