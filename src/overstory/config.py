@@ -298,7 +298,7 @@ ledger:
   read_only: []
   # What a retried turn may repeat, per class (read, local_write, side_effect): rerun,
   # skip (a call that already succeeded is answered with its result instead), or ask
-  # (a person decides; until approval gates exist, the call is refused and flagged).
+  # (a person decides through an approval gate, as for approvals.rules; approved, it runs once).
   replay: {read: rerun, local_write: rerun, side_effect: skip}
 
 guards:

@@ -33,6 +33,16 @@ def spec_env(rules: t.Sequence[Mapping[str, t.Any]], *, decider: str, timeout: f
                        "on_timeout": on_timeout}, separators=(",", ":"))
 
 
+def settings(spec_text: str | None, parent: str) -> tuple[str, float, str]:
+    """(decider, timeout seconds, on_timeout) from the turn's spec; the defaults without one."""
+    try:
+        spec = json.loads(spec_text) if spec_text else {}
+    except ValueError:
+        spec = {}
+    return (str(spec.get("decider") or parent or "operator"), float(spec.get("timeout") or 1800),
+            str(spec.get("on_timeout") or "reject"))
+
+
 def waiting_text(approval_id: str, call: str, *, again: bool = False) -> str:
     head = f"ov: waiting for approval `{approval_id}`" + (" (asked already)" if again else "")
     return (f"{head}: end your turn; you will be told the answer. `{call}` needs a person's approval before it "

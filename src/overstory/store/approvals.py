@@ -98,31 +98,40 @@ def gate(conn: sqlite3.Connection, *, agent: str, generation: int, parent: str, 
     up now), ``("pending", id)`` when one is already waiting, else ``("new", id)``: the pending
     row, the decider's ``decision_gate`` mail and the notification are written in one transaction.
     """
-    now = now_ms()
     with write_transaction(conn):
-        row = conn.execute("SELECT id FROM approvals WHERE key = ? AND agent = ? AND status = 'approved' "
-                           "AND used_at IS NULL ORDER BY decided_at LIMIT 1", (key, agent)).fetchone()
-        if row is not None:
-            conn.execute("UPDATE approvals SET used_at = ? WHERE id = ?", (now, row[0]))
-            return "allow", row[0]
-        row = conn.execute("SELECT id FROM approvals WHERE key = ? AND agent = ? AND generation = ? "
-                           "AND status = 'pending' LIMIT 1", (key, agent, generation)).fetchone()
-        if row is not None:
-            return "pending", row[0]
-        approval_id = new_id()
-        deadline = now + int(timeout_s * 1000)
-        call = describe_call(tool, input)
-        conn.execute(
-            "INSERT INTO approvals (id, agent, generation, turn_id, task_id, tool, input, key, rule, reason, decider, "
-            "on_timeout, timeout_s, requested_at, deadline) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (approval_id, agent, generation, turn_id, task_id, tool, input, key, rule.match, rule.reason, decider,
-             on_timeout, timeout_s, now, deadline))
-        mail_id = _gate_mail(conn, approval_id, agent=agent, task_id=task_id, call=call, reason=rule.reason,
-                             decider=decider, deadline=deadline)
-        conn.execute("UPDATE approvals SET mail_id = ? WHERE id = ?", (mail_id, approval_id))
-        outbox.enqueue(conn, f"approval_requested:{approval_id}:0", "approval_requested", agent,
-                       f"ov: {agent} asks to run: {call}"[:200],
-                       _notify_body(approval_id, agent, call, rule.reason, deadline))
+        return gate_in_tx(conn, agent=agent, generation=generation, parent=parent, task_id=task_id, turn_id=turn_id,
+                          tool=tool, input=input, key=key, rule=rule, decider=decider, timeout_s=timeout_s,
+                          on_timeout=on_timeout)
+
+
+def gate_in_tx(conn: sqlite3.Connection, *, agent: str, generation: int, parent: str, task_id: str,
+               turn_id: str | None, tool: str, input: str, key: str, rule: Rule, decider: str, timeout_s: float,
+               on_timeout: str) -> tuple[str, str]:
+    """``gate`` inside a write transaction the caller holds (the ledger's replay check)."""
+    now = now_ms()
+    row = conn.execute("SELECT id FROM approvals WHERE key = ? AND agent = ? AND status = 'approved' "
+                       "AND used_at IS NULL ORDER BY decided_at LIMIT 1", (key, agent)).fetchone()
+    if row is not None:
+        conn.execute("UPDATE approvals SET used_at = ? WHERE id = ?", (now, row[0]))
+        return "allow", row[0]
+    row = conn.execute("SELECT id FROM approvals WHERE key = ? AND agent = ? AND generation = ? "
+                       "AND status = 'pending' LIMIT 1", (key, agent, generation)).fetchone()
+    if row is not None:
+        return "pending", row[0]
+    approval_id = new_id()
+    deadline = now + int(timeout_s * 1000)
+    call = describe_call(tool, input)
+    conn.execute(
+        "INSERT INTO approvals (id, agent, generation, turn_id, task_id, tool, input, key, rule, reason, decider, "
+        "on_timeout, timeout_s, requested_at, deadline) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (approval_id, agent, generation, turn_id, task_id, tool, input, key, rule.match, rule.reason, decider,
+         on_timeout, timeout_s, now, deadline))
+    mail_id = _gate_mail(conn, approval_id, agent=agent, task_id=task_id, call=call, reason=rule.reason,
+                         decider=decider, deadline=deadline)
+    conn.execute("UPDATE approvals SET mail_id = ? WHERE id = ?", (mail_id, approval_id))
+    outbox.enqueue(conn, f"approval_requested:{approval_id}:0", "approval_requested", agent,
+                   f"ov: {agent} asks to run: {call}"[:200],
+                   _notify_body(approval_id, agent, call, rule.reason, deadline))
     return "new", approval_id
 
 
