@@ -406,11 +406,33 @@ def _require_events_db(project: ProjectPaths, name: str) -> None:
                          "nothing was created") from None
     try:
         missing = [obj for kind, obj in missing_objects(conn, EVENTS_MIGRATIONS) if kind == "table"]
+        unwritable = None if missing else _write_refused(conn)
     finally:
         conn.close()
+    if unwritable:
+        raise SpawnError(f"cannot spawn {name}: {project.events_db} cannot be written ({unwritable}; the agent's "
+                         "loop needs it); nothing was created")
     if missing:
         raise SpawnError(f"cannot spawn {name}: {project.events_db} has no table {', '.join(missing)} (the agent's "
                          "loop needs it; `ov doctor --repair` recreates it); nothing was created")
+
+
+def _write_refused(conn) -> str | None:
+    """Why a write to the events database fails (a read-only file or mount), or None.
+
+    A write that is rolled back: the only sure test, since root ignores permission bits.
+    """
+    import sqlite3
+
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM events WHERE 0")
+        finally:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        return str(exc)
+    return None
 
 
 def _commit_of(project: ProjectPaths, branch: str) -> str:
