@@ -29,6 +29,8 @@ def _inside(path: str, root: str) -> bool:
 
 @dataclass(frozen=True)
 class _Agent:
+    """Who is calling (from the hook's environment) and where it may write."""
+
     name: str
     capability: str
     writable: bool

@@ -75,6 +75,8 @@ CODE_TOOLS = frozenset({"REPL", "PowerShell"})
 
 @dataclass(frozen=True)
 class Decision:
+    """Allow the tool call, or deny it with the reason shown to the model."""
+
     allow: bool
     reason: str = ""
 

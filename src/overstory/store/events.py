@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import typing as t
 from dataclasses import dataclass
 
 from overstory.clock import now_ms
 
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+if TYPE_CHECKING:
+    import typing as t
+
 
 @dataclass(frozen=True)
 class Event:
+    """One row of the event stream."""
+
     id: int
     at: int
     agent: str | None

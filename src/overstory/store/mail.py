@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import typing as t
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
 from overstory.store.db import write_transaction
+
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+if TYPE_CHECKING:
+    import typing as t
 
 OPERATOR = "operator"
 
@@ -48,6 +51,8 @@ CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger",
 
 @dataclass(frozen=True)
 class Message:
+    """One row of the mail table, priority as its name."""
+
     id: int
     thread_id: int
     reply_to: int | None
@@ -241,7 +246,7 @@ def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: 
                     env: t.Mapping[str, str] = os.environ) -> dict[str, t.Any] | None:
     """Validate a payload; protocol types go through their pydantic model (imported here, lazily)."""
     if mail_type not in PROTOCOL_TYPES:
-        if payload is not None and not isinstance(payload, t.Mapping):
+        if payload is not None and not isinstance(payload, Mapping):
             raise PayloadError(f"a payload must be a JSON object, not {type(payload).__name__}")
         return dict(payload) if payload is not None else None
     from overstory.store.mail_payloads import validate_payload
@@ -332,10 +337,10 @@ def record_sent(conn: sqlite3.Connection, ids: t.Sequence[int], *, events: sqlit
     return True
 
 
-def _events_db_path(conn: sqlite3.Connection) -> Path:
+def _events_db_path(conn: sqlite3.Connection) -> str:
     for row in conn.execute("PRAGMA database_list").fetchall():
         if row[1] == "main" and row[2]:
-            return Path(row[2]).with_name("events.db")
+            return os.path.join(os.path.dirname(row[2]), "events.db")
     raise MailError("state.db has no file path; pass an events connection")
 
 
@@ -405,9 +410,6 @@ def unread(conn: sqlite3.Connection, agent: str, *, peek: bool = False) -> list[
             (now_ms(), agent),
         ).fetchall()
     return _sorted_for_delivery(rows)
-
-
-check = unread
 
 
 def pending_count(conn: sqlite3.Connection, agent: str) -> int:

@@ -8,9 +8,12 @@ each in its own transaction.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
 
-Migration = t.Callable[[sqlite3.Connection], None]
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases
+if TYPE_CHECKING:
+    import typing as t
+
+    Migration = t.Callable[[sqlite3.Connection], None]
 
 
 def run_script(conn: sqlite3.Connection, script: str) -> None:

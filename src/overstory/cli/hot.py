@@ -1,0 +1,200 @@
+"""The bodies of the hot commands, without click: `ov mail send`, `ov mail check`, `ov status`.
+
+The click commands (cli/mail.py, cli/status.py) and the fast entry point (cli/fast.py)
+both call these after parsing, so there is one implementation of what each command
+does and prints. Only the standard library and ov's stdlib-only core are imported
+here, and ``typing`` not at all (hot commands are timed against `python -c pass`).
+
+A usage error found after parsing (two body options, a payload that is not JSON) is
+raised as ``BadUsage``: the click command turns it into click's own usage error, and
+the fast path asks click to show it, so click stays the one source of usage messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TYPE_CHECKING = False  # typing costs milliseconds on a hot path
+if TYPE_CHECKING:
+    import sqlite3
+    import typing as t
+
+    from overstory.store.mail import Message
+
+
+class BadUsage(Exception):
+    """A command line that parsed but makes no sense; click shows it with the command's usage (exit 2)."""
+
+    def __init__(self, message: str, param_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param_hint = param_hint
+
+
+# ---- output, as click.echo does it for text -----------------------------------------------------
+
+# What click strips from text written to something that is not a terminal (CSI sequences).
+_ANSI = "\x1b"
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", text)
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """Write one line and flush; ANSI styles are dropped unless the stream is a terminal (like click.echo)."""
+    stream = sys.stderr if err else sys.stdout
+    if _ANSI in text:
+        try:
+            terminal = stream.isatty()
+        except Exception:
+            terminal = False
+        if not terminal:
+            text = _strip_ansi(text)
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def echo_json(document: t.Any) -> None:
+    echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
+
+
+def debug_requested(argv: t.Sequence[str]) -> bool:
+    return os.environ.get("OV_DEBUG", "") not in ("", "0") or any(a in ("-v", "--verbose") for a in argv[:3])
+
+
+# ---- shared pieces ------------------------------------------------------------------------------
+
+
+def open_state_db(project_option: str | None) -> sqlite3.Connection:
+    from overstory.paths import locate_project, state_db_path
+    from overstory.store.db import open_state
+
+    return open_state(state_db_path(locate_project(project_option)))
+
+
+def read_body(body: str | None, body_file: str | None) -> str:
+    """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
+    if body is not None and body_file is not None:
+        raise BadUsage("give either --body or --body-file, not both")
+    if body_file is not None:
+        with open(body_file, "rb") as handle:
+            raw = handle.read()
+    elif body == "-":
+        stdin = getattr(sys.stdin, "buffer", None)
+        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="surrogateescape")
+    else:
+        return body or ""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadUsage(f"the body is not valid UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_payload(text: str | None) -> t.Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadUsage(f"not valid JSON: {exc}", param_hint="--payload") from None
+
+
+def recipients_of(conn: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
+    """Message id -> recipient, for saying what was sent."""
+    if not ids:
+        return {}
+    rows = conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
+    return {int(r["id"]): r["recipient"] for r in rows}
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+
+def guard(project_option: str | None) -> None:
+    """`ov guard`, as cli/guard.py does it (kept in step by tests/test_fast_cli.py)."""
+    from overstory import guards
+
+    try:
+        stdin = getattr(sys.stdin, "buffer", None)
+        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
+        text: str | None = raw.decode("utf-8", errors="replace")
+    except OSError:
+        text = None
+    response = guards.hook_response(guards.decide_hook_text(text, os.environ))
+    if response:
+        echo(response)
+
+
+def mail_send(project_option: str | None, *, to: str | None = None, subject: str, body: str | None = None,
+              body_file: str | None = None, type_: str = "status", priority: str = "normal",
+              payload: str | None = None, reply_to: int | None = None, from_: str | None = None,
+              allow_unknown: bool = False, as_json: bool = False) -> None:
+    from overstory.store import mail as store
+
+    text = read_body(body, body_file)
+    conn = open_state_db(project_option)
+    try:
+        sender = from_ or store.default_sender()
+        ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
+                         payload=parse_payload(payload), reply_to=reply_to, allow_unknown=allow_unknown)
+        recipients = recipients_of(conn, ids)
+    finally:
+        conn.close()
+    if as_json:
+        echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
+    else:
+        for message_id in ids:
+            echo(f"sent #{message_id} to {recipients[message_id]}")
+
+
+def mail_check(project_option: str | None, *, agent: str | None = None, peek: bool = False, inject: bool = False,
+               as_json: bool = False) -> None:
+    from overstory.store import mail as store
+
+    if inject and as_json:
+        raise BadUsage("--inject and --json do not go together")
+    conn = open_state_db(project_option)
+    try:
+        who = agent or store.default_sender()
+        messages: list[Message] = store.unread(conn, who, peek=peek)
+    finally:
+        conn.close()
+    if as_json:
+        echo_json([m.as_dict() for m in messages])
+    elif inject:
+        if messages:
+            echo(store.render_inject(messages))
+    elif not messages:
+        echo(f"No new mail for {who}.")
+    else:
+        echo("\n\n".join(store.render_message(m) for m in messages))
+
+
+def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False) -> None:
+    from overstory import status as core
+    from overstory.paths import locate_project, state_db_path
+
+    path = state_db_path(locate_project(project_option))
+    if not os.path.exists(path):
+        document = core.collect_empty()
+    else:
+        from overstory.store.db import open_state
+
+        conn = open_state(path)
+        try:
+            document = core.collect(conn, include_completed=include_completed)
+        finally:
+            conn.close()
+    if as_json:
+        echo_json(document)
+    else:
+        echo(core.render_text(document))
