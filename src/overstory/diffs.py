@@ -26,19 +26,30 @@ class DiffError(OrchestratorError):
     """The agent has nothing that can be diffed (no branch, branch and worktree gone)."""
 
 
+def own_worktree(project: ProjectPaths, agent: sessions.Session) -> Path | None:
+    """The agent's worktree if it exists and is the one ov made for it (``.overstory/worktrees/<name>``).
+
+    A row pointing anywhere else (tampered with, or a stale path) is never read.
+    """
+    if not agent.worktree:
+        return None
+    worktree = Path(agent.worktree).resolve()
+    return worktree if worktree == project.worktree(agent.name).resolve() and worktree.is_dir() else None
+
+
 def agent_base(project: ProjectPaths, agent: sessions.Session, fallback: str | None = None) -> tuple[str, str]:
     """``(base branch, merge-base commit)`` of the agent's branch."""
     if not agent.branch:
         raise DiffError(f"{agent.name} works at the project root and has no branch of its own to diff")
     tip = agent.branch if branch_exists(project.root, agent.branch) else None
-    if tip is None and agent.worktree and Path(agent.worktree).is_dir():
+    if tip is None and own_worktree(project, agent) is not None:
         tip = "HEAD"
     if tip is None:
         raise DiffError(f"{agent.name}'s branch {agent.branch} and its worktree are gone (removed by "
                         "`ov stop --clean` or `ov clean`); nothing left to diff")
     for base in (agent.base_branch, fallback):
         if base and branch_exists(project.root, base):
-            where = Path(agent.worktree) if tip == "HEAD" else project.root
+            where = own_worktree(project, agent) or project.root if tip == "HEAD" else project.root
             found = git(where, "merge-base", base, tip, check=False)
             if found.returncode == 0 and found.stdout.strip():
                 return base, found.stdout.strip()
@@ -54,8 +65,8 @@ def agent_diff(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, st
     _, base_commit = agent_base(project, agent, fallback_base)
     options = ["--stat"] if stat else ["--patch"]
     options.append("--color=always" if color else "--no-color")
-    worktree = Path(agent.worktree) if agent.worktree else None
-    if worktree is not None and worktree.is_dir():
+    worktree = own_worktree(project, agent)
+    if worktree is not None:
         return _worktree_diff(worktree, base_commit, options)
     return _checked(git(project.root, "diff", *options, base_commit, agent.branch or "", check=False))
 

@@ -10,6 +10,7 @@ from overstory.errors import AlreadyInitialized, NotAGitRepository
 from overstory.gitutil import current_branch, has_commit, repo_toplevel
 from overstory.paths import ProjectPaths
 from overstory.resources import shipped_agents_dir, shipped_templates_dir
+from overstory.serve_token import ensure_token
 from overstory.store.db import open_events, open_state
 
 # Everything in .overstory/ is this machine's runtime state except what a team shares:
@@ -60,6 +61,8 @@ def init_project(start: Path, *, force: bool = False) -> InitReport:
         _write_unless_edited(path, text, force=force, report=report, root=root)
     for folder in (project.worktrees_dir, project.logs_dir, project.locks_dir, project.run_dir):
         folder.mkdir(exist_ok=True)
+    if ensure_token(project).created:
+        report.created.append(str(project.serve_token_file.relative_to(root)))
     for opener, path in ((open_state, project.state_db), (open_events, project.events_db)):
         existed = path.exists()
         opener(path).close()

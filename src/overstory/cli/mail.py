@@ -239,36 +239,15 @@ def nudge(agent: str, message: str | None, as_json: bool) -> None:
     ov nudge builder-task-42
     ov nudge builder-task-42 "you have been quiet for 10 minutes; report status"
     """
+    from overstory.agents.nudge import TMUX_DELIVERY_NOTES
+    from overstory.agents.nudge import nudge as send_nudge
+
     project = project_paths()
-    conn = state_conn(project)
-    text = message or ""
-    first_line = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    subject = first_line[:120] or "nudge: check your mail and carry on"
-    ids = store.send(conn, sender=store.default_sender(), to=agent, subject=subject, body=text, type="nudge",
-                     priority="high")
-    delivery = None
-    mode = conn.execute("SELECT mode FROM sessions WHERE name = ?", (agent,)).fetchone()
-    if ids and mode is not None and mode[0] == "tmux":
-        from overstory.agents.tmux import deliver_mail  # only for tmux agents: libtmux is not cheap to import
-        from overstory.errors import TmuxError
-
-        try:
-            delivery = deliver_mail(project, conn, agent)
-        except TmuxError:
-            delivery = "type_failed"  # the mail is sent; the agent's driver announces it later
+    result = send_nudge(project, state_conn(project), agent, message)
     if as_json:
-        echo_json({"ids": ids} if delivery is None else {"ids": ids, "tmux_delivery": delivery})
+        echo_json(result.as_dict())
     else:
-        for message_id in ids:
+        for message_id in result.ids:
             click.echo(f"sent #{message_id} (nudge) to {agent}")
-        if delivery is not None:
-            click.echo(TMUX_DELIVERY_NOTES.get(delivery, delivery), err=True)
-
-
-TMUX_DELIVERY_NOTES = {
-    "typed": "announced in the agent's tmux pane",
-    "busy": "the agent's pane is busy: it is announced there as soon as the pane is idle",
-    "announced": "the pane was told about this mail already",
-    "gone": "the agent's tmux pane is gone",
-    "type_failed": "could not type into the agent's pane just now: its driver announces the mail later",
-}
+        if result.tmux_delivery is not None:
+            click.echo(TMUX_DELIVERY_NOTES.get(result.tmux_delivery, result.tmux_delivery), err=True)
