@@ -1,7 +1,9 @@
 """Figure 1: whole-process latency of the hot commands against two Python floors.
 
 The floors are the least any Python CLI can cost: starting the interpreter
-(`python -c pass`) and starting it plus importing click. Each round runs every
+(`python -c pass`) and starting it plus importing click. The hot commands do not
+import click (cli.fast parses them), so the target is set against the first floor:
+at most 2x `python -c pass`; the ratio to the click floor is given beside it. Each round runs every
 command once, in a rotating order, so the ratio of medians is taken under the same
 conditions. It is measured twice: with bytecode caching on (PYTHONPYCACHEPREFIX in
 a scratch folder, as an installed package would have .pyc files) and off
@@ -33,7 +35,8 @@ from harness import (
 )
 from synthetic import add_agents, add_events, add_mail
 
-TARGET_RATIO = 1.6
+TARGET_RATIO = 2.0  # x `python -c pass`
+CLICK_COMMANDS = {"ov --version"}
 HEAVY_MODULES = ("rich", "git", "libtmux", "anthropic", "pydantic", "yaml")
 AGENT = "builder-hot"
 
@@ -179,6 +182,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         stats, errors = time_interleaved(commands, rounds=ctx.p("fig1_rounds"), warmup=ctx.p("fig1_warmup"))
         details["errors"] += [f"[bytecode {mode}] {e}" for e in errors]
         click_floor: Stats = stats["floor: python -c 'import click'"]
+        pass_floor: Stats = stats["floor: python -c pass"]
         label = "bytecode cache on" if mode == "on" else "bytecode cache off"
         # This sandbox has a site-packages .pth file that imports certifi in every Python
         # process, floors included; it flattens the ratios, so they are also given without it.
@@ -191,12 +195,16 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                 rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio_to_pass,
                                 baseline="python -c pass"))
                 continue
-            ratio = measured.median / click_floor.median
-            rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio, baseline="python -c 'import click'",
-                            target=f"<= {TARGET_RATIO}x click floor", met=ratio <= TARGET_RATIO,
-                            over_click_floor_ms=round(measured.median - click_floor.median, 1),
-                            ratio_of_minimums=round(measured.min / click_floor.min, 3),
-                            ratio_without_startup_pth=round((measured.median - pth_ms) / (click_floor.median - pth_ms), 3)))
+            ratio = measured.median / pass_floor.median
+            hot = name not in CLICK_COMMANDS  # `ov --version` goes through click: shown for comparison
+            rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio, baseline="python -c pass",
+                            target=f"<= {TARGET_RATIO:g}x python -c pass" if hot else None,
+                            met=ratio <= TARGET_RATIO if hot else None,
+                            ratio_click=round(measured.median / click_floor.median, 3),
+                            baseline_click="python -c 'import click'",
+                            over_pass_floor_ms=round(measured.median - pass_floor.median, 1),
+                            ratio_of_minimums=round(measured.min / pass_floor.min, 3),
+                            ratio_without_startup_pth=round((measured.median - pth_ms) / (pass_floor.median - pth_ms), 3)))
         for name, command in commands.items():
             if name.startswith("floor"):
                 continue

@@ -299,3 +299,29 @@ def env_var_names() -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             names += [f"OV_{section_name.upper()}_{k.upper()}" for k in annotation.model_fields]
     return names
+
+
+def snapshot_shape(annotation: t.Any = None) -> t.Any:
+    """Where ``Config`` has models (see ``config_snapshot``): {field: shape} for a model, {"*": shape} for a
+    mapping of models, None for a plain value."""
+    annotation = Config if annotation is None else annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {name: snapshot_shape(field.annotation) for name, field in annotation.model_fields.items()}
+    origin = t.get_origin(annotation)
+    if origin is dict:
+        inner = snapshot_shape(t.get_args(annotation)[1])
+        return None if inner is None else {"*": inner}
+    if origin in (t.Union, types.UnionType):
+        return next((shape for arg in t.get_args(annotation) if (shape := snapshot_shape(arg)) is not None), None)
+    return None
+
+
+def write_agent_snapshot(config_file: Path, local_file: Path | None, environ: t.Mapping[str, str],
+                         run_dir: Path) -> Config:
+    """Validate the configuration as an agent's loop would see it (its launch environment) and hand it
+    over as ``run_dir/config.json``, so the loop needs no pydantic. ConfigError if it is invalid."""
+    from overstory import config_snapshot
+
+    config = load_config(config_file, local_file, environ=environ)
+    config_snapshot.write(config.model_dump(mode="json"), snapshot_shape(), config_snapshot.snapshot_path(run_dir))
+    return config
