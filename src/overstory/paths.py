@@ -8,9 +8,9 @@ own, so discovery must climb out of them to the main repository.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from overstory.errors import ProjectNotFound
+from overstory.records import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hot commands import this module)
 if TYPE_CHECKING:
@@ -20,10 +20,10 @@ OV_DIR_NAME = ".overstory"
 PROJECT_ENV = "OVERSTORY_PROJECT_ROOT"
 
 
-@dataclass(frozen=True)
-class ProjectPaths:
+class ProjectPaths(Record):
     """The files of one project, all under ``root``."""
 
+    __slots__ = ("root",)
     root: Path
 
     @property

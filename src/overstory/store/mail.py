@@ -17,10 +17,10 @@ import os
 import sqlite3
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
+from overstory.records import Record
 from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
@@ -49,10 +49,11 @@ TERMINAL_STATES = frozenset({"completed", "zombie"})
 CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(Record):
     """One row of the mail table, priority as its name."""
 
+    __slots__ = ("id", "thread_id", "reply_to", "sender", "recipient", "type", "priority", "subject", "body",
+                 "payload", "created_at", "read_at", "claimed_by", "claimed_at")
     id: int
     thread_id: int
     reply_to: int | None

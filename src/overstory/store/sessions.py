@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from overstory.clock import now_ms
 from overstory.errors import AgentExists
+from overstory.records import Record
 from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
@@ -47,35 +48,34 @@ def is_allowed(prev: str, to: str) -> bool:
 # ---- outcomes -------------------------------------------------------------
 
 
-# ``ok`` is a plain class attribute, not a field (a ClassVar annotation would need typing at runtime).
-@dataclass(frozen=True)
-class Ok:
+# Records, not dataclasses: `ov status` imports this module (records.py says why). ``ok`` is not a field.
+class Ok(Record):
     """The transition happened: the state it left and the row's new version."""
 
+    __slots__ = ("prev", "version")
     prev: str
     version: int
     ok = True
 
 
-@dataclass(frozen=True)
-class NotFound:
+class NotFound(Record):
     """No such agent."""
 
     ok = False
 
 
-@dataclass(frozen=True)
-class StaleGeneration:
+class StaleGeneration(Record):
     """The agent was replaced by a newer generation."""
 
+    __slots__ = ("current",)
     current: int
     ok = False
 
 
-@dataclass(frozen=True)
-class IllegalTransition:
+class IllegalTransition(Record):
     """The agent's state may not move to the requested one."""
 
+    __slots__ = ("prev",)
     prev: str
     ok = False
 
