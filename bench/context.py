@@ -36,6 +36,8 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig8_runs": (2, 1),
     "fig8_synthetic_runs": (3, 1),
     "fig8_idle_seconds": (10, 3),
+    "fig9_calls": (200, 50),
+    "fig9_rounds": (2, 1),
 }
 
 
