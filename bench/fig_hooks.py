@@ -15,6 +15,7 @@ the turn, so positions are compared with positions).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -61,7 +62,7 @@ class _Stamped:
 
     def gaps(self) -> list[float]:
         times = [self.arrivals[i] for i in sorted(self.arrivals)]
-        return [(b - a) * 1000 for a, b in zip(times, times[1:])]
+        return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
 
 
 def _turn(claude: str, calls: int, worktree: Path, settings: Path, env: dict[str, str], scratch: Path,

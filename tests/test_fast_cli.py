@@ -375,7 +375,8 @@ def _probe(world: World, args: list[str], env: dict[str, str] | None = None, std
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}
     full_env.update(env or {})
     done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(UNWANTED)], input=stdin,
-                          capture_output=True, env=full_env, cwd=world.project.root, timeout=60)
+                          capture_output=True, env=full_env, cwd=world.project.root, timeout=60,
+                          check=False)
     assert done.returncode == 0, done.stderr.decode()
     result: dict[str, t.Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
     return result
@@ -408,7 +409,7 @@ def test_a_deferred_module_loads_on_first_use() -> None:
             "import colorsys\nassert type(sys.modules['colorsys']).__name__ == '_Deferred'\n"
             "print(colorsys.rgb_to_hsv(1, 0, 0))\nfrom colorsys import hsv_to_rgb\n"
             "assert type(sys.modules['colorsys']).__name__ == 'module'\nprint(hsv_to_rgb(0, 1, 1))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     import colorsys
 

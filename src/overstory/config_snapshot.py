@@ -19,7 +19,6 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import typing as t
-    from pathlib import Path
 
     from overstory.config import Config
 

@@ -51,7 +51,7 @@ def echo(text: str, *, err: bool = False) -> None:
     if _ANSI in text:
         try:
             terminal = stream.isatty()
-        except Exception:
+        except (AttributeError, OSError, ValueError):  # no isatty, or a closed stream
             terminal = False
         if not terminal:
             text = _strip_ansi(text)

@@ -81,7 +81,7 @@ class IllegalTransition(Record):
 
 
 if TYPE_CHECKING:
-    Outcome = t.Union[Ok, NotFound, StaleGeneration, IllegalTransition]
+    Outcome = Ok | NotFound | StaleGeneration | IllegalTransition
     AfterTransition = t.Callable[[sqlite3.Connection, Ok], None]
 
 
