@@ -20,7 +20,6 @@ from overstory.cli._common import (
 )
 from overstory.store import mail as store
 
-
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
 body_file_option = click.option("--body-file", type=click.Path(exists=True, dir_okay=False),
                                 help="Read the message text from this file.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+
 from overstory.clock import now_ms
 from overstory.records import Record
 
