@@ -321,8 +321,10 @@ def test_the_fast_option_table_is_the_click_commands(path: tuple[str, ...]) -> N
         elif isinstance(param.type, click.Choice):
             kind = next(("choice", name) for name in ("TYPES", "PRIORITIES")
                         if list(param.type.choices) == list(getattr(mail, name)))
-        elif isinstance(param.type, click.types.IntParamType):
-            kind = fast.INT
+        elif isinstance(param.type, click.IntRange):
+            assert (param.type.min, param.type.max, param.type.min_open, param.type.max_open) == (1, 2**63 - 1,
+                                                                                                   False, False)
+            kind = fast.ROW_ID
         elif isinstance(param.type, click.Path):
             assert param.type.exists and not param.type.dir_okay
             kind = fast.FILE

@@ -181,7 +181,9 @@ def load_config(config_file: Path, local_file: Path | None = None,
     for path in (config_file, local_file):
         if path is not None and path.exists():
             layers.append((str(path), _read_yaml(path)))
-    overrides = _env_overrides(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    _check_env_names(environ)
+    overrides = _env_overrides(environ)
     if overrides:
         layers.append(("environment (" + ", ".join(_override_names(overrides)) + ")", overrides))
     config = Config()
@@ -201,6 +203,12 @@ def _override_names(overrides: dict[str, t.Any]) -> list[str]:
 def _read_yaml(path: Path) -> dict[str, t.Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
+                          "is not UTF-8); compare it with `ov config --defaults`") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be an ov config; compare it with "
+                          "`ov config --defaults`") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -213,6 +221,41 @@ def _read_yaml(path: Path) -> dict[str, t.Any]:
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, found {type(data).__name__}")
     # A section whose keys are all commented out parses as null: it overrides nothing.
     return {key: {} if value is None else value for key, value in data.items()}
+
+
+# OV_* variables that are not config keys: what ov reads besides, and what its own test
+# suite reads. Any other OV_* name is a mistake and is reported like an unknown key.
+OTHER_VARIABLES: dict[str, str] = {
+    "OV_DEBUG": "1 prints tracebacks for errors",
+    "OV_SCRIPTED_SCENARIO": "the scripted runtime's scenario file when --scenario is not given",
+    "OV_SCRIPTED_STATE_DIR": "where the scripted runtime keeps its sessions",
+    "OV_CLAUDE_BIN": "the claude binary the test suite's e2e tests use",
+    "OV_CAPTURE_STREAM_FIXTURES": "1 makes the e2e tests save stream fixtures",
+    "OV_SCREENSHOTS": "where the browser tests save the dashboard's screenshots",
+}
+OTHER_PREFIXES = ("OV_TEST_",)  # fault-injection hooks used by the tests
+
+
+def _check_env_names(environ: t.Mapping[str, str]) -> None:
+    known = set(env_var_names()) | set(OTHER_VARIABLES)
+    unknown = sorted(name for name in environ if name.startswith("OV_") and name not in known
+                     and not name.startswith(OTHER_PREFIXES))
+    if not unknown:
+        return
+    problems = []
+    for name in unknown:
+        section = next((s for s in Config.model_fields if name.startswith(f"OV_{s.upper()}_")), None)
+        same_section = [v for v in env_var_names() if section and v.startswith(f"OV_{section.upper()}_")]
+        if section in ("providers", "models"):
+            expected = f"`{section}` is set in config.yaml only"
+        elif same_section:
+            expected = f"expected one of: {', '.join(same_section)}"
+        else:
+            sections = ", ".join(f"OV_{s.upper()}_*" for s in Config.model_fields if s not in ("providers", "models"))
+            expected = (f"expected OV_<SECTION>_<KEY> with a section of {sections}, "
+                        f"or one of {', '.join(OTHER_VARIABLES)}")
+        problems.append(f"unknown variable {name} ({expected})")
+    raise ConfigError("environment: " + "; ".join(problems))
 
 
 def _env_overrides(environ: t.Mapping[str, str]) -> dict[str, t.Any]:

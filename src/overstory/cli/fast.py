@@ -51,7 +51,7 @@ def defer(name: str) -> None:
 
 # ---- the hot commands' options, as their click commands declare them ----------------------------
 
-FLAG, TEXT, INT, FILE = "flag", "text", "int", "file"
+FLAG, TEXT, ROW_ID, FILE = "flag", "text", "row id", "file"  # ROW_ID: cli._common.ROW_ID, 1 .. 2**63-1
 # path -> (body in cli.hot, {option: (parameter, kind)}, required parameters). A kind may also
 # be ("choice", NAME): the choices are overstory.store.mail.NAME, as in the click command.
 HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], frozenset[str]]] = {
@@ -59,7 +59,7 @@ HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], fro
         "--to": ("to", TEXT), "--subject": ("subject", TEXT), "--body": ("body", TEXT),
         "--body-file": ("body_file", FILE), "--type": ("type_", ("choice", "TYPES")),
         "--priority": ("priority", ("choice", "PRIORITIES")), "--payload": ("payload", TEXT),
-        "--reply-to": ("reply_to", INT), "--from": ("from_", TEXT), "--allow-unknown": ("allow_unknown", FLAG),
+        "--reply-to": ("reply_to", ROW_ID), "--from": ("from_", TEXT), "--allow-unknown": ("allow_unknown", FLAG),
         "--json": ("as_json", FLAG),
     }, frozenset({"subject"})),
     ("mail", "check"): ("mail_check", {
@@ -163,11 +163,12 @@ def _parse_options(args: t.Sequence[str], options: dict[str, tuple[str, t.Any]])
 def _convert(value: str, kind: t.Any) -> t.Any:
     if kind == TEXT:
         return value
-    if kind == INT:
+    if kind == ROW_ID:
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             return None
+        return number if 1 <= number <= 2**63 - 1 else None
     if kind == FILE:
         return value if _path_is_usable(value, directory=False) else None
     from overstory.store import mail as store
@@ -202,6 +203,12 @@ def run(plan: _Plan, args: t.Sequence[str]) -> int:
     except Exception as exc:
         if hot.debug_requested(args):
             raise
+        from overstory.cli.failures import describe
+
+        known = describe(exc, args)
+        if known is not None:
+            hot.echo(f"ov: error: {hot.one_line(known)}", err=True)
+            return 1
         hot.echo(f"ov: internal error: {type(exc).__name__}: {hot.one_line(str(exc))} "
                  "(run with -v or OV_DEBUG=1 for the traceback)", err=True)
         return 1

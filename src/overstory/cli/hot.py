@@ -85,12 +85,16 @@ def read_body(body: str | None, body_file: str | None) -> str:
     """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
     if body is not None and body_file is not None:
         raise BadUsage("give either --body or --body-file, not both")
+    from overstory.limits import read_at_most
+    from overstory.store.mail import MAX_BODY_BYTES
+
     if body_file is not None:
-        with open(body_file, "rb") as handle:
-            raw = handle.read()
+        raw = read_at_most(body_file, MAX_BODY_BYTES, f"the body file {body_file}")
     elif body == "-":
         stdin = getattr(sys.stdin, "buffer", None)
-        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="surrogateescape")
+        if stdin is None:  # a text stream without a byte buffer (rare): its text, as UTF-8
+            stdin = _Encoded(sys.stdin)
+        raw = read_at_most(stdin, MAX_BODY_BYTES, "the body on stdin")
     else:
         return body or ""
     try:
@@ -106,6 +110,21 @@ def parse_payload(text: str | None) -> t.Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadUsage(f"not valid JSON: {exc}", param_hint="--payload") from None
+    except RecursionError:
+        from overstory.store.payload_shape import MAX_DEPTH
+
+        raise BadUsage(f"nested too deeply (at most {MAX_DEPTH} levels of lists/objects)",
+                       param_hint="--payload") from None
+
+
+class _Encoded:
+    """A text stream read as UTF-8 bytes."""
+
+    def __init__(self, stream: t.Any) -> None:
+        self.stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        return str(self.stream.read(size)).encode("utf-8", errors="surrogateescape")
 
 
 def recipients_of(conn: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
@@ -144,8 +163,14 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
     conn = open_state_db(project_option)
     try:
         sender = from_ or store.default_sender()
+        parsed = parse_payload(payload)
+        if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
+            from overstory.agents.work_report import fill_worker_done
+            from overstory.paths import find_project
+
+            parsed = fill_worker_done(find_project(project_option), conn, sender, parsed)
         ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                         payload=parse_payload(payload), reply_to=reply_to, allow_unknown=allow_unknown)
+                         payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
         recipients = recipients_of(conn, ids)
     finally:
         conn.close()

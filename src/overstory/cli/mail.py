@@ -10,6 +10,7 @@ import click
 
 from overstory.cli import hot
 from overstory.cli._common import (
+    ROW_ID,
     completer,
     echo_json,
     json_option,
@@ -20,9 +21,10 @@ from overstory.cli._common import (
 )
 from overstory.store import mail as store
 
+
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
 body_file_option = click.option("--body-file", type=click.Path(exists=True, dir_okay=False),
-                                help="Read the message text from this file.")
+                                help="Read the message text from this file (at most 1 MiB).")
 # Static so that `--help` needs no pydantic; test_mail_cli checks it against the models.
 PAYLOAD_FIELDS_HELP = """\b
 Protocol payload fields ([optional]):
@@ -30,7 +32,7 @@ dispatch: task_id [capability] [spec_path] [base_branch] [file_scope]
 worker_done: task_id branch agent [files_modified] [commit]
 worker_died: agent reason [task_id] [generation] [previous_state] [branch] [last_activity]
 merge_ready: task_id branch agent [target_branch] [files_modified]
-merged: branch tier [agent] [task_id] [target_branch] [commit]
+merged: branch tier [agent] [task_id] [target_branch] [commit] [commits]
 merge_failed: branch reason [agent] [task_id] [target_branch] [tier] [conflict_files]
 escalation: severity [task_id] [agent]
 decision_gate: options [recommended] [task_id] [agent]
@@ -62,7 +64,7 @@ def mail() -> None:
               help="Message type; protocol types need a --payload.")
 @click.option("--priority", type=click.Choice(list(store.PRIORITIES)), default="normal", show_default=True)
 @click.option("--payload", help="JSON object (required fields for protocol types, free-form otherwise).")
-@click.option("--reply-to", type=int, metavar="ID", help="Message this answers (joins its thread).")
+@click.option("--reply-to", type=ROW_ID, metavar="ID", help="Message this answers (joins its thread).")
 @from_option
 @click.option("--allow-unknown", is_flag=True, help="Send to a name that is not a known agent.")
 @json_option
@@ -109,9 +111,9 @@ def mail_check(agent: str | None, peek: bool, inject: bool, as_json: bool) -> No
 @click.option("from_", "--from", metavar="NAME", help="Only mail from this sender.")
 @click.option("--type", "type_", type=click.Choice(store.TYPES), help="Only this type.")
 @click.option("--unread", is_flag=True, help="Only unread mail.")
-@click.option("--thread", type=int, metavar="ID", help="Only this thread.")
+@click.option("--thread", type=ROW_ID, metavar="ID", help="Only this thread.")
 @click.option("--since", metavar="10m|2h|ISO", help="Only mail sent since then.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+@click.option("--limit", type=click.IntRange(1, ROW_ID.max), default=50, show_default=True,
               help="Show the newest N matches.")
 @json_option
 def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool, thread: int | None,
@@ -150,7 +152,7 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
 
 
 @mail.command(name="read")
-@click.argument("message_id", type=int, metavar="ID")
+@click.argument("message_id", type=ROW_ID, metavar="ID")
 @json_option
 def mail_read(message_id: int, as_json: bool) -> None:
     """Show one message in full. Marks it read if it is addressed to you.
@@ -167,7 +169,7 @@ def mail_read(message_id: int, as_json: bool) -> None:
 
 
 @mail.command(name="reply")
-@click.argument("message_id", type=int, metavar="ID")
+@click.argument("message_id", type=ROW_ID, metavar="ID")
 @body_option
 @body_file_option
 @from_option
