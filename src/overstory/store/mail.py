@@ -1,8 +1,8 @@
 """The durable mail store in state.db: send, check, claim, threads, purge.
 
-Standard library only: `ov mail send` and `ov mail check` run many times a minute
-inside agents, so this module must stay cheap to import. The pydantic payload
-models (``overstory.store.mail_payloads``) are imported only when a protocol type is sent.
+Standard library only, and no typing or dataclasses: `ov mail send` and `ov mail check` run
+many times a minute inside agents. The pydantic payload models (``store.mail_payloads``) are
+imported only when a protocol type is sent.
 
 Delivery to a headless agent: the turn loop ``claim``s all unread, unclaimed mail of
 the agent with one UPDATE … RETURNING stamped with the turn id, then ``mark_read``
@@ -23,7 +23,7 @@ from overstory.errors import MailError, OrchestratorError, PayloadError, UsageEr
 from overstory.records import Record
 from overstory.store.db import write_transaction
 
-TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import typing as t
 
@@ -51,7 +51,6 @@ CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger",
 
 class Message(Record):
     """One row of the mail table, priority as its name."""
-
     __slots__ = ("id", "thread_id", "reply_to", "sender", "recipient", "type", "priority", "subject", "body",
                  "payload", "created_at", "read_at", "claimed_by", "claimed_at")
     id: int
@@ -72,13 +71,11 @@ class Message(Record):
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Message:
         return cls(
-            id=row["id"], thread_id=row["thread_id"] if row["thread_id"] is not None else row["id"],
+            id=row["id"], thread_id=row["thread_id"] if row["thread_id"] is not None else row["id"], body=row["body"],
             reply_to=row["reply_to"], sender=row["sender"], recipient=row["recipient"], type=row["type"],
             priority=PRIORITY_NAMES.get(row["priority"], str(row["priority"])), subject=row["subject"],
-            body=row["body"], payload=json.loads(row["payload"]) if row["payload"] else None,
-            created_at=row["created_at"], read_at=row["read_at"], claimed_by=row["claimed_by"],
-            claimed_at=row["claimed_at"],
-        )
+            payload=json.loads(row["payload"]) if row["payload"] else None, created_at=row["created_at"],
+            read_at=row["read_at"], claimed_by=row["claimed_by"], claimed_at=row["claimed_at"])
 
     @property
     def is_read(self) -> bool:
