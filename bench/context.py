@@ -36,8 +36,10 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig8_runs": (2, 1),
     "fig8_synthetic_runs": (3, 1),
     "fig8_idle_seconds": (10, 3),
-    "fig9_calls": (200, 50),
-    "fig9_rounds": (2, 1),
+    "fig9_repeat": (7, 3),
+    "fig9_rounds": (10, 4),
+    "fig10_calls": (200, 50),
+    "fig10_rounds": (2, 1),
 }
 
 

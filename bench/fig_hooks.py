@@ -1,4 +1,4 @@
-"""Figure 9: what ov's tool-call hooks add to every tool call, with the real Claude Code CLI.
+"""Figure 10: what ov's tool-call hooks add to every tool call, with the real Claude Code CLI.
 
 One headless turn of N cheap tool calls (Read of a small file; 200 in the full run) is
 played by the mock Messages API (tests/mockapi.py: only the model is scripted; the CLI,
@@ -100,7 +100,7 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
                  "PATH": f"{Path(ctx.ov).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                  # ov's modules compiled once, as in an installed package (an editable install here):
                  # the command hooks are shown at their best.
-                 "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(ctx.scratch / "fig9-pycache")}
+                 "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(ctx.scratch / "fig10-pycache")}
     variants: dict[str, tuple[dict[str, t.Any], dict[str, str]]] = {
         "no hooks": ({}, agent_env),
         "command hooks (ov guard per call)": (hook_settings([ctx.ov], tmux_mode=False), agent_env),
@@ -112,17 +112,17 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
     sys.path.insert(0, str(REPO / "tests"))
     claude = claude_binary()
     if claude is None:
-        return [not_available(9, "tool-call hooks with the real claude CLI", "no claude binary (set OV_CLAUDE_BIN)")], {}
+        return [not_available(10, "tool-call hooks with the real claude CLI", "no claude binary (set OV_CLAUDE_BIN)")], {}
     version = subprocess.run([claude, "--version"], capture_output=True, text=True, check=False).stdout.strip()
     from overstory.paths import ProjectPaths
 
-    root = make_repo(ctx.scratch / "fig9-project")
+    root = make_repo(ctx.scratch / "fig10-project")
     init_project(root)
     project = ProjectPaths(root)
     worktree = project.worktree(AGENT)
     git(root, "worktree", "add", "-q", "-b", f"ov/{AGENT}", str(worktree), "main")
     (worktree / "small.txt").write_text("one line\n")
-    calls, rounds = ctx.p("fig9_calls"), ctx.p("fig9_rounds")
+    calls, rounds = ctx.p("fig10_calls"), ctx.p("fig10_rounds")
     variants = _variants(ctx, project, worktree)
     gaps: dict[str, list[list[float]]] = {name: [] for name in variants}
     errors: list[str] = []
@@ -130,10 +130,10 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         order = list(variants) if number % 2 == 0 else list(reversed(variants))
         for name in order:
             settings, env = variants[name]
-            settings_file = ctx.scratch / f"fig9-settings-{len(gaps[name])}-{abs(hash(name))}.json"
+            settings_file = ctx.scratch / f"fig10-settings-{len(gaps[name])}-{abs(hash(name))}.json"
             settings_file.write_text(json.dumps(settings))
             try:
-                gaps[name].append(_turn(claude, calls, worktree, settings_file, env, ctx.scratch / f"fig9-{number}",
+                gaps[name].append(_turn(claude, calls, worktree, settings_file, env, ctx.scratch / f"fig10-{number}",
                                         timeout=60 + calls * 3))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 errors.append(f"{name}, round {number + 1}: {exc}")
@@ -141,20 +141,20 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
     base = gaps["no hooks"]
     for name, turns in gaps.items():
         if not turns:
-            rows.append(not_available(9, f"{name}: per tool call", "every turn failed (see notes)"))
+            rows.append(not_available(10, f"{name}: per tool call", "every turn failed (see notes)"))
             continue
         flat = [gap for turn in turns for gap in turn]
-        rows.append(row(9, f"{name}: one tool call's round", "ms", Stats(flat), digits=1,
+        rows.append(row(10, f"{name}: one tool call's round", "ms", Stats(flat), digits=1,
                         note=f"{len(turns)} turn(s) of {calls} Read calls, claude {version}"))
         if name == "no hooks" or not base:
             continue
         # Per position: this variant's gap minus the no-hooks gap at the same position, same round.
         added = [statistics.median(b[i] for b in turns) - statistics.median(o[i] for o in base) for i in range(calls)]
         http = name.startswith("HTTP")
-        rows.append(row(9, f"{name}: added per tool call", "ms", Stats(added), digits=2,
+        rows.append(row(10, f"{name}: added per tool call", "ms", Stats(added), digits=2,
                         target=f"< {TARGET_MS:g} ms" if http else None,
                         met=statistics.median(added) < TARGET_MS if http else None))
     for error in errors:
-        add_note(rows, error, 9)
+        add_note(rows, error, 10)
     return rows, {"claude": claude, "version": version, "calls": calls, "rounds": rounds,
                   "gaps_ms": {name: turns for name, turns in gaps.items()}, "errors": errors}
