@@ -166,3 +166,23 @@ def test_a_real_idle_loop_has_neither_pydantic_nor_yaml_loaded(project: ProjectP
         wait_for(lambda: "pydantic_core" in _mapped(control.pid), 30, message="the control to import pydantic")
     finally:
         control.communicate(b"", timeout=30)
+
+
+def test_the_snapshot_has_every_method_the_config_models_have(tmp_path: Path) -> None:
+    """A method added to a config model must be added to the snapshot too (the loop calls it there)."""
+    from pydantic import BaseModel
+
+    write_agent_snapshot(tmp_path / "none.yaml", None, {"OV_RUNTIME_DEFAULT": "scripted"}, tmp_path)
+    snapshot = config_snapshot.read(tmp_path / "config.json")
+    validated = load_config(tmp_path / "none.yaml", None, environ={"OV_RUNTIME_DEFAULT": "scripted"})
+
+    def methods(model: type[BaseModel]) -> set[str]:
+        return {name for name, value in vars(model).items() if callable(value) and not name.startswith("_")}
+
+    assert methods(Config) == {"runtime_for"}
+    for capability in ("builder", "scout", "coordinator"):
+        assert snapshot.runtime_for(capability) == validated.runtime_for(capability)
+    for name, field in Config.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            assert methods(annotation) == set(), f"{name}: teach config_snapshot.Section these methods"

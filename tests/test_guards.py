@@ -864,10 +864,13 @@ def test_cli_allows_silently(project: Project) -> None:
 
 @pytest.mark.parametrize("stdin", ["", "{not json", "[1, 2]", "\xff\xfe"])
 def test_cli_fails_closed_inside_an_agent(project: Project, stdin: str) -> None:
+    """Input whose runtime cannot even be told is refused the one way every runtime understands:
+    exit 2 with the reason on stderr (Claude, Codex and Gemini CLI block on it; ov's OpenCode plugin
+    blocks on any non-zero exit)."""
     result = CliRunner().invoke(guard, [], input=stdin,
                                 env=agent_env_for_runner(project, "builder-a"))
-    assert result.exit_code == 0
-    assert json.loads(result.output)["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert result.exit_code == 2
+    assert "call blocked" in result.stderr and result.stdout == ""
 
 
 def test_cli_allows_anything_outside_an_agent(project: Project) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
 
@@ -28,6 +29,9 @@ class ProjectSection(_Section):
 class RuntimeSection(_Section):
     default: str = "claude"
     claude_bin: str = "claude"
+    codex_bin: str = "codex"
+    gemini_bin: str = "gemini"
+    opencode_bin: str = "opencode"
     model: str | None = None
     tmux: bool = False
 
@@ -73,14 +77,28 @@ class LogsSection(_Section):
     keep_days: float = Field(14, gt=0)
 
 
+PROTOCOLS = ("anthropic", "openai-responses", "openai-chat", "gemini")
+
+
 class Provider(_Section):
     base_url: str
     api_key_env: str = "ANTHROPIC_API_KEY"
+    # The API the endpoint speaks; when set, ov refuses to point a runtime that speaks another at it.
+    protocol: str | None = None
+
+    @field_validator("protocol")
+    @classmethod
+    def _known_protocol(cls, value: str | None) -> str | None:
+        if value is not None and value not in PROTOCOLS:
+            raise ValueError(f"unknown protocol; choose one of: {', '.join(PROTOCOLS)}")
+        return value
 
 
-# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
-# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
-DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
+class ModelPrice(_Section):
+    """US dollars per million tokens, for runtimes whose CLI reports tokens but not cost."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
 
 
 class Config(_Section):
@@ -93,6 +111,26 @@ class Config(_Section):
     logs: LogsSection = Field(default_factory=LogsSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
+    runtimes: dict[str, str] = Field(default_factory=dict)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, value: dict[str, str]) -> dict[str, str]:
+        from overstory.runtimes import RUNTIME_NAMES
+        from overstory.store.sessions import CAPABILITIES
+
+        for capability, runtime in value.items():
+            if capability not in CAPABILITIES:
+                raise ValueError(f"unknown capability {capability!r}; choose among: {', '.join(CAPABILITIES)}")
+            if runtime not in RUNTIME_NAMES:
+                raise ValueError(f"unknown runtime {runtime!r} for {capability}; choose one of: "
+                                 f"{', '.join(RUNTIME_NAMES)}")
+        return value
+
+    def runtime_for(self, capability: str) -> str:
+        """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
+        return runtime_for(self, capability)
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -106,10 +144,17 @@ project:
   canonical_branch: main
 
 runtime:
-  # Runtime for new agents: claude (the real Claude Code CLI) or scripted (built-in fake).
+  # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
+  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
   default: claude
   # Program started for the claude runtime (a name on PATH or an absolute path).
   claude_bin: claude
+  # Program started for the codex runtime (npm package @openai/codex).
+  codex_bin: codex
+  # Program started for the gemini runtime (npm package @google/gemini-cli).
+  gemini_bin: gemini
+  # Program started for the opencode runtime (npm package opencode-ai).
+  opencode_bin: opencode
   # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
   model: null
   # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
@@ -159,7 +204,9 @@ logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
   keep_days: 14
 
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
+# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
+# protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
+# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
 providers: {}
 
 # Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
@@ -170,6 +217,15 @@ models:
   builder: sonnet
   # Scouts only read and report: haiku is enough and cheaper still.
   scout: haiku
+
+# Runtime per capability, e.g. {builder: codex, reviewer: gemini}; the rest use runtime.default.
+# (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
+runtimes: {}
+
+# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...}},
+# for runtimes whose CLI reports tokens but no cost (codex, gemini, opencode). Entries here override
+# ov's built-in list (`ov config --defaults` does not show it; see src/overstory/prices.py).
+prices: {}
 """
 
 

@@ -25,6 +25,17 @@ if TYPE_CHECKING:
 SNAPSHOT_NAME = "config.json"
 FORMAT = 1
 
+# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
+# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
+# Here rather than in ``config`` so that a turn can ask without importing pydantic.
+DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
+
+
+def runtime_for(config: t.Any, capability: str) -> str:
+    """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
+    runtime: str = config.runtimes.get(capability) or config.runtime.default
+    return runtime
+
 
 class Section:
     """One section of a snapshot: read-only attribute access to its validated values."""
@@ -54,6 +65,15 @@ class Section:
         return {key: _plain(value) for key, value in self._values.items()}
 
 
+class Snapshot(Section):
+    """The whole configuration: its sections, and the methods of ``config.Config`` (the same functions)."""
+
+    __slots__ = ()
+
+    def runtime_for(self, capability: str) -> str:
+        return runtime_for(self, capability)
+
+
 def _plain(value: t.Any) -> t.Any:
     if isinstance(value, Section):
         return value.model_dump()
@@ -62,14 +82,14 @@ def _plain(value: t.Any) -> t.Any:
     return value
 
 
-def _wrap(value: t.Any, shape: t.Any) -> t.Any:
+def _wrap(value: t.Any, shape: t.Any, kind: type[Section] = Section) -> t.Any:
     """Values -> Sections where ``shape`` says a model is: {field: shape} for a model, {"*": shape} for a
     mapping of models, None for a plain value."""
     if shape is None or not isinstance(value, dict):
         return value
     if set(shape) == {"*"}:
         return {key: _wrap(item, shape["*"]) for key, item in value.items()}
-    return Section({key: _wrap(item, shape.get(key)) for key, item in value.items()})
+    return kind({key: _wrap(item, shape.get(key)) for key, item in value.items()})
 
 
 def snapshot_path(run_dir: str | os.PathLike[str]) -> str:
@@ -82,7 +102,7 @@ def read(path: str | os.PathLike[str]) -> Config:
         document = json.load(handle)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path}: not a configuration snapshot this ov understands")
-    config: Config = _wrap(document["config"], document["shape"])
+    config: Config = _wrap(document["config"], document["shape"], Snapshot)
     return config
 
 

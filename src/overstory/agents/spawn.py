@@ -169,13 +169,14 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     task_id = validate_name(request.task_id, "task id")
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
     spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
-    runtime = request.runtime or config.runtime.default
+    runtime = request.runtime or config.runtime_for(capability)
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter)
     from overstory.agents.turns import model_choice
 
-    model_choice(request.model, capability, config, _launch_env(project, environ), runtime)  # unknown provider, missing key
+    model, _ = model_choice(request.model, capability, config, _launch_env(project, environ),
+                            runtime)  # unknown provider, missing key
     prompt = request.prompt
     if request.spec_file is not None:
         prompt = _read_text_file(request.spec_file, "--spec")
@@ -236,17 +237,32 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             spawn_journal.step(conn, intent, "worktree")
             _add_worktree(project, worktree, branch)
             spawn_journal.kill_point("worktree", environ)
-            _fault("instructions", environ)
-            spawn_journal.step(conn, intent, "instructions")
-            _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
-                                branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                files=request.files, ov_command=ov_command, tmux_mode=tmux)
-            spawn_journal.kill_point("instructions", environ)
+            home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                                      worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
+                                      prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux,
+                                      model=model)
+            if home_files is None:  # the runtime reads them from the worktree
+                _fault("instructions", environ)
+                spawn_journal.step(conn, intent, "instructions")
+                _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
+                                    branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
+                                    files=request.files, ov_command=ov_command, tmux_mode=tmux)
+                spawn_journal.kill_point("instructions", environ)
+        else:
+            home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                                      worktree=None, branch=base_branch or "", base_branch=base_branch or "",
+                                      parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
+                                      tmux_mode=tmux, model=model)
         spawn_journal.step(conn, intent, "rundir")
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        if at_root:
+        if home_files is not None:  # the runtime's own home under the run dir: nothing goes into the worktree
+            _fault("instructions", environ)
+            for target, content in home_files.items():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content, encoding="utf-8")
+        elif at_root:
             _fault("instructions", environ)
             _write_root_instructions(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                      base_branch=base_branch or "", parent=parent, prompt=prompt or "",
@@ -478,6 +494,27 @@ def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runt
     settings = runtime.hook_settings(ov_command, tmux_mode=False)
     if settings is not None:
         (run_dir / runtime.root_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
+                 task_id: str, worktree: Path | None, branch: str, base_branch: str, parent: str, prompt: str,
+                 files: t.Sequence[str], ov_command: list[str], tmux_mode: bool,
+                 model: str | None) -> dict[Path, str] | None:
+    """The files of a runtime that reads the agent's instructions and hook config from an ov-owned home of its
+    own (CODEX_HOME, ...), by absolute path; None when it reads them from the worktree (or the run dir)."""
+    from overstory.runtimes.base import AgentSetup
+
+    state_dir = runtime.state_dir(run_dir)
+    if state_dir is None:
+        return None
+    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
+                              base_branch=base_branch, worktree=worktree or project.root, parent=parent, prompt=prompt,
+                              files=files)
+    written = runtime.state_files(AgentSetup(
+        name=name, capability=capability, writable=capability in WRITER_CAPABILITIES, project_root=project.root,
+        worktree=worktree, run_dir=run_dir, instructions=text, ov_command=ov_command, tmux_mode=tmux_mode,
+        model=model))
+    return None if written is None else {state_dir / relative: content for relative, content in written.items()}
 
 
 def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime, *, name: str, capability: str,

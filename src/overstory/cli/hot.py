@@ -148,9 +148,13 @@ def guard(project_option: str | None) -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    response = guards.hook_response(guards.decide_hook_text(text, os.environ))
-    if response:
-        echo(response)
+    stdout, stderr, status = guards.guard_reply(text, os.environ)
+    if stdout:
+        echo(stdout)
+    if stderr:
+        echo(stderr, err=True)
+    if status:
+        sys.exit(status)
 
 
 def mail_send(project_option: str | None, *, to: str | None = None, subject: str, body: str | None = None,

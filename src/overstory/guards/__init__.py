@@ -92,6 +92,7 @@ from overstory.guards.policy import (
     check_shell,
     decide,
     decide_hook_text,
+    guard_reply,
     hook_response,
 )
 from overstory.guards.shell import ShellCommand, split_shell
@@ -109,6 +110,7 @@ __all__ = [
     "check_shell",
     "decide",
     "decide_hook_text",
+    "guard_reply",
     "hook_response",
     "split_shell",
 ]

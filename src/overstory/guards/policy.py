@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 
 from overstory.guards.agent import _Agent
+from overstory.guards.runtimes import as_claude_input, patch_paths, reply, unreadable
 from overstory.guards.shell import _SUBST
 from overstory.guards.walk import check_shell
 
@@ -124,6 +125,22 @@ def decide_hook_text(text: str | None, env: Mapping[str, str]) -> Decision:
     return decide(data, env)
 
 
+def guard_reply(text: str | None, env: Mapping[str, str]) -> tuple[str, str, int]:
+    """`ov guard`'s whole answer to one hook call, in the dialect of the CLI that asked:
+    (stdout, stderr, exit status). See ``guards.runtimes``."""
+    if not env.get("OVERSTORY_AGENT_NAME"):
+        return "", "", 0
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return unreadable(decide_hook_text(text, env).reason)
+    dialect, claude_input = as_claude_input(data)
+    decision = decide(claude_input, env)
+    return reply(dialect, decision.allow, decision.reason, hook_response(decision))
+
+
 def hook_response(decision: Decision) -> str:
     """What `ov guard` prints: Claude's PreToolUse deny object, or nothing when allowed."""
     if decision.allow:
@@ -173,6 +190,9 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
             return ALLOW  # e.g. Monitor watching a websocket
         if not isinstance(command, str):
             return Decision.deny(f"{tool} call without a command string; call blocked.")
+        patched = patch_paths(command)
+        if patched is not None:  # codex edits files by running apply_patch
+            return _check_patch(patched, agent, agent.start_dir(hook_input))
         reason = check_shell(command, agent, agent.start_dir(hook_input))
         return Decision.deny(reason) if reason else ALLOW
 
@@ -180,4 +200,14 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
         return Decision.deny(
             agent.read_only(f"run the {tool} tool, whose code cannot be checked for writes")
         )
+    return ALLOW
+
+
+def _check_patch(paths: list[str], agent: _Agent, cwd: str | None) -> Decision:
+    if not agent.writable:
+        return Decision.deny(agent.read_only("edit files (apply_patch)"))
+    for path in paths:
+        reason = agent.write_denial(path, cwd)
+        if reason:
+            return Decision.deny(reason)
     return ALLOW

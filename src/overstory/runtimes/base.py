@@ -10,7 +10,9 @@ A runtime answers five questions:
   (``ParsedEvent``) and, at the end, says whether the turn succeeded, what it cost
   and, if it failed, which kind of failure it was (``TurnFailure``);
 - which files carry an agent's instructions and guard hooks (``instructions_file``,
-  ``hook_settings``), or None where the runtime has no hooks;
+  ``hook_settings``), or None where the runtime has no hooks; a runtime that reads them
+  from an ov-owned home of its own (``state_dir``) writes them there (``state_files``),
+  and starts from a cleaned environment (``inherited_env``, ``turn_env``);
 - how to run its interactive TUI in tmux (``tui``), or None;
 - whether it is installed and has credentials (``probe``, for ``ov doctor``).
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if t.TYPE_CHECKING:
@@ -67,6 +69,7 @@ class TurnParser(abc.ABC):
     """What one turn's stdout has said so far. Pure: no I/O, so it is tested on captured output."""
 
     session_id: str | None = None
+    model: str | None = None       # the model the runtime reported, when it does (for the price table)
     events_seen: int = 0
     tool_calls: int = 0
     current_tool: str | None = None
@@ -91,7 +94,12 @@ class TurnParser(abc.ABC):
 
     @abc.abstractmethod
     def usage(self) -> Usage:
-        """Tokens and dollars of the turn as reported so far."""
+        """Tokens and dollars of the turn as reported so far (dollars 0.0 when the runtime does not say)."""
+
+    def finish(self, exit_code: int | None, stderr_tail: str) -> None:
+        """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
+        are asked. For runtimes that report some outcomes only there (an unknown session to resume, a
+        broken config, a turn that has no closing event)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,25 @@ class TurnRequest:
     run_dir: Path              # .overstory/run/<agent>/: root-agent instructions, runtime state
     at_project_root: bool      # no worktree (the coordinator): instructions and hooks come from run_dir
     scenario: Path | None = None
+    # What ``provider_env`` returned for this turn's provider (empty without one): a runtime whose CLI
+    # takes the endpoint on its command line, not from the environment, reads it here.
+    provider_env: t.Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """What ``ov sling`` knows of a new agent when a runtime writes the files of its state dir."""
+
+    name: str
+    capability: str
+    writable: bool             # a writer (builder, merger); everyone else is read-only
+    project_root: Path
+    worktree: Path | None      # None: the agent works at the project root (the coordinator)
+    run_dir: Path              # .overstory/run/<agent>/
+    instructions: str          # the rendered overlay
+    ov_command: list[str]      # how hooks call ov
+    tmux_mode: bool = False
+    model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
 @dataclass(frozen=True)
@@ -197,13 +224,32 @@ class Runtime(abc.ABC):
     def new_parser(self) -> TurnParser:
         """A parser for one turn's stdout."""
 
+    # The wire protocols this runtime can speak to a provider (config ``providers.<name>.protocol``).
+    protocols: t.ClassVar[tuple[str, ...]] = ()
+
     def provider_env(self, base_url: str, api_key: str) -> dict[str, str]:
         """Environment that routes this runtime to a configured provider endpoint."""
         return {}
 
-    def turn_env(self) -> dict[str, str]:
-        """Fixed environment every turn of this runtime needs."""
+    def inherited_env(self, environ: t.Mapping[str, str]) -> dict[str, str]:
+        """The part of ov's environment a turn starts from: a runtime drops what would make it read the
+        user's own config or account, or change its behaviour (all of it by default)."""
+        return dict(environ)
+
+    def turn_env(self, run_dir: Path) -> dict[str, str]:
+        """Environment every turn of this agent needs (e.g. where its state dir is)."""
         return {}
+
+    def state_dir(self, run_dir: Path) -> Path | None:
+        """Where the runtime keeps this agent's own state and config (CODEX_HOME...), under its run dir;
+        None when it keeps them where it always does."""
+        return None
+
+    def state_files(self, setup: AgentSetup) -> dict[str, str] | None:
+        """Files ``ov sling`` writes into ``state_dir`` ({relative path: text}): the agent's instructions and
+        the config that makes the runtime call ``ov guard``. None: the instructions and hook settings go into
+        the worktree (``instructions_file``, ``hook_settings_file``) or, at the project root, the run dir."""
+        return None
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         """The settings that make the runtime call ``ov guard`` before each tool call; None: no hooks."""

@@ -74,6 +74,7 @@ class ClaudeRuntime(Runtime):
     hook_settings_file = ".claude/settings.local.json"
     root_instructions_file = "CLAUDE.md"
     root_settings_file = "settings.json"
+    protocols = ("anthropic",)
 
     def program(self, config: Config) -> list[str]:
         claude_bin = config.runtime.claude_bin
@@ -107,7 +108,7 @@ class ClaudeRuntime(Runtime):
     def provider_env(self, base_url: str, api_key: str) -> dict[str, str]:
         return {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": api_key}
 
-    def turn_env(self) -> dict[str, str]:
+    def turn_env(self, run_dir: Path) -> dict[str, str]:
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             return {"IS_SANDBOX": "1"}  # claude refuses bypassPermissions as root otherwise
         return {}
