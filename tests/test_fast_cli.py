@@ -426,3 +426,14 @@ def test_the_ov_script_starts_in_the_fast_path() -> None:
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"ov": "overstory.cli.fast:main"}
     assert "overstory.cli.fast import main" in (REPO_ROOT / "src" / "overstory" / "__main__.py").read_text()
+
+
+def test_the_store_takes_string_paths_as_the_hot_path_passes_them(tmp_path: Path) -> None:
+    from overstory.errors import StoreError
+
+    conn = open_state(str(tmp_path / "state.db"))
+    conn.close()
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"this is not an SQLite database at all, just bytes" * 100)
+    with pytest.raises(StoreError, match="damaged.db"):
+        open_events(str(damaged))

@@ -115,12 +115,10 @@ def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection
         raise
 
 
-def _no_space_left(path: Path) -> bool:
+def _no_space_left(path: str | os.PathLike[str]) -> bool:
     """Whether the file system holding ``path`` is full (SQLite then reports only "disk I/O error")."""
-    import os
-
     try:
-        stats = os.statvfs(path.parent)
+        stats = os.statvfs(os.path.dirname(os.path.abspath(os.fspath(path))))
     except OSError:
         return False
     return stats.f_bavail * stats.f_frsize < 64 * 1024
