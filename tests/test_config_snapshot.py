@@ -182,7 +182,15 @@ def test_the_snapshot_has_every_method_the_config_models_have(tmp_path: Path) ->
     assert methods(Config) == {"runtime_for"}
     for capability in ("builder", "scout", "coordinator"):
         assert snapshot.runtime_for(capability) == validated.runtime_for(capability)
-    for name, field in Config.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            assert methods(annotation) == set(), f"{name}: teach config_snapshot.Section these methods"
+
+    def models(model: t.Any, where: str) -> t.Iterator[tuple[str, type[BaseModel]]]:
+        for name, field in model.model_fields.items():
+            for annotation in (field.annotation, *t.get_args(field.annotation)):
+                if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                    yield f"{where}{name}", annotation
+                    yield from models(annotation, f"{where}{name}.")
+
+    found = dict(models(Config, ""))
+    assert "budgets.agent" in found and "providers" in found  # nested sections and mappings of models
+    for name, model in found.items():
+        assert methods(model) == set(), f"{name}: teach config_snapshot.Section the methods of {model.__name__}"

@@ -27,7 +27,7 @@ import pytest
 from conftest import make_repo
 from overstory.cli import fast
 from overstory.paths import ProjectPaths
-from overstory.store import mail, sessions
+from overstory.store import budgets, mail, sessions
 from overstory.store.db import open_events, open_state
 
 DAY_MS = 86_400_000
@@ -72,6 +72,8 @@ class World:
             rows = state.execute("SELECT id, thread_id, reply_to, sender, recipient, type, priority, subject, body, "
                                  "payload, read_at IS NULL, claimed_by FROM mail ORDER BY id").fetchall()
             kinds = events.execute("SELECT kind, agent, summary FROM events ORDER BY id").fetchall()
+            counts = state.execute("SELECT scope, name, tool_calls, refused_tool_calls FROM budgets ORDER BY name")
+            kinds += counts.fetchall()
         finally:
             state.close()
             events.close()
@@ -102,6 +104,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             sessions.transition(state, name, generation, state_name, actor="test")
             sessions.update_fields(state, name, generation, last_activity=sessions.now_ms() - 2 * DAY_MS,
                                    turns=3, input_tokens=1000, output_tokens=200, cost_usd=0.125)
+            if name in ("builder-a", "builder-b"):  # `ov guard` counts calls against these; builder-b has none left
+                budgets.create_agent(state, name, generation, run_id=None,
+                                     limits={"max_tool_calls": 5 if name == "builder-a" else 0})
         mail.send(state, sender="operator", to="builder-a", subject="first", body="plain body", events=events)
         mail.send(state, sender="lead-1", to="builder-a", subject="\x1b[31mred\x1b[0m subject", priority="urgent",
                   body="styled \x1b[1mbody\x1b[0m", payload={"k": [1, 2]}, events=events)
@@ -114,7 +119,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 
 AGENT_ENV = {"OVERSTORY_AGENT_NAME": "builder-a", "OVERSTORY_CAPABILITY": "builder", "OVERSTORY_TASK_ID": "t-builder-a",
-             "OVERSTORY_BRANCH": "ov/builder-a", "OVERSTORY_PARENT": "lead-1"}
+             "OVERSTORY_BRANCH": "ov/builder-a", "OVERSTORY_PARENT": "lead-1", "OVERSTORY_PROJECT_ROOT": "{root}",
+             "OVERSTORY_GENERATION": "1"}
 SCOUT_ENV = {**AGENT_ENV, "OVERSTORY_AGENT_NAME": "scout-x", "OVERSTORY_CAPABILITY": "scout"}
 
 
@@ -222,6 +228,8 @@ def _cases() -> list[Case]:
         add(f"guard-builder-{label}", ["guard"], True, stdin=stdin, env=AGENT_ENV, where="worktree")
         add(f"guard-scout-{label}", ["guard"], True, stdin=stdin, env=SCOUT_ENV, where="worktree")
         add(f"guard-operator-{label}", ["guard"], True, stdin=stdin)
+    add("guard-builder-over-budget", ["guard"], True, stdin=bash, where="worktree",
+        env={**AGENT_ENV, "OVERSTORY_AGENT_NAME": "builder-b"})
     add("guard-argument", ["guard", "extra"], False, stdin=bash, env=AGENT_ENV)
     add("guard-help", ["guard", "--help"], False)
     add("root-help", ["--help"], False)
@@ -233,6 +241,7 @@ def _cases() -> list[Case]:
 CASES = _cases()
 TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 IDLE = re.compile(r'"idle_seconds": [0-9.]+')
+WALLCLOCK = re.compile(r'("wallclock": \{\s*"limit": [^,]+,\s*"used": )[0-9.]+')  # seconds since the budget began
 
 
 def _fill(text: str, world: World) -> str:
@@ -254,7 +263,7 @@ def _run(world: World, case: Case, entry: t.Callable[[list[str]], t.Any], capsys
         with pytest.raises(SystemExit) as exited:
             entry([_fill(arg, world) for arg in case.args])
         out, err = capsys.readouterr()
-    normal = [TIMES.sub("<time>", IDLE.sub('"idle_seconds": <n>', text)) for text in (out, err)]
+    normal = [WALLCLOCK.sub(r"\1<n>", TIMES.sub("<time>", IDLE.sub('"idle_seconds": <n>', text))) for text in (out, err)]
     return exited.value.code or 0, normal[0], normal[1], world.dump()
 
 

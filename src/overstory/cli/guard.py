@@ -8,6 +8,7 @@ import sys
 import click
 
 from overstory import guards
+from overstory.cli.hot import count_tool_call  # shared with cli.fast's `ov guard`
 
 
 @click.command(name="guard")
@@ -19,6 +20,8 @@ def guard() -> None:
     OpenCode's plugin and for input it cannot read, exits 2 with the reason on stderr.
     Allowed calls get no output and exit 0. Outside an agent (no OVERSTORY_AGENT_NAME)
     every call is allowed.
+    An allowed call is counted against the agent's and its run's max_tool_calls; the
+    call past either limit is denied.
 
     \b
     Example hook in <worktree>/.claude/settings.local.json:
@@ -31,10 +34,11 @@ def guard() -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    stdout, stderr, status = guards.guard_reply(text, os.environ)
+    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ))
     if stdout:
         click.echo(stdout)
     if stderr:
         click.echo(stderr, err=True)
     if status:
         sys.exit(status)
+

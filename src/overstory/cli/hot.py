@@ -138,6 +138,17 @@ def recipients_of(conn: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
 # ---- the commands -------------------------------------------------------------------------------
 
 
+def count_tool_call(env: t.Mapping[str, str]) -> str | None:
+    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
+    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
+                               env.get("OVERSTORY_GENERATION", ""))
+    if not agent or not root or not generation.isdigit():
+        return None
+    from overstory.store.tool_count import count_tool_call as count
+
+    return count(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
+
+
 def guard(project_option: str | None) -> None:
     """`ov guard`, as cli/guard.py does it (kept in step by tests/test_fast_cli.py)."""
     from overstory import guards
@@ -148,7 +159,7 @@ def guard(project_option: str | None) -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    stdout, stderr, status = guards.guard_reply(text, os.environ)
+    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ))
     if stdout:
         echo(stdout)
     if stderr:

@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli.budget import DURATION
 from overstory.runtimes import RUNTIME_NAMES
 
 
@@ -23,10 +24,15 @@ from overstory.runtimes import RUNTIME_NAMES
               help="Scenario file for the scripted runtime (format: README.md, \"The scripted runtime's scenarios\").")
 @click.option("--tmux/--headless", "tmux", default=None,
               help="Run the interactive TUI in tmux (`ov attach NAME`), or headless turns (default: runtime.tmux).")
+@click.option("--max-usd", type=click.FloatRange(min=0), help="Budget: dollars (default: config budgets.agent).")
+@click.option("--max-turns", type=click.IntRange(min=0), help="Budget: turns.")
+@click.option("--max-tool-calls", type=click.IntRange(min=0), help="Budget: tool calls.")
+@click.option("--max-wallclock", type=DURATION, help="Budget: wall-clock time since the sling (90m, 4h).")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
           files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None,
-          base_branch: str | None, scenario: Path | None, tmux: bool | None, as_json: bool) -> None:
+          base_branch: str | None, scenario: Path | None, tmux: bool | None, max_usd: float | None,
+          max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
 
     \b
@@ -34,6 +40,11 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling scout survey --runtime scripted
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
+    ov sling builder task-9 --max-usd 2 --max-turns 30 --max-wallclock 90m
+
+    \b
+    Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
+    a child's budget never exceeds what is left of its run's.
     """
     from overstory.agents.spawn import SlingRequest
     from overstory.agents.spawn import sling as do_sling
@@ -46,7 +57,9 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     config = load_config(project.config_file, project.local_config_file)
     request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
                            files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
-                           scenario=scenario, tmux=tmux)
+                           scenario=scenario, tmux=tmux,
+                           budget={"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
+                                   "max_wallclock": max_wallclock})
     result = do_sling(project, config, state_conn(project), request)
     if prompt is None and spec_file is None:
         click.echo(f"ov: warning: no --prompt or --spec: {result.name} has only its role ({capability}) and the "
@@ -60,5 +73,12 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         click.echo(f"  branch:   {result.branch}")
         click.echo(f"  worktree: {result.worktree}")
     click.echo(f"  parent:   {result.parent}")
+    limits = {k: v for k, v in result.budget.items() if v is not None}
+    if limits:
+        from overstory.store.budgets import format_limit
+
+        click.echo("  budget:   " + ", ".join(f"{k} {format_limit(k, v)}" for k, v in limits.items()))
+    for note in result.budget_notes:
+        click.echo(f"  note:     {note}")
     if result.mode == "tmux":
         click.echo(f"  tmux:     session {result.tmux_session}; watch it with `ov attach {result.name}`")
