@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
 
@@ -75,9 +76,6 @@ class BudgetLimits(_Section):
     @classmethod
     def _duration(cls, value: t.Any) -> t.Any:
         return _seconds(value)
-
-    def as_limits(self) -> dict[str, float | int | None]:
-        return self.model_dump()
 
 
 class BudgetsSection(_Section):
@@ -141,11 +139,6 @@ class Provider(_Section):
         return value
 
 
-# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
-# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
-DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
-
-
 class Config(_Section):
     project: ProjectSection = Field(default_factory=ProjectSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
@@ -177,7 +170,7 @@ class Config(_Section):
 
     def runtime_for(self, capability: str) -> str:
         """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
-        return self.runtimes.get(capability) or self.runtime.default
+        return runtime_for(self, capability)
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -486,3 +479,29 @@ def env_var_names() -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             names += [f"OV_{section_name.upper()}_{k.upper()}" for k in annotation.model_fields]
     return names
+
+
+def snapshot_shape(annotation: t.Any = None) -> t.Any:
+    """Where ``Config`` has models (see ``config_snapshot``): {field: shape} for a model, {"*": shape} for a
+    mapping of models, None for a plain value."""
+    annotation = Config if annotation is None else annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {name: snapshot_shape(field.annotation) for name, field in annotation.model_fields.items()}
+    origin = t.get_origin(annotation)
+    if origin is dict:
+        inner = snapshot_shape(t.get_args(annotation)[1])
+        return None if inner is None else {"*": inner}
+    if origin in (t.Union, types.UnionType):
+        return next((shape for arg in t.get_args(annotation) if (shape := snapshot_shape(arg)) is not None), None)
+    return None
+
+
+def write_agent_snapshot(config_file: Path, local_file: Path | None, environ: t.Mapping[str, str],
+                         run_dir: Path) -> Config:
+    """Validate the configuration as an agent's loop would see it (its launch environment) and hand it
+    over as ``run_dir/config.json``, so the loop needs no pydantic. ConfigError if it is invalid."""
+    from overstory import config_snapshot
+
+    config = load_config(config_file, local_file, environ=environ)
+    config_snapshot.write(config.model_dump(mode="json"), snapshot_shape(), config_snapshot.snapshot_path(run_dir))
+    return config

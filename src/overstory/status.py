@@ -9,12 +9,15 @@ agents and 100k events stays fast.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
 
 from overstory import procs
 from overstory.clock import iso, now_ms
 from overstory.store import budgets
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
+
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+if TYPE_CHECKING:
+    import typing as t
 
 RUNS_LIMIT = 20
 

@@ -42,7 +42,7 @@ from overstory import procs
 from overstory.agents.idle import NO_REPORT
 from overstory.agents.loop_starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
-from overstory.errors import LockHeld, OrchestratorError
+from overstory.errors import ConfigError, LockHeld, OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import intents, sessions, turns
 from overstory.store.db import write_transaction
@@ -582,5 +582,11 @@ class Watchdog:
 def _spawn_loop(project: ProjectPaths, agent: str, generation: int) -> tuple[int, int | None]:
     from overstory.agents.loop import spawn_loop
     from overstory.agents.process import load_launch_env
+    from overstory.config import write_agent_snapshot
 
-    return spawn_loop(project, agent, generation, load_launch_env(project, agent))
+    launch_env = load_launch_env(project, agent)
+    try:  # the re-adopted loop sees the configuration as it is now, as one that loaded it itself would
+        write_agent_snapshot(project.config_file, project.local_config_file, launch_env, project.run_dir / agent)
+    except (ConfigError, OSError):
+        pass  # now invalid or unreadable: the loop keeps the one the agent was slung with
+    return spawn_loop(project, agent, generation, launch_env)

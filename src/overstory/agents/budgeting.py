@@ -30,7 +30,7 @@ class BudgetExhausted(OrchestratorError):
 def agent_limits(conn: sqlite3.Connection, config: Config, run_id: str | None,
                  requested: t.Mapping[str, t.Any] | None) -> tuple[dict[str, t.Any], list[str]]:
     """A new agent's limits: config defaults, then the request, clamped to what its run has left."""
-    limits = dict(config.budgets.agent.as_limits())
+    limits = dict(config.budgets.agent.model_dump())
     limits.update({k: v for k, v in (requested or {}).items() if v is not None})
     if run_id is None:
         return limits, []
@@ -49,7 +49,7 @@ def open_run_budget(conn: sqlite3.Connection, config: Config, run: runs.Run,
                     requested: t.Mapping[str, t.Any] | None) -> budgets.Budget:
     """The run's budget row: config ``budgets.run`` for a new run, then the limits asked for."""
     existing = budgets.get_run(conn, run.id)
-    limits = {} if existing is not None else dict(config.budgets.run.as_limits())
+    limits = {} if existing is not None else dict(config.budgets.run.model_dump())
     limits.update({k: v for k, v in (requested or {}).items() if v is not None})
     return budgets.ensure_run(conn, run.id, started_at=run.started_at, limits=limits)
 

@@ -84,7 +84,7 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    from overstory.config import DEFAULT_MODELS
+    from overstory.config_snapshot import DEFAULT_MODELS  # not from config: no pydantic in the loop
 
     adapter = get_runtime(runtime or config.runtime_for(capability))
     configured = config.models.get(capability)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-import typing as t
 
 import click
 
 from overstory import guards
+from overstory.cli.hot import count_tool_call  # shared with cli.fast's `ov guard`
 
 
 @click.command(name="guard")
@@ -34,7 +34,7 @@ def guard() -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: _count_tool_call(os.environ))
+    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ))
     if stdout:
         click.echo(stdout)
     if stderr:
@@ -42,13 +42,3 @@ def guard() -> None:
     if status:
         sys.exit(status)
 
-
-def _count_tool_call(env: t.Mapping[str, str]) -> str | None:
-    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
-    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
-                               env.get("OVERSTORY_GENERATION", ""))
-    if not agent or not root or not generation.isdigit():
-        return None
-    from overstory.store.tool_count import count_tool_call
-
-    return count_tool_call(os.path.join(root, ".overstory", "state.db"), agent, int(generation))

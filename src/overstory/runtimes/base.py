@@ -22,7 +22,6 @@ Standard library only: the per-agent loop imports this on every start.
 from __future__ import annotations
 
 import abc
-import shutil
 import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,4 +302,6 @@ class Runtime(abc.ABC):
 
 def find_program(name_or_path: str) -> str | None:
     """An executable on PATH, or an existing file path; None when neither."""
+    import shutil  # not at the top: every idle agent loop imports this module
+
     return shutil.which(name_or_path) or (name_or_path if Path(name_or_path).is_file() else None)

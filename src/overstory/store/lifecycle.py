@@ -21,7 +21,11 @@ import typing as t
 
 from overstory.clock import iso, now_ms
 from overstory.store import sessions
-from overstory.store.sessions import Outcome, Session
+from overstory.store.sessions import Session
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from overstory.store.sessions import Outcome
 
 # Mail types that end an agent's task, by capability. Persistent capabilities have none.
 TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {

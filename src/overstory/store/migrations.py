@@ -8,9 +8,10 @@ each in its own transaction.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
+from collections.abc import Callable
 
-Migration = t.Callable[[sqlite3.Connection], None]
+# collections.abc, not typing: hot commands open databases, and typing costs milliseconds to import.
+Migration = Callable[[sqlite3.Connection], None]
 
 
 def run_script(conn: sqlite3.Connection, script: str) -> None:
