@@ -109,7 +109,12 @@ def _document(item: t.Any, following: int | None) -> dict[str, t.Any]:
 @schedule.command(name="list")
 @json_option
 def list_schedules(as_json: bool) -> None:
-    """Schedules, their next fire (local time, zone stated) and their last fire."""
+    """Schedules, their next fire (local time, zone stated) and their last fire.
+
+    \b
+    ov schedule list
+    ov schedule list --json
+    """
     from overstory.clock import iso, now_ms
     from overstory.scheduler import local_text, next_due, zone_label
     from overstory.store import schedules
@@ -147,7 +152,11 @@ def list_schedules(as_json: bool) -> None:
 @schedule.command(name="remove")
 @click.argument("name")
 def remove(name: str) -> None:
-    """Remove a schedule (and its fire history)."""
+    """Remove a schedule (and its fire history).
+
+    \b
+    ov schedule remove nightly
+    """
     from overstory.errors import ScheduleError
     from overstory.store import schedules
 
@@ -159,7 +168,11 @@ def remove(name: str) -> None:
 @schedule.command(name="pause")
 @click.argument("name")
 def pause(name: str) -> None:
-    """Stop firing a schedule until `ov schedule resume`."""
+    """Stop firing a schedule until `ov schedule resume`.
+
+    \b
+    ov schedule pause nightly
+    """
     from overstory.store import schedules
 
     schedules.set_paused(state_conn(project_paths()), name, True)
@@ -169,7 +182,11 @@ def pause(name: str) -> None:
 @schedule.command(name="resume")
 @click.argument("name")
 def resume(name: str) -> None:
-    """Fire a paused schedule again, from now on (what fell due while paused is not caught up)."""
+    """Fire a paused schedule again, from now on (what fell due while paused is not caught up).
+
+    \b
+    ov schedule resume nightly
+    """
     from overstory.clock import now_ms
     from overstory.store import schedules
 
@@ -184,7 +201,11 @@ def resume(name: str) -> None:
 @click.argument("name")
 @json_option
 def run_now(name: str, as_json: bool) -> None:
-    """Fire a schedule now, in the foreground (paused ones too); exits with the command's outcome."""
+    """Fire a schedule now, in the foreground (paused ones too); exits 1 when its command failed.
+
+    \b
+    ov schedule run-now nightly
+    """
     import os
 
     from overstory import procs
