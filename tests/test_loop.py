@@ -202,3 +202,23 @@ def test_kill_9_of_the_loop_mid_iteration_retries_it_without_resetting_the_count
     assert loop_row(calc)["iterations"] == 2
     assert "attempt 2" in prompts(calc)[2]
     assert mail_rows(calc, type="worker_died") == []
+
+
+def test_bad_loop_requests_are_one_line_and_create_nothing(calc, tmp_path):
+    bad_spec = tmp_path / "bad.yaml"
+    bad_spec.write_text("objective: x\nphases:\n  - {name: a, objective: b, gate: 'files: *.py > 2'}\n")
+    cases = [
+        (["loop", "builder", "t1"], 2, "--prompt TEXT or --spec FILE"),
+        (["loop", "builder", "t1", "--prompt", "x", "--spec", str(bad_spec)], 2, "not both"),
+        (["loop", "builder", "t1", "--spec", str(bad_spec)], 1, "files: <glob> >= N"),
+        (["loop", "builder", "t1", "--spec", "/dev/zero"], 2, "larger than the limit"),
+        (["loop", "coordinator", "t1", "--prompt", "x"], 2, "does not loop"),
+        (["loop", "status", "nobody"], 1, "no loop named 'nobody'"),
+        (["loop", "status", "nobody", "--check", "x"], 2, "takes only --json"),
+        (["resume", "nobody", "--add-iterations", "2"], 1, "no agent named"),
+    ]
+    for args, code, text in cases:
+        done = run_ov(*args, cwd=calc.root)
+        assert done.returncode == code and text in done.stderr, (args, done.returncode, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert run_git(calc.root, "branch", "--list", "ov/*") == "" and agent_state(calc, "builder-t1") is None

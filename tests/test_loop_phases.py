@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
-from agent_helpers import mail_rows
+from agent_helpers import agent_state, mail_rows, wait_for
 from conftest import run_git, run_ov
+from overstory import procs
 from overstory.store.db import open_events, open_state
-from test_loop import BUGGY, CHECK, FIX, calc, records, settled  # noqa: F401 - calc is a fixture
+from test_loop import CHECK, FIX, calc, records, settled  # noqa: F401 - calc is a fixture
+from test_watchdog import make_watchdog
 
 REPORT = {"bash": "ov mail send --type worker_done --subject reviewed --body done"}
 
@@ -120,3 +123,36 @@ def test_a_critic_that_escalates_parks_the_loop_and_resume_goes_on(calc, tmp_pat
     agent = settled(calc)
     assert agent.state == "completed", agent.state_reason
     assert len(records(calc)) == 1, "resuming after the critic goes on; the phase is not run again"
+
+
+@pytest.mark.parametrize("step", ["loop_judged", "loop_critic"])
+def test_a_loop_killed_at_a_phase_boundary_makes_one_checkpoint_and_one_critic(calc, tmp_path, step):
+    """Killed (SIGKILL) after judging the iteration, or after naming its critic but before slinging it; the
+    watchdog restarts the loop, which finishes the boundary once."""
+    scenario = tmp_path / "boundary.yaml"
+    scenario.write_text(yaml.safe_dump({"agents": {
+        "*-critic-*": {"turns": [{"actions": [verdict("pass", "fine"), REPORT], "result": "passed"}]},
+        "builder-*": {"iterations": [{"actions": FIX, "result": "LOOP_DONE"}]},
+    }}, sort_keys=False))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"objective": "fix add", "check": CHECK, "critic": "reviewer"}))
+    done = run_ov("loop", "builder", "t1", "--spec", str(spec), "--runtime", "scripted", "--scenario", str(scenario),
+                  cwd=calc.root, env={"OV_TEST_KILL_AT": step})
+    assert done.returncode == 0, done.stderr
+    marker = calc.run_dir / "builder-t1" / f"killed-at-{step}"
+    first = wait_for(lambda: marker.exists() and (a := agent_state(calc, "builder-t1")) and a, 60,
+                     message=f"the loop to die at {step}")
+    wait_for(lambda: not procs.is_alive(first.loop_pid, first.loop_start_ticks), 30, message="the loop to be gone")
+    dog = make_watchdog(calc)
+    try:
+        assert [(a.agent, a.kind) for a in dog.tick()] == [("builder-t1", "readopted")]
+    finally:
+        dog.close()
+    agent = settled(calc)
+    assert agent.state == "completed", agent.state_reason
+    conn = open_state(calc.state_db)
+    marks = conn.execute("SELECT count(*) FROM loop_checkpoints WHERE name = 'builder-t1'").fetchone()[0]
+    critics = [r[0] for r in conn.execute("SELECT name FROM sessions WHERE parent = 'builder-t1'")]
+    conn.close()
+    assert marks == 1 and critics == ["builder-t1-critic-1-1"]
+    assert len(records(calc)) == 1 and len(mail_rows(calc, type="worker_done", recipient="operator")) == 1

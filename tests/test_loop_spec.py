@@ -193,3 +193,17 @@ def test_the_scripted_runtime_plays_one_script_per_iteration(tmp_path):
     assert played("") == "[{'result': 'mail turn'}]"
     assert played("2") == "[{'result': 'second'}]"
     assert played("3") == "[]"
+
+
+@pytest.mark.parametrize("command, allowed", [
+    ("ov loop status builder-x --json", True),
+    ("ov loop builder t2 --prompt 'fix it' --check 'pytest -q' --max-iterations 5", True),  # `ov loop` checks who
+    ("ov schedule add n --cron '0 2 * * *' -- sling builder x", False),
+    ("ov schedule list", False),
+])
+def test_agents_may_read_loops_but_only_the_operator_schedules(tmp_path, command, allowed):
+    env = {"OVERSTORY_AGENT_NAME": "lead-1", "OVERSTORY_CAPABILITY": "lead", "OVERSTORY_WORKTREE": str(tmp_path)}
+    decision = guards.decide({"tool_name": "Bash", "tool_input": {"command": command}}, env)
+    assert decision.allow is allowed, decision.reason
+    if not allowed:
+        assert "only the operator runs it" in decision.reason

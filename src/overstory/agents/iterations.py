@@ -30,6 +30,7 @@ import typing as t
 import uuid
 from pathlib import Path
 
+from overstory import procs
 from overstory.agents.loop_boundary import (
     consume_critic_mail,
     critic_name,
@@ -112,6 +113,9 @@ class IterationRunner:
         pending = loops.open_iteration(self.state, self.name, self.generation)
         if pending is not None and pending["status"] == "checking":
             self._evaluate(agent, loop, pending)
+            return
+        if loop.same_failures >= self.config.loop.same_failure_limit:  # judged stuck by a loop that then died
+            self._park_stuck(agent, loop)
             return
         if self.host._wait_for_quota(agent):
             return
@@ -227,7 +231,7 @@ class IterationRunner:
                                    check_seconds=round(check.seconds, 3) if check else None, check_tail=tail,
                                    fingerprint=check.fingerprint if check else None, progress=progress,
                                    outcome=outcome)
-            loops.update(self.state, self.name, self.generation, same_failures=0 if stuck else streak,
+            loops.update(self.state, self.name, self.generation, same_failures=streak,
                          last_fingerprint=check.fingerprint if check else None,
                          last_check_exit=check.exit_code if check else None, last_check_tail=tail,
                          status="boundary" if promise and passed else loop.status)
@@ -235,11 +239,24 @@ class IterationRunner:
                                     f"check {'none' if check is None else check.exit_code}: {outcome}",
                     {"number": row["number"], "attempt": row["attempt"], "promise": promise,
                      "check_exit": check.exit_code if check else None, "streak": streak})
+        self._kill_point("loop_judged")
         if stuck:
-            assert check is not None
-            self._park(agent, f"loop: the same check failure {streak} times in a row (`{check.label}` exit "
-                              f"{check.exit_code})", {"iterations": loop.iterations, "check": check.label,
-                                                       "exit_code": check.exit_code, "tail": check.tail[-800:]})
+            fresh = loops.get(self.state, self.name, self.generation)
+            assert fresh is not None
+            self._park_stuck(agent, fresh)
+
+    def _park_stuck(self, agent: Session, loop: Loop) -> None:
+        """The same failure ``same_failure_limit`` times: park; the streak starts over when a person resumes it."""
+        label = (loop.last_check_tail or "").partition("\n")[0].removeprefix("$ ")
+
+        def restart_streak(tx: sqlite3.Connection) -> None:
+            loops.update(tx, self.name, self.generation, same_failures=0)
+
+        self._park(agent, f"loop: the same check failure {loop.same_failures} times in a row (`{label}` exit "
+                          f"{loop.last_check_exit})", {"iterations": loop.iterations, "check": label,
+                                                       "exit_code": loop.last_check_exit,
+                                                       "tail": (loop.last_check_tail or "")[-800:]},
+                   also=restart_streak)
 
     def _recover(self, loop: Loop) -> None:
         """An iteration left ``running`` by a loop process that died: judge it, or run it again."""
@@ -284,6 +301,7 @@ class IterationRunner:
                          critic_since=now_ms())
             fresh = loops.get(self.state, self.name, self.generation)
             assert fresh is not None
+            self._kill_point("loop_critic")
             self._start_critic(agent, fresh)
             return
         self._advance(agent, loop, "its gate passed")
@@ -407,6 +425,14 @@ class IterationRunner:
             if mark["phase"] in done:
                 latest[mark["phase"]] = mark
         return [latest[p["name"]] for p in loop.phases[: loop.phase_index] if p["name"] in latest]
+
+    def _kill_point(self, step: str) -> None:
+        """Crash-safety tests: die here once (``OV_TEST_KILL_AT=<step>``); the restarted loop must not die again."""
+        if os.environ.get(procs.KILL_AT_ENV) == step:
+            marker = self.project.run_dir / self.name / f"killed-at-{step}"
+            if not marker.exists():
+                marker.touch()
+                procs.kill_point(step)
 
     def _event(self, kind: str, summary: str, data: dict[str, t.Any] | None) -> None:
         try:
