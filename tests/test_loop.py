@@ -124,6 +124,10 @@ def test_a_promise_with_a_failing_check_runs_another_iteration_with_its_output(c
     assert len(document["checkpoints"]) == 1
     text = run_ov("loop", "status", "builder-t1", cwd=calc.root).stdout
     assert "completed" in text and "add() fixed" in text
+    assert run_git(calc.root, "for-each-ref", "refs/ov/checkpoints/builder-t1/").count("\n") == 1
+    cleaned = run_ov("stop", "builder-t1", "--clean", "--force", cwd=calc.root)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert run_git(calc.root, "for-each-ref", "refs/ov/checkpoints/") == "", "its checkpoints went with its branch"
 
 
 def test_a_green_check_without_the_promise_is_not_done(calc, tmp_path):
