@@ -292,7 +292,9 @@ def test_schedule_commands(project):
 def test_the_claim_is_unique_per_occasion(project):
     conn = open_state(project.state_db)
     found = add_cron(project, "u", "* * * * *", SLING, cursor=T0)
-    render = lambda n: [f"n={n}"]  # noqa: E731
+    def render(n: int) -> list[str]:
+        return [f"n={n}"]
+
     one = schedules.claim(conn, found, "cron:1", cursor=1, render=render, claimer_pid=1, claimer_ticks=None)
     two = schedules.claim(conn, found, "cron:1", cursor=1, render=render, claimer_pid=2, claimer_ticks=None)
     assert one is not None and one["argv"] == ["n=1"] and two is None

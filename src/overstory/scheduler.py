@@ -121,7 +121,6 @@ def notify_failed_fire(project: ProjectPaths, fire: t.Mapping[str, t.Any], reaso
     """Tell a person that a fire failed. Called once per failed fire, after its row is settled
     (dedup key ``schedule_fire:<fire id>``). The ``schedule_failed`` event is already recorded;
     notifications (issue 17, apprise) are wired here when they exist."""
-    return None
 
 
 # ---- the scheduler ---------------------------------------------------------------------
@@ -283,5 +282,5 @@ def record_event(project: ProjectPaths, kind: str, schedule: str, summary: str, 
         event_store.record(conn, kind, summary=summary[:300], data={"schedule": schedule, **(data or {})})
         if holder is None:
             conn.close()
-    except (sqlite3.Error, OSError, Exception):  # noqa: BLE001 - the fire's row is what matters
+    except Exception:  # noqa: BLE001 - the fire's row is what matters; an event is a courtesy
         pass

@@ -22,6 +22,7 @@ crash finds its checkpoint and its critic instead of making new ones.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -80,7 +81,7 @@ class IterationRunner:
 
             try:
                 keep_out_of_commits(Path(agent.worktree), [PROGRESS_FILE])
-            except (OSError, OrchestratorError, Exception):  # noqa: BLE001 - a git hiccup must not stop the loop
+            except (OSError, subprocess.CalledProcessError):  # a git hiccup must not stop the loop
                 pass
         self._recover(loop)
         while not self.host.stopping:
@@ -280,8 +281,6 @@ class IterationRunner:
         """The model's last words in a turn, from the events (the loop that read them live is gone)."""
         rows = self.events.execute("SELECT kind, data FROM events WHERE turn_id = ? AND kind IN "
                                    "('assistant_text', 'turn_result') ORDER BY id DESC LIMIT 5", (turn_id,)).fetchall()
-        import json
-
         for row in rows:
             data = json.loads(row["data"] or "{}")
             text = data.get("result") if row["kind"] == "turn_result" else data.get("text")

@@ -53,9 +53,8 @@ def iteration_message(loop: Loop, *, number: int, attempt: int, progress: str | 
         parts.append("## Last check\n(none yet)")
     if mail_text:
         parts.append("## Mail since the last iteration\n" + mail_text)
-    gate = loop.phase.get("gate") if definition.get("phased") else loop.phase.get("gate")
     final = definition.get("final_check")
-    checked = describe_gate(gate)
+    checked = describe_gate(loop.phase.get("gate"))
     if final and loop.phase_index == len(loop.phases) - 1:
         checked += f", and then {describe_gate(final)}"
     parts.append(
