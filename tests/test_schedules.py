@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import wait_for
+from agent_helpers import mail_rows, wait_for
 from conftest import ov_command, run_ov
 from overstory.paths import ProjectPaths
 from overstory.store import mail, schedules
@@ -209,12 +209,10 @@ def test_missed_fires_catch_up_once_or_not_at_all(project, catch_up, expected):
     assert len(fires(project)) == expected + 1
 
 
-def test_a_failed_fire_is_an_event_and_a_notification_never_a_crash(project, monkeypatch):
+def test_a_failed_fire_is_an_event_and_a_notification_never_a_crash(project):
     from overstory import scheduler as scheduler_module
     from overstory.schedule_runner import run_fire
 
-    told: list[tuple[int, str]] = []
-    monkeypatch.setattr(scheduler_module, "notify_failed_fire", lambda p, fire, reason: told.append((fire["id"], reason)))
     add_cron(project, "fixed", "* * * * *", ["sling", "builder", "same", "--runtime", "scripted"], cursor=T0)
     conn = open_state(project.state_db)
     now = {"ms": T0 + 40_000}
@@ -225,7 +223,13 @@ def test_a_failed_fire_is_an_event_and_a_notification_never_a_crash(project, mon
     first, second = (run_fire(project, f["id"]) for f in fires(project))
     assert first["status"] == "ok" and second["status"] == "failed" and second["exit_code"] == 1
     assert "builder-same is already active" in second["output"]
-    assert told == [(second["id"], second["output"].splitlines()[-1])]
+    told = mail_rows(project, type="escalation")
+    assert len(told) == 1 and told[0]["recipient"] == "operator" and told[0]["sender"] == "ov", told
+    assert told[0]["subject"] == f"schedule fixed: fire {second['n']} failed"
+    assert "builder-same is already active" in told[0]["body"]
+    assert json.loads(told[0]["payload"])["details"]["fire"] == second["id"]
+    assert run_fire(project, second["id"]) is None and len(mail_rows(project, type="escalation")) == 1, \
+        "a settled fire is not run or told again"
     failed = schedule_events(project, "schedule_failed")
     assert len(failed) == 1 and failed[0]["schedule"] == "fixed" and failed[0]["exit_code"] == 1
     now["ms"] += MINUTE
@@ -252,6 +256,35 @@ def test_a_runner_killed_mid_command_is_reported_lost_not_rerun(project, monkeyp
     lost = fires(project)
     assert len(lost) == 1 and lost[0]["status"] == "lost" and agents(project, "builder-t-") == []
     assert len(schedule_events(project, "schedule_failed")) == 1
+    told = mail_rows(project, type="escalation")
+    assert len(told) == 1 and told[0]["subject"] == "schedule dies: fire 1 was lost", told
+
+
+def test_a_trigger_on_escalations_does_not_fire_on_its_own_failure_notices(project):
+    """A mail trigger on `escalation` whose command fails: ov's notice of that failure is mail to the
+    operator too, and must not fire the trigger again (a loop that would run every tick)."""
+    from overstory.scheduler import Scheduler
+
+    conn = open_state(project.state_db)
+    schedules.add(conn, "echo", kind=schedules.MAIL, mail_type="escalation", mail_from=None,
+                  argv=["sling", "builder", "taken", "--runtime", "scripted"], cursor=schedules.max_mail_id(conn))
+    mail.insert_message(conn, sender="builder-a", recipient="operator", type="escalation", subject="help")
+    scheduler = Scheduler(project, conn)
+    try:
+        assert [a[1] for a in scheduler.tick()] == ["fired"]
+        settled_fires(project, 1)
+        assert scheduler.tick() == [], "one mail, one fire"
+        mail.insert_message(conn, sender="builder-b", recipient="operator", type="escalation", subject="help")
+        assert [a[1] for a in scheduler.tick()] == ["fired"]
+        done = settled_fires(project, 2)
+        assert [f["status"] for f in done] == ["ok", "failed"], "the name is taken the second time"
+        assert len(mail_rows(project, type="escalation", sender="ov")) == 1
+        for _ in range(3):
+            assert scheduler.tick() == [], "ov's notice of the failure fires nothing"
+    finally:
+        scheduler.close()
+        conn.close()
+    assert len(fires(project)) == 2
 
 
 def test_schedule_commands(project):

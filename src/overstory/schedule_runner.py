@@ -4,9 +4,10 @@ Started detached by the watchdog (``scheduler``) right after it claimed the fire
 in the foreground by `ov schedule run-now`. It takes the fire (``claimed`` -> ``running``,
 a compare-and-swap only one runner ever wins), runs the fire's `ov` command line as the
 operator would in the project, and settles the row ``ok`` or ``failed`` with the exit
-code and the end of the output. A failure is a ``schedule_failed`` event and a
-notification (``scheduler.notify_failed_fire``), never a crash. If this process dies
-while the command runs, the next watchdog tick marks the fire ``lost``.
+code and the end of the output. A failure is a ``schedule_failed`` event and one
+``escalation`` mail to the operator, written with the settled row (``scheduler.failure_notice``);
+never a crash. If this process dies while the command runs, the next watchdog tick marks
+the fire ``lost`` (with its own mail).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from overstory.store.db import open_state
 def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = None) -> dict[str, t.Any] | None:
     """Take fire ``fire_id`` and run it; its settled row, or None when another runner has it."""
     from overstory.resources import ov_executable
-    from overstory.scheduler import notify_failed_fire, record_event
+    from overstory.scheduler import failure_notice, record_event
 
     state = open_state(project.state_db)
     try:
@@ -53,14 +54,13 @@ def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = Non
         except OSError as exc:
             code, output = None, f"could not run ov: {exc}"
         status = "ok" if code == 0 else "failed"
-        schedules.finish(state, fire_id, status=status, exit_code=code, output=output)
+        last = output.splitlines()[-1] if output else ""
+        schedules.finish(state, fire_id, status=status, exit_code=code, output=output,
+                         notice=failure_notice(fire, last or "no output") if status != "ok" else None)
         name = fire["schedule"] or "-"
         line = f"fire {fire['n']}: ov {' '.join(fire['argv'])} -> " + (f"exit {code}" if code is not None else "error")
-        last = output.splitlines()[-1] if output else ""
         record_event(project, "schedule_fired" if status == "ok" else "schedule_failed", name,
                      f"{line}: {last}"[:300], {"fire": fire_id, "n": fire["n"], "exit_code": code, "status": status})
-        if status != "ok":
-            notify_failed_fire(project, fire, last or "no output")
         return schedules.fire(state, fire_id)
     finally:
         state.close()

@@ -114,13 +114,28 @@ def render(argv: t.Sequence[str], *, at_ms: int, n: int, mail: t.Mapping[str, t.
     return filled
 
 
-# ---- the seam for notifications --------------------------------------------------------
+# ---- telling a person ----------------------------------------------------------------
 
 
-def notify_failed_fire(project: ProjectPaths, fire: t.Mapping[str, t.Any], reason: str) -> None:
-    """Tell a person that a fire failed. Called once per failed fire, after its row is settled
-    (dedup key ``schedule_fire:<fire id>``). The ``schedule_failed`` event is already recorded;
-    notifications (issue 17, apprise) are wired here when they exist."""
+def failure_notice(fire: t.Mapping[str, t.Any], reason: str, status: str = "failed") -> dict[str, t.Any]:
+    """The one ``escalation`` mail to the operator that tells a person a fire failed (or was lost).
+
+    It is written with the fire's settled row, in one transaction (``schedules.finish``);
+    its dedup key (``schedule_fire:<fire id>``) keeps it single and keeps mail triggers off it.
+    Outside notifications (issue 17) can forward it when they exist."""
+    name = fire.get("schedule") or "-"
+    argv = " ".join(fire.get("argv") or [])
+    what = "was lost (its runner died mid-command; not run again)" if status == "lost" else "failed"
+    return {
+        "sender": "ov", "recipient": "operator", "type": "escalation", "priority": "high",
+        "subject": f"schedule {name}: fire {fire['n']} {what.split(' (')[0]}",
+        "body": (f"The fire {fire['n']} of schedule {name} (`ov {argv}`) {what}: {reason}\n"
+                 f"The schedule goes on. See `ov schedule list`; the runner's output is in "
+                 f".overstory/logs/schedules/fire-{fire['id']}.log."),
+        "payload": {"severity": "warning", "agent": None, "task_id": None, "kind": "schedule_" + status,
+                    "reason": reason[:300], "details": {"schedule": name, "fire": fire["id"], "n": fire["n"]}},
+        "dedup_key": f"{schedules.NOTICE_KEY}{fire['id']}",
+    }
 
 
 # ---- the scheduler ---------------------------------------------------------------------
@@ -256,11 +271,11 @@ class Scheduler:
         return actions
 
     def _fail(self, fire: t.Mapping[str, t.Any], reason: str, code: int | None, *, status: str = "failed") -> bool:
-        if not schedules.finish(self.state, int(fire["id"]), status=status, exit_code=code, output=reason):
+        if not schedules.finish(self.state, int(fire["id"]), status=status, exit_code=code, output=reason,
+                                notice=failure_notice(fire, reason, status)):
             return False
         self.event("schedule_failed", fire["schedule"] or "-", f"fire {fire['n']}: {reason}"[:300],
                    {"fire": fire["id"], "status": status})
-        notify_failed_fire(self.project, fire, reason)
         return True
 
     def event(self, kind: str, schedule: str, summary: str, data: dict[str, t.Any] | None = None) -> None:

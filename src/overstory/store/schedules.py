@@ -27,6 +27,7 @@ from overstory.store.db import write_transaction
 CRON = "cron"
 MAIL = "mail"
 OPEN_FIRE_STATUSES = ("claimed", "running")
+NOTICE_KEY = "schedule_fire:"  # dedup key prefix of the mail that tells a person a fire failed
 
 
 @dataclass(frozen=True)
@@ -174,11 +175,23 @@ def start(conn: sqlite3.Connection, fire_id: int, *, runner_pid: int, runner_tic
                             (runner_pid, runner_ticks, now_ms(), fire_id)).rowcount == 1
 
 
-def finish(conn: sqlite3.Connection, fire_id: int, *, status: str, exit_code: int | None, output: str) -> bool:
+def finish(conn: sqlite3.Connection, fire_id: int, *, status: str, exit_code: int | None, output: str,
+           notice: t.Mapping[str, t.Any] | None = None) -> bool:
+    """Settle an open fire; with ``notice`` (the fields of one mail) that mail goes in the same
+    transaction, so a settled failure always has its notice and a process killed before the
+    commit leaves the fire open (the watchdog settles it later, with its own notice)."""
+    from overstory.store import mail
+
+    sent = None
     with write_transaction(conn):
-        return conn.execute("UPDATE schedule_fires SET status = ?, exit_code = ?, output = ?, ended_at = ? "
-                            "WHERE id = ? AND status IN ('claimed', 'running')",
-                            (status, exit_code, output[-4000:], now_ms(), fire_id)).rowcount == 1
+        settled = conn.execute("UPDATE schedule_fires SET status = ?, exit_code = ?, output = ?, ended_at = ? "
+                               "WHERE id = ? AND status IN ('claimed', 'running')",
+                               (status, exit_code, output[-4000:], now_ms(), fire_id)).rowcount == 1
+        if settled and notice is not None:
+            sent = mail.insert_message(conn, **notice)
+    if sent is not None:
+        mail.record_sent(conn, [sent])
+    return settled
 
 
 def recent_fires(conn: sqlite3.Connection, schedule_id: int, limit: int = 5) -> list[dict[str, t.Any]]:
@@ -194,9 +207,13 @@ def max_mail_id(conn: sqlite3.Connection) -> int:
 
 def mail_after(conn: sqlite3.Connection, cursor: int, mail_type: str, sender: str | None,
                limit: int = 50) -> list[sqlite3.Row]:
-    """Mail of ``mail_type`` (from ``sender``) to the operator with an id past ``cursor``, oldest first."""
+    """Mail of ``mail_type`` (from ``sender``) to the operator with an id past ``cursor``, oldest first.
+
+    ov's own notices of failed fires never trigger a schedule: a trigger on ``escalation``
+    whose command fails would otherwise fire itself forever."""
+    own = f"AND (dedup_key IS NULL OR dedup_key NOT LIKE '{NOTICE_KEY}%')"
     if sender:
-        return conn.execute("SELECT id, sender, subject FROM mail WHERE recipient = 'operator' AND id > ? AND type = ? "
-                            "AND sender = ? ORDER BY id LIMIT ?", (cursor, mail_type, sender, limit)).fetchall()
-    return conn.execute("SELECT id, sender, subject FROM mail WHERE recipient = 'operator' AND id > ? AND type = ? "
-                        "ORDER BY id LIMIT ?", (cursor, mail_type, limit)).fetchall()
+        return conn.execute(f"SELECT id, sender, subject FROM mail WHERE recipient = 'operator' AND id > ? AND type = ? "
+                            f"AND sender = ? {own} ORDER BY id LIMIT ?", (cursor, mail_type, sender, limit)).fetchall()
+    return conn.execute(f"SELECT id, sender, subject FROM mail WHERE recipient = 'operator' AND id > ? AND type = ? "
+                        f"{own} ORDER BY id LIMIT ?", (cursor, mail_type, limit)).fetchall()
