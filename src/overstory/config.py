@@ -118,6 +118,19 @@ class MergeSection(_Section):
     lock_wait: float = Field(30, ge=0)
 
 
+class LoopSection(_Section):
+    max_iterations: int = Field(20, ge=1)
+    same_failure_limit: int = Field(3, ge=1)
+    check_timeout: float = Field(900, gt=0)
+    output_tail: int = Field(3000, ge=200)
+    critic_timeout: float = Field(1800, gt=0)
+
+
+class SchedulesSection(_Section):
+    catch_up: t.Literal["latest", "none"] = "latest"
+    timeout: float = Field(600, gt=0)
+
+
 class LogsSection(_Section):
     keep_days: float = Field(14, gt=0)
 
@@ -149,6 +162,8 @@ class Config(_Section):
     logs: LogsSection = Field(default_factory=LogsSection)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     quota: QuotaSection = Field(default_factory=QuotaSection)
+    loop: LoopSection = Field(default_factory=LoopSection)
+    schedules: SchedulesSection = Field(default_factory=SchedulesSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)
@@ -282,6 +297,24 @@ quota:
   backoff_max: 1800
   # Seconds between the agents of one provider un-parking after a reset (no stampede).
   stagger: 5
+
+loop:
+  # `ov loop` without --max-iterations (or a spec's max_iterations) stops, parked, after this many iterations.
+  max_iterations: 20
+  # The same check failure (same exit code and output, numbers aside) this many iterations in a row parks the loop.
+  same_failure_limit: 3
+  # Seconds a loop's check command (or a phase's gate) may run before it counts as failed.
+  check_timeout: 900
+  # Characters of the last check's output (its end) that the next iteration's message carries.
+  output_tail: 3000
+  # Seconds to wait for a phase's critic (`critic: reviewer`) to send its verdict before parking the loop.
+  critic_timeout: 1800
+
+schedules:
+  # Fires missed while no watchdog ran: latest (fire once, for the latest missed time) or none (skip them).
+  catch_up: latest
+  # Seconds a fired command (`ov sling ...`) may run before it is stopped and the fire counts as failed.
+  timeout: 600
 
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),

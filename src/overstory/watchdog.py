@@ -22,8 +22,8 @@ with the generation it observed:
 ``between_turns`` agents waiting for mail are never stale: idling is legitimate.
 Nothing is ever killed unless ov recorded it with matching start ticks.
 
-Also, each tick: a spawn or a merge whose command was killed half-way (its intent row
-names a dead pid) is undone or finished (``agents.spawn_journal``, ``merge.intents``);
+Also, each tick: due schedules are fired (``scheduler``); a spawn or a merge whose command was killed
+half-way (its intent row names a dead pid) is undone or finished (``agents.spawn_journal``, ``merge.intents``);
 an agent whose terminal mail is committed is settled ``completed``, never retried; and a
 loop that crashes on start-up twice makes its agent zombie instead of being restarted forever.
 """
@@ -47,9 +47,9 @@ from overstory.paths import ProjectPaths
 from overstory.store import intents, sessions, turns
 from overstory.store.db import write_transaction
 from overstory.store.lifecycle import (
-    PERSISTENT_CAPABILITIES,
     complete_promised,
     declare_zombie,
+    ends_by_terminal_mail,
     promised,
     terminal_mail_sent,
 )
@@ -202,10 +202,13 @@ class Watchdog:
         self._started: dict[str, tuple[int, int, int | None]] = {}
         self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
         self._scanned = False
+        self._scheduler: t.Any = None  # scheduler.Scheduler, made on the first tick
 
     # -- plumbing
 
     def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.close()
         for conn, own in ((self._events, True), (self.state, self._own_state)):
             if conn is not None and own:
                 try:
@@ -237,6 +240,14 @@ class Watchdog:
             actions.extend(self._settle_intents())
         except (sqlite3.Error, OSError, OrchestratorError) as exc:  # never in the way of the rules below
             actions.append(Action("-", "error", f"settling interrupted commands: {exc}"))
+        try:  # `ov schedule`: due fires are claimed and launched (scheduler)
+            if self._scheduler is None:
+                from overstory.scheduler import Scheduler
+
+                self._scheduler = Scheduler(self.project, self.state, interval=self.settings.interval)
+            actions.extend(Action(*fired) for fired in self._scheduler.tick())
+        except (sqlite3.Error, OSError, OrchestratorError) as exc:
+            actions.append(Action("-", "error", f"schedules: {exc}"))
         try:
             spawning = {row["name"] for row in intents.list_spawns(self.state)}
             agents = sessions.list_sessions(self.state, include_terminal=False)
@@ -426,7 +437,7 @@ class Watchdog:
         """The turn ended cleanly but the loop died before settling it: settle it as the loop would."""
         from overstory.store import mail
 
-        done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, started_ms)
+        done = ends_by_terminal_mail(agent) and terminal_mail_sent(self.state, agent, started_ms)
 
         def deliver(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
             self._fence(tx, agent)

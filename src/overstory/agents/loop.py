@@ -65,6 +65,11 @@ class AgentLoop(AgentProcess):
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
                            summary=f"pid {os.getpid()}")
         self._recover_interrupted_turn()
+        first = self.current()
+        if first is not None and first.spec.get("loop"):  # an `ov loop`: iterations, not mail, drive its turns
+            from overstory.agents.iterations import IterationRunner
+
+            return IterationRunner(self).run()
         while not self.stopping:
             agent = self.current()
             if agent is None:

@@ -28,7 +28,7 @@ from overstory.errors import (
     StoreError,
     UsageError,
 )
-from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
+from overstory.gitutil import branch_exists, current_branch, git, keep_out_of_commits, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
@@ -63,6 +63,7 @@ class SlingRequest:
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
+    loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
 
 
 @dataclass
@@ -145,24 +146,6 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
     return parent, depth
 
 
-def _keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str]) -> None:
-    """Untracked files go into the repository's exclude list; tracked ones get skip-worktree."""
-    common = git(worktree, "rev-parse", "--git-common-dir").stdout.strip()
-    exclude = (worktree / common / "info" / "exclude").resolve() if not Path(common).is_absolute() else Path(common) / "info" / "exclude"
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    existing = exclude.read_text() if exclude.exists() else ""
-    missing = [p for p in relative_paths if f"/{p}" not in existing.splitlines()]
-    if missing:
-        with open(exclude, "a", encoding="utf-8") as handle:
-            if existing and not existing.endswith("\n"):
-                handle.write("\n")
-            handle.write("# added by ov: per-agent instructions and hook settings\n")
-            handle.writelines(f"/{p}\n" for p in missing)
-    for path in relative_paths:
-        if git(worktree, "ls-files", "--error-unmatch", path, check=False).returncode == 0:
-            git(worktree, "update-index", "--skip-worktree", path)
-
-
 def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, request: SlingRequest,
           environ: t.Mapping[str, str] | None = None, *, start: bool = True) -> SlingResult:
     environ = dict(os.environ if environ is None else environ)
@@ -175,7 +158,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     runtime = request.runtime or config.runtime_for(capability)
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
-    tmux = _tmux_mode(request, config, adapter)
+    tmux = _tmux_mode(request, config, adapter) if request.loop is None else False  # iterations are headless
     from overstory.agents.turns import model_choice
 
     model, _ = model_choice(request.model, capability, config, _launch_env(project, environ),
@@ -290,7 +273,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         _fault("session", environ)
         spawn_journal.step(conn, intent, "session")
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
-                "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit}
+                "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit,
+                **({"loop": request.loop} if request.loop else {})}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
@@ -567,7 +551,7 @@ def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime,
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(settings, indent=2), encoding="utf-8")
         written.append(runtime.hook_settings_file)
-    _keep_out_of_commits(worktree, written)
+    keep_out_of_commits(worktree, written)
 
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,

@@ -173,7 +173,9 @@ class _LineReader:
 
 def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, events: sqlite3.Connection,
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
-             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False) -> TurnResult:
+             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
+             extra_env: t.Mapping[str, str] | None = None) -> TurnResult:
+    """``extra_env``: variables for this turn only (an `ov loop` names its iteration and phase there)."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -189,7 +191,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                                     provider_env=provider_env), config)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
         return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
-    env = turn_environment(base_env, agent, project, turn_id, provider_env)
+    env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)

@@ -119,8 +119,11 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
 @click.command(name="resume")
 @click.argument("agent")
 @add_options
+@click.option("--add-iterations", type=click.IntRange(min=0), default=0,
+              help="An `ov loop`: raise its max_iterations (and its current phase's).")
 @json_option
-def resume(agent: str, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float, as_json: bool) -> None:
+def resume(agent: str, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float, add_iterations: int,
+           as_json: bool) -> None:
     """Un-park an agent, raising its limits first; it continues the same runtime session.
 
     A budget park needs the limit it reached raised; an auth park needs the key or
@@ -131,17 +134,20 @@ def resume(agent: str, add_usd: float, add_turns: int, add_tool_calls: int, add_
     ov resume builder-task-42 --add-usd 5
     ov resume builder-task-42 --add-turns 10 --add-time 30m
     ov resume builder-task-42          # after fixing ANTHROPIC_API_KEY
+    ov resume builder-task-42 --add-iterations 3   # a parked `ov loop`
     """
     from overstory.agents.budgeting import resume_agent
 
     project = project_paths()
     result = resume_agent(project, _config(project), state_conn(project), agent, add_usd=add_usd,
-                          add_turns=add_turns, add_tool_calls=add_tool_calls, add_seconds=add_seconds)
+                          add_turns=add_turns, add_tool_calls=add_tool_calls, add_seconds=add_seconds,
+                          add_iterations=add_iterations)
     if as_json:
         echo_json(result.as_dict())
         return
     if result.unparked:
-        click.echo(f"resumed {agent} (was parked: {result.park_kind}); its next turn continues the same session")
+        goes_on = "its next iteration starts" if result.park_kind == "loop" else "its next turn continues the same session"
+        click.echo(f"resumed {agent} (was parked: {result.park_kind}); {goes_on}")
     elif result.previous_state == "parked":
         click.echo(f"{agent} was un-parked by someone else a moment ago")
     else:

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "nudge": ("overstory.cli.mail", "nudge", "Send an agent a high-priority nudge."),
     "guard": ("overstory.cli.guard", "guard", "PreToolUse hook: allow or deny one tool call."),
     "sling": ("overstory.cli.sling", "sling", "Spawn an agent on a task."),
+    "loop": ("overstory.cli.loop", "loop", "Run an agent in iterations until its check agrees it is done."),
+    "schedule": ("overstory.cli.schedule", "schedule", "Start work by itself: cron schedules and mail triggers."),
     "status": ("overstory.cli.status", "status", "Show agents, mail and runs."),
     "stop": ("overstory.cli.stop", "stop", "Stop an agent."),
     "resume": ("overstory.cli.budget", "resume", "Un-park an agent (raising its limits)."),

@@ -83,6 +83,7 @@ class TurnParser(abc.ABC):
     events_seen: int = 0
     tool_calls: int = 0
     current_tool: str | None = None
+    last_text: str = ""            # the model's latest text, whole (parsers set it; events carry it trimmed)
 
     @abc.abstractmethod
     def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
@@ -105,6 +106,11 @@ class TurnParser(abc.ABC):
     @abc.abstractmethod
     def usage(self) -> Usage:
         """Tokens and dollars of the turn as reported so far (dollars 0.0 when the runtime does not say)."""
+
+    def final_text(self) -> str:
+        """The model's last message of the turn, whole ('' when it said nothing): where an `ov loop`
+        looks for its completion promise."""
+        return self.last_text
 
     def finish(self, exit_code: int | None, stderr_tail: str) -> None:
         """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
