@@ -1,9 +1,8 @@
 """The mechanical watchdog: keeps every agent's state honest, one tick at a time.
 
-Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``
-holding the holder's pid). Each tick reads the non-terminal session rows and a few
-``/proc`` entries; only when a rule fires does it write, always by compare-and-swap
-with the generation it observed:
+Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``). Each tick
+reads the non-terminal session rows and a few ``/proc`` entries; only when a rule fires does it
+write, always by compare-and-swap with the generation it observed:
 
 - a headless agent whose loop is gone is re-adopted: a turn it left in flight is
   killed (its recorded process group, verified by start ticks) and counts as failed
@@ -22,10 +21,9 @@ with the generation it observed:
 ``between_turns`` agents waiting for mail are never stale: idling is legitimate.
 Nothing is ever killed unless ov recorded it with matching start ticks.
 
-Also, each tick: due schedules are fired (``scheduler``); a spawn or a merge whose command was killed
-half-way (its intent row names a dead pid) is undone or finished (``agents.spawn_journal``, ``merge.intents``);
-an agent whose terminal mail is committed is settled ``completed``, never retried; and a
-loop that crashes on start-up twice makes its agent zombie instead of being restarted forever.
+Also, each tick: due schedules are fired (``scheduler``); a spawn or merge killed half-way (its intent
+names a dead pid) is undone or finished; an agent whose terminal mail is committed is settled
+``completed``; a loop that crashes on start-up twice makes its agent zombie.
 """
 
 from __future__ import annotations
@@ -197,8 +195,7 @@ class Watchdog:
         self.state = state if state is not None else open_state(project.state_db)
         self._events: sqlite3.Connection | None = None
         self._spawn = spawn or _spawn_loop
-        # Loops this watchdog started, by agent: (generation, pid, ticks). While one is
-        # alive it counts as the agent's loop even before it has recorded itself.
+        # Loops this watchdog started, by agent: (generation, pid, ticks); alive = the agent's loop.
         self._started: dict[str, tuple[int, int, int | None]] = {}
         self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
         self._scanned = False
