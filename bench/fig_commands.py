@@ -42,19 +42,24 @@ HEAVY_MODULES = ("rich", "git", "libtmux", "anthropic", "pydantic", "yaml")
 AGENT = "builder-hot"
 
 
-def _guard_input(worktree: Path) -> bytes:
-    """What Claude Code sends a PreToolUse hook for an ordinary Bash call."""
-    return json.dumps({
+def _guard_input(worktree: Path, event: str = "PreToolUse") -> bytes:
+    """What Claude Code sends a PreToolUse (or PostToolUse) hook for an ordinary Bash call."""
+    payload: dict[str, t.Any] = {
         "session_id": "5b0c2c9e-8f0e-4f57-a7a4-3d0f5c1c9a11",
         "transcript_path": "/root/.claude/projects/-tmp-x/5b0c2c9e-8f0e-4f57-a7a4-3d0f5c1c9a11.jsonl",
         "cwd": str(worktree),
         "permission_mode": "bypassPermissions",
-        "hook_event_name": "PreToolUse",
+        "hook_event_name": event,
         "tool_name": "Bash",
         "tool_input": {"command": "python -m pytest -q tests/test_parser.py && git status --short",
                        "description": "Run the parser tests"},
         "tool_use_id": "toolu_01AbCdEfGhIjKlMnOpQrStUv",
-    }).encode()
+    }
+    if event == "PostToolUse":
+        payload["tool_response"] = {"stdout": "....\n4 passed in 0.31s\n M src/parser.py", "stderr": "",
+                                    "interrupted": False, "isImage": False, "noOutputExpected": False}
+        payload["duration_ms"] = 812
+    return json.dumps(payload).encode()
 
 
 def _setup(ctx: Context) -> dict[str, t.Any]:
@@ -100,10 +105,12 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
     from overstory.store.db import open_state
 
     root, worktree, project = setup["root"], setup["worktree"], setup["project"]
+    # As a turn's environment: its id, attempt and the mail it answers, which the ledger records.
     agent_env = {**env, "OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder",
                  "OVERSTORY_PROJECT_ROOT": str(root), "OVERSTORY_WORKTREE": str(worktree),
                  "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_TASK_ID": "hot",
-                 "OVERSTORY_GENERATION": str(setup["generation"])}
+                 "OVERSTORY_GENERATION": str(setup["generation"]), "OVERSTORY_TURN_ID": "bench-turn",
+                 "OVERSTORY_ATTEMPT": "0", "OVERSTORY_DISPATCH": "1"}
     # Without the generation the guard skips its budget count: the guard as it was before budgets.
     uncounted_env = {k: v for k, v in agent_env.items() if k != "OVERSTORY_GENERATION"}
     py = ctx.python
@@ -146,6 +153,8 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
                                          before=one_new_message),
         "ov guard (Bash PreToolUse)": Command([ctx.ov, "guard"], agent_env, cwd=worktree,
                                               stdin=_guard_input(worktree), check=allowed),
+        "ov guard --post (Bash PostToolUse)": Command([ctx.ov, "guard", "--post"], agent_env, cwd=worktree,
+                                                      stdin=_guard_input(worktree, "PostToolUse"), check=allowed),
         "ov guard, no budget count": Command([ctx.ov, "guard"], uncounted_env, cwd=worktree,
                                              stdin=_guard_input(worktree), check=allowed),
         "ov status --json (50 agents)": Command([ctx.ov, "status", "--json"], env, cwd=root,

@@ -131,6 +131,39 @@ class SchedulesSection(_Section):
     timeout: float = Field(600, gt=0)
 
 
+class LedgerSection(_Section):
+    """The tool-call ledger: which calls are side effects, and what a retried turn may repeat."""
+
+    side_effects: list[str] = Field(default_factory=list)
+    read_only: list[str] = Field(default_factory=list)
+    replay: dict[str, str] = Field(default_factory=lambda: {"read": "rerun", "local_write": "rerun",
+                                                            "side_effect": "skip"})
+
+    @field_validator("side_effects", "read_only")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        from overstory.guards.patterns import parse_pattern
+
+        for text in value:
+            parse_pattern(text)  # a ValueError names the broken pattern
+        return value
+
+    @field_validator("replay")
+    @classmethod
+    def _replay(cls, value: dict[str, str]) -> dict[str, str]:
+        classes, policies = ("read", "local_write", "side_effect"), ("skip", "rerun", "ask")
+        for klass, policy in value.items():
+            if klass not in classes:
+                raise ValueError(f"unknown class {klass!r}; use {', '.join(classes)}")
+            if policy not in policies:
+                raise ValueError(f"unknown replay policy {policy!r} for {klass}; use {', '.join(policies)}")
+        return {"read": "rerun", "local_write": "rerun", "side_effect": "skip", **value}
+
+
+class GuardsSection(_Section):
+    push_remotes: list[str] = Field(default_factory=list)
+
+
 class LogsSection(_Section):
     keep_days: float = Field(14, gt=0)
 
@@ -159,6 +192,8 @@ class Config(_Section):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
+    ledger: LedgerSection = Field(default_factory=LedgerSection)
+    guards: GuardsSection = Field(default_factory=GuardsSection)
     logs: LogsSection = Field(default_factory=LogsSection)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     quota: QuotaSection = Field(default_factory=QuotaSection)
@@ -259,6 +294,22 @@ merge:
   gates: []
   # Seconds to wait for another merge into the same branch before giving up.
   lock_wait: 30
+
+ledger:
+  # Extra tool patterns that are side effects, e.g. ["Bash(./deploy.sh*)", "mcp__*__deploy*"].
+  # Patterns: TOOL or TOOL(ARGUMENT) globs; for Bash, ARGUMENT is each simple command.
+  side_effects: []
+  # Tool patterns known to be read-only, e.g. MCP tools: ["mcp__github__get_*"].
+  read_only: []
+  # What a retried turn may repeat, per class (read, local_write, side_effect): rerun,
+  # skip (a call that already succeeded is answered with its result instead), or ask
+  # (a person decides; until approval gates exist, the call is refused and flagged).
+  replay: {read: rerun, local_write: rerun, side_effect: skip}
+
+guards:
+  # Remotes an agent (builder or merger) may push its own branch to with `git push REMOTE
+  # BRANCH`; empty: nobody pushes. Force pushes and other branches are always refused.
+  push_remotes: []
 
 logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.

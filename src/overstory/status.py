@@ -154,7 +154,7 @@ def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.A
 ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "watchdog_zombie", "watchdog_readopt",
                "contract_violation", "resume_fallback", "malformed_line", "api_retry", "budget_crossed",
                "budget_parked", "quota_parked", "auth_parked", "auth_failed", "idle_nudge", "no_report",
-               "loop_parked", "schedule_failed")
+               "loop_parked", "schedule_failed", "tool_call_flagged")
 
 
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None

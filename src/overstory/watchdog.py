@@ -4,22 +4,18 @@ Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.l
 reads the non-terminal session rows and a few ``/proc`` entries; only when a rule fires does it
 write, always by compare-and-swap with the generation it observed:
 
-- a headless agent whose loop is gone is re-adopted: a turn it left in flight is
-  killed (its recorded process group, verified by start ticks) and counts as failed
-  (claimed mail released, ``retries`` bumped, zombie past ``turns.max_retries``),
-  then a new loop is started;
+- a headless agent whose loop is gone is re-adopted: a turn it left in flight is killed (its
+  recorded process group, verified by start ticks) and counts as failed (claimed mail released,
+  ``retries`` bumped, zombie past ``turns.max_retries``), then a new loop is started;
 - ``in_turn``/``working`` (or ``booting`` with a turn running) with no activity for
   ``watchdog.stale_after`` becomes ``stalled`` and gets one ``nudge`` mail;
-- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie
-  (``lifecycle.declare_zombie``: the parent gets exactly one ``worker_died``) and
-  its turn's process group is killed; an agent stalled for ``no report`` (it ended its
-  turns without reporting, and its parent was told) runs nothing and is left alone;
-- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the
-  parks of one provider end a few seconds apart (``quota.stagger``), so they do not
-  call the API again all at once.
+- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie (the parent gets
+  exactly one ``worker_died``) and its turn's process group is killed; an agent stalled for
+  ``no report`` (its parent was told) runs nothing and is left alone;
+- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the parks of
+  one provider end a few seconds apart (``quota.stagger``).
 
-``between_turns`` agents waiting for mail are never stale: idling is legitimate.
-Nothing is ever killed unless ov recorded it with matching start ticks.
+``between_turns`` agents waiting for mail are never stale. Nothing is ever killed unless ov recorded it.
 
 Also, each tick: due schedules are fired (``scheduler``); a spawn or merge killed half-way (its intent
 names a dead pid) is undone or finished; an agent whose terminal mail is committed is settled
@@ -374,6 +370,9 @@ class Watchdog:
                 self._crashes.starting(agent.name, agent.generation)
                 pid, ticks = self._spawn(self.project, agent.name, agent.generation)
                 self._started[agent.name] = (agent.generation, pid, ticks)
+                # Recorded at once (the loop records itself too, a moment later): a one-shot recovery that
+                # runs right after this one (`ov resume --all`, `ov watchdog --once`) must see it alive.
+                sessions.update_fields(self.state, agent.name, agent.generation, loop_pid=pid, loop_start_ticks=ticks)
                 self._event("watchdog_readopt", agent, f"{action.detail}; new loop pid {pid}")
         return actions
 
@@ -432,9 +431,10 @@ class Watchdog:
 
     def _settle_finished_turn(self, agent: Session, turn_id: str, started_ms: int) -> Action:
         """The turn ended cleanly but the loop died before settling it: settle it as the loop would."""
-        from overstory.store import mail
+        from overstory.store import checkpoints, mail
 
-        done = ends_by_terminal_mail(agent) and terminal_mail_sent(self.state, agent, started_ms)
+        since = min(started_ms, checkpoints.dispatch_started(self.state, turn_id) or started_ms)
+        done = ends_by_terminal_mail(agent) and terminal_mail_sent(self.state, agent, since)
 
         def deliver(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
             self._fence(tx, agent)

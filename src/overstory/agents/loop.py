@@ -21,7 +21,7 @@ from overstory.agents.process import POLL_SECONDS, AgentProcess, acquire_turn_sl
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
 from overstory.runtimes import get_runtime
-from overstory.store import sessions, turns
+from overstory.store import checkpoints, sessions, turns
 from overstory.store.db import open_events
 from overstory.store.lifecycle import (
     PERSISTENT_CAPABILITIES,
@@ -264,9 +264,10 @@ class AgentLoop(AgentProcess):
 
             quota.forget(self.state, agent.provider)
             mail.mark_read(self.state, turn_id)
-            done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(
-                self.state, agent, result.started_ms)
-            if not done and mail_sent_since(self.state, agent, result.started_ms) == 0 \
+            # Mail an earlier, crashed attempt at this dispatch sent counts: its replay was not sent twice.
+            since = min(result.started_ms, checkpoints.dispatch_started(self.state, turn_id) or result.started_ms)
+            done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, since)
+            if not done and mail_sent_since(self.state, agent, since) == 0 \
                     and agent.capability not in PERSISTENT_CAPABILITIES:
                 event_store.record(self.events, "contract_violation", agent=self.name, generation=self.generation,
                                    turn_id=turn_id, summary="turn ended cleanly without any mail: nobody knows what it did")

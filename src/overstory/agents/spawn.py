@@ -61,6 +61,7 @@ class SlingRequest:
     base_branch: str | None = None
     scenario: Path | None = None
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
+    start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
     loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
@@ -166,7 +167,13 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     prompt = request.prompt
     if request.spec_file is not None:
         prompt = _read_text_file(request.spec_file, "--spec")
+    from overstory.store.dispatch import agent_key
+
+    key = agent_key(environ, "sling", capability, task_id, name, prompt, list(request.files), request.parent,
+                    request.runtime, request.model, request.base_branch, request.at_project_root, request.start_point)
     existing = sessions.get(conn, name)
+    if key is not None and existing is not None and existing.spec.get("idempotency_key") == key:
+        return _result_of(conn, existing)  # a retried turn slinging again: the agent it already started
     if existing is not None and not existing.is_terminal:
         raise AgentExists(f"agent {name} is already active (state {existing.state}); stop it with `ov stop {name}` "
                           "or choose another --name")
@@ -205,7 +212,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     limits, budget_notes = agent_limits(conn, config, run_id, request.budget)
     ov_command, ov_bin_dir = ov_executable()
     run_dir = project.run_dir / name
-    base_commit = None if at_root else _commit_of(project, base_branch)  # type: ignore[arg-type]
+    # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.
+    base_commit = None if at_root else _commit_of(project, base_branch, request.start_point)  # type: ignore[arg-type]
     intent: dict[str, t.Any] = {
         "name": name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()), "branch": branch,
         "base_commit": base_commit, "worktree": str(worktree) if worktree else None, "run_dir": str(run_dir),
@@ -274,7 +282,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         spawn_journal.step(conn, intent, "session")
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
                 "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit,
-                **({"loop": request.loop} if request.loop else {})}
+                "idempotency_key": key, **({"loop": request.loop} if request.loop else {})}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
@@ -423,11 +431,29 @@ def _write_refused(conn) -> str | None:
     return None
 
 
-def _commit_of(project: ProjectPaths, branch: str) -> str:
-    done = git(project.root, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
+def _commit_of(project: ProjectPaths, branch: str, start_point: str | None = None) -> str:
+    ref = start_point or f"refs/heads/{branch}"
+    done = git(project.root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False)
     if done.returncode != 0 or not done.stdout.strip():
-        raise UsageError(f"base branch {branch!r} does not exist")
+        raise UsageError(f"start point {start_point!r} is not a commit" if start_point else
+                         f"base branch {branch!r} does not exist")
     return done.stdout.strip()
+
+
+def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult:
+    """What the first `ov sling` of this agent printed (a retried turn slings it again)."""
+    from overstory.store import budgets
+
+    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' ORDER BY id LIMIT 1",
+                       (agent.name,)).fetchone()
+    limits = budgets.get_agent(conn, agent.name, agent.generation)
+    budget = {k: getattr(limits, k) for k in ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")} \
+        if limits is not None else {}
+    return SlingResult(name=agent.name, capability=agent.capability, task_id=agent.task_id,
+                       generation=agent.generation, branch=agent.branch, worktree=agent.worktree, parent=agent.parent,
+                       depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
+                       dispatch_mail_id=row[0] if row else None, mode=agent.mode, tmux_session=agent.tmux_session,
+                       budget=budget)
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:

@@ -66,7 +66,7 @@ HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], fro
         "--agent": ("agent", TEXT), "--peek": ("peek", FLAG), "--inject": ("inject", FLAG), "--json": ("as_json", FLAG),
     }, frozenset()),
     ("status",): ("status", {"--all": ("include_completed", FLAG), "--json": ("as_json", FLAG)}, frozenset()),
-    ("guard",): ("guard", {}, frozenset()),
+    ("guard",): ("guard", {"--post": ("post", FLAG)}, frozenset()),
 }
 HELP_OPTIONS = ("-h", "--help")
 COMPLETION_ENV = "_OV_COMPLETE"  # click's shell completion for prog_name "ov"

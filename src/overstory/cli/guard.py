@@ -1,18 +1,18 @@
-"""`ov guard`: the PreToolUse hook command. HOT: imports only the stdlib, click and guards."""
+"""`ov guard`: the PreToolUse (and, with --post, PostToolUse) hook command.
+
+HOT: the body is cli.hot.guard, which cli.fast also calls without click.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import click
 
-from overstory import guards
-from overstory.cli.hot import count_tool_call  # shared with cli.fast's `ov guard`
+from overstory.cli import hot
 
 
 @click.command(name="guard")
-def guard() -> None:
+@click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure hook: record the call's result.")
+def guard(post: bool) -> None:
     """Decide one tool call for a runtime's pre-tool hook (Claude, Codex, Gemini CLI, OpenCode).
 
     Reads the hook JSON on stdin. When the call is blocked it prints the runtime's deny
@@ -21,24 +21,15 @@ def guard() -> None:
     Allowed calls get no output and exit 0. Outside an agent (no OVERSTORY_AGENT_NAME)
     every call is allowed.
     An allowed call is counted against the agent's and its run's max_tool_calls; the
-    call past either limit is denied.
+    call past either limit is denied. Every call is recorded in the tool-call ledger, and
+    one that repeats a side effect an earlier, crashed attempt of the same task already
+    had is denied with that attempt's result. With --post it reads Claude's PostToolUse
+    or PostToolUseFailure payload, stores the call's result, and prints nothing.
 
     \b
     Example hook in <worktree>/.claude/settings.local.json:
       {"hooks": {"PreToolUse": [{"matcher": ".*",
-        "hooks": [{"type": "command", "command": "ov guard"}]}]}}
+        "hooks": [{"type": "command", "command": "ov guard"}]}],
+        "PostToolUse": [{"hooks": [{"type": "command", "command": "ov guard --post"}]}]}}
     """
-    try:
-        stdin = getattr(sys.stdin, "buffer", None)
-        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
-        text: str | None = raw.decode("utf-8", errors="replace")
-    except OSError:
-        text = None
-    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ))
-    if stdout:
-        click.echo(stdout)
-    if stderr:
-        click.echo(stderr, err=True)
-    if status:
-        sys.exit(status)
-
+    hot.guard(None, post=post)

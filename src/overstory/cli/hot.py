@@ -149,17 +149,24 @@ def count_tool_call(env: t.Mapping[str, str]) -> str | None:
     return count(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
 
 
-def guard(project_option: str | None) -> None:
-    """`ov guard`, as cli/guard.py does it (kept in step by tests/test_fast_cli.py)."""
-    from overstory import guards
-
+def guard(project_option: str | None, *, post: bool = False) -> None:
+    """`ov guard` (PreToolUse) and `ov guard --post` (PostToolUse): the one body both parsers call."""
     try:
         stdin = getattr(sys.stdin, "buffer", None)
         raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ))
+    from overstory.agents import ledger
+
+    if post:
+        ledger.hook_post(text, os.environ)
+        return
+    from overstory import guards
+
+    stdout, stderr, status = guards.guard_reply(
+        text, os.environ, count_call=lambda: count_tool_call(os.environ),
+        record=lambda hook_input, decision: ledger.hook_pre(hook_input, decision, os.environ))
     if stdout:
         echo(stdout)
     if stderr:
@@ -173,19 +180,25 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
               payload: str | None = None, reply_to: int | None = None, from_: str | None = None,
               allow_unknown: bool = False, as_json: bool = False) -> None:
     from overstory.store import mail as store
+    from overstory.store.dispatch import agent_key, sent_before
 
     text = read_body(body, body_file)
     conn = open_state_db(project_option)
     try:
         sender = from_ or store.default_sender()
         parsed = parse_payload(payload)
-        if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
-            from overstory.agents.work_report import fill_worker_done
-            from overstory.paths import find_project
+        # From an agent's turn, idempotent per dispatch: a retried turn's identical send gets the first one's ids.
+        key = agent_key(os.environ, "mail", sender, to, type_, subject, text, parsed, reply_to, priority)
+        ids = sent_before(conn, key)
+        if not ids:
+            if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
+                from overstory.agents.work_report import fill_worker_done
+                from overstory.paths import find_project
 
-            parsed = fill_worker_done(find_project(project_option), conn, sender, parsed)
-        ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                         payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
+                parsed = fill_worker_done(find_project(project_option), conn, sender, parsed)
+            ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
+                             payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown,
+                             dedup_key=key) or sent_before(conn, key)
         recipients = recipients_of(conn, ids)
     finally:
         conn.close()

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from overstory.cli import hot
@@ -20,6 +22,7 @@ from overstory.cli._common import (
     usage_errors,
 )
 from overstory.store import mail as store
+from overstory.store.dispatch import agent_key, sent_before
 
 
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
@@ -185,7 +188,9 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
     with usage_errors():
         text = hot.read_body(body, body_file)
     conn = state_conn(project_paths())
-    new_id = store.reply(conn, message_id, sender=from_ or store.default_sender(), body=text)
+    sender = from_ or store.default_sender()
+    key = agent_key(os.environ, "reply", sender, message_id, text)
+    new_id = (sent_before(conn, key) or [store.reply(conn, message_id, sender=sender, body=text, dedup_key=key)])[0]
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:

@@ -129,12 +129,16 @@ def decide_hook_text(text: str | None, env: Mapping[str, str]) -> Decision:
 
 
 def guard_reply(text: str | None, env: Mapping[str, str], *,
-                count_call: Callable[[], str | None] | None = None) -> tuple[str, str, int]:
+                count_call: Callable[[], str | None] | None = None,
+                record: Callable[[Mapping[str, object], Decision], Decision] | None = None) -> tuple[str, str, int]:
     """`ov guard`'s whole answer to one hook call, in the dialect of the CLI that asked:
     (stdout, stderr, exit status). See ``guards.runtimes``.
 
     ``count_call`` runs for a call the policy allows (the budget's tool-call count, kept
     outside this standard-library-only package); a reason it returns denies the call.
+    ``record`` then gets the call (in Claude's shape) and the decision, and returns the
+    final one: the tool-call ledger (``agents.ledger``) writes its row there and may deny
+    a replay of a side effect that already happened.
     """
     if not env.get("OVERSTORY_AGENT_NAME"):
         return "", "", 0
@@ -150,6 +154,8 @@ def guard_reply(text: str | None, env: Mapping[str, str], *,
         refusal = count_call()
         if refusal:
             decision = Decision.deny(refusal)
+    if record is not None:
+        decision = record(claude_input, decision)
     return reply(dialect, decision.allow, decision.reason, hook_response(decision))
 
 

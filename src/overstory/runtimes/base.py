@@ -238,6 +238,10 @@ class Runtime(abc.ABC):
     # Where the agent's instructions go inside its worktree, and (None: no hooks) its hook settings.
     instructions_file: t.ClassVar[str]
     hook_settings_file: t.ClassVar[str | None] = None
+    # Which tool-call hooks call ov: "pre" (``ov guard`` before each call, which also writes the
+    # tool-call ledger's row) and "post" (``ov guard --post``, the call's result). Without "pre",
+    # the turn runner fills the ledger from the stream's tool_start/tool_end events instead.
+    tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
     # For an agent at the project root: file names inside its run dir.
     root_instructions_file: t.ClassVar[str] = "instructions.md"
     root_settings_file: t.ClassVar[str] = "settings.json"

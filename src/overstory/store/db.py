@@ -18,10 +18,12 @@ from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases
 if TYPE_CHECKING:
     import typing as t
+    from pathlib import Path
 
     from overstory.store.migrations import Migration
 
 BUSY_TIMEOUT_MS = 10_000
+
 
 def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration]) -> sqlite3.Connection:
     """Open ``path`` with the project's pragmas and bring its schema up to date."""

@@ -347,7 +347,7 @@ def _events_db_path(conn: sqlite3.Connection) -> str:
 
 def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, subject: str | None = None,
           priority: str | int | None = None, env: t.Mapping[str, str] = os.environ,
-          events: sqlite3.Connection | None = None) -> int:
+          events: sqlite3.Connection | None = None, dedup_key: str | None = None) -> int:
     """Answer message ``message_id``: to its sender, in its thread.
 
     A reply to a ``question`` is a ``result``; any other reply is a ``status``. The
@@ -362,8 +362,8 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
     ids = send(conn, sender=sender, to=original.sender, subject=subject, body=body,
                type="result" if original.type == "question" else "status",
                priority=original.priority if priority is None else priority, reply_to=original.id,
-               allow_unknown=True, env=env, events=events)
-    return ids[0]
+               allow_unknown=True, env=env, events=events, dedup_key=dedup_key)
+    return ids[0] if ids else int(conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (dedup_key,)).fetchone()[0])
 
 
 # ---- reading and delivery ---------------------------------------------------------

@@ -283,6 +283,70 @@ def _state_m005_budgets(conn: sqlite3.Connection) -> None:
     )
 
 
+def _state_m006_tool_ledger(conn: sqlite3.Connection) -> None:
+    """The tool-call ledger (one row per tool call, ARCHITECTURE §13) and one checkpoint per turn.
+
+    ``scope`` names the dispatch a turn answers ("mail:<lowest claimed mail id>"): the
+    same for every attempt of that turn, so a retried attempt finds what the crashed one
+    did. ``idem_key`` hashes agent, task, class, tool, normalized input and scope.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE tool_calls (
+            id           INTEGER PRIMARY KEY,
+            run_id       TEXT,
+            agent        TEXT NOT NULL,
+            generation   INTEGER NOT NULL,
+            turn_id      TEXT,
+            attempt      INTEGER NOT NULL DEFAULT 0,
+            scope        TEXT,
+            dispatch     TEXT,
+            tool_use_id  TEXT,
+            tool         TEXT NOT NULL,
+            input        TEXT NOT NULL,
+            class        TEXT NOT NULL,
+            idem_key     TEXT NOT NULL,
+            status       TEXT NOT NULL,
+            reason       TEXT,
+            replay_of    INTEGER,
+            flagged      INTEGER NOT NULL DEFAULT 0,
+            exit_code    INTEGER,
+            receipt      TEXT,
+            duration_ms  INTEGER,
+            source       TEXT NOT NULL DEFAULT 'hook',
+            started_at   INTEGER NOT NULL,
+            ended_at     INTEGER
+        );
+        CREATE INDEX tool_calls_key ON tool_calls(idem_key, id);
+        CREATE INDEX tool_calls_agent ON tool_calls(agent, id);
+        CREATE INDEX tool_calls_turn ON tool_calls(turn_id, id);
+        CREATE INDEX tool_calls_use ON tool_calls(tool_use_id);
+        CREATE INDEX tool_calls_flagged ON tool_calls(flagged) WHERE flagged = 1;
+
+        CREATE TABLE checkpoints (
+            turn_id       TEXT PRIMARY KEY,
+            agent         TEXT NOT NULL,
+            generation    INTEGER NOT NULL,
+            attempt       INTEGER NOT NULL DEFAULT 0,
+            scope         TEXT,
+            mail_ids      TEXT NOT NULL DEFAULT '[]',
+            session_id    TEXT,
+            head          TEXT,
+            git_status    TEXT,
+            cost_usd      REAL NOT NULL DEFAULT 0,
+            input_tokens  INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            phase         TEXT NOT NULL,
+            turn_status   TEXT,
+            started_at    INTEGER NOT NULL,
+            at            INTEGER NOT NULL
+        );
+        CREATE INDEX checkpoints_agent ON checkpoints(agent, started_at);
+        CREATE INDEX checkpoints_scope ON checkpoints(agent, scope);
+        """
+    )
+
+
 def _state_m008_loops_and_schedules(conn: sqlite3.Connection) -> None:
     """`ov loop` (its loop, every iteration, the checkpoints at phase boundaries) and `ov schedule`."""
     run_script(conn,
@@ -389,7 +453,8 @@ def _state_m008_loops_and_schedules(conn: sqlite3.Connection) -> None:
 
 
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
-                                     _state_m005_budgets, _state_m008_loops_and_schedules]
+                                     _state_m005_budgets, _state_m006_tool_ledger,
+                                     _state_m008_loops_and_schedules]
 
 
 # ---------------------------------------------------------------------------

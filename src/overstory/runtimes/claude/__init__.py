@@ -41,10 +41,16 @@ def root_agent_flags(run_dir: Path, instructions_file: str, settings_file: str) 
 
 
 def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]:
-    """Settings that send every tool call through ``ov guard`` (and, in tmux mode, mail into prompts)."""
+    """Settings that send every tool call through ``ov guard`` (and, in tmux mode, mail into prompts).
+
+    PostToolUse and PostToolUseFailure (a failed Bash gets only the latter) run ``ov guard
+    --post``, which stores the call's result in the tool-call ledger.
+    """
     prefix = " ".join(shlex.quote(part) for part in ov_command)
+    post = [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard --post"}]}]
     settings: dict[str, t.Any] = {
-        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}]}
+        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}],
+                  "PostToolUse": post, "PostToolUseFailure": post}
     }
     if tmux_mode:
         inject = [{"hooks": [{"type": "command", "command": f"{prefix} mail check --inject"}]}]
@@ -70,6 +76,7 @@ def _version_of(argv: list[str]) -> str | None:
 
 class ClaudeRuntime(Runtime):
     name = "claude"
+    tool_hooks = frozenset({"pre", "post"})
     instructions_file = ".claude/CLAUDE.md"
     hook_settings_file = ".claude/settings.local.json"
     root_instructions_file = "CLAUDE.md"

@@ -209,7 +209,8 @@ class Hooks:
         outcomes = []
         env = dict(os.environ, CLAUDE_PROJECT_DIR=self.cwd, CLAUDE_CODE_SESSION_ID=payload["session_id"])
         for group in self.by_event.get(event, []):
-            if event in ("PreToolUse", "PostToolUse") and not _matches(group.get("matcher"), tool_name):
+            if event in ("PreToolUse", "PostToolUse", "PostToolUseFailure") and not _matches(group.get("matcher"),
+                                                                                            tool_name):
                 continue
             for hook in group.get("hooks") or []:
                 if hook.get("type", "command") != "command" or not hook.get("command"):
@@ -350,12 +351,18 @@ class _Turn:
             self.denials.append({"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input})
             content, is_error, summary = reason, True, f"Error: {reason}"
         else:
+            started = time.monotonic()
             try:
                 content, is_error, summary = run_tool(name, tool_input, self.session.cwd)
             except (OSError, UnicodeDecodeError) as exc:
                 content, is_error, summary = f"<tool_use_error>{exc}</tool_use_error>", True, f"Error: {exc}"
-            self.hooks.run("PostToolUse", {**payload, "hook_event_name": "PostToolUse",
-                                           "tool_response": summary, "duration_ms": 0}, name)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            if is_error:  # as claude: a failed call gets PostToolUseFailure, with the error text
+                self.hooks.run("PostToolUseFailure", {**payload, "hook_event_name": "PostToolUseFailure",
+                                                      "error": content, "is_interrupt": False, "duration_ms": duration_ms}, name)
+            else:
+                self.hooks.run("PostToolUse", {**payload, "hook_event_name": "PostToolUse",
+                                               "tool_response": summary, "duration_ms": duration_ms}, name)
         block: dict[str, t.Any] = {"tool_use_id": tool_id, "type": "tool_result", "content": content}
         if is_error:
             block["is_error"] = True
