@@ -1,11 +1,11 @@
 """`ov sling`: spawning an agent is a transaction.
 
-Its first durable act is a record of intent (``agents.spawn_journal``); each step notes
-itself there before acting. If a step fails, what was done is undone and the intent
-deleted, so no branch, worktree, session row, mail or process is left behind and the
-same command can simply be run again. If the spawner is killed instead, the intent
-remains with its dead pid, and a retry, `ov stop NAME` or the watchdog undoes it.
-The events database is checked before anything is created: the agent's loop needs it.
+Its first durable act is a record of intent (``agents.spawn_journal``); each step notes itself
+there before acting. If a step fails, what was done is undone and the intent deleted, so no
+branch, worktree, session row, mail or process is left behind and the same command can simply
+be run again. If the spawner is killed instead, the intent remains with its dead pid, and a
+retry, `ov stop NAME` or the watchdog undoes it. The events database is checked (readable,
+its tables, writable) first: the agent's loop needs it.
 """
 
 from __future__ import annotations
@@ -414,10 +414,7 @@ def _require_events_db(project: ProjectPaths, name: str) -> None:
 
 
 def _write_refused(conn) -> str | None:
-    """Why a write to the events database fails (a read-only file or mount), or None.
-
-    A write that is rolled back: the only sure test, since root ignores permission bits.
-    """
+    """Why a rolled-back write to the events database fails (root ignores permission bits), or None."""
     import sqlite3
 
     try:
