@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from overstory.config_approvals import ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
+from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
 
@@ -77,9 +78,6 @@ class BudgetLimits(_Section):
     def _duration(cls, value: t.Any) -> t.Any:
         return _seconds(value)
 
-    def as_limits(self) -> dict[str, float | int | None]:
-        return self.model_dump()
-
 
 class BudgetsSection(_Section):
     agent: BudgetLimits = Field(default_factory=BudgetLimits)
@@ -119,6 +117,19 @@ class MergeSection(_Section):
     model: str = "claude-sonnet-4-5"
     gates: list[str] = Field(default_factory=list)
     lock_wait: float = Field(30, ge=0)
+
+
+class LoopSection(_Section):
+    max_iterations: int = Field(20, ge=1)
+    same_failure_limit: int = Field(3, ge=1)
+    check_timeout: float = Field(900, gt=0)
+    output_tail: int = Field(3000, ge=200)
+    critic_timeout: float = Field(1800, gt=0)
+
+
+class SchedulesSection(_Section):
+    catch_up: t.Literal["latest", "none"] = "latest"
+    timeout: float = Field(600, gt=0)
 
 
 class LedgerSection(_Section):
@@ -175,11 +186,6 @@ class Provider(_Section):
         return value
 
 
-# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
-# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
-DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
-
-
 class Config(_Section):
     project: ProjectSection = Field(default_factory=ProjectSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
@@ -194,6 +200,8 @@ class Config(_Section):
     logs: LogsSection = Field(default_factory=LogsSection)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     quota: QuotaSection = Field(default_factory=QuotaSection)
+    loop: LoopSection = Field(default_factory=LoopSection)
+    schedules: SchedulesSection = Field(default_factory=SchedulesSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)
@@ -215,7 +223,7 @@ class Config(_Section):
 
     def runtime_for(self, capability: str) -> str:
         """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
-        return self.runtimes.get(capability) or self.runtime.default
+        return runtime_for(self, capability)
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -364,6 +372,24 @@ quota:
   backoff_max: 1800
   # Seconds between the agents of one provider un-parking after a reset (no stampede).
   stagger: 5
+
+loop:
+  # `ov loop` without --max-iterations (or a spec's max_iterations) stops, parked, after this many iterations.
+  max_iterations: 20
+  # The same check failure (same exit code and output, numbers aside) this many iterations in a row parks the loop.
+  same_failure_limit: 3
+  # Seconds a loop's check command (or a phase's gate) may run before it counts as failed.
+  check_timeout: 900
+  # Characters of the last check's output (its end) that the next iteration's message carries.
+  output_tail: 3000
+  # Seconds to wait for a phase's critic (`critic: reviewer`) to send its verdict before parking the loop.
+  critic_timeout: 1800
+
+schedules:
+  # Fires missed while no watchdog ran: latest (fire once, for the latest missed time) or none (skip them).
+  catch_up: latest
+  # Seconds a fired command (`ov sling ...`) may run before it is stopped and the fire counts as failed.
+  timeout: 600
 
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
@@ -561,3 +587,29 @@ def env_var_names() -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             names += [f"OV_{section_name.upper()}_{k.upper()}" for k in annotation.model_fields]
     return names
+
+
+def snapshot_shape(annotation: t.Any = None) -> t.Any:
+    """Where ``Config`` has models (see ``config_snapshot``): {field: shape} for a model, {"*": shape} for a
+    mapping of models, None for a plain value."""
+    annotation = Config if annotation is None else annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {name: snapshot_shape(field.annotation) for name, field in annotation.model_fields.items()}
+    origin = t.get_origin(annotation)
+    if origin is dict:
+        inner = snapshot_shape(t.get_args(annotation)[1])
+        return None if inner is None else {"*": inner}
+    if origin in (t.Union, types.UnionType):
+        return next((shape for arg in t.get_args(annotation) if (shape := snapshot_shape(arg)) is not None), None)
+    return None
+
+
+def write_agent_snapshot(config_file: Path, local_file: Path | None, environ: t.Mapping[str, str],
+                         run_dir: Path) -> Config:
+    """Validate the configuration as an agent's loop would see it (its launch environment) and hand it
+    over as ``run_dir/config.json``, so the loop needs no pydantic. ConfigError if it is invalid."""
+    from overstory import config_snapshot
+
+    config = load_config(config_file, local_file, environ=environ)
+    config_snapshot.write(config.model_dump(mode="json"), snapshot_shape(), config_snapshot.snapshot_path(run_dir))
+    return config

@@ -97,3 +97,11 @@ class OverlayError(OrchestratorError):
 
 class CleanRefused(OrchestratorError):
     """`ov stop --clean` would lose work: the branch is not merged or the worktree has changes."""
+
+
+class LoopError(OrchestratorError):
+    """An `ov loop` spec or request that cannot run (no objective, a bad gate, an unknown loop)."""
+
+
+class ScheduleError(OrchestratorError):
+    """An `ov schedule` that cannot be added or found (a bad cron expression, a taken name)."""

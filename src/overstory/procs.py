@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
-_PROC = Path("/proc")
+_PROC = "/proc"  # a string, not a pathlib.Path: `ov status` imports this module
 
 
 def _stat_fields(pid: int) -> list[str] | None:
     try:
-        raw = (_PROC / str(pid) / "stat").read_text()
+        with open(f"{_PROC}/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            raw = handle.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name (field 2) is parenthesised and may hold spaces: split after it.
@@ -43,7 +43,7 @@ def is_alive(pid: int | None, ticks: int | None = None) -> bool:
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``."""
     members = []
-    for entry in _PROC.iterdir():
+    for entry in os.scandir(_PROC):
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(int(entry.name))
@@ -114,11 +114,12 @@ def tagged_processes(turn_id: str) -> list[int]:
     needle = f"{TURN_TAG}={turn_id}".encode()
     found = []
     me = os.getpid()
-    for entry in _PROC.iterdir():
+    for entry in os.scandir(_PROC):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            with open(f"{entry.path}/environ", "rb") as handle:
+                environ = handle.read()
         except OSError:
             continue
         if needle in environ.split(b"\0"):

@@ -1,31 +1,25 @@
 """The mechanical watchdog: keeps every agent's state honest, one tick at a time.
 
-Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``
-holding the holder's pid). Each tick reads the non-terminal session rows and a few
-``/proc`` entries; only when a rule fires does it write, always by compare-and-swap
-with the generation it observed:
+Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``). Each tick
+reads the non-terminal session rows and a few ``/proc`` entries; only when a rule fires does it
+write, always by compare-and-swap with the generation it observed:
 
-- a headless agent whose loop is gone is re-adopted: a turn it left in flight is
-  killed (its recorded process group, verified by start ticks) and counts as failed
-  (claimed mail released, ``retries`` bumped, zombie past ``turns.max_retries``),
-  then a new loop is started;
+- a headless agent whose loop is gone is re-adopted: a turn it left in flight is killed (its
+  recorded process group, verified by start ticks) and counts as failed (claimed mail released,
+  ``retries`` bumped, zombie past ``turns.max_retries``), then a new loop is started;
 - ``in_turn``/``working`` (or ``booting`` with a turn running) with no activity for
   ``watchdog.stale_after`` becomes ``stalled`` and gets one ``nudge`` mail;
-- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie
-  (``lifecycle.declare_zombie``: the parent gets exactly one ``worker_died``) and
-  its turn's process group is killed; an agent stalled for ``no report`` (it ended its
-  turns without reporting, and its parent was told) runs nothing and is left alone;
-- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the
-  parks of one provider end a few seconds apart (``quota.stagger``), so they do not
-  call the API again all at once.
+- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie (the parent gets
+  exactly one ``worker_died``) and its turn's process group is killed; an agent stalled for
+  ``no report`` (its parent was told) runs nothing and is left alone;
+- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the parks of
+  one provider end a few seconds apart (``quota.stagger``).
 
-``between_turns`` agents waiting for mail are never stale: idling is legitimate.
-Nothing is ever killed unless ov recorded it with matching start ticks.
+``between_turns`` agents waiting for mail are never stale. Nothing is ever killed unless ov recorded it.
 
-Also, each tick: a spawn or a merge whose command was killed half-way (its intent row
-names a dead pid) is undone or finished (``agents.spawn_journal``, ``merge.intents``);
-an agent whose terminal mail is committed is settled ``completed``, never retried; and a
-loop that crashes on start-up twice makes its agent zombie instead of being restarted forever.
+Also, each tick: due schedules are fired (``scheduler``); a spawn or merge killed half-way (its intent
+names a dead pid) is undone or finished; an agent whose terminal mail is committed is settled
+``completed``; a loop that crashes on start-up twice makes its agent zombie.
 """
 
 from __future__ import annotations
@@ -42,19 +36,19 @@ from overstory import procs
 from overstory.agents.idle import NO_REPORT
 from overstory.agents.loop_starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
-from overstory.errors import LockHeld, OrchestratorError
+from overstory.errors import ConfigError, LockHeld, OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import intents, sessions, turns
 from overstory.store.db import write_transaction
 from overstory.store.lifecycle import (
-    PERSISTENT_CAPABILITIES,
     complete_promised,
     declare_zombie,
+    ends_by_terminal_mail,
     promised,
     terminal_mail_sent,
 )
 from overstory.store.sessions import Session
-from overstory.watchdog_people import PeopleTick
+from overstory.watchdog_people import SideTicks
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -198,16 +192,16 @@ class Watchdog:
         self.state = state if state is not None else open_state(project.state_db)
         self._events: sqlite3.Connection | None = None
         self._spawn = spawn or _spawn_loop
-        # Loops this watchdog started, by agent: (generation, pid, ticks). While one is
-        # alive it counts as the agent's loop even before it has recorded itself.
+        # Loops this watchdog started, by agent: (generation, pid, ticks); alive = the agent's loop.
         self._started: dict[str, tuple[int, int, int | None]] = {}
         self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
         self._scanned = False
-        self._people = PeopleTick(project)
+        self._side = SideTicks(project)  # `ov schedule`'s fires, approval timeouts, notifications
 
     # -- plumbing
 
     def close(self) -> None:
+        self._side.close()
         for conn, own in ((self._events, True), (self.state, self._own_state)):
             if conn is not None and own:
                 try:
@@ -239,6 +233,7 @@ class Watchdog:
             actions.extend(self._settle_intents())
         except (sqlite3.Error, OSError, OrchestratorError) as exc:  # never in the way of the rules below
             actions.append(Action("-", "error", f"settling interrupted commands: {exc}"))
+        actions.extend(Action(*fired) for fired in self._side.schedules(self.state, self.settings.interval))
         try:
             spawning = {row["name"] for row in intents.list_spawns(self.state)}
             agents = sessions.list_sessions(self.state, include_terminal=False)
@@ -251,7 +246,7 @@ class Watchdog:
                 actions.extend(self._check(agent, now))
             except (sqlite3.Error, OSError, OrchestratorError) as exc:
                 actions.append(Action(agent.name, "error", f"{type(exc).__name__}: {exc}"))
-        actions.extend(Action(*done) for done in self._people.tick(self.state))  # approval timeouts, notifications
+        actions.extend(Action(*done) for done in self._side.people(self.state))  # approval timeouts, notifications
         return actions
 
     def _settle_intents(self) -> list[Action]:
@@ -433,7 +428,7 @@ class Watchdog:
         from overstory.store import checkpoints, mail
 
         since = min(started_ms, checkpoints.dispatch_started(self.state, turn_id) or started_ms)
-        done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, since)
+        done = ends_by_terminal_mail(agent) and terminal_mail_sent(self.state, agent, since)
 
         def deliver(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
             self._fence(tx, agent)
@@ -589,5 +584,11 @@ class Watchdog:
 def _spawn_loop(project: ProjectPaths, agent: str, generation: int) -> tuple[int, int | None]:
     from overstory.agents.loop import spawn_loop
     from overstory.agents.process import load_launch_env
+    from overstory.config import write_agent_snapshot
 
-    return spawn_loop(project, agent, generation, load_launch_env(project, agent))
+    launch_env = load_launch_env(project, agent)
+    try:  # the re-adopted loop sees the configuration as it is now, as one that loaded it itself would
+        write_agent_snapshot(project.config_file, project.local_config_file, launch_env, project.run_dir / agent)
+    except (ConfigError, OSError):
+        pass  # now invalid or unreadable: the loop keeps the one the agent was slung with
+    return spawn_loop(project, agent, generation, launch_env)

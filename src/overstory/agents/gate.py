@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import typing as t
 from collections.abc import Mapping
 
-if t.TYPE_CHECKING:
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`)
+if TYPE_CHECKING:
+    import typing as t
+
     from overstory.agents.ledger import LedgerContext
     from overstory.guards.policy import Decision
 

@@ -36,16 +36,20 @@ import os
 import re
 import sqlite3
 import sys
-import typing as t
 from collections.abc import Mapping
 
 from overstory.store import ledger as store
 from overstory.store.dispatch import DISPATCH_ENV, dispatch_ids, scope_of
 
-if t.TYPE_CHECKING:
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
+if TYPE_CHECKING:
+    import typing as t
+
     from overstory.guards.classify import LedgerRules
     from overstory.guards.policy import Decision
     from overstory.runtimes.base import ParsedEvent
+
+    _T = t.TypeVar("_T")
 
 ENV_ATTEMPT = "OVERSTORY_ATTEMPT"
 ENV_DISPATCH = DISPATCH_ENV
@@ -374,7 +378,6 @@ def hook_post(text: str | None, env: Mapping[str, str]) -> None:
     _with_state(env, text, record_post, None)
 
 
-_T = t.TypeVar("_T")
 
 
 def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,

@@ -9,13 +9,11 @@ agent at once (a crashed holder's lock is released by the kernel).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sqlite3
 import sys
 import time
 import typing as t
-import uuid
 from pathlib import Path
 
 from overstory import procs
@@ -35,6 +33,9 @@ from overstory.store.lifecycle import (
 )
 from overstory.store.sessions import Session
 
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+
 SUMMARY_CHECK_SECONDS = 1.0
 FAULT_ENV = "OV_TEST_DIE_AT"  # test hook: a point at which the loop kills itself (crash-safety tests)
 # Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult).
@@ -49,11 +50,9 @@ class _Interrupted:
 
 class AgentLoop(AgentProcess):
     def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
-        from overstory.config import load_config
-
         super().__init__(project, name, generation)
         self.base_env = load_launch_env(project, name)
-        self.config = load_config(project.config_file, project.local_config_file, environ=self.base_env)
+        self.config = load_loop_config(project, name, self.base_env)
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
         self._next_idle_check = 0
@@ -66,6 +65,11 @@ class AgentLoop(AgentProcess):
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
                            summary=f"pid {os.getpid()}")
         self._recover_interrupted_turn()
+        first = self.current()
+        if first is not None and first.spec.get("loop"):  # an `ov loop`: iterations, not mail, drive its turns
+            from overstory.agents.iterations import IterationRunner
+
+            return IterationRunner(self).run()
         while not self.stopping:
             agent = self.current()
             if agent is None:
@@ -214,7 +218,7 @@ class AgentLoop(AgentProcess):
                                data={"crossing": crossing.as_dict(), "parked": parked})
             return
         self.base_env = load_launch_env(self.project, self.name)  # `ov resume` may have brought a fixed key
-        turn_id = f"{now_ms():x}-{uuid.uuid4().hex[:6]}"
+        turn_id = f"{now_ms():x}-{os.urandom(3).hex()}"
         claimed = mail.claim(self.state, self.name, turn_id)
         if not claimed:
             budgets.refund_turn(self.state, self.name, self.generation)
@@ -426,13 +430,30 @@ class _Decided(Exception):
     """Rolls back an approval park: the gates were decided while the turn ended."""
 
 
+def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, str]) -> Config:
+    """The configuration `ov sling` validated for this agent (``config_snapshot``), without pydantic.
+
+    An agent slung before snapshots existed has none: then it is loaded and validated here.
+    """
+    from overstory import config_snapshot
+
+    try:
+        return config_snapshot.read(config_snapshot.snapshot_path(project.run_dir / name))
+    except (OSError, ValueError, KeyError, TypeError):
+        from overstory.config import load_config
+
+        return load_config(project.config_file, project.local_config_file, environ=environ)
+
+
 def main(argv: t.Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ov-agent-loop")
-    parser.add_argument("--project", required=True)
-    parser.add_argument("--agent", required=True)
-    parser.add_argument("--generation", required=True, type=int)
-    args = parser.parse_args(argv)
-    loop = AgentLoop(ProjectPaths(Path(args.project)), args.agent, args.generation)
+    # Started only by spawn_loop, always with the same three options: no argparse (memory, x 50 loops).
+    words = list(sys.argv[1:] if argv is None else argv)
+    options = dict(zip(words[::2], words[1::2]))
+    if len(words) != 6 or set(options) != {"--project", "--agent", "--generation"} \
+            or not options["--generation"].isdigit():
+        print("usage: python -m overstory.agents.loop --project ROOT --agent NAME --generation N", file=sys.stderr)
+        return 2
+    loop = AgentLoop(ProjectPaths(Path(options["--project"])), options["--agent"], int(options["--generation"]))
     try:
         return loop.run()
     finally:

@@ -85,7 +85,7 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    from overstory.config import DEFAULT_MODELS
+    from overstory.config_snapshot import DEFAULT_MODELS  # not from config: no pydantic in the loop
 
     adapter = get_runtime(runtime or config.runtime_for(capability))
     configured = config.models.get(capability)
@@ -205,7 +205,9 @@ class _LineReader:
 
 def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, events: sqlite3.Connection,
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
-             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False) -> TurnResult:
+             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
+             extra_env: t.Mapping[str, str] | None = None) -> TurnResult:
+    """``extra_env``: variables for this turn only (an `ov loop` names its iteration and phase there)."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +225,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
     dispatch = claimed_ids(state, turn_id)
     provider_env.update(durable_env(config, agent, attempt, dispatch))
-    env = turn_environment(base_env, agent, project, turn_id, provider_env)
+    env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)

@@ -1,15 +1,13 @@
 """`ov guard`: the PreToolUse (and, with --post, PostToolUse) hook command.
 
-HOT: imports only the stdlib, click, guards and the stdlib-only ledger layer.
+HOT: the body is cli.hot.guard, which cli.fast also calls without click.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import typing as t
-
 import click
+
+from overstory.cli import hot
 
 
 @click.command(name="guard")
@@ -34,36 +32,4 @@ def guard(post: bool) -> None:
         "hooks": [{"type": "command", "command": "ov guard"}]}],
         "PostToolUse": [{"hooks": [{"type": "command", "command": "ov guard --post"}]}]}}
     """
-    try:
-        stdin = getattr(sys.stdin, "buffer", None)
-        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
-        text: str | None = raw.decode("utf-8", errors="replace")
-    except OSError:
-        text = None
-    from overstory.agents import ledger
-
-    if post:
-        ledger.hook_post(text, os.environ)
-        return
-    from overstory import guards
-
-    stdout, stderr, status = guards.guard_reply(
-        text, os.environ, count_call=lambda: _count_tool_call(os.environ),
-        record=lambda hook_input, decision: ledger.hook_pre(hook_input, decision, os.environ))
-    if stdout:
-        click.echo(stdout)
-    if stderr:
-        click.echo(stderr, err=True)
-    if status:
-        sys.exit(status)
-
-
-def _count_tool_call(env: t.Mapping[str, str]) -> str | None:
-    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
-    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
-                               env.get("OVERSTORY_GENERATION", ""))
-    if not agent or not root or not generation.isdigit():
-        return None
-    from overstory.store.tool_count import count_tool_call
-
-    return count_tool_call(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
+    hot.guard(None, post=post)

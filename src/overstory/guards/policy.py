@@ -54,6 +54,9 @@ FILE_WRITE_TOOLS: dict[str, str] = {
     "NotebookEdit": "notebook_path",
 }
 
+#: An `ov loop` phase's tool allow-list (comma-separated, Claude's tool names), set for its turns.
+PHASE_TOOLS_ENV = "OVERSTORY_PHASE_TOOLS"
+
 #: Tools whose ``command`` is a shell command line.
 SHELL_TOOLS = frozenset({"Bash", "Monitor"})
 
@@ -188,6 +191,15 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
 
     if tool in BLOCKED_TOOLS:
         return Decision.deny(f"{tool} is not available to {agent.who}. {BLOCKED_TOOLS[tool]}")
+
+    phase_tools = agent.env.get(PHASE_TOOLS_ENV)
+    if phase_tools is not None and tool not in phase_tools.split(","):
+        phase = agent.env.get("OVERSTORY_LOOP_PHASE") or "this phase"
+        return Decision.deny(
+            f"{tool} is not allowed in phase {phase!r} of your loop; its spec allows only "
+            f"{', '.join(filter(None, phase_tools.split(','))) or 'no tools'}. Do this phase's work with "
+            "those; later phases may allow more."
+        )
 
     if tool in FILE_WRITE_TOOLS:
         if not agent.writable:

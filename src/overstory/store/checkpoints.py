@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import typing as t
 
 from overstory.clock import now_ms
+
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
+if TYPE_CHECKING:
+    import typing as t
 
 
 def save_start(conn: sqlite3.Connection, turn_id: str, *, agent: str, generation: int, attempt: int,

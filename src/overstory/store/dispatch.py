@@ -13,7 +13,10 @@ Stdlib only: ``ov mail send`` and ``ov guard`` use it.
 from __future__ import annotations
 
 import json
-import typing as t
+
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
+if TYPE_CHECKING:
+    import typing as t
 
 DISPATCH_ENV = "OVERSTORY_DISPATCH"
 

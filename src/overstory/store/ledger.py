@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import typing as t
 from collections.abc import Callable
 
 from overstory.clock import now_ms
 from overstory.store.db import write_transaction
+
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
+if TYPE_CHECKING:
+    import typing as t
 
 STATUSES = ("started", "succeeded", "failed", "denied", "skipped_duplicate")
 RECEIPT_LIMIT = 4096

@@ -11,9 +11,12 @@ that mark is the one case that sends twice.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
 
 from overstory.clock import now_ms
+
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`)
+if TYPE_CHECKING:
+    import typing as t
 
 
 def enqueue(conn: sqlite3.Connection, dedup_key: str, kind: str, agent: str | None, title: str, body: str) -> bool:

@@ -16,7 +16,9 @@ Scenario (JSON, or YAML when the name ends in .yaml/.yml)::
     {"turns": [{"actions": [...], "result": "final text"}, ...],
      "agents": {"builder-*": {"turns": [...]}}}        # optional, by $OVERSTORY_AGENT_NAME
 
-Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do".
+Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do". In an
+`ov loop` (``$OVERSTORY_LOOP_ITERATION`` set), a section with ``iterations`` plays
+``iterations[N-1]`` as the first turn of iteration N's fresh session.
 Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
 usage (see ``_Turn.perform``). Any action may carry ``"once": PATH``: it is played only
 while PATH does not exist, and creates it (so a retried or resumed turn skips it).
@@ -115,10 +117,16 @@ def load_scenario(path: Path) -> list[dict[str, t.Any]]:
     else:
         data = json.loads(text)
     agent = os.environ.get("OVERSTORY_AGENT_NAME", "")
+    section = data
     for pattern, script in (data.get("agents") or {}).items():
         if agent and fnmatch.fnmatchcase(agent, pattern):
-            return list(script.get("turns") or [])
-    return list(data.get("turns") or [])
+            section = script
+            break
+    iteration = os.environ.get("OVERSTORY_LOOP_ITERATION", "")
+    if iteration.isdigit() and "iterations" in section:  # an `ov loop`: each iteration is a fresh session
+        plays = list(section.get("iterations") or [])
+        return [plays[int(iteration) - 1]] if 0 < int(iteration) <= len(plays) else []
+    return list(section.get("turns") or [])
 
 
 # --------------------------------------------------------------------------- sessions
