@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from overstory.config_approvals import ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
+from overstory.config_approvals import APPROVALS_YAML, ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
 from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
@@ -314,27 +314,7 @@ guards:
   # BRANCH`; empty: nobody pushes. Force pushes and other branches are always refused.
   push_remotes: []
 
-approvals:
-  # Tool calls that need a person's approval first: [{match: "Bash(git push*)", reason: ..., timeout: 10m,
-  # capability: builder}]; match is a tool pattern as in ledger. `ov sling --approve PATTERN` adds more.
-  rules: []
-  # How long a request waits for a decision (seconds or 30m) unless its rule says otherwise.
-  timeout: 1800
-  # What the watchdog does with an undecided request: reject, or escalate to the next ancestor.
-  on_timeout: reject
-  # Who decides: parent (the agent's parent: the operator for agents it slung), or operator.
-  decider: parent
-  # A turn that would start with the agent's spend past this many dollars needs approval (null: never).
-  spend_over_usd: null
-
-notify:
-  # Where to tell a person: apprise URLs, e.g. ["ntfy://topic", "json://127.0.0.1:8080/hook"].
-  targets: []
-  # Which events: approval_requested, worker_died, budget_parked, quota_parked, run_finished,
-  # merge_failed (also approval_approved, approval_rejected, approval_expired). Quoted: YAML reads a
-  # bare `on` as true (ov accepts that too).
-  "on": [approval_requested, worker_died, budget_parked, quota_parked, run_finished, merge_failed]
-
+""" + APPROVALS_YAML + """\
 logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
   keep_days: 14

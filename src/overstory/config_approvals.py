@@ -82,3 +82,29 @@ class NotifySection(_Section):
             if kind not in NOTIFY_KINDS:
                 raise ValueError(f"unknown event {kind!r}; choose among: {', '.join(NOTIFY_KINDS)}")
         return value
+
+
+# Their part of ``config.DEFAULT_CONFIG_YAML`` (every key documented; tests check it).
+APPROVALS_YAML = """\
+approvals:
+  # Tool calls that need a person's approval first: [{match: "Bash(git push*)", reason: ..., timeout: 10m,
+  # capability: builder}]; match is a tool pattern as in ledger. `ov sling --approve PATTERN` adds more.
+  rules: []
+  # How long a request waits for a decision (seconds or 30m) unless its rule says otherwise.
+  timeout: 1800
+  # What the watchdog does with an undecided request: reject, or escalate to the next ancestor.
+  on_timeout: reject
+  # Who decides: parent (the agent's parent: the operator for agents it slung), or operator.
+  decider: parent
+  # A turn that would start with the agent's spend past this many dollars needs approval (null: never).
+  spend_over_usd: null
+
+notify:
+  # Where to tell a person: apprise URLs, e.g. ["ntfy://topic", "json://127.0.0.1:8080/hook"].
+  targets: []
+  # Which events: approval_requested, worker_died, budget_parked, quota_parked, run_finished,
+  # merge_failed (also approval_approved, approval_rejected, approval_expired). Quoted: YAML reads a
+  # bare `on` as true (ov accepts that too).
+  "on": [approval_requested, worker_died, budget_parked, quota_parked, run_finished, merge_failed]
+
+"""
