@@ -155,8 +155,12 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
     assert run_ov("wait", "--run", run_id, "--timeout", "5", cwd=project.root).returncode == 4
     resumed = run_ov("run", "resume", run_id, "--add-usd", "10", cwd=project.root)
     assert resumed.returncode == 0, resumed.stderr
-    for name in names:
-        assert wait_for(lambda n=name: agent_state(project, n).state == "completed", 90, message=name)
+    for name in names:  # each still has its 30 s step to go
+        try:
+            wait_for(lambda n=name: agent_state(project, n).state == "completed", 150, message=name)
+        except AssertionError:
+            agent = agent_state(project, name)
+            raise AssertionError(f"{name} is {agent.state} ({agent.state_reason}); turns {turns_of(project, name)}")
     assert len(mail_rows(project, type="worker_done")) == 3
 
 

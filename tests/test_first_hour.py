@@ -158,7 +158,8 @@ def test_the_readme_scenario_example_plays_as_documented(project: ProjectPaths, 
     from conftest import REPO_ROOT
 
     readme = (REPO_ROOT / "README.md").read_text()
-    [example] = re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+    [example] = [block for block in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+                 if block.startswith("agents:")]  # the scenario; other yaml blocks are other files
     plan = tmp_path / "plan.yaml"
     plan.write_text(example)
     result = run_ov("sling", "builder", "docs", "--runtime", "scripted", "--scenario", str(plan), "--prompt", "x",

@@ -533,11 +533,20 @@ def test_a_signal_ends_codex_at_once_and_orphans_the_tools_children(
         leftover_commands: list[str] = []
         try:
 
+            def session_leader(pid: int) -> bool:
+                try:
+                    return os.getsid(pid) == pid
+                except OSError:
+                    return False
+
             def shell_started() -> bool:
+                # The shell leads its own session; a child it forked for `sleep` shows the same
+                # command line until it execs, so only the leader counts.
                 shells[:] = [
                     int(e.name)
                     for e in Path("/proc").iterdir()
                     if e.name.isdigit() and cmdline(e).startswith("/bin/bash -c") and str(marker) in cmdline(e)
+                    and session_leader(int(e.name))
                 ]
                 return bool(shells)
 
