@@ -7,7 +7,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import echo_json, events_conn, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, events_conn, json_option, project_paths, state_conn
 
 
 @click.command(name="approvals")
@@ -36,7 +36,7 @@ def approvals(show_all: bool, as_json: bool) -> None:
 
 
 @click.command(name="approve")
-@click.argument("approval_id")
+@click.argument("approval_id", shell_complete=completer("complete_approvals"))
 @click.option("--note", help="A note for the agent.")
 @json_option
 def approve(approval_id: str, note: str | None, as_json: bool) -> None:
@@ -53,7 +53,7 @@ def approve(approval_id: str, note: str | None, as_json: bool) -> None:
 
 
 @click.command(name="reject")
-@click.argument("approval_id")
+@click.argument("approval_id", shell_complete=completer("complete_approvals"))
 @click.option("--reason", required=True, help="Why: the agent is told, and goes on without the call.")
 @json_option
 def reject(approval_id: str, reason: str, as_json: bool) -> None:
