@@ -59,18 +59,21 @@ def test_outside_a_project_or_before_the_database_exists_nothing_is_offered(tmp_
     assert complete(project.root, "stop", "") == []
 
 
-def test_approval_ids_complete_from_the_table_when_it_exists(project: ProjectPaths,
-                                                             state_db: sqlite3.Connection) -> None:
+def test_pending_approval_ids_complete(project: ProjectPaths, state_db: sqlite3.Connection) -> None:
     from overstory.cli.completion import complete_approvals
     from overstory.cli.main import cli
+    from overstory.store import approvals
 
     ctx = click.Context(cli, info_name="ov")
     ctx.params["project"] = str(project.root)
-    assert complete_approvals(ctx, click.Argument(["id"]), "") == [], "no approvals table in this version yet"
-    state_db.execute("CREATE TABLE approvals(id TEXT PRIMARY KEY, agent TEXT)")
-    state_db.execute("INSERT INTO approvals VALUES ('apr-0001', 'builder-api'), ('apr-0002', 'scout-survey')")
-    assert [item.value for item in complete_approvals(ctx, click.Argument(["id"]), "apr-")] == ["apr-0001", "apr-0002"]
-    state_db.execute("DROP TABLE approvals")
+    assert complete_approvals(ctx, click.Argument(["id"]), "") == [], "nothing waits"
+    ids = [approvals.gate(state_db, agent=agent, generation=1, parent="operator", task_id="t", turn_id=None,
+                          tool="Bash", input='{"command":"git push"}', key=f"k-{agent}",
+                          rule=approvals.Rule("Bash(git push*)"), decider="operator", timeout_s=60,
+                          on_timeout="reject")[1] for agent in ("builder-api", "scout-survey", "builder-done")]
+    state_db.execute("UPDATE approvals SET status = 'approved' WHERE agent = 'builder-done'")
+    items = complete_approvals(ctx, click.Argument(["id"]), "apr-")
+    assert sorted(item.value for item in items) == sorted(ids[:2]), "only the ones still waiting"
 
 
 def test_the_readme_documents_the_completion_variable() -> None:

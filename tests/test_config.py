@@ -206,7 +206,7 @@ def test_every_key_is_documented_by_a_comment() -> None:
         if not stripped or stripped.startswith("#"):
             continue
         depth = (len(line) - len(line.lstrip(" "))) // 2
-        path = [*path[:depth], stripped.split(":", 1)[0]]
+        path = [*path[:depth], stripped.split(":", 1)[0].strip('"')]  # "on" is quoted (YAML 1.1 reads on as true)
         key = ".".join(path)
         if key in sections:
             continue  # a section header; its keys carry the comments

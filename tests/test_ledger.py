@@ -210,8 +210,20 @@ def test_replay_policy_rerun_and_ask(state_db: t.Any) -> None:
     assert ledger.record_pre(state_db, _hook("git push origin ov/a", "u2"), ALLOW, _ctx("turn-2", replay=rerun)).allow
     ask = _ctx("turn-3", replay={**rerun, "side_effect": "ask"})
     verdict = ledger.record_pre(state_db, _hook("git push origin ov/a", "u3"), ALLOW, ask)
-    assert not verdict.allow and "a person must decide" in verdict.reason
-    assert store.calls(state_db, flagged=True)[0]["tool_use_id"] == "u3"
+    # ask: the replay waits for a person through an approval gate (issue 17), written with its ledger row.
+    [gate] = [dict(r) for r in state_db.execute("SELECT * FROM approvals")]
+    assert not verdict.allow and f"waiting for approval `{gate['id']}`" in verdict.reason
+    assert "config ledger.replay says a person decides" in verdict.reason
+    assert gate["status"] == "pending" and gate["decider"] == "operator" and gate["rule"] == "ledger.replay: ask"
+    assert [r[0] for r in state_db.execute("SELECT recipient FROM mail WHERE type = 'decision_gate'")] == ["operator"]
+    assert [c["status"] for c in store.calls(state_db) if c["tool_use_id"] == "u3"] == ["denied"]
+    from overstory.agents.approvals import decide
+
+    decide(state_db, gate["id"], approve=True, by="operator")
+    again = _ctx("turn-4", replay={**rerun, "side_effect": "ask"})
+    assert ledger.record_pre(state_db, _hook("git push origin ov/a", "u4"), ALLOW, again).allow, "approved: runs once"
+    later = _ctx("turn-5", replay={**rerun, "side_effect": "ask"})
+    assert not ledger.record_pre(state_db, _hook("git push origin ov/a", "u5"), ALLOW, later).allow
 
 
 def test_a_guard_denial_is_recorded_and_never_replay_checked(state_db: t.Any) -> None:

@@ -177,7 +177,6 @@ def test_the_dashboard_shows_the_team_live_and_stops_an_agent(browser: t.Any, fa
         assert served.stop() == 0
 
 
-@pytest.mark.skip(reason="needs approval gates (issue 17)")
 def test_approving_a_pending_gate_from_its_button_unparks_the_agent(browser: t.Any, fast_project: ProjectPaths,
                                                                       state_db: sqlite3.Connection,
                                                                       cleanup_agents: None) -> None:
@@ -185,8 +184,11 @@ def test_approving_a_pending_gate_from_its_button_unparks_the_agent(browser: t.A
     from test_watchdog import write_local_config
 
     write_local_config(fast_project, approvals={"rules": [{"match": "Bash(git push*)"}]},
-                       turns={"retry_backoff": 0.05, "kill_grace": 1})
-    name = start_agent(fast_project, state_db, "push", repeat_turns([{"bash": "git push origin HEAD"}, REPORT_DONE]))
+                       guards={"push_remotes": ["origin"]}, turns={"retry_backoff": 0.05, "kill_grace": 1})
+    # The first turn only asks (an agent that reports while a gate is pending completes instead of parking).
+    name = start_agent(fast_project, state_db, "push", {"turns": [
+        {"actions": [{"bash": "git push origin HEAD"}], "result": "waiting"},
+        {"actions": [{"bash": "git push origin HEAD || true"}, REPORT_DONE], "result": "done"}]})
     wait_for(lambda: row(state_db, name).state == "parked", timeout=60, what="the agent to park on its gate")
     served: Served = start_server(fast_project)
     try:
@@ -194,5 +196,7 @@ def test_approving_a_pending_gate_from_its_button_unparks_the_agent(browser: t.A
         page_wait(browser, "document.querySelector('#waiting-list button[data-approve]')", what="the approve button")
         browser.find_element("css selector", "#waiting-list button[data-approve]").click()
         wait_for(lambda: row(state_db, name).state != "parked", timeout=60, what="the agent to leave parked")
+        assert state_db.execute("SELECT status, decided_by FROM approvals").fetchall()[0][:] == ("approved",
+                                                                                                  "operator")
     finally:
         served.stop()

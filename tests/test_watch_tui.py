@@ -11,6 +11,7 @@ import shlex
 import shutil
 import sqlite3
 import subprocess
+import time
 import typing as t
 import uuid
 from pathlib import Path
@@ -222,9 +223,56 @@ def test_r_resumes_a_parked_agent(project: ProjectPaths, state_db: sqlite3.Conne
     pane.wait(lambda s: "WATCH-EXITED-0" in s, "quit")
 
 
-@pytest.mark.skip(reason="TODO(gates): fill in when `ov approve`/`ov reject` and the approvals table land")
-def test_watch_approves_a_pending_gate_in_tmux(project: ProjectPaths, pane_factory: t.Callable[..., Pane]) -> None:
-    """Park an agent on a gate, select it, press y, and see the approval recorded and the agent resume."""
+def select(pane: Pane, name: str) -> None:
+    """Move the selection to ``name`` (the rows re-sort as states change)."""
+    for _ in range(10):
+        lines = [line for line in pane.text().splitlines()
+                 if any(word.startswith("agent-") for word in line.split()[:2]) and "wants" not in line]
+        at = next((i for i, line in enumerate(lines) if line.startswith(">")), None)
+        want = next((i for i, line in enumerate(lines) if name in line.split()[:2]), None)
+        if at is not None and at == want:
+            return
+        pane.keys("Down" if at is None or want is None or want > at else "Up")
+        time.sleep(0.4)
+    raise AssertionError(f"could not select {name}:\n{pane.text()}")
+
+
+def gated_agent(conn: sqlite3.Connection, name: str) -> str:
+    """A fake agent parked on a real pending gate (as `ov guard` and the agent loop leave one)."""
+    from overstory.store import approvals, lifecycle
+
+    fake_agent(conn, name, "between_turns")
+    _, approval_id = approvals.gate(
+        conn, agent=name, generation=1, parent="operator", task_id=f"t-{name}", turn_id=None, tool="Bash",
+        input='{"command":"git push origin HEAD"}', key=f"key-{name}", rule=approvals.Rule("Bash(git push*)"),
+        decider="operator", timeout_s=600, on_timeout="reject")
+    agent = sessions.get(conn, name)
+    assert lifecycle.park(conn, agent, "approval", f"approval {approval_id}", actor="test", escalate=False).ok
+    return approval_id
+
+
+def test_watch_approves_a_pending_gate_in_tmux(project: ProjectPaths, state_db: sqlite3.Connection,
+                                              pane_factory: t.Callable[..., Pane]) -> None:
+    """Park an agent on a gate, select it, press y, and see the approval recorded and the agent resume;
+    x asks for the reason and rejects."""
+    yes = gated_agent(state_db, "agent-yes")
+    no = gated_agent(state_db, "agent-no")
+    pane = pane_factory(project.root)
+    pane.wait(lambda s: "agent-yes" in s and "agent-no" in s, "the gated agents")
+    select(pane, "agent-yes")
+    pane.keys("y")
+    pane.wait(lambda s: f"approved {yes}" in s, "the approval", timeout=60)
+    assert state_db.execute("SELECT status FROM approvals WHERE id = ?", (yes,)).fetchone()[0] == "approved"
+    assert sessions.get(state_db, "agent-yes").state == "between_turns"
+    select(pane, "agent-no")
+    pane.keys("x")
+    pane.wait(lambda s: "because:" in s, "the reason prompt")
+    pane.keys("not today", "Enter")
+    pane.wait(lambda s: f"rejected {no}" in s, "the rejection", timeout=60)
+    row = state_db.execute("SELECT status, note FROM approvals WHERE id = ?", (no,)).fetchone()
+    assert tuple(row) == ("rejected", "not today")
+    pane.keys("q")
+    pane.wait(lambda s: "WATCH-EXITED-0" in s, "quit")
 
 
 def test_no_color_removes_every_style(project: ProjectPaths, state_db: sqlite3.Connection,

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from overstory.config_approvals import APPROVALS_YAML, ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
 from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
@@ -194,6 +195,8 @@ class Config(_Section):
     merge: MergeSection = Field(default_factory=MergeSection)
     ledger: LedgerSection = Field(default_factory=LedgerSection)
     guards: GuardsSection = Field(default_factory=GuardsSection)
+    approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
     logs: LogsSection = Field(default_factory=LogsSection)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     quota: QuotaSection = Field(default_factory=QuotaSection)
@@ -303,7 +306,7 @@ ledger:
   read_only: []
   # What a retried turn may repeat, per class (read, local_write, side_effect): rerun,
   # skip (a call that already succeeded is answered with its result instead), or ask
-  # (a person decides; until approval gates exist, the call is refused and flagged).
+  # (a person decides through an approval gate, as for approvals.rules; approved, it runs once).
   replay: {read: rerun, local_write: rerun, side_effect: skip}
 
 guards:
@@ -311,6 +314,7 @@ guards:
   # BRANCH`; empty: nobody pushes. Force pushes and other branches are always refused.
   push_remotes: []
 
+""" + APPROVALS_YAML + """\
 logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
   keep_days: 14

@@ -110,6 +110,7 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
         "agents": [agent_entry(a, now, pending.get(a.name, 0), spending.get(a.name)) for a in shown],
         "mail": {"pending": sum(pending.values()), "by_agent": dict(sorted(pending.items()))},
         "runs": recent_runs(conn, now=now),
+        "waiting": pending_approvals(conn, now),
         "totals": {
             "agents": len(every),
             "active": sum(1 for a in every if a.state not in TERMINAL_STATES),
@@ -122,10 +123,33 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
     }
 
 
+def pending_approvals(conn: sqlite3.Connection, now: int, limit: int = 20) -> list[dict[str, t.Any]]:
+    """Approval gates waiting for a decision, oldest first: the "waiting for you" section."""
+    from overstory.store.approvals import describe_call
+
+    try:
+        rows = conn.execute("SELECT id, agent, tool, input, reason, decider, deadline FROM approvals "
+                            "WHERE status = 'pending' ORDER BY deadline LIMIT ?", (limit,)).fetchall()
+    except sqlite3.OperationalError:  # a state.db older than approval gates (read-only, not migrated)
+        return []
+    return [{"id": r["id"], "agent": r["agent"], "call": describe_call(r["tool"], r["input"]), "reason": r["reason"],
+             "decider": r["decider"], "seconds_left": max(0, (r["deadline"] - now) // 1000)} for r in rows]
+
+
+def waiting_text(waiting: list[dict[str, t.Any]]) -> list[str]:
+    if not waiting:
+        return []
+    lines = ["waiting for you:"]
+    for gate in waiting:
+        lines.append(f"  {gate['id']}  {gate['agent']} wants `{gate['call'][:80]}` (decider {gate['decider']}, "
+                     f"{gate['seconds_left']}s left): ov approve {gate['id']} | ov reject {gate['id']} --reason ...")
+    return lines
+
+
 def collect_empty(now: int | None = None) -> dict[str, t.Any]:
     """The status document of a project whose state database does not exist yet."""
     return {"generated_at": iso(now_ms() if now is None else now), "agents": [],
-            "mail": {"pending": 0, "by_agent": {}}, "runs": [],
+            "mail": {"pending": 0, "by_agent": {}}, "runs": [], "waiting": [],
             "totals": {"agents": 0, "active": 0, "by_state": {}, "turns": 0, "input_tokens": 0,
                        "output_tokens": 0, "cost_usd": 0.0}}
 
@@ -154,7 +178,8 @@ def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.A
 ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "watchdog_zombie", "watchdog_readopt",
                "contract_violation", "resume_fallback", "malformed_line", "api_retry", "budget_crossed",
                "budget_parked", "quota_parked", "auth_parked", "auth_failed", "idle_nudge", "no_report",
-               "loop_parked", "schedule_failed", "tool_call_flagged")
+               "loop_parked", "schedule_failed", "tool_call_flagged", "approval_expired",
+               "notify_failed")
 
 
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None
@@ -230,7 +255,7 @@ def reason_text(agent: dict[str, t.Any], limit: int = 70) -> str:
 def render_text(document: dict[str, t.Any]) -> str:
     """A plain-text table of the status document (no rich: this is a hot command)."""
     agents = document["agents"]
-    lines: list[str] = []
+    lines: list[str] = waiting_text(document.get("waiting") or [])
     hidden = document["totals"]["agents"] - len(agents)
     if not agents and hidden:
         lines.append(f"no active agents; {hidden} finished (`ov status --all` shows them)")

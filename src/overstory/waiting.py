@@ -10,11 +10,12 @@
 4     an agent is parked by a budget (or an `ov loop` by its limits, its check or its critic)
 5     an agent is parked by a quota or rate limit
 6     an agent is parked by an authentication failure
+7     an agent waits for an approval (`ov approvals`)
 124   timeout (like coreutils' ``timeout``)
 ====  =================================================
 
-When several agents end differently, the highest code wins (auth over quota over
-budget over a death): it names the thing a person must look at first.
+When several agents end differently, the highest code wins (an approval over auth
+over quota over budget over a death): it names the thing a person must look at first.
 
 An agent has *settled* when it is terminal (completed, zombie) or parked; a run has
 settled when every agent of it has, except persistent ones (the coordinator) that
@@ -39,10 +40,12 @@ EXIT_ZOMBIE = 3
 EXIT_BUDGET = 4
 EXIT_QUOTA = 5
 EXIT_AUTH = 6
+EXIT_APPROVAL = 7
 EXIT_TIMEOUT = 124
 # A parked `ov loop` (its iteration limit, the same failure again, its critic) asks a person whether to spend
 # more, as a budget does.
-PARK_EXIT = {"budget": EXIT_BUDGET, "loop": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH}
+PARK_EXIT = {"budget": EXIT_BUDGET, "loop": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH,
+             "approval": EXIT_APPROVAL}
 POLL_SECONDS = 0.25
 
 

@@ -48,6 +48,7 @@ from overstory.store.lifecycle import (
     terminal_mail_sent,
 )
 from overstory.store.sessions import Session
+from overstory.watchdog_people import SideTicks
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -195,13 +196,12 @@ class Watchdog:
         self._started: dict[str, tuple[int, int, int | None]] = {}
         self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
         self._scanned = False
-        self._scheduler: t.Any = None  # scheduler.Scheduler, made on the first tick
+        self._side = SideTicks(project)  # `ov schedule`'s fires, approval timeouts, notifications
 
     # -- plumbing
 
     def close(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.close()
+        self._side.close()
         for conn, own in ((self._events, True), (self.state, self._own_state)):
             if conn is not None and own:
                 try:
@@ -233,14 +233,7 @@ class Watchdog:
             actions.extend(self._settle_intents())
         except (sqlite3.Error, OSError, OrchestratorError) as exc:  # never in the way of the rules below
             actions.append(Action("-", "error", f"settling interrupted commands: {exc}"))
-        try:  # `ov schedule`: due fires are claimed and launched (scheduler)
-            if self._scheduler is None:
-                from overstory.scheduler import Scheduler
-
-                self._scheduler = Scheduler(self.project, self.state, interval=self.settings.interval)
-            actions.extend(Action(*fired) for fired in self._scheduler.tick())
-        except (sqlite3.Error, OSError, OrchestratorError) as exc:
-            actions.append(Action("-", "error", f"schedules: {exc}"))
+        actions.extend(Action(*fired) for fired in self._side.schedules(self.state, self.settings.interval))
         try:
             spawning = {row["name"] for row in intents.list_spawns(self.state)}
             agents = sessions.list_sessions(self.state, include_terminal=False)
@@ -253,6 +246,7 @@ class Watchdog:
                 actions.extend(self._check(agent, now))
             except (sqlite3.Error, OSError, OrchestratorError) as exc:
                 actions.append(Action(agent.name, "error", f"{type(exc).__name__}: {exc}"))
+        actions.extend(Action(*done) for done in self._side.people(self.state))  # approval timeouts, notifications
         return actions
 
     def _settle_intents(self) -> list[Action]:

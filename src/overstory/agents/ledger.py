@@ -19,9 +19,10 @@ Replay policy per class (config ``ledger.replay``): ``skip`` (default for
 (``skipped_duplicate``), one that started without a receipt is denied once with "may
 already have happened" and flagged for the operator, except `ov mail send`, `ov mail
 reply` and `ov sling`, which are idempotent per dispatch themselves and so just run
-again; ``rerun`` (default for ``read`` and ``local_write``): runs again; ``ask``: the
-seam for approval gates. Until they exist (``request_approval`` answers None), an
-``ask`` replay is refused and flagged.
+again; ``rerun`` (default for ``read`` and ``local_write``): runs again; ``ask``: a
+person decides (``request_approval``): the replay becomes an approval gate (as for
+config ``approvals.rules``, written in the same transaction as its ledger row) and
+runs once when approved.
 
 A ledger that cannot be written (database locked for too long, read-only sandbox)
 never blocks a call: the guard's decision stands and a warning goes to stderr.
@@ -115,9 +116,11 @@ class LedgerContext:
 
     __slots__ = (
         "agent",
+        "approvals",
         "attempt",
         "dispatch",
         "generation",
+        "parent",
         "replay",
         "rules",
         "run_id",
@@ -129,8 +132,10 @@ class LedgerContext:
     def __init__(self, agent: str, generation: int = 0, task: str = "", turn_id: str | None = None,
                  attempt: int = 0, dispatch: tuple[int, ...] = (), run_id: str | None = None,
                  worktree: str | None = None, rules: LedgerRules | None = None,
-                 replay: Mapping[str, str] | None = None) -> None:
+                 replay: Mapping[str, str] | None = None, parent: str = "operator",
+                 approvals: str | None = None) -> None:
         self.agent, self.generation, self.task, self.turn_id = agent, generation, task, turn_id
+        self.parent, self.approvals = parent, approvals  # approvals: the turn's OVERSTORY_APPROVALS (agents.gate)
         self.attempt, self.dispatch, self.run_id, self.worktree = attempt, tuple(dispatch), run_id, worktree
         self.rules = rules  # None: the default rules
         self.replay = dict(DEFAULT_REPLAY if replay is None else replay)
@@ -149,7 +154,8 @@ class LedgerContext:
         return cls(agent=agent, generation=_int(env.get("OVERSTORY_GENERATION")), task=env.get("OVERSTORY_TASK_ID", ""),
                    turn_id=env.get("OVERSTORY_TURN_ID") or None, attempt=_int(env.get(ENV_ATTEMPT)),
                    dispatch=dispatch_ids(env), run_id=env.get(ENV_RUN_ID) or None,
-                   worktree=env.get("OVERSTORY_WORKTREE") or None, rules=policy.rules(), replay=policy.replay)
+                   worktree=env.get("OVERSTORY_WORKTREE") or None, rules=policy.rules(), replay=policy.replay,
+                   parent=env.get("OVERSTORY_PARENT") or "operator", approvals=env.get("OVERSTORY_APPROVALS"))
 
 
 def turn_env(*, attempt: int, dispatch: t.Sequence[int], run_id: str | None, policy: LedgerPolicy) -> dict[str, str]:
@@ -172,12 +178,32 @@ def _int(text: str | None) -> int:
 # --------------------------------------------------------------------------- PreToolUse
 
 
-def request_approval(call: store.Call, prior: store.Prior) -> bool | None:
-    """The seam for approval gates (``ask``): True/False once a person decided, None while nobody can be asked.
+def request_approval(conn: sqlite3.Connection, call: store.Call, prior: store.Prior,
+                     ctx: LedgerContext) -> tuple[str, str, bool]:
+    """``ask``: the replay waits for a person, through an approval gate (``store.approvals``).
 
-    Approval gates do not exist yet, so nobody can be asked: an ``ask`` replay is refused and flagged.
+    Runs inside ``store.begin``'s transaction, so the ledger row, the pending approval and
+    the decider's ``decision_gate`` mail commit together. Approved, the same call runs once.
     """
-    return None
+    from overstory.agents.gate import APPROVAL_SCOPE, settings, waiting_text
+    from overstory.guards.classify import idempotency_key
+    from overstory.store import approvals
+
+    decider, timeout, on_timeout = settings(ctx.approvals, ctx.parent)
+    key = idempotency_key(agent=ctx.agent, task=ctx.task, klass=call.klass, tool=call.tool, normalized=call.input,
+                          scope=APPROVAL_SCOPE)
+    where = f"ledger #{prior.id}, attempt {prior.attempt}"
+    verdict, approval_id = approvals.gate_in_tx(
+        conn, agent=ctx.agent, generation=ctx.generation, parent=ctx.parent, task_id=ctx.task, turn_id=ctx.turn_id,
+        tool=call.tool, input=call.input, key=key,
+        rule=approvals.Rule("ledger.replay: ask", f"it repeats a call of an earlier, crashed attempt ({where})"),
+        decider=decider, timeout_s=timeout, on_timeout=on_timeout)
+    if verdict == "allow":
+        return "started", "", False
+    return "denied", waiting_text(approval_id, approvals.describe_call(call.tool, call.input),
+                                  again=verdict == "pending") + (
+        f" It repeats a call of an earlier attempt at this task that crashed ({where}); config ledger.replay "
+        "says a person decides whether it runs again."), False
 
 
 def record_pre(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
@@ -195,6 +221,8 @@ def record_pre(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decisi
     def explain(prior: store.Prior) -> tuple[str, str, bool]:
         if prior.status == "started" and policy == "skip" and _reruns_safely(tool, tool_input, ctx):
             return "started", "", False  # `ov mail send`/`ov sling`: the command itself happens once
+        if policy == "ask":
+            return request_approval(conn, call, prior, ctx)
         return _replay_verdict(call, prior, policy, ctx)
 
     begun = store.begin(conn, call, denied_reason=None if decision.allow else decision.reason,
@@ -229,14 +257,6 @@ def _reruns_safely(tool: str, tool_input: Mapping[str, t.Any], ctx: LedgerContex
 def _replay_verdict(call: store.Call, prior: store.Prior, policy: str, ctx: LedgerContext) -> tuple[str, str, bool]:
     """(status, reason for the model, flag for the operator) of a call that replays ``prior``."""
     where = f"ledger #{prior.id}, attempt {prior.attempt}"
-    if policy == "ask":
-        approved = request_approval(call, prior)
-        if approved:
-            return "started", "", False
-        return ("denied", (f"ov: this call repeats one from an earlier attempt at this task ({where}); config "
-                           "ledger.replay says a person must decide whether it runs again. Approval is not available "
-                           "yet, so it was refused and flagged for the operator. Ask your parent with `ov mail send "
-                           "--type question` if it must run again."), True)
     if prior.status == "succeeded":
         exit_note = f" (exit code {prior.exit_code})" if prior.exit_code not in (None, 0) else ""
         receipt = (prior.receipt or "").strip() or "(no output)"
@@ -336,7 +356,21 @@ def _summary(value: t.Any) -> str:
 def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str]) -> Decision:
     """`ov guard`'s one call after deciding (the hook's JSON text, or the call already in Claude's
     shape): record the call and apply the replay policy."""
-    return _with_state(env, hook_input, lambda conn, data, ctx: record_pre(conn, data, decision, ctx), decision)
+    spec = env.get("OVERSTORY_APPROVALS")
+
+    def action(conn: sqlite3.Connection, data: dict[str, t.Any], ctx: LedgerContext) -> Decision:
+        gated = decision
+        if spec and decision.allow:  # approval gates (agents.gate): ask a person first
+            from overstory.agents import gate
+
+            gated = gate.check(conn, data, decision, ctx, spec)
+        return record_pre(conn, data, gated, ctx)
+
+    if spec and decision.allow:  # fail closed: a gate whose state cannot be opened refuses the call
+        denied = type(decision).deny("ov: this call may need approval, but ov's state could not be opened; "
+                                     "it was refused. Try again in a moment.")
+        return _with_state(env, hook_input, action, denied, on_error=denied)
+    return _with_state(env, hook_input, action, decision)
 
 
 def hook_post(text: str | None, env: Mapping[str, str]) -> None:
@@ -347,9 +381,12 @@ def hook_post(text: str | None, env: Mapping[str, str]) -> None:
 
 
 def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
-                action: t.Callable[[sqlite3.Connection, dict[str, t.Any], LedgerContext], t.Any], fallback: _T) -> _T:
+                action: t.Callable[[sqlite3.Connection, dict[str, t.Any], LedgerContext], t.Any], fallback: _T,
+                on_error: _T | None = None) -> _T:
     ctx = LedgerContext.from_env(env)
     root = env.get("OVERSTORY_PROJECT_ROOT")
+    if on_error is not None:
+        fallback = on_error if ctx is not None and root else fallback
     if ctx is None or not root or not text:
         return fallback
     try:

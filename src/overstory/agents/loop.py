@@ -80,6 +80,9 @@ class AgentLoop(AgentProcess):
                 self._wake_if_due(agent)
                 time.sleep(POLL_SECONDS)
                 continue
+            if agent.state == "between_turns" and park_for_approval(self.state, self.events, agent, "",
+                                                                     actor="agent-loop"):
+                continue  # a gate of an earlier turn is still pending (its loop died before parking)
             if not self._has_pending_mail():
                 self._check_idle(agent)
                 time.sleep(POLL_SECONDS)
@@ -204,6 +207,8 @@ class AgentLoop(AgentProcess):
         from overstory.agents.budgeting import park_for_crossing
         from overstory.store import budgets
 
+        if not self._spend_approved(agent):
+            return
         crossing = budgets.begin_turn(self.state, self.name, self.generation)
         if crossing is not None:  # no turn past a limit: park before spending anything
             parked = park_for_crossing(self.state, agent, crossing, actor="agent-loop",
@@ -246,6 +251,17 @@ class AgentLoop(AgentProcess):
                 result.status = "permanent"
         self._settle(agent, turn_id, result)
 
+    def _spend_approved(self, agent: Session) -> bool:
+        """Config ``approvals.spend_over_usd``: past it, each turn waits for an approval."""
+        over = self.config.approvals.spend_over_usd
+        if over is None or agent.cost_usd <= over:
+            return True
+        from overstory.agents.approvals import spend_gate
+
+        decider = agent.parent if self.config.approvals.decider == "parent" else "operator"
+        return spend_gate(self.state, agent, over, timeout_s=self.config.approvals.timeout,
+                          on_timeout=self.config.approvals.on_timeout, decider=decider or "operator")
+
     def _settle(self, agent: Session, turn_id: str, result: t.Any) -> None:
         from overstory.store import events as event_store
         from overstory.store import mail
@@ -272,6 +288,8 @@ class AgentLoop(AgentProcess):
                 event_store.record(self.events, "contract_violation", agent=self.name, generation=self.generation,
                                    turn_id=turn_id, summary="turn ended cleanly without any mail: nobody knows what it did")
             sessions.count_finished_turn(self.state, self.name, self.generation)
+            if not done and park_for_approval(self.state, self.events, agent, turn_id, actor=actor):
+                return  # a tool call of this turn waits for a person: parked until it is decided
             sessions.transition(self.state, self.name, self.generation, "completed" if done else "between_turns",
                                 actor=actor, reason="terminal mail sent" if done else "turn finished",
                                 expect={"booting", "in_turn", "stalled"})
@@ -371,6 +389,45 @@ class AgentLoop(AgentProcess):
                 conn.close()
             except sqlite3.Error:
                 pass
+
+
+def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
+                      actor: str) -> bool:
+    """After a clean turn that left approval gates pending: park the agent (reason ``approval apr-…``).
+
+    The park's transaction checks the gates are still pending, so a decision that
+    commits first (nothing to wait for) and one that commits after (it un-parks) are
+    both right; its other mail waits in the inbox while it is parked.
+    """
+    from overstory.store import approvals, lifecycle
+
+    ids = approvals.pending_for(state, agent.name, agent.generation)
+    if not ids:
+        return False
+    if os.environ.get(FAULT_ENV) == "approval_park" and actor == "turn-runner":
+        os._exit(9)  # dies after the turn, before the park: the next loop parks it (crash-safety tests)
+
+    def still_pending(tx: sqlite3.Connection) -> None:
+        if not approvals.pending_for(tx, agent.name, agent.generation):
+            raise _Decided()
+
+    try:
+        outcome = lifecycle.park(state, agent, "approval", f"approval {' '.join(ids)}"[:300], actor=actor,
+                                 escalate=False, expect={"booting", "in_turn", "stalled", "between_turns"},
+                                 also=still_pending)
+    except _Decided:
+        return False
+    if outcome.ok:
+        from overstory.store import events as event_store
+
+        event_store.record(events, "approval_parked", agent=agent.name, generation=agent.generation,
+                           turn_id=turn_id, summary=f"parked until {', '.join(ids)} is decided"[:300],
+                           data={"approvals": ids})
+    return outcome.ok
+
+
+class _Decided(Exception):
+    """Rolls back an approval park: the gates were decided while the turn ended."""
 
 
 def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, str]) -> Config:

@@ -64,6 +64,7 @@ class SlingRequest:
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
+    approve: t.Sequence[str] = ()  # tool patterns whose calls need approval (ov sling --approve)
     loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
 
 
@@ -282,7 +283,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         spawn_journal.step(conn, intent, "session")
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
                 "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit,
-                "idempotency_key": key, **({"loop": request.loop} if request.loop else {})}
+                "idempotency_key": key, **({"loop": request.loop} if request.loop else {}),
+                **({"approve": list(request.approve)} if request.approve else {})}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,

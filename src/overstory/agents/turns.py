@@ -154,7 +154,25 @@ def durable_env(config: Config, agent: Session, attempt: int, dispatch: t.Sequen
     env = ledger.turn_env(attempt=attempt, dispatch=dispatch, run_id=agent.run_id, policy=policy)
     if config.guards.push_remotes:
         env["OVERSTORY_PUSH_REMOTES"] = ",".join(config.guards.push_remotes)
+    rules = approval_rules(config, agent)
+    if rules:
+        from overstory.agents.gate import ENV_APPROVALS, spec_env
+
+        decider = agent.parent if config.approvals.decider == "parent" else "operator"
+        env[ENV_APPROVALS] = spec_env(rules, decider=decider or "operator", timeout=config.approvals.timeout,
+                                      on_timeout=config.approvals.on_timeout)
     return env
+
+
+def approval_rules(config: Config, agent: Session) -> list[dict[str, t.Any]]:
+    """Config ``approvals.rules`` for the agent's capability, then its own ``ov sling --approve`` patterns."""
+    rules = []
+    for rule in config.approvals.rules:  # models from pydantic, or plain dicts from a config snapshot
+        get = rule.get if isinstance(rule, dict) else (lambda key, rule=rule: getattr(rule, key, None))
+        if get("capability") in (None, agent.capability):
+            rules.append({"match": get("match"), "reason": get("reason"), "timeout": get("timeout")})
+    rules += [{"match": p, "reason": "ov sling --approve", "timeout": None} for p in agent.spec.get("approve") or ()]
+    return rules
 
 
 class _LineReader:

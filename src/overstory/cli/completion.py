@@ -71,5 +71,5 @@ def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -
 
 
 def complete_approvals(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """Approval ids (`apr-...`) from the `approvals` table; [] while this ov has no such table."""
-    return _items(_query(ctx, "SELECT id FROM approvals ORDER BY id"), incomplete)
+    """Ids (`apr-...`) of the approval requests still waiting, with whose they are."""
+    return _items(_query(ctx, "SELECT id, agent FROM approvals WHERE status = 'pending' ORDER BY id"), incomplete)

@@ -38,7 +38,7 @@ merge_ready: task_id branch agent [target_branch] [files_modified]
 merged: branch tier [agent] [task_id] [target_branch] [commit] [commits]
 merge_failed: branch reason [agent] [task_id] [target_branch] [tier] [conflict_files]
 escalation: severity [task_id] [agent]
-decision_gate: options [recommended] [task_id] [agent]
+decision_gate: options [recommended] [task_id] [agent] [approval_id]
 """
 
 from_option = click.option("from_", "--from", metavar="NAME",

@@ -28,11 +28,13 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--max-turns", type=click.IntRange(min=0), help="Budget: turns.")
 @click.option("--max-tool-calls", type=click.IntRange(min=0), help="Budget: tool calls.")
 @click.option("--max-wallclock", type=DURATION, help="Budget: wall-clock time since the sling (90m, 4h).")
+@click.option("--approve", "approve", multiple=True, metavar="PATTERN",
+              help="Calls matching this tool pattern need approval first, e.g. 'Bash(git push*)'; repeatable.")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
           files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None,
           base_branch: str | None, scenario: Path | None, tmux: bool | None, max_usd: float | None,
-          max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, as_json: bool) -> None:
+          max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, approve: tuple[str, ...], as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
 
     \b
@@ -41,6 +43,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
     ov sling builder task-9 --max-usd 2 --max-turns 30 --max-wallclock 90m
+    ov sling builder task-10 --approve 'Bash(git push*)'   # pushing waits for `ov approve`
 
     \b
     Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
@@ -53,13 +56,20 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")
+    for pattern in approve:
+        from overstory.guards.patterns import parse_pattern
+
+        try:
+            parse_pattern(pattern)
+        except ValueError as exc:
+            raise UsageError(f"--approve: {exc}") from None
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)
     request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
                            files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
                            scenario=scenario, tmux=tmux,
                            budget={"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
-                                   "max_wallclock": max_wallclock})
+                                   "max_wallclock": max_wallclock}, approve=approve)
     result = do_sling(project, config, state_conn(project), request)
     if prompt is None and spec_file is None:
         click.echo(f"ov: warning: no --prompt or --spec: {result.name} has only its role ({capability}) and the "

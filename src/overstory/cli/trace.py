@@ -52,6 +52,11 @@ def render(document: dict[str, t.Any]) -> list[str]:
             arrow = f"-> {entry['to']}" if entry["direction"] == "out" else f"<- {entry['from']}"
             text = f"mail {entry['direction']:<5} #{entry['id']} {arrow} [{entry['type']}] {entry['subject']}"
         lines.append(f"{_clock(entry)}  {text}")
+    for gate in document.get("approvals") or []:
+        decided = f" by {gate['decided_by']} at {gate['decided_at']}" if gate["decided_at"] else ""
+        used = f", ran at {gate['used_at']}" if gate["used_at"] else ""
+        lines.append(f"approval {gate['id']} `{gate['call']}`: {gate['status']}{decided}{used}"
+                     + (f" ({gate['note']})" if gate["note"] else ""))
     if document["flagged"]:
         lines.append(f"{len(document['flagged'])} tool call(s) flagged for the operator: "
                      + ", ".join(f"#{c['id']} {c['tool']}" for c in document["flagged"]))

@@ -20,7 +20,8 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
     Exit codes (also of `ov demo` and `ov coordinator ask`):
       0 all completed      3 an agent died (zombie)   5 parked by a quota
       1 ov error           4 parked by a budget       6 parked by an auth failure
-      2 usage error        124 timeout
+      2 usage error        7 waits for an approval (ov approvals)
+                           124 timeout
     When agents end differently the highest code wins.
 
     \b

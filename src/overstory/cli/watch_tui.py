@@ -316,7 +316,17 @@ class WatchApp:
         if approval is None:
             self.status = f"{agent} has no pending gate"
             return
-        self.start(f"{verb} {approval}", [verb, approval])
+        if verb == "approve":
+            self.start(f"approve {approval}", ["approve", approval])
+            return
+
+        def reject(text: str) -> None:  # the agent is told why: `ov reject` needs a reason
+            if not text.strip():
+                self.status = "not rejected: a reason is needed"
+                return
+            self.start(f"reject {approval}", ["reject", approval, "--reason", text.strip()])
+
+        self.prompt = Prompt(f"reject {approval} of {agent}, because: ", reject)
 
     # ---- drawing -------------------------------------------------------------------------
 
@@ -330,7 +340,8 @@ class WatchApp:
         names = [a["name"] for a in self.agents]
         if self.selected not in names:
             self.selected = names[0] if names else None
-        lines = [ui.to_lines(console, line)[0] for line in ui.header_lines(snapshot, self.note(), width)]
+        lines = [ui.to_lines(console, line)[0] for line in (*ui.header_lines(snapshot, self.note(), width),
+                                                             *ui.waiting_lines(snapshot, width))]
         footer = [self._status_line(console, width), ui.to_lines(console, ui.dim(FOOTER, width))[0]]
         room = height - len(lines) - len(footer)
         if self.view.kind == "list":

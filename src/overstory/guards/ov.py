@@ -11,7 +11,8 @@ to mergers and the
 coordinator (its instructions merge finished work), stopping another agent to the
 coordinator and leads, nudges to them and monitors, and nobody but the operator removes another agent's worktree
 (``ov stop --clean``), purges mail or drives the coordinator. ``--from`` and ``--agent``
-may only name the agent itself. A command ov does not list here is refused.
+may only name the agent itself. ``approve``/``reject`` pass: the command decides only for the
+caller's own descendants. A command ov does not list here is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from overstory.guards.agent import _Agent
 from overstory.guards.effects import _READ, _Effect, _parse_options, _values
 from overstory.guards.shell import _SUBST
 
-_READS = frozenset({"status", "logs", "feed", "tree", "config", "doctor", "guard", "diff"})
+_READS = frozenset({"status", "logs", "feed", "tree", "config", "doctor", "guard", "diff", "approvals"})
 _MERGERS = frozenset({"merger", "coordinator"})
 _STOPPERS = frozenset({"coordinator", "lead"})
 _NUDGERS = frozenset({"coordinator", "lead", "monitor"})
@@ -39,9 +40,10 @@ _VALUE_OPTIONS = ("--to", "--subject", "--body", "--body-file", "--type", "--pri
                   "--prompt", "--spec", "--files", "--parent", "--runtime", "--model",
                   "--base-branch", "--scenario", "--branch", "--into", "--run", "--kind", "-n",
                   "--older-than", "--timeout", "--until", "--check", "--max-iterations", "--max-usd",
-                  "--max-turns", "--max-tool-calls", "--max-wallclock", "--cron", "--on-mail")
+                  "--max-turns", "--max-tool-calls", "--max-wallclock", "--cron", "--on-mail", "--note",
+                  "--reason")
 #: Options whose value may be computed at run time (message text); any other may not.
-_FREE_TEXT = frozenset({"--subject", "--body", "--body-file", "--payload", "--prompt"})
+_FREE_TEXT = frozenset({"--subject", "--body", "--body-file", "--payload", "--prompt", "--note", "--reason"})
 
 
 def ov_command(argv: list[str], agent: _Agent, *_: object) -> _Effect:
@@ -93,6 +95,10 @@ def ov_command(argv: list[str], agent: _Agent, *_: object) -> _Effect:
         # `ov sling` itself refuses other capabilities, a --parent outside the caller's part of
         # the hierarchy and too deep a tree (agents.spawn.resolve_parent), in words the model
         # sees: the guard lets it through so that refusal is the one explanation.
+        return _READ
+    if sub in ("approve", "reject"):
+        # Like `ov sling`: the command itself refuses a gate that is not a descendant's
+        # (agents.approvals.authorize), and that refusal is what the model should see.
         return _READ
     if sub == "merge":
         if cap not in _MERGERS:

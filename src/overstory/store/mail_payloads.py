@@ -111,6 +111,7 @@ class DecisionGatePayload(Payload):
     recommended: str | None = None
     task_id: str | None = None
     agent: str | None = None
+    approval_id: str | None = None  # an approval gate's request (`ov approve ID` / `ov reject ID`)
 
 
 PAYLOAD_MODELS: dict[str, type[Payload]] = {

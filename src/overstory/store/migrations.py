@@ -347,6 +347,70 @@ def _state_m006_tool_ledger(conn: sqlite3.Connection) -> None:
     )
 
 
+def _state_m007_approvals(conn: sqlite3.Connection) -> None:
+    """Approval gates (one row per gated tool call or turn) and the notification outbox.
+
+    ``approvals.key`` is the call's idempotency key without the dispatch scope: the
+    approved call runs in a later turn (answering the approval mail), so only
+    agent, task, class, tool and normalized input name it. ``used_at`` marks the one run
+    an approval allows. ``notify_outbox`` rows are written in the transaction of the
+    state change they announce (or found later from durable state) and sent after it
+    commits; ``dedup_key`` makes a restart send nothing twice.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE approvals (
+            id           TEXT PRIMARY KEY,
+            agent        TEXT NOT NULL,
+            generation   INTEGER NOT NULL,
+            turn_id      TEXT,
+            task_id      TEXT,
+            tool         TEXT NOT NULL,
+            input        TEXT NOT NULL,
+            key          TEXT NOT NULL,
+            rule         TEXT,
+            reason       TEXT,
+            decider      TEXT NOT NULL,
+            status       TEXT NOT NULL DEFAULT 'pending',
+            on_timeout   TEXT NOT NULL DEFAULT 'reject',
+            timeout_s    REAL NOT NULL,
+            escalations  INTEGER NOT NULL DEFAULT 0,
+            requested_at INTEGER NOT NULL,
+            deadline     INTEGER NOT NULL,
+            decided_at   INTEGER,
+            decided_by   TEXT,
+            note         TEXT,
+            used_at      INTEGER,
+            mail_id      INTEGER
+        );
+        CREATE INDEX approvals_pending ON approvals(status, deadline);
+        CREATE INDEX approvals_agent ON approvals(agent, generation, status);
+        CREATE INDEX approvals_key ON approvals(key, status);
+
+        CREATE TABLE notify_outbox (
+            id          INTEGER PRIMARY KEY,
+            dedup_key   TEXT NOT NULL UNIQUE,
+            kind        TEXT NOT NULL,
+            agent       TEXT,
+            title       TEXT NOT NULL,
+            body        TEXT NOT NULL,
+            created_at  INTEGER NOT NULL,
+            attempts    INTEGER NOT NULL DEFAULT 0,
+            next_at     INTEGER NOT NULL,
+            delivered   TEXT NOT NULL DEFAULT '[]',
+            sent_at     INTEGER,
+            last_error  TEXT
+        );
+        CREATE INDEX notify_outbox_due ON notify_outbox(sent_at, next_at);
+
+        CREATE TABLE notify_cursor (
+            name  TEXT PRIMARY KEY,
+            value INTEGER NOT NULL
+        );
+        """
+    )
+
+
 def _state_m008_loops_and_schedules(conn: sqlite3.Connection) -> None:
     """`ov loop` (its loop, every iteration, the checkpoints at phase boundaries) and `ov schedule`."""
     run_script(conn,
@@ -454,7 +518,8 @@ def _state_m008_loops_and_schedules(conn: sqlite3.Connection) -> None:
 
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
                                      _state_m005_budgets, _state_m006_tool_ledger,
-                                     _state_m008_loops_and_schedules]
+                                     _state_m008_loops_and_schedules,
+                                     _state_m007_approvals]  # m007 lands after m008: databases at m008 exist
 
 
 # ---------------------------------------------------------------------------

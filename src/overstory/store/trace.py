@@ -70,8 +70,21 @@ def trace(conn: sqlite3.Connection, agent: str) -> dict[str, t.Any]:
         "turns": turns,
         "mail": mail,
         "flagged": [_call_entry(c) for c in flagged],
+        "approvals": _approvals(conn, agent),
         "timeline": timeline,
     }
+
+
+def _approvals(conn: sqlite3.Connection, agent: str) -> list[dict[str, t.Any]]:
+    """The agent's approval gates: what it asked for, who decided what, when."""
+    from overstory.store.approvals import describe_call
+
+    rows = conn.execute("SELECT * FROM approvals WHERE agent = ? ORDER BY requested_at", (agent,)).fetchall()
+    return [{"id": r["id"], "call": describe_call(r["tool"], r["input"]), "status": r["status"],
+             "decider": r["decider"], "decided_by": r["decided_by"], "note": r["note"],
+             "requested_at": iso(r["requested_at"]), "deadline": iso(r["deadline"]),
+             "decided_at": iso(r["decided_at"]) if r["decided_at"] else None,
+             "used_at": iso(r["used_at"]) if r["used_at"] else None} for r in rows]
 
 
 def _turn_entry(row: sqlite3.Row, mark: dict[str, t.Any] | None, calls: list[dict[str, t.Any]]) -> dict[str, t.Any]:

@@ -125,6 +125,26 @@ def header_lines(snapshot: dict[str, t.Any], watchdog_note: str, width: int) -> 
     return [first, second]
 
 
+def waiting_lines(snapshot: dict[str, t.Any], width: int, limit: int = 4) -> list[Text]:
+    """"waiting for you": approval gates first, one line each (y / x decide the selected agent's)."""
+    gates = snapshot.get("waiting") or []
+    if not gates:
+        return []
+    lines = [Text("waiting for you", style="bold reverse")]
+    for gate in gates[:limit]:
+        line = Text()
+        line.append(f"{gate['id']} ", style="bold")
+        line.append(f"{gate['agent']} wants `{gate['call']}`  {gate['seconds_left']}s left  "
+                    f"(select it: y approve, x reject)")
+        lines.append(line)
+    if len(gates) > limit:
+        lines.append(Text(f"... {len(gates) - limit} more: `ov approvals`", style="dim"))
+    for line in lines:
+        line.no_wrap = True
+        line.truncate(width, overflow="ellipsis")
+    return lines
+
+
 def _mail_table(messages: list[dict[str, t.Any]], width: int) -> Table:
     table = Table(title="mail", title_justify="left", box=box.SIMPLE_HEAD, expand=True, show_edge=False)
     table.add_column("#", justify="right", no_wrap=True)
@@ -170,7 +190,7 @@ def render_frame(snapshot: dict[str, t.Any], *, width: int, height: int | None =
                  watchdog_note: str = "") -> RenderableType:
     """The whole dashboard. ``height`` (live mode) caps the agent rows; None shows all."""
     max_rows = None if height is None else max(3, height - 24)
-    parts: list[RenderableType] = [*header_lines(snapshot, watchdog_note, width),
+    parts: list[RenderableType] = [*header_lines(snapshot, watchdog_note, width), *waiting_lines(snapshot, width),
                                    agents_table(sort_agents(snapshot["agents"]), width, max_rows)]
     if snapshot.get("problems"):
         parts.append(_events_table("problems", snapshot["problems"][:6], width))

@@ -24,11 +24,11 @@ class NotAvailable(OrchestratorError):
 # key -> (module, attribute, what a person would call the feature)
 SEAMS: dict[str, tuple[str, str, str]] = {
     # (project, conn, *, include_decided: bool) -> list[dict]
-    "approvals.list": ("overstory.approvals", "list_approvals", "approval gates"),
+    "approvals.list": ("overstory.agents.approvals", "list_approvals", "approval gates"),
     # (project, conn, approval_id: str, *, decider: str, note: str | None) -> dict
-    "approvals.approve": ("overstory.approvals", "approve", "approval gates"),
+    "approvals.approve": ("overstory.agents.approvals", "approve", "approval gates"),
     # (project, conn, approval_id: str, *, decider: str, reason: str) -> dict
-    "approvals.reject": ("overstory.approvals", "reject", "approval gates"),
+    "approvals.reject": ("overstory.agents.approvals", "reject", "approval gates"),
     # (project, conn, *, by: str | None, since: str | None) -> dict
     "costs": ("overstory.costs", "costs_report", "`ov costs`"),
     # (project, config, conn, name, *, add_usd: float | None, add_turns: int | None, add_time: str | None) -> dict

@@ -101,12 +101,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                  Param("into", "query", "string", "target branch (default: where the agent was slung from)"))),
     Endpoint("GET", "/api/waiting", "waiting", "What waits for a person: parked agents and unread questions, "
              "escalations, decision gates, deaths and failed merges addressed to the operator."),
-    Endpoint("GET", "/api/approvals", "approvals", "Pending approval gates (501 until approval gates exist).",
+    Endpoint("GET", "/api/approvals", "approvals", "Pending approval gates (`ov approvals`; ?all=true adds "
+             "decided ones).",
              (Param("all", "query", "boolean", "decided and expired ones too"),)),
-    Endpoint("POST", "/api/approvals/{id}/approve", "approval_approve", "`ov approve` (501 until approval gates "
-             "exist).", (Param("id", "path", "string", "approval id"),), body="ApproveBody"),
-    Endpoint("POST", "/api/approvals/{id}/reject", "approval_reject", "`ov reject` (501 until approval gates "
-             "exist).", (Param("id", "path", "string", "approval id"),), body="RejectBody"),
+    Endpoint("POST", "/api/approvals/{id}/approve", "approval_approve", "`ov approve`: the agent may run that call "
+             "once.", (Param("id", "path", "string", "approval id"),), body="ApproveBody"),
+    Endpoint("POST", "/api/approvals/{id}/reject", "approval_reject", "`ov reject`: the agent gets the reason.",
+             (Param("id", "path", "string", "approval id"),), body="RejectBody"),
     Endpoint("GET", "/api/costs", "costs", "`ov costs`: tokens, dollars (real and estimated), turns and tool "
              "calls per group, with totals.", (
         Param("by", "query", "string", "agent, run, capability or model"),

@@ -150,7 +150,7 @@ async function act(label, work) {
 }
 
 function approvalItem(approval) {
-  const call = [approval.tool, approval.input || approval.summary || ""].join(" ").trim();
+  const call = approval.call || [approval.tool, approval.input || approval.summary || ""].join(" ").trim();
   return waitingItem("approval", `${approval.agent || "?"} asks to run ${call || "a tool call"}`,
     [approval.reason, approval.deadline ? `decide by ${clock(approval.deadline)}` : ""].filter(Boolean).join("\n"), [
       el("button", { type: "button", class: "primary", "data-approve": approval.id, text: "Approve",

@@ -1,0 +1,217 @@
+"""Deciding approval gates: `ov approve`, `ov reject`, and the watchdog's timeout (ARCHITECTURE §13).
+
+Who may decide: the operator any gate; an agent only the gates of its own descendants
+(its children, their children …). The same function serves `ov approve/reject` run by a
+person or by an agent inside its turn (``OVERSTORY_AGENT_NAME`` names the caller), and
+is the seam for the per-agent endpoint (issue 12): it passes the caller it
+authenticated as ``by``.
+
+Approve: the agent gets "approved: you may now run <call>" and the guard lets exactly
+that call through once. Reject: the agent gets the reason and goes on without it. An
+undecided gate past its deadline is settled once by the watchdog (``expire_due``):
+``reject`` (the agent is told nobody answered) or ``escalate`` to the next ancestor of
+the decider, up to the operator, with a fresh deadline.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import typing as t
+
+from overstory.clock import iso, now_ms
+from overstory.store import approvals as store
+from overstory.store import sessions
+from overstory.store.approvals import ApprovalError, describe_call
+
+OPERATOR = "operator"
+
+
+def authorize(conn: sqlite3.Connection, row: dict[str, t.Any], by: str) -> None:
+    """Refuse ``by`` unless it is the operator or an ancestor of the gate's agent."""
+    if by == OPERATOR:
+        return
+    seen: set[str] = set()
+    name: str | None = row["agent"]
+    while name and name != OPERATOR and name not in seen:
+        seen.add(name)
+        agent = sessions.get(conn, name)
+        name = agent.parent if agent else None
+        if name == by:
+            return
+    raise ApprovalError(f"{by} may not decide {row['id']}: only the operator or an ancestor of {row['agent']} "
+                        "decides its approvals")
+
+
+def decide(conn: sqlite3.Connection, approval_id: str, *, approve: bool, by: str, note: str | None = None,
+           events: sqlite3.Connection | None = None) -> dict[str, t.Any]:
+    """Approve or reject a pending gate for ``by`` (an agent or the operator); returns the row."""
+    row = store.get(conn, approval_id)
+    if row is None:
+        raise ApprovalError(f"no approval {approval_id}; `ov approvals --all` lists them")
+    authorize(conn, row, by)
+    if not approve and not (note or "").strip():
+        raise ApprovalError("a rejection needs --reason: the agent is told why")
+    call = describe_call(row["tool"], row["input"])
+    if approve:
+        subject = f"approved: you may now run {call}"
+        body = (f"Your request {approval_id} was approved by {by}{': ' + note if note else ''}.\n"
+                f"Run exactly the same call again now: `{call}`. It is allowed once; any other call that "
+                "needs approval must be asked for on its own.")
+    else:
+        subject = f"rejected: {call}"
+        body = (f"Your request {approval_id} to run `{call}` was rejected by {by}: {note}\n"
+                "Do not run it, nor anything to the same effect. Continue your task without it and report "
+                "as usual.")
+    status = "approved" if approve else "rejected"
+    decided = store.settle(conn, approval_id, status, by=by, note=note, agent_subject=subject, agent_body=body)
+    _event(conn, events, f"approval_{status}", decided, f"{approval_id} {status} by {by}"
+           f"{': ' + note if note else ''}")
+    return decided
+
+
+def expire_due(conn: sqlite3.Connection, *, now: int | None = None,
+               events: sqlite3.Connection | None = None) -> list[tuple[str, str]]:
+    """Settle every gate past its deadline once: [(id, "expired" | "escalated to X")]."""
+    done: list[tuple[str, str]] = []
+    for row in store.orphaned(conn):  # the agent ended (stopped, died, replaced): nobody waits for the answer
+        try:
+            decided = store.settle(conn, row["id"], "expired", by="watchdog", note="the agent ended",
+                                   agent_subject=f"request {row['id']} dropped: you ended",
+                                   agent_body="This request was dropped because the agent ended.",
+                                   expired_is_error=False)
+        except ApprovalError:
+            continue
+        _event(conn, events, "approval_expired", decided, f"{row['id']} dropped: {row['agent']} ended")
+        done.append((row["id"], "dropped"))
+    for row in store.due(conn, now_ms() if now is None else now):
+        if row["on_timeout"] == "escalate" and row["decider"] != OPERATOR:
+            upper = _next_decider(conn, row["decider"])
+            if store.escalate(conn, row["id"], upper):
+                _event(conn, events, "approval_escalated", row,
+                       f"{row['id']}: {row['decider']} did not decide in time; asked {upper}")
+                done.append((row["id"], f"escalated to {upper}"))
+            continue
+        call = describe_call(row["tool"], row["input"])
+        minutes = row["timeout_s"] / 60
+        try:
+            decided = store.settle(
+                conn, row["id"], "expired", by="watchdog", note="nobody decided in time",
+                agent_subject=f"rejected (no answer in time): {call}",
+                agent_body=(f"Nobody decided your request {row['id']} to run `{call}` within "
+                            f"{minutes:g} minutes (asked {row['decider']}), so it counts as rejected. Do not run "
+                            "it; continue your task without it and report as usual."),
+                expired_is_error=False)
+        except ApprovalError:
+            continue  # decided, or expired by another watchdog, in the meantime
+        _event(conn, events, "approval_expired", decided, f"{row['id']} expired: nobody decided by "
+               f"{iso(row['deadline'])}")
+        done.append((row["id"], "expired"))
+    return done
+
+
+def _next_decider(conn: sqlite3.Connection, decider: str) -> str:
+    agent = sessions.get(conn, decider)
+    if agent is None or not agent.parent:
+        return OPERATOR
+    return agent.parent
+
+
+def caller_name(env: t.Mapping[str, str]) -> str:
+    return env.get("OVERSTORY_AGENT_NAME") or OPERATOR
+
+
+def _event(conn: sqlite3.Connection, events: sqlite3.Connection | None, kind: str, row: dict[str, t.Any],
+           summary: str) -> None:
+    from overstory.store import events as event_store
+
+    own = events is None
+    try:
+        if events is None:
+            from overstory.store.db import open_events
+            from overstory.store.mail import _events_db_path
+
+            events = open_events(_events_db_path(conn))
+        event_store.record(events, kind, agent=row["agent"], generation=row["generation"], tool=row["tool"],
+                           summary=summary[:300], data={"approval_id": row["id"], "decider": row["decider"],
+                                                        "status": row["status"]})
+    except Exception:  # noqa: BLE001, S110 - the decision is committed; the event is the trace
+        pass
+    finally:
+        if own and events is not None:
+            events.close()
+
+
+# ---- the seams `ov serve` calls (ui/serve/actions.py SEAMS); the endpoint of issue 12 will call ``decide``
+
+
+def as_json(row: dict[str, t.Any]) -> dict[str, t.Any]:
+    """A row for people and pages: the call as text, times as ISO 8601."""
+    out = dict(row)
+    out["call"] = out["summary"] = describe_call(row["tool"], row["input"])
+    for key in ("requested_at", "deadline", "decided_at", "used_at"):
+        out[key] = iso(row[key]) if row.get(key) else None
+    return out
+
+
+def list_approvals(project: t.Any, conn: sqlite3.Connection, *, include_decided: bool = False) -> list[dict[str, t.Any]]:
+    return [as_json(r) for r in store.list_approvals(conn, include_decided=include_decided)]
+
+
+def approve(project: t.Any, conn: sqlite3.Connection, approval_id: str, *, decider: str,
+            note: str | None = None) -> dict[str, t.Any]:
+    return as_json(decide(conn, approval_id, approve=True, by=decider, note=note))
+
+
+def reject(project: t.Any, conn: sqlite3.Connection, approval_id: str, *, decider: str,
+           reason: str) -> dict[str, t.Any]:
+    return as_json(decide(conn, approval_id, approve=False, by=decider, note=reason))
+
+
+# ---- approvals.spend_over_usd: a turn that would start past that spend needs approval
+
+
+def spend_gate(conn: sqlite3.Connection, agent: sessions.Session, over_usd: float | None, *,
+               timeout_s: float, on_timeout: str, decider: str) -> bool:
+    """Before a turn: True when it may start. Past ``over_usd`` each turn needs an approval:
+    approved, that one turn starts; pending, the agent parks (``approval``); rejected or
+    expired, the agent parks for ``budget`` (``ov resume`` asks again)."""
+    if over_usd is None or agent.cost_usd <= over_usd:
+        return True
+    from overstory.store import lifecycle
+
+    key = f"spend:{agent.name}:{agent.generation}"
+    latest = conn.execute("SELECT * FROM approvals WHERE key = ? ORDER BY requested_at DESC, rowid DESC LIMIT 1",
+                          (key,)).fetchone()
+    if latest is not None and latest["status"] in ("rejected", "expired") and latest["used_at"] is None:
+        def used(tx: sqlite3.Connection) -> None:
+            tx.execute("UPDATE approvals SET used_at = ? WHERE id = ?", (now_ms(), latest["id"]))
+
+        lifecycle.park(conn, agent, "budget", f"spend past ${over_usd:g} was {latest['status']}"
+                       f"{': ' + latest['note'] if latest['note'] else ''}; `ov resume {agent.name}` asks again"[:300],
+                       actor="agent-loop", escalate=False, expect={"booting", "between_turns", "stalled"}, also=used)
+        return False
+    verdict, approval_id = store.gate(
+        conn, agent=agent.name, generation=agent.generation, parent=decider, task_id=agent.task_id, turn_id=None,
+        tool="Turn", input=f'{{"spend_usd":{round(agent.cost_usd, 4)},"over_usd":{over_usd:g}}}', key=key,
+        rule=store.Rule("approvals.spend_over_usd", f"its spend ${agent.cost_usd:.2f} is past ${over_usd:g}"),
+        decider=decider, timeout_s=timeout_s, on_timeout=on_timeout)
+    if verdict == "allow":
+        return True
+    if verdict == "new":
+        _event(conn, None, "approval_requested", store.get(conn, approval_id) or {},
+               f"{approval_id}: a turn past ${over_usd:g} of spend waits for {decider}")
+
+    def still_pending(tx: sqlite3.Connection) -> None:
+        if tx.execute("SELECT status FROM approvals WHERE id = ?", (approval_id,)).fetchone()[0] != "pending":
+            raise _Decided()
+
+    try:
+        lifecycle.park(conn, agent, "approval", f"approval {approval_id}", actor="agent-loop", escalate=False,
+                       expect={"booting", "between_turns", "stalled"}, also=still_pending)
+    except _Decided:
+        pass  # decided meanwhile: the next look starts the turn (or parks for the rejection)
+    return False
+
+
+class _Decided(Exception):
+    pass

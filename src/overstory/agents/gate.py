@@ -1,0 +1,124 @@
+"""The approval gate inside `ov guard` (ARCHITECTURE §13): "ask a person first" for matching calls.
+
+The turn runner exports the agent's rules (config ``approvals.rules`` plus ``ov sling
+--approve``), its decider and timeouts as ``OVERSTORY_APPROVALS`` (JSON). A call the
+guard's policy allows and a rule matches is held: ``store.approvals.gate`` writes the
+pending row and the decider's ``decision_gate`` mail in one transaction, and only then
+is the call denied with "waiting for approval `apr-…`". After the turn the agent loop
+parks the agent until the gate is decided. The same call (same idempotency key without
+the dispatch scope) runs once after an approval.
+
+Standard library only (`ov guard` imports it); it fails closed: a gate that cannot be
+written denies the call.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`)
+if TYPE_CHECKING:
+    import typing as t
+
+    from overstory.agents.ledger import LedgerContext
+    from overstory.guards.policy import Decision
+
+ENV_APPROVALS = "OVERSTORY_APPROVALS"
+APPROVAL_SCOPE = "approval"
+
+
+def spec_env(rules: t.Sequence[Mapping[str, t.Any]], *, decider: str, timeout: float, on_timeout: str) -> str:
+    """The JSON the turn runner exports (empty rules: nothing to export)."""
+    return json.dumps({"rules": [dict(r) for r in rules], "decider": decider, "timeout": timeout,
+                       "on_timeout": on_timeout}, separators=(",", ":"))
+
+
+def settings(spec_text: str | None, parent: str) -> tuple[str, float, str]:
+    """(decider, timeout seconds, on_timeout) from the turn's spec; the defaults without one."""
+    try:
+        spec = json.loads(spec_text) if spec_text else {}
+    except ValueError:
+        spec = {}
+    return (str(spec.get("decider") or parent or "operator"), float(spec.get("timeout") or 1800),
+            str(spec.get("on_timeout") or "reject"))
+
+
+def waiting_text(approval_id: str, call: str, *, again: bool = False) -> str:
+    head = f"ov: waiting for approval `{approval_id}`" + (" (asked already)" if again else "")
+    return (f"{head}: end your turn; you will be told the answer. `{call}` needs a person's approval before it "
+            "runs; do not try it another way. If it is approved, run exactly the same call again.")
+
+
+def check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
+          spec_text: str | None) -> Decision:
+    """The decision after the gate: ``decision`` itself, or a denial while a person decides."""
+    if not decision.allow or not spec_text:
+        return decision
+    try:
+        return _check(conn, hook_input, decision, ctx, spec_text)
+    except Exception as exc:  # noqa: BLE001 - a gate that cannot be written must not let the call through
+        return type(decision).deny(f"ov: this call needs approval, but the request could not be recorded "
+                                   f"({type(exc).__name__}: {exc}); it was refused. Try again in a moment.")
+
+
+def _check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
+           spec_text: str) -> Decision:
+    from overstory.guards.patterns import parse_pattern
+
+    spec = json.loads(spec_text)
+    tool = hook_input.get("tool_name")
+    tool_input = hook_input.get("tool_input")
+    if not isinstance(tool, str) or not tool:
+        return decision
+    if not isinstance(tool_input, dict):
+        tool_input = {}
+    rule = None
+    for raw in spec.get("rules") or ():
+        if parse_pattern(str(raw["match"])).matches(tool, tool_input):
+            rule = raw
+            break
+    if rule is None:
+        return decision
+    from overstory.guards.classify import DEFAULT_LEDGER_RULES, classify, idempotency_key, normalize_input
+    from overstory.store import approvals
+
+    klass = classify(tool, tool_input, ctx.rules or DEFAULT_LEDGER_RULES)
+    normalized = normalize_input(tool, tool_input, ctx.worktree)
+    key = idempotency_key(agent=ctx.agent, task=ctx.task, klass=klass, tool=tool, normalized=normalized,
+                          scope=APPROVAL_SCOPE)
+    timeout = float(rule.get("timeout") or spec.get("timeout") or 1800)
+    verdict, approval_id = approvals.gate(
+        conn, agent=ctx.agent, generation=ctx.generation, parent=str(spec.get("decider") or "operator"),
+        task_id=ctx.task, turn_id=ctx.turn_id, tool=tool, input=normalized, key=key,
+        rule=approvals.Rule(str(rule["match"]), rule.get("reason"), rule.get("timeout")),
+        decider=str(spec.get("decider") or "operator"), timeout_s=timeout,
+        on_timeout=str(spec.get("on_timeout") or "reject"))
+    if verdict == "allow":
+        _event(conn, ctx, "approval_used", tool, f"{approval_id}: the approved call runs", approval_id)
+        return decision
+    call = approvals.describe_call(tool, normalized)
+    if verdict == "new":
+        _event(conn, ctx, "approval_requested", tool,
+               f"{approval_id}: {call} waits for {spec.get('decider') or 'operator'}"
+               f"{' (' + str(rule.get('reason')) + ')' if rule.get('reason') else ''}", approval_id)
+    return type(decision).deny(waiting_text(approval_id, call, again=verdict == "pending"))
+
+
+def _event(conn: sqlite3.Connection, ctx: LedgerContext, kind: str, tool: str, summary: str,
+           approval_id: str) -> None:
+    """After the commit; the row and the mail are what count, the event is the trace."""
+    try:
+        from overstory.store import events as event_store
+        from overstory.store.db import open_events
+        from overstory.store.mail import _events_db_path
+
+        events = open_events(_events_db_path(conn))
+        try:
+            event_store.record(events, kind, agent=ctx.agent, generation=ctx.generation, turn_id=ctx.turn_id,
+                               tool=tool, summary=summary[:300], data={"approval_id": approval_id})
+        finally:
+            events.close()
+    except Exception:  # noqa: BLE001, S110
+        pass
