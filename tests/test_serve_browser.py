@@ -46,6 +46,20 @@ CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-ba
                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
 
 
+def click(browser: t.Any, css: str, attempts: int = 20) -> None:
+    """Find and click in one go, again if the live page redrew that part in between (a stale element)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for attempt in range(attempts):
+        try:
+            browser.find_element("css selector", css).click()
+            return
+        except StaleElementReferenceException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.1)
+
+
 def _missing() -> list[str]:
     missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not (shutil.which(path) or Path(path).is_file())]
     try:
@@ -138,7 +152,7 @@ def test_the_dashboard_shows_the_team_live_and_stops_an_agent(browser: t.Any, fa
                   what="the question in 'waiting for you'")
         page_wait(browser, "document.getElementById('merge-table').textContent.includes('clean merge')",
                   what="the announced branch with its predicted merge")
-        browser.find_element("css selector", f'#tree li[data-agent="{lead}"] > .row').click()
+        click(browser, f'#tree li[data-agent="{lead}"] > .row')
         page_wait(browser, f"document.getElementById('agent-name').textContent === '{lead}'")
         browser.execute_script("window.__noReload = true")
 
@@ -154,7 +168,7 @@ def test_the_dashboard_shows_the_team_live_and_stops_an_agent(browser: t.Any, fa
         print(f"\nthe marker event reached the page {seen - at_ms / 1000:.2f}s after it was committed")
         save_screenshot(browser, tmp_path, "dashboard.png")
 
-        browser.find_element("css selector", f'#tree li[data-agent="{sleeper}"] > .row').click()
+        click(browser, f'#tree li[data-agent="{sleeper}"] > .row')
         page_wait(browser, f"document.getElementById('agent-name').textContent === '{sleeper}'")
         stop = browser.find_element("id", "stop-btn")
         stop.click()
@@ -194,7 +208,7 @@ def test_approving_a_pending_gate_from_its_button_unparks_the_agent(browser: t.A
     try:
         browser.get(f"{served.base}/?token={served.token}")
         page_wait(browser, "document.querySelector('#waiting-list button[data-approve]')", what="the approve button")
-        browser.find_element("css selector", "#waiting-list button[data-approve]").click()
+        click(browser, "#waiting-list button[data-approve]")
         wait_for(lambda: row(state_db, name).state != "parked", timeout=60, what="the agent to leave parked")
         assert state_db.execute("SELECT status, decided_by FROM approvals").fetchall()[0][:] == ("approved",
                                                                                                   "operator")
