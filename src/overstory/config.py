@@ -69,6 +69,39 @@ class MergeSection(_Section):
     lock_wait: float = Field(30, ge=0)
 
 
+class SandboxSection(_Section):
+    mode: t.Literal["auto", "bwrap", "off"] = "auto"
+    network: bool | dict[str, bool] = True
+    writable: list[str] = Field(default_factory=list)
+    tmp_size_mb: int = Field(1024, ge=16)
+
+    @field_validator("network")
+    @classmethod
+    def _known_capabilities(cls, value: bool | dict[str, bool]) -> bool | dict[str, bool]:
+        if isinstance(value, dict):
+            from overstory.store.sessions import CAPABILITIES
+
+            unknown = sorted(set(value) - {"default", *CAPABILITIES})
+            if unknown:
+                raise ValueError(f"unknown capability {', '.join(map(repr, unknown))}; use default or one of: "
+                                 f"{', '.join(CAPABILITIES)}")
+        return value
+
+    @field_validator("writable")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        relative = [path for path in value if not Path(path).is_absolute()]
+        if relative:
+            raise ValueError(f"paths must be absolute: {', '.join(relative)}")
+        return value
+
+    def network_for(self, capability: str) -> bool:
+        """Whether an agent of ``capability`` shares the host's network."""
+        if isinstance(self.network, bool):
+            return self.network
+        return self.network.get(capability, self.network.get("default", True))
+
+
 class Provider(_Section):
     base_url: str
     api_key_env: str = "ANTHROPIC_API_KEY"
@@ -81,6 +114,7 @@ class Config(_Section):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=dict)
 
@@ -144,6 +178,18 @@ merge:
   gates: []
   # Seconds to wait for another merge into the same branch before giving up.
   lock_wait: 30
+
+sandbox:
+  # Every turn runs inside bubblewrap (see README "Security"): auto (bwrap where a probe shows it
+  # works, else off with a warning), bwrap (required: an agent does not start without it) or off.
+  mode: auto
+  # Share the host's network: on or off for everyone, or per capability, e.g. {default: on, scout: off}.
+  # Off also cuts the model API: only for runtimes that need no network.
+  network: on
+  # Extra absolute paths bound writable into every agent's sandbox (a shared cache, ...): each is a hole.
+  writable: []
+  # Size limit of the sandbox's private /tmp (a tmpfs, so it uses memory), in MiB.
+  tmp_size_mb: 1024
 
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
 providers: {}

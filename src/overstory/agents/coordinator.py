@@ -123,8 +123,8 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
     adapter = get_runtime(result.runtime)
     return StartResult(name=result.name, generation=result.generation, run_id=result.run_id or run.id,
                        run_created=created, runtime=result.runtime, loop_pid=result.loop_pid,
-                       instructions=str(run_dir / adapter.root_instructions_file),
-                       settings=str(run_dir / adapter.root_settings_file))
+                       instructions=str(run_dir / adapter.run_instructions_file),
+                       settings=str(run_dir / adapter.run_settings_file))
 
 
 # ---- mail ----------------------------------------------------------------------------

@@ -20,13 +20,16 @@ from pathlib import Path
 
 from overstory import procs
 from overstory.agents.process import POLL_SECONDS, AgentProcess, acquire_turn_slot, load_launch_env
+from overstory.agents.process import spawn_loop as spawn_loop  # re-exported: callers and tests start loops from here
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
-from overstory.runtimes import get_runtime
 from overstory.store import sessions, turns
 from overstory.store.db import open_events
 from overstory.store.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, mail_sent_since, terminal_mail_sent
 from overstory.store.sessions import Session
+
+if t.TYPE_CHECKING:
+    from overstory.endpoint.server import AgentEndpoint
 
 SUMMARY_CHECK_SECONDS = 1.0
 
@@ -46,6 +49,27 @@ class AgentLoop(AgentProcess):
         self.config = load_config(project.config_file, project.local_config_file, environ=self.base_env)
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
+        self.endpoint: AgentEndpoint | None = None
+
+    def _serve_endpoint(self) -> None:
+        """The agent's channel to ov (see overstory.endpoint): served for the loop's whole life."""
+        from overstory.endpoint.routes import ROUTES
+        from overstory.endpoint.server import AgentEndpoint
+
+        self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env).start()
+
+    def _turn(self, agent: Session, prompt: str, turn_id: str, resume: str | None) -> t.Any:
+        """One turn with a fresh endpoint secret in its environment, revoked as soon as the turn is over."""
+        from overstory.agents.turns import run_turn
+
+        extra = self.endpoint.open_turn() if self.endpoint is not None else {}
+        try:
+            return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
+                            resume_session_id=resume, base_env=self.base_env, attempt=agent.retries,
+                            should_stop=self.should_stop, extra_env=extra)
+        finally:
+            if self.endpoint is not None:
+                self.endpoint.revoke()
 
     def run(self) -> int:
         if not self.take_agent():
@@ -54,6 +78,7 @@ class AgentLoop(AgentProcess):
 
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
                            summary=f"pid {os.getpid()}")
+        self._serve_endpoint()
         self._recover_interrupted_turn()
         while not self.stopping:
             agent = self.current()
@@ -114,7 +139,6 @@ class AgentLoop(AgentProcess):
         return row is not None
 
     def _one_turn(self, agent: Session) -> None:
-        from overstory.agents.turns import run_turn
         from overstory.store import events as event_store
         from overstory.store import mail
 
@@ -124,9 +148,7 @@ class AgentLoop(AgentProcess):
             return
         prompt = mail.render_for_prompt(claimed)
         resume = agent.runtime_session_id
-        result = run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
-                          resume_session_id=resume, base_env=self.base_env, attempt=agent.retries,
-                          should_stop=self.should_stop)
+        result = self._turn(agent, prompt, turn_id, resume)
         if result.status == "resume_failed":
             event_store.record(self.events, "resume_fallback", agent=self.name, generation=self.generation,
                                turn_id=turn_id, summary=f"could not resume {resume}: {result.reason}"[:300])
@@ -142,9 +164,7 @@ class AgentLoop(AgentProcess):
             mail.move_claims(self.state, turn_id, fallback_turn)
             turn_id = fallback_turn
             prompt = self._fresh_session_summary(fresh) + "\n\n" + prompt
-            result = run_turn(self.project, self.config, self.state, self.events, fresh, prompt, turn_id,
-                              resume_session_id=None, base_env=self.base_env, attempt=agent.retries,
-                              should_stop=self.should_stop)
+            result = self._turn(fresh, prompt, turn_id, None)
             if result.status == "resume_failed":
                 result.status = "permanent"
         self._settle(agent, turn_id, result)
@@ -193,8 +213,7 @@ class AgentLoop(AgentProcess):
             "SELECT sender, type, subject FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT 10", (self.name,)
         ).fetchall()
         recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
-        where = get_runtime(agent.runtime).instructions_file if agent.worktree else "your instructions"
-        prompt = agent.spec.get("prompt") or f"(no prompt text; see your instructions in {where})"
+        prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions)"
         return (
             f"[ov] Your previous session could not be resumed, so this is a fresh session. You are {agent.name}, "
             f"a {agent.capability} working on task {agent.task_id} on branch {agent.branch}. Check `git log` and "
@@ -202,6 +221,8 @@ class AgentLoop(AgentProcess):
         )
 
     def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
         for conn in (self.state, self.events):
             try:
                 conn.close()
@@ -220,22 +241,6 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         return loop.run()
     finally:
         loop.close()
-
-
-def spawn_loop(project: ProjectPaths, agent: str, generation: int, environ: t.Mapping[str, str]) -> tuple[int, int | None]:
-    """Start the detached loop for ``agent``; returns (pid, start ticks)."""
-    import subprocess
-
-    log_path = project.run_dir / agent / "loop.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root), "--agent", agent,
-             "--generation", str(generation)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
-            env=dict(environ), cwd=str(project.root),
-        )
-    return proc.pid, procs.start_ticks(proc.pid)
 
 
 if __name__ == "__main__":

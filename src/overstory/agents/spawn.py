@@ -48,6 +48,7 @@ class SlingRequest:
     model: str | None = None
     base_branch: str | None = None
     scenario: Path | None = None
+    scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
 
@@ -178,13 +179,13 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     if active >= config.agents.max_concurrent_agents:
         raise HierarchyError(f"{active} agents are active (agents.max_concurrent_agents = "
                              f"{config.agents.max_concurrent_agents}); wait for some to finish or stop them")
-    scenario_text = None
-    if request.scenario is not None:
+    scenario_text = request.scenario_text
+    if scenario_text is None and request.scenario is not None:
         try:
             scenario_text = Path(request.scenario).read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read --scenario {request.scenario}: {exc.strerror}") from None
-    else:
+    elif scenario_text is None:
         built_in = adapter.default_scenario(capability, task_id)
         scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
 
@@ -215,20 +216,15 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             _fault("worktree", environ)
             _add_worktree(project, worktree, branch)
             undo.push("worktree", lambda: _remove_worktree(project, worktree))
-            _fault("instructions", environ)
-            _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
-                                branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                files=request.files, ov_command=ov_command, tmux_mode=tmux)
         run_dir = project.run_dir / name
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         undo.push("run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True))
-        if at_root:
-            _fault("instructions", environ)
-            _write_root_instructions(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
-                                     base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                     files=request.files, ov_command=ov_command)
+        _fault("instructions", environ)
+        _write_agent_files(project, run_dir, worktree, adapter, name=name, capability=capability, task_id=task_id,
+                           branch=branch or base_branch or "", base_branch=base_branch or "", parent=parent,
+                           prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux)
         scenario_path = None
         if scenario_text is not None:
             scenario_path = run_dir / "scenario.json"
@@ -253,8 +249,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         dispatch_id = mail.insert_message(
             conn, sender=parent, recipient=name, type="dispatch", priority="high",
             subject=f"task {task_id}",
-            body=prompt or f"Work on task {task_id} as described in "
-                            f"{adapter.instructions_file if worktree else 'your instructions'}.",
+            body=prompt or f"Work on task {task_id} as described in your instructions.",
             payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
                      "file_scope": list(request.files)},
         )
@@ -269,7 +264,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                 undo.push("start", lambda: abort_start(project, started))
                 loop_pid = started.driver_pid
             else:
-                from overstory.agents.loop import spawn_loop
+                from overstory.agents.process import spawn_loop
 
                 loop_pid, ticks = spawn_loop(project, name, generation, launch_env)
                 undo.push("start", lambda: procs.kill_group(loop_pid, ticks, force=True))
@@ -368,38 +363,28 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
     return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
 
 
-def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
-                             task_id: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
-                             ov_command: list[str]) -> None:
-    """An agent at the project root (the coordinator) must not write into the user's own runtime
-    settings: its instructions and hook settings live in its run dir and reach the runtime on its
-    command line every turn (the adapter's ``headless_command`` for an agent at the project root)."""
-    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=base_branch,
-                              base_branch=base_branch, worktree=project.root, parent=parent, prompt=prompt,
-                              files=files)
-    (run_dir / runtime.root_instructions_file).write_text(text, encoding="utf-8")
-    settings = runtime.hook_settings(ov_command, tmux_mode=False)
-    if settings is not None:
-        (run_dir / runtime.root_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+def _write_agent_files(project: ProjectPaths, run_dir: Path, worktree: Path | None, runtime: Runtime, *, name: str,
+                       capability: str, task_id: str, branch: str, base_branch: str, parent: str, prompt: str,
+                       files: t.Sequence[str], ov_command: list[str], tmux_mode: bool) -> None:
+    """The instructions and hook settings, in the agent's run dir (ov's, read-only in its sandbox).
 
-
-def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime, *, name: str, capability: str,
-                        task_id: str, branch: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
-                        ov_command: list[str], tmux_mode: bool) -> None:
-    """The overlay (and hook settings, where the runtime has hooks) inside the worktree, kept out of commits."""
+    The runtime gets both on every command line, so nothing the agent writes in its worktree can
+    replace them. A worktree gets a copy of the instructions for humans (the runtime never reads
+    it), kept out of commits; an agent at the project root gets none (the user's own files stay
+    untouched).
+    """
     text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
-                              base_branch=base_branch, worktree=worktree, parent=parent, prompt=prompt, files=files)
-    written = [runtime.instructions_file]
-    instructions = worktree / runtime.instructions_file
-    instructions.parent.mkdir(parents=True, exist_ok=True)
-    instructions.write_text(text, encoding="utf-8")
+                              base_branch=base_branch, worktree=worktree or project.root, parent=parent,
+                              prompt=prompt, files=files)
+    (run_dir / runtime.run_instructions_file).write_text(text, encoding="utf-8")
     settings = runtime.hook_settings(ov_command, tmux_mode=tmux_mode)
-    if settings is not None and runtime.hook_settings_file:
-        target = worktree / runtime.hook_settings_file
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(settings, indent=2), encoding="utf-8")
-        written.append(runtime.hook_settings_file)
-    _keep_out_of_commits(worktree, written)
+    if settings is not None:
+        (run_dir / runtime.run_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    if worktree is not None:
+        copy = worktree / runtime.instructions_file
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(text, encoding="utf-8")
+        _keep_out_of_commits(worktree, [runtime.instructions_file])
 
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,

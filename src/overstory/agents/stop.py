@@ -49,8 +49,12 @@ class StopResult:
 
 
 def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, force: bool = False,
-               clean: bool = False, kill_grace: float = 5.0, fallback_base: str | None = None) -> StopResult:
-    """Stop ``name``; raises AgentNotFound, CleanRefused (before anything changed) or OrchestratorError."""
+               clean: bool = False, kill_grace: float = 5.0, fallback_base: str | None = None,
+               actor: str = ACTOR) -> StopResult:
+    """Stop ``name``; raises AgentNotFound, CleanRefused (before anything changed) or OrchestratorError.
+
+    ``actor``: who stops it (the operator, or an ancestor agent through its endpoint).
+    """
     agent = sessions.get(conn, name)
     if agent is None:
         raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
@@ -59,8 +63,9 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
     result = StopResult(agent=name, generation=agent.generation, previous_state=agent.state,
                         already_completed=agent.state == "completed")
     if not result.already_completed:
-        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=ACTOR,
-                                      reason="stopped by the operator" + (" (--force)" if force else ""))
+        who = "the operator" if actor == ACTOR else actor
+        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=actor,
+                                      reason=f"stopped by {who}" + (" (--force)" if force else ""))
         if isinstance(outcome, sessions.StaleGeneration):
             raise OrchestratorError(f"{name} was just replaced by generation {outcome.current}; "
                                     "run `ov stop` again to stop the new one")

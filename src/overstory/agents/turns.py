@@ -18,7 +18,7 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from overstory import procs
+from overstory import procs, sandbox
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
@@ -96,7 +96,7 @@ def model_choice(model: str | None, capability: str, config: Config,
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
                      extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in NESTED_SESSION_VARS}
-    env.update(get_runtime(agent.runtime).turn_env())
+    env.update(get_runtime(agent.runtime).turn_env(project.run_dir / agent.name))
     env.update(extra or {})
     env.update({
         "OVERSTORY_AGENT_NAME": agent.name,
@@ -145,7 +145,9 @@ class _LineReader:
 
 def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, events: sqlite3.Connection,
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
-             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False) -> TurnResult:
+             base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
+             extra_env: t.Mapping[str, str] | None = None) -> TurnResult:
+    """Run one turn of ``agent`` in its sandbox; ``extra_env`` (the endpoint's per-turn secret) joins its environment."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -158,9 +160,14 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
                                                     run_dir=project.run_dir / agent.name,
                                                     at_project_root=not agent.worktree, scenario=scenario), config)
+        env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
+        prepared = sandbox.prepare_turn(project, config, agent, argv, env)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
         return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
-    env = turn_environment(base_env, agent, project, turn_id, provider_env)
+    except OSError as exc:
+        return TurnResult("transient", f"could not prepare the turn's sandbox: {exc}", None, started_ms, _NoOutput())
+    _record_take_back(events, agent, turn_id, prepared.took_back, before=True)
+    argv, env = prepared.argv, prepared.env
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
@@ -201,6 +208,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         procs.kill_turn(pgid, ticks, turn_id, grace=config.turns.kill_grace if status == "running" else 0.5,
                         force=status != "running")
         exit_code = proc.wait()
+    _record_take_back(events, agent, turn_id, sandbox.take_back(project, agent))
     if status == "running":
         if stream.succeeded:
             status, reason = "ok", "turn finished"
@@ -221,6 +229,18 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                              "input_tokens": input_tokens, "output_tokens": output_tokens,
                              "tool_calls": stream.tool_calls, "session_id": stream.session_id})
     return TurnResult(status, reason, stream.session_id, started_ms, stream)
+
+
+def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, took: sandbox.TakeBack, *,
+                      before: bool = False) -> None:
+    """An event when a writer's branch came out of its sandbox, or was refused (see sandbox.gitrefs)."""
+    if took.status in ("none", "unchanged"):
+        return
+    when = "left by the previous turn" if before else "after the turn"
+    summary = f"branch {agent.branch}: {took.status} ({when})" + (f": {took.detail}" if took.detail else "")
+    event_store.record(events, "branch_take_back" if took.status == "moved" else "branch_refused", agent=agent.name,
+                       generation=agent.generation, turn_id=turn_id, summary=summary[:300],
+                       data={"status": took.status, "old": took.old, "new": took.new, "detail": took.detail})
 
 
 def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,

@@ -17,6 +17,17 @@ def project_paths(ctx: click.Context | None = None) -> ProjectPaths:
     return find_project(getattr(app, "project_option", None))
 
 
+def agent_channel() -> t.Any:
+    """Inside an agent's turn, its authenticated channel to ov (``overstory.endpoint.client``); else None.
+
+    Commands that read or change ov's state go through it when it is there: the databases are
+    read-only in the agent's sandbox, and the endpoint decides who the caller is.
+    """
+    from overstory.endpoint.client import channel
+
+    return channel()
+
+
 def state_conn(project: ProjectPaths) -> sqlite3.Connection:
     from overstory.store.db import open_state
 

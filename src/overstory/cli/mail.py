@@ -7,7 +7,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, echo_json, json_option, project_paths, state_conn
 from overstory.store import mail as store
 
 
@@ -98,16 +98,24 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
     git diff | ov mail send --to lead-1 --subject "my diff" --body -
     """
     text = _read_body(body, body_file)
-    project = project_paths()
-    conn = state_conn(project)
-    sender = from_ or store.default_sender()
-    ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                     payload=_parse_payload(payload), reply_to=reply_to, allow_unknown=allow_unknown)
-    if as_json:
-        rows = conn.execute(
+    parsed = _parse_payload(payload)
+    remote = agent_channel()
+    if remote is not None:
+        sent = remote.call("mail.send", {"to": to, "subject": subject, "body": text, "type": type_,
+                                         "priority": priority, "payload": parsed, "reply_to": reply_to,
+                                         "from": from_, "allow_unknown": allow_unknown})
+        ids, recipients = sent["ids"], sent["to"]
+    else:
+        project = project_paths()
+        conn = state_conn(project)
+        sender = from_ or store.default_sender()
+        ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
+                         payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
+        recipients = [r["recipient"] for r in conn.execute(
             f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id", ids
-        ).fetchall() if ids else []
-        echo_json({"ids": ids, "to": [r["recipient"] for r in rows]})
+        ).fetchall()] if ids and as_json else []
+    if as_json:
+        echo_json({"ids": ids, "to": recipients})
     else:
         for message_id in ids:
             click.echo(message_id)
@@ -129,9 +137,14 @@ def mail_check(agent: str | None, peek: bool, inject: bool, as_json: bool) -> No
     """
     if inject and as_json:
         raise click.UsageError("--inject and --json do not go together")
-    conn = state_conn(project_paths())
-    who = agent or store.default_sender()
-    messages = store.unread(conn, who, peek=peek)
+    remote = agent_channel()
+    if remote is not None:
+        who = agent or store.default_sender()
+        messages = [store.Message(**m) for m in remote.call("mail.check", {"agent": agent, "peek": peek})]
+    else:
+        conn = state_conn(project_paths())
+        who = agent or store.default_sender()
+        messages = store.unread(conn, who, peek=peek)
     if as_json:
         echo_json([m.as_dict() for m in messages])
     elif inject:
@@ -170,9 +183,15 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
             since_ms = parse_since(since)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--since") from None
-    conn = state_conn(project_paths())
-    messages = store.list_messages(conn, to=to, sender=from_, type=type_, unread=unread, thread=thread,
-                                   since_ms=since_ms, limit=limit)
+    remote = agent_channel()
+    if remote is not None:
+        messages = [store.Message(**m) for m in remote.call("mail.list", {
+            "to": to, "from": from_, "type": type_, "unread": unread, "thread": thread, "since_ms": since_ms,
+            "limit": limit})]
+    else:
+        conn = state_conn(project_paths())
+        messages = store.list_messages(conn, to=to, sender=from_, type=type_, unread=unread, thread=thread,
+                                       since_ms=since_ms, limit=limit)
     if as_json:
         echo_json([m.as_dict() for m in messages])
         return
@@ -197,8 +216,11 @@ def mail_read(message_id: int, as_json: bool) -> None:
     \b
     ov mail read 12
     """
-    conn = state_conn(project_paths())
-    message = store.read_message(conn, message_id, reader=store.default_sender())
+    remote = agent_channel()
+    if remote is not None:
+        message = store.Message(**remote.call("mail.read", {"id": message_id}))
+    else:
+        message = store.read_message(state_conn(project_paths()), message_id, reader=store.default_sender())
     if as_json:
         echo_json(message.as_dict())
     else:
@@ -220,8 +242,12 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
     if body is None and body_file is None:
         raise click.UsageError("give the reply text with --body TEXT, --body - or --body-file F")
     text = _read_body(body, body_file)
-    conn = state_conn(project_paths())
-    new_id = store.reply(conn, message_id, sender=from_ or store.default_sender(), body=text)
+    remote = agent_channel()
+    if remote is not None:
+        new_id = remote.call("mail.reply", {"id": message_id, "body": text, "from": from_})["id"]
+    else:
+        new_id = store.reply(state_conn(project_paths()), message_id, sender=from_ or store.default_sender(),
+                             body=text)
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:
@@ -265,23 +291,15 @@ def nudge(agent: str, message: str | None, as_json: bool) -> None:
     ov nudge builder-task-42
     ov nudge builder-task-42 "you have been quiet for 10 minutes; report status"
     """
-    project = project_paths()
-    conn = state_conn(project)
-    text = message or ""
-    first_line = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    subject = first_line[:120] or "nudge: check your mail and carry on"
-    ids = store.send(conn, sender=store.default_sender(), to=agent, subject=subject, body=text, type="nudge",
-                     priority="high")
-    delivery = None
-    mode = conn.execute("SELECT mode FROM sessions WHERE name = ?", (agent,)).fetchone()
-    if ids and mode is not None and mode[0] == "tmux":
-        from overstory.agents.tmux import deliver_mail  # only for tmux agents: libtmux is not cheap to import
-        from overstory.errors import TmuxError
+    remote = agent_channel()
+    if remote is not None:
+        done = remote.call("nudge", {"agent": agent, "message": message})
+    else:
+        from overstory.agents.nudge import nudge as send_nudge
 
-        try:
-            delivery = deliver_mail(project, conn, agent)
-        except TmuxError:
-            delivery = "type_failed"  # the mail is sent; the agent's driver announces it later
+        project = project_paths()
+        done = send_nudge(project, state_conn(project), sender=store.default_sender(), agent=agent, message=message)
+    ids, delivery = done["ids"], done["tmux_delivery"]
     if as_json:
         echo_json({"ids": ids} if delivery is None else {"ids": ids, "tmux_delivery": delivery})
     else:

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import typing as t
 from pathlib import Path
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, echo_json, json_option, project_paths, state_conn
 from overstory.runtimes import RUNTIME_NAMES
 
 
@@ -42,19 +43,47 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")
-    project = project_paths()
-    config = load_config(project.config_file, project.local_config_file)
-    request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
-                           files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
-                           scenario=scenario, tmux=tmux)
-    result = do_sling(project, config, state_conn(project), request)
+    remote = agent_channel()
+    if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
+        document = remote.call("sling", {
+            "capability": capability, "task_id": task_id, "name": name, "prompt": _read(spec_file, "--spec") or prompt,
+            "files": list(files), "parent": parent, "runtime": runtime, "model": model, "base_branch": base_branch,
+            "scenario_text": _read(scenario, "--scenario"), "tmux": tmux})
+    else:
+        project = project_paths()
+        config = load_config(project.config_file, project.local_config_file)
+        _warn_if_unsandboxed(config)
+        request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
+                               files=list(files), parent=parent, runtime=runtime, model=model,
+                               base_branch=base_branch, scenario=scenario, tmux=tmux)
+        document = do_sling(project, config, state_conn(project), request).as_dict()
     if as_json:
-        echo_json(result.as_dict())
+        echo_json(document)
         return
-    click.echo(f"slung {result.name} ({result.capability} on {result.task_id}, runtime {result.runtime})")
-    if result.branch:
-        click.echo(f"  branch:   {result.branch}")
-        click.echo(f"  worktree: {result.worktree}")
-    click.echo(f"  parent:   {result.parent}")
-    if result.mode == "tmux":
-        click.echo(f"  tmux:     session {result.tmux_session}; watch it with `ov attach {result.name}`")
+    click.echo(f"slung {document['name']} ({document['capability']} on {document['task_id']}, "
+               f"runtime {document['runtime']})")
+    if document["branch"]:
+        click.echo(f"  branch:   {document['branch']}")
+        click.echo(f"  worktree: {document['worktree']}")
+    click.echo(f"  parent:   {document['parent']}")
+    if document["mode"] == "tmux":
+        click.echo(f"  tmux:     session {document['tmux_session']}; watch it with `ov attach {document['name']}`")
+
+
+def _read(path: Path | None, option: str) -> str | None:
+    if path is None:
+        return None
+    from overstory.errors import UsageError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc.strerror}") from None
+
+
+def _warn_if_unsandboxed(config: t.Any) -> None:
+    from overstory.sandbox import OFF_WARNING, effective_mode
+
+    mode = effective_mode(config)  # sandbox.mode: bwrap that does not work is an error here, before anything starts
+    if mode.name == "off":
+        click.echo(f"warning: {OFF_WARNING} ({mode.reason})", err=True)

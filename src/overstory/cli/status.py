@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths
+from overstory.cli._common import agent_channel, echo_json, json_option, project_paths
 
 
 @click.command(name="status")
@@ -37,6 +37,14 @@ def status(include_completed: bool, as_json: bool) -> None:
     from overstory import status as core
     from overstory.store.db import open_state
 
+    remote = agent_channel()
+    if remote is not None:
+        document = remote.call("status", {"all": include_completed})
+        if as_json:
+            echo_json(document)
+        else:
+            click.echo(core.render_text(document))
+        return
     project = project_paths()
     if not project.state_db.exists():
         document = core.collect_empty()

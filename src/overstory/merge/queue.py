@@ -91,7 +91,8 @@ def effective_tier_max(config: Config, requested: int | None) -> int:
 def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, agent_name: str | None = None,
               branch: str | None = None, into: str | None = None, dry_run: bool = False,
               tier_max: int | None = None, queue_id: int | None = None,
-              on_lock_wait: t.Callable[[int | None], None] | None = None) -> MergeReport:
+              on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None) -> MergeReport:
+    """Merge one agent's (or one) branch; ``sender`` signs the result mail (default: the environment's agent)."""
     agent = None
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
@@ -126,7 +127,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     report = MergeReport(branch=branch, target=target, agent=agent.name if agent else None, merged=result.merged,
                          dry_run=False, tier=result.tier, conflicts=list(result.conflicts), reason=result.reason,
                          commit=result.commit, resolutions=dict(result.resolutions), queue_id=queue_id)
-    _announce(project, conn, agent, report)
+    _announce(project, conn, agent, report, sender)
     if queue_id is not None:
         merge_queue.settle(conn, queue_id, merged=report.merged, tier=report.tier, result=report.reason)
     return report
@@ -153,7 +154,8 @@ def merge_all(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     return reports
 
 
-def _announce(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session | None, report: MergeReport) -> None:
+def _announce(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session | None, report: MergeReport,
+              sender: str | None = None) -> None:
     """Mail the result to the agent's parent and, if it still runs, the agent."""
     from overstory.store import mail
 
@@ -175,7 +177,7 @@ def _announce(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.S
     recipients = [agent.parent or "operator"]
     if not agent.is_terminal and agent.name not in recipients:
         recipients.append(agent.name)
-    sender = os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
+    sender = sender or os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
     ids = [mid for mid in (mail.insert_message(conn, sender=sender, recipient=to, type=mail_type, priority="high",
                                                subject=subject, body=body, payload=payload) for to in recipients) if mid]
     mail.record_sent(conn, ids)

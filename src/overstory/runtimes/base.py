@@ -9,8 +9,12 @@ A runtime answers five questions:
 - how to read its stdout: ``new_parser`` turns one line into ov's own events
   (``ParsedEvent``) and, at the end, says whether the turn succeeded, what it cost
   and, if it failed, which kind of failure it was (``TurnFailure``);
-- which files carry an agent's instructions and guard hooks (``instructions_file``,
-  ``hook_settings``), or None where the runtime has no hooks;
+- which settings make it call ov's guard hooks (``hook_settings``), or None where the
+  runtime has no hooks. ov keeps them, and the agent's instructions, in the agent's run
+  dir (``.overstory/run/<agent>/``), out of the agent's reach, and hands both to the
+  runtime on every command line;
+- where it keeps one agent's state (``state_dir``, writable inside the sandbox), how to
+  seed it (``prepare_state``) and which temp-dir variables it reads (``tmp_env_vars``);
 - how to run its interactive TUI in tmux (``tui``), or None;
 - whether it is installed and has credentials (``probe``, for ``ov doctor``).
 
@@ -101,8 +105,8 @@ class TurnRequest:
 
     model: str | None
     resume_session_id: str | None
-    run_dir: Path              # .overstory/run/<agent>/: root-agent instructions, runtime state
-    at_project_root: bool      # no worktree (the coordinator): instructions and hooks come from run_dir
+    run_dir: Path              # .overstory/run/<agent>/: ov's instructions and hook settings, runtime state
+    at_project_root: bool = False  # no worktree (the coordinator)
     scenario: Path | None = None
 
 
@@ -139,9 +143,8 @@ class Tui(abc.ABC):
 
     @abc.abstractmethod
     def command(self, config: Config, model: str | None, *, hook_settings: dict[str, t.Any] | None,
-                instructions: str | None) -> list[str]:
-        """The TUI's command line. ``hook_settings``/``instructions`` are given for an agent at the project
-        root (it has no worktree files to read them from)."""
+                instructions_file: Path | None) -> list[str]:
+        """The TUI's command line, with ov's hook settings and the instructions file (in the run dir)."""
 
     @abc.abstractmethod
     def read_screen(self, text: str) -> Screen:
@@ -175,12 +178,15 @@ class Runtime(abc.ABC):
     """One program behind an agent. Instances are stateless; take them from the registry."""
 
     name: t.ClassVar[str]
-    # Where the agent's instructions go inside its worktree, and (None: no hooks) its hook settings.
+    # A copy of the instructions inside the worktree, for humans only: the runtime never reads it.
     instructions_file: t.ClassVar[str]
-    hook_settings_file: t.ClassVar[str | None] = None
-    # For an agent at the project root: file names inside its run dir.
-    root_instructions_file: t.ClassVar[str] = "instructions.md"
-    root_settings_file: t.ClassVar[str] = "settings.json"
+    # ov's own files in the agent's run dir (.overstory/run/<agent>/), read-only inside the sandbox:
+    # the instructions and (where the runtime has hooks) the hook settings, passed on every command line.
+    run_instructions_file: t.ClassVar[str] = "instructions.md"
+    run_settings_file: t.ClassVar[str] = "settings.json"
+    # Environment variables naming a temp dir the runtime writes; inside the sandbox each points into
+    # the sandbox's private /tmp instead (a host path there would be read-only or shared).
+    tmp_env_vars: t.ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def program(self, config: Config) -> list[str]:
@@ -202,9 +208,21 @@ class Runtime(abc.ABC):
         """Environment that routes this runtime to a configured provider endpoint."""
         return {}
 
-    def turn_env(self) -> dict[str, str]:
-        """Fixed environment every turn of this runtime needs."""
+    def turn_env(self, run_dir: Path) -> dict[str, str]:
+        """Environment every turn of this agent needs (e.g. where its state dir is)."""
         return {}
+
+    def state_dir(self, run_dir: Path) -> Path | None:
+        """Where the runtime keeps this agent's own state (sessions, transcripts), under its run dir.
+
+        The only place besides the worktree and /tmp the runtime may write inside the sandbox;
+        None when it keeps no state.
+        """
+        return None
+
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str]) -> None:
+        """Create (and seed) the state dir before a turn, outside the sandbox."""
+        state_dir.mkdir(parents=True, exist_ok=True)
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         """The settings that make the runtime call ``ov guard`` before each tool call; None: no hooks."""

@@ -170,15 +170,20 @@ def _matches(matcher: str | None, tool_name: str) -> bool:
 
 
 class Hooks:
-    """Hook commands from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``."""
+    """Hook commands from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``.
 
-    def __init__(self, cwd: str, settings_arg: str | None) -> None:
+    Like claude, ``--setting-sources`` (comma-separated ``project``/``local``; ``""`` for none)
+    limits which of the worktree's files count; ``--settings`` always does.
+    """
+
+    def __init__(self, cwd: str, settings_arg: str | None, setting_sources: str | None = None) -> None:
         self.cwd = cwd
         self.by_event: dict[str, list[dict[str, t.Any]]] = {}
         sources: list[str] = []
-        for name in ("settings.json", "settings.local.json"):
+        allowed = None if setting_sources is None else {s.strip() for s in setting_sources.split(",")}
+        for source, name in (("project", "settings.json"), ("local", "settings.local.json")):
             path = Path(cwd, ".claude", name)
-            if path.is_file():
+            if (allowed is None or source in allowed) and path.is_file():
                 sources.append(path.read_text())
         if settings_arg and settings_arg.lstrip().startswith("{"):
             sources.append(settings_arg)
@@ -427,9 +432,11 @@ class _Turn:
 
 def _parse_args(argv: list[str]) -> dict[str, str | None]:
     """The options we use; every other claude flag is accepted and ignored."""
-    wanted = {"--model": None, "--resume": None, "--scenario": None, "--state-dir": None, "--settings": None}
+    wanted = {"--model": None, "--resume": None, "--scenario": None, "--state-dir": None, "--settings": None,
+              "--setting-sources": None}
     taking_value = {"--output-format", "--input-format", "--permission-mode", "--append-system-prompt",
-                     "--system-prompt", "--max-turns", "--allowedTools", "--disallowedTools", "--session-id"}
+                     "--append-system-prompt-file", "--system-prompt", "--max-turns", "--allowedTools",
+                     "--disallowedTools", "--session-id"}
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -474,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr)
         _error_result(session.id, message)
         return 1
-    hooks = Hooks(cwd, options["--settings"])
+    hooks = Hooks(cwd, options["--settings"], options["--setting-sources"])
 
     failed = False
     for line in sys.stdin:

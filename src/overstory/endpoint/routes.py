@@ -1,0 +1,195 @@
+"""What an agent may ask of ov through its endpoint, each checked against who it is.
+
+Every route calls the same core function its CLI command calls (``store.mail``,
+``agents.spawn``, ``agents.stop``, ``merge.queue``, ``status``), with the caller's identity
+taken from its row, never from the request:
+
+- mail: the sender is always the caller (``--from`` another name is refused); reading and
+  checking mail is for the caller's own mailbox;
+- ``status``: read-only, for everyone;
+- ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
+- ``stop``: only the caller's own descendants;
+- ``merge``: mergers only, only branches of agents under the merger's own parent, and only
+  into the merger's own base branch; ``--all`` (the whole project's queue) is the operator's.
+
+Heavy modules (spawn, merge) are imported inside the routes, so the loop that serves
+them starts light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as t
+
+from overstory.endpoint.server import Caller, Route
+from overstory.errors import NotPermitted, UsageError
+from overstory.store import mail
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+    from overstory.store.sessions import Session
+
+
+def _config(caller: Caller) -> Config:
+    from overstory.config import load_config
+
+    return load_config(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
+
+
+def _sender(caller: Caller, args: dict[str, t.Any]) -> str:
+    claimed = args.get("from")
+    if claimed not in (None, "", caller.name):
+        raise NotPermitted(f"{caller.name} cannot send mail as {claimed!r}: an agent's mail always comes from itself")
+    return caller.name
+
+
+def _message(message: mail.Message) -> dict[str, t.Any]:
+    return dataclasses.asdict(message)
+
+
+def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    sender = _sender(caller, args)
+    ids = mail.send(caller.conn, sender=sender, to=args.get("to"), subject=str(args.get("subject") or ""),
+                    body=str(args.get("body") or ""), type=str(args.get("type") or "status"),
+                    priority=str(args.get("priority") or "normal"), payload=args.get("payload"),
+                    reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
+                    env=caller.environ())
+    rows = caller.conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) "
+                               "ORDER BY id", ids).fetchall() if ids else []
+    return {"ids": ids, "to": [r["recipient"] for r in rows]}
+
+
+def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    who = args.get("agent") or caller.name
+    if who != caller.name:
+        raise NotPermitted(f"{caller.name} may check only its own mail, not {who}'s")
+    return [_message(m) for m in mail.unread(caller.conn, caller.name, peek=bool(args.get("peek")))]
+
+
+def mail_list(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    limit = int(args.get("limit") or 50)
+    messages = mail.list_messages(caller.conn, to=args.get("to"), sender=args.get("from"), type=args.get("type"),
+                                  unread=bool(args.get("unread")), thread=args.get("thread"),
+                                  since_ms=args.get("since_ms"), limit=max(1, limit))
+    return [_message(m) for m in messages]
+
+
+def mail_read(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    return _message(mail.read_message(caller.conn, int(args["id"]), reader=caller.name))
+
+
+def mail_reply(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    sender = _sender(caller, args)
+    new_id = mail.reply(caller.conn, int(args["id"]), sender=sender, body=str(args.get("body") or ""),
+                        env=caller.environ())
+    return {"id": new_id, "reply_to": int(args["id"])}
+
+
+def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.nudge import nudge as send_nudge
+
+    return send_nudge(caller.project, caller.conn, sender=caller.name, agent=str(args["agent"]),
+                      message=args.get("message"))
+
+
+def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory import status as core
+
+    return core.collect(caller.conn, include_completed=bool(args.get("all")))
+
+
+def sling(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.spawn import SLINGING_CAPABILITIES, SlingRequest
+    from overstory.agents.spawn import sling as do_sling
+
+    if caller.agent.capability not in SLINGING_CAPABILITIES:
+        raise NotPermitted(f"{caller.name} is a {caller.agent.capability}: only coordinator and lead agents may "
+                           "sling; ask your parent with `ov mail send --type question` instead")
+    request = SlingRequest(capability=str(args["capability"]), task_id=str(args["task_id"]), name=args.get("name"),
+                           prompt=args.get("prompt"), files=list(args.get("files") or []), parent=args.get("parent"),
+                           runtime=args.get("runtime"), model=args.get("model"), base_branch=args.get("base_branch"),
+                           scenario_text=args.get("scenario_text"), tmux=args.get("tmux"))
+    return do_sling(caller.project, _config(caller), caller.conn, request, caller.environ()).as_dict()
+
+
+def _descendant(caller: Caller, name: str) -> Session:
+    from overstory.agents.hierarchy import is_descendant
+    from overstory.errors import AgentNotFound
+    from overstory.store import sessions
+
+    target = sessions.get(caller.conn, name)
+    if target is None:
+        raise AgentNotFound(f"no agent named {name!r}")
+    if name == caller.name or not is_descendant(caller.conn, name, caller.name):
+        raise NotPermitted(f"{caller.name} may only stop its own descendants; {name} is not one of them")
+    return target
+
+
+def stop(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.stop import stop_agent
+
+    target = _descendant(caller, str(args["agent"]))
+    config = _config(caller)
+    result = stop_agent(caller.project, caller.conn, target.name, force=bool(args.get("force")),
+                        clean=bool(args.get("clean")), kill_grace=config.turns.kill_grace,
+                        fallback_base=config.project.canonical_branch, actor=caller.name)
+    return result.as_dict()
+
+
+def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> str:
+    """The agent whose branch a merger may merge: its own, or one under its parent."""
+    from overstory.agents.hierarchy import is_descendant
+    from overstory.store import sessions
+
+    me = caller.agent
+    if agent_name is None and branch is not None:
+        row = caller.conn.execute("SELECT name FROM sessions WHERE branch = ? ORDER BY generation DESC",
+                                  (branch,)).fetchone()
+        if row is None:
+            raise NotPermitted(f"{me.name} may merge only agents' branches; {branch} belongs to no agent")
+        agent_name = row["name"]
+    assert agent_name is not None
+    target = sessions.get(caller.conn, agent_name)
+    if target is None:
+        raise NotPermitted(f"{me.name} may merge only agents' branches; there is no agent {agent_name!r}")
+    owner = me.parent
+    if target.name != me.name and not (owner == "operator" or is_descendant(caller.conn, target.name, owner)):
+        raise NotPermitted(f"{me.name} may merge only its own branch or branches of agents under {owner}; "
+                           f"{target.name} is not one of them")
+    return target.name
+
+
+def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.merge.queue import merge_one, target_for
+    from overstory.store import sessions
+
+    me = caller.agent
+    if me.capability != "merger":
+        raise NotPermitted(f"{me.name} is a {me.capability}: only merger agents may run `ov merge`; report "
+                           "merge_ready to your parent instead")
+    if args.get("all"):
+        raise NotPermitted("`ov merge --all` works through the whole project's queue: only the operator runs it")
+    if bool(args.get("agent")) == bool(args.get("branch")):
+        raise UsageError("name exactly one of: an AGENT or --branch B")
+    name = _mergeable(caller, args.get("agent"), args.get("branch"))
+    config = _config(caller)
+    target = target_for(sessions.get(caller.conn, name), config, args.get("into"))
+    if target != me.base_branch:
+        raise NotPermitted(f"{me.name} may merge only into its own base branch {me.base_branch!r}, not {target!r}")
+    report = merge_one(caller.project, config, caller.conn, agent_name=name, into=target,
+                       dry_run=bool(args.get("dry_run")), tier_max=args.get("tier_max"), sender=me.name)
+    return report.as_dict()
+
+
+ROUTES: dict[str, Route] = {
+    "mail.send": mail_send,
+    "mail.check": mail_check,
+    "mail.list": mail_list,
+    "mail.read": mail_read,
+    "mail.reply": mail_reply,
+    "nudge": nudge,
+    "status": status,
+    "sling": sling,
+    "stop": stop,
+    "merge": merge,
+}
