@@ -156,7 +156,7 @@ def start_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection,
     env = turn_environment(environ, agent, project, launch_tag(generation), {**provider_env, **secret})
     for key, value in tui.extra_env.items():
         env.setdefault(key, value)
-    prepared = sandbox.prepare_turn(project, config, agent, argv, env, tty=True)
+    prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=environ, tty=True)
     cwd = agent.worktree or str(project.root)
     path = launch_file(project, name)
     _write_launch_file(path, prepared.argv, prepared.env, cwd)

@@ -161,7 +161,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                                     run_dir=project.run_dir / agent.name,
                                                     at_project_root=not agent.worktree, scenario=scenario), config)
         env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
-        prepared = sandbox.prepare_turn(project, config, agent, argv, env)
+        prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=base_env)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
         return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
     except OSError as exc:

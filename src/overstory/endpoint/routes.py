@@ -9,8 +9,10 @@ taken from its row, never from the request:
 - ``status``: read-only, for everyone;
 - ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
 - ``stop``: only the caller's own descendants;
-- ``merge``: mergers only, only branches of agents under the merger's own parent, and only
-  into the merger's own base branch; ``--all`` (the whole project's queue) is the operator's.
+- ``merge``: the coordinator (its role merges what its builders finish) and mergers; only
+  branches of agents below the coordinator, or below a merger's parent (and the merger's own),
+  and only into the caller's own base branch; ``--all`` (the whole project's queue) is the
+  operator's.
 
 Heavy modules (spawn, merge) are imported inside the routes, so the loop that serves
 them starts light.
@@ -136,8 +138,12 @@ def stop(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     return result.as_dict()
 
 
+MERGING_CAPABILITIES = frozenset({"coordinator", "merger"})
+
+
 def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> str:
-    """The agent whose branch a merger may merge: its own, or one under its parent."""
+    """The agent whose branch the caller may merge: for a coordinator one below it; for a merger its
+    own, or one below its parent (the agent that asked for the merge)."""
     from overstory.agents.hierarchy import is_descendant
     from overstory.store import sessions
 
@@ -152,10 +158,11 @@ def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> st
     target = sessions.get(caller.conn, agent_name)
     if target is None:
         raise NotPermitted(f"{me.name} may merge only agents' branches; there is no agent {agent_name!r}")
-    owner = me.parent
-    if target.name != me.name and not (owner == "operator" or is_descendant(caller.conn, target.name, owner)):
-        raise NotPermitted(f"{me.name} may merge only its own branch or branches of agents under {owner}; "
-                           f"{target.name} is not one of them")
+    owner = me.name if me.capability == "coordinator" else me.parent
+    own = target.name == me.name and me.capability == "merger"
+    if not own and not (owner == "operator" or is_descendant(caller.conn, target.name, owner)):
+        raise NotPermitted(f"{me.name} may merge only branches of agents under {owner}"
+                           f"{' (and its own)' if me.capability == 'merger' else ''}; {target.name} is not one of them")
     return target.name
 
 
@@ -164,9 +171,9 @@ def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.store import sessions
 
     me = caller.agent
-    if me.capability != "merger":
-        raise NotPermitted(f"{me.name} is a {me.capability}: only merger agents may run `ov merge`; report "
-                           "merge_ready to your parent instead")
+    if me.capability not in MERGING_CAPABILITIES:
+        raise NotPermitted(f"{me.name} is a {me.capability}: only the coordinator and merger agents may run "
+                           "`ov merge`; report merge_ready to your parent instead")
     if args.get("all"):
         raise NotPermitted("`ov merge --all` works through the whole project's queue: only the operator runs it")
     if bool(args.get("agent")) == bool(args.get("branch")):

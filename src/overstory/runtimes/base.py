@@ -220,8 +220,8 @@ class Runtime(abc.ABC):
         """
         return None
 
-    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str]) -> None:
-        """Create (and seed) the state dir before a turn, outside the sandbox."""
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
+        """Create (and seed) the state dir before a turn, outside the sandbox; ``cwd`` is where the agent works."""
         state_dir.mkdir(parents=True, exist_ok=True)
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:

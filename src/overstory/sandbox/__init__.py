@@ -65,15 +65,17 @@ class Prepared:
 
 
 def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.Sequence[str],
-                 env: t.Mapping[str, str], *, tty: bool = False) -> Prepared:
-    """Housekeeping for ``agent``'s next turn and the command line that runs ``argv`` in its sandbox.
+                 env: t.Mapping[str, str], *, launch_env: t.Mapping[str, str], tty: bool = False) -> Prepared:
+    """Housekeeping for ``agent``'s next turn and the command line that runs ``argv`` (with the turn's
+    ``env``) in its sandbox.
 
-    ``tty``: the command is a TUI that needs its terminal (tmux mode).
+    ``launch_env``: the environment the agent was slung from (the runtime seeds its state dir from
+    the user's own config there). ``tty``: the command is a TUI that needs its terminal (tmux mode).
     """
     runtime = get_runtime(agent.runtime)
     layout = layout_for(project, agent, runtime)
     if layout.state_dir is not None:
-        runtime.prepare_state(layout.state_dir, env)
+        runtime.prepare_state(layout.state_dir, launch_env, layout.cwd)
     mode = effective_mode(config)
     if mode.name == "off":
         return Prepared(list(argv), dict(env), layout, False, gitrefs.TakeBack("none"))

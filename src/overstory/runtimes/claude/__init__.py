@@ -49,9 +49,11 @@ def agent_flags(run_dir: Path, instructions_file: str, settings_file: str) -> li
     return flags
 
 
-def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str]) -> None:
+def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
     """Give an agent's own CLAUDE_CONFIG_DIR what it needs from the user's: the login and the
-    answers to first-run questions. Nothing else is copied (no settings, no MCP servers)."""
+    answers to first-run questions. Nothing else is copied (no settings, no MCP servers). The
+    directory it works in is marked trusted: ov created it (or it is the project the user slung
+    the agent in)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     source_dir = Path(environ["CLAUDE_CONFIG_DIR"]) if environ.get("CLAUDE_CONFIG_DIR") else None
     home = Path(environ.get("HOME") or Path.home())
@@ -78,8 +80,11 @@ def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str]) -> None:
     except (OSError, ValueError):
         own = {}
     wanted = {key: source[key] for key in SEEDED_KEYS if isinstance(source, dict) and key in source}
-    if any(own.get(key) != value for key, value in wanted.items()):
+    projects = own.get("projects") if isinstance(own.get("projects"), dict) else {}
+    project = projects.get(str(cwd)) if isinstance(projects.get(str(cwd)), dict) else {}
+    if any(own.get(key) != value for key, value in wanted.items()) or not project.get("hasTrustDialogAccepted"):
         own.update(wanted)
+        own["projects"] = {**projects, str(cwd): {**project, "hasTrustDialogAccepted": True}}
         own_json.write_text(json.dumps(own, indent=2), encoding="utf-8")
 
 
@@ -151,8 +156,8 @@ class ClaudeRuntime(Runtime):
     def state_dir(self, run_dir: Path) -> Path | None:
         return run_dir / STATE_DIR_NAME
 
-    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str]) -> None:
-        seed_config_dir(state_dir, environ)
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
+        seed_config_dir(state_dir, environ, cwd)
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         return hook_settings(ov_command, tmux_mode=tmux_mode)

@@ -37,7 +37,7 @@ class ScriptedRuntime(ClaudeRuntime):
     def state_dir(self, run_dir: Path) -> Path | None:
         return run_dir / "scripted"
 
-    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str]) -> None:
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
 
     @property
