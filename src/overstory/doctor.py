@@ -71,6 +71,21 @@ def check_runtimes(config: Config | None) -> list[Check]:
     return checks
 
 
+def check_sandbox(config: Config) -> Check:
+    """Whether every turn runs inside bubblewrap (README "Security")."""
+    from overstory.sandbox import OFF_WARNING, effective_mode
+    from overstory.sandbox.probe import INSTALL_HINT
+
+    try:
+        mode = effective_mode(config)
+    except OrchestratorError as exc:
+        return Check("sandbox", FAIL, str(exc), INSTALL_HINT)
+    if mode.name == "off":
+        return Check("sandbox", WARN, f"{OFF_WARNING} ({mode.reason})",
+                     "" if config.sandbox.mode == "off" else INSTALL_HINT)
+    return Check("sandbox", OK, f"every turn runs in bubblewrap ({mode.reason})")
+
+
 def check_database(path: Path, expected_version: int) -> Check:
     name = path.name
     if not path.exists():
@@ -115,6 +130,8 @@ def run_checks(project_option: str | None = None) -> list[Check]:
     except OrchestratorError as exc:
         checks.append(Check("config", FAIL, str(exc), "fix the key named above, or compare with `ov config --defaults`"))
     checks.extend(check_runtimes(config))
+    if config is not None:
+        checks.append(check_sandbox(config))
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS)))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS)))
     return checks

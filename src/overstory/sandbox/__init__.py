@@ -21,7 +21,8 @@ from overstory.runtimes import get_runtime
 from overstory.sandbox import gitrefs
 from overstory.sandbox.bwrap import build_argv
 from overstory.sandbox.layout import Layout, layout_for
-from overstory.sandbox.probe import INSTALL_HINT, probe
+from overstory.sandbox.probe import INSTALL_HINT
+from overstory.sandbox.probe import probe as probe_bwrap
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -47,7 +48,7 @@ def effective_mode(config: Config) -> Mode:
     wanted = config.sandbox.mode
     if wanted == "off":
         return Mode("off", "sandbox.mode: off")
-    found = probe()
+    found = probe_bwrap()
     if found.ok:
         return Mode("bwrap", found.detail)
     if wanted == "bwrap":
@@ -88,7 +89,7 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
     if not layout.writer:
         inside["GIT_OPTIONAL_LOCKS"] = "0"  # a read-only tree: git need not even try to refresh an index
         inside["PYTHONDONTWRITEBYTECODE"] = "1"
-    found = probe()
+    found = probe_bwrap()
     assert found.path is not None
     wrapped = build_argv(found.path, layout, argv, network=config.sandbox.network_for(agent.capability), tty=tty,
                          tmp_size_mb=config.sandbox.tmp_size_mb, writable=config.sandbox.writable)
