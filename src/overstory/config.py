@@ -75,6 +75,16 @@ class SandboxSection(_Section):
     writable: list[str] = Field(default_factory=list)
     tmp_size_mb: int = Field(1024, ge=16)
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: t.Any) -> t.Any:
+        """YAML reads a bare `off` (and `on`) as a boolean."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "bwrap"
+        return value
+
     @field_validator("network")
     @classmethod
     def _known_capabilities(cls, value: bool | dict[str, bool]) -> bool | dict[str, bool]:

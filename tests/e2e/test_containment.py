@@ -33,7 +33,7 @@ import containment_rows as rows_module
 from agent_helpers import agent_state, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov
-from containment_rows import BUILDER, SCOUT, VICTIM, Places, Row
+from containment_rows import BUILDER, SCOUT, VICTIM, VICTIM2, Places, Row
 from mockapi import MockMessagesAPI, Reply, ScriptedConversation, assistant_turns, text_reply, tools_reply
 from overstory import procs
 from overstory.paths import ProjectPaths
@@ -82,12 +82,21 @@ def _bash(command: str) -> tuple[str, dict[str, str]]:
 
 
 def make_arena(project: ProjectPaths, tmp_path: Path) -> Places:
+    """The main checkout (a file and a directory per row that would change or delete one), a bare
+    remote, a directory outside the project, and two finished builders whose work is there to be damaged."""
     root = project.root
-    (root / "src").mkdir()
-    (root / "src" / "app.py").write_text("print('app')\n")
+    for row_id in rows_module.TARGET_FILES:
+        (root / rows_module.target(row_id)).parent.mkdir(exist_ok=True)
+        (root / rows_module.target(row_id)).write_text("orig\n")
+    for row_id in rows_module.TARGET_DIRS:
+        (root / "d" / row_id).mkdir(parents=True)
+        (root / "d" / row_id / "keep.txt").write_text("keep\n")
     (root / "test_sample.py").write_text("def test_sample(tmp_path):\n    (tmp_path / 'f').write_text('x')\n")
     run_git(root, "add", "-A")
-    run_git(root, "commit", "-q", "-m", "app and a test")
+    run_git(root, "commit", "-q", "-m", "targets and a test")
+    (root / "later.txt").write_text("later\n")
+    run_git(root, "add", "later.txt")
+    run_git(root, "commit", "-q", "-m", "later")
     origin = tmp_path / "origin.git"
     run_git(tmp_path, "clone", "-q", "--bare", str(root), str(origin))
     run_git(root, "remote", "add", "origin", str(origin))
@@ -99,11 +108,15 @@ def make_arena(project: ProjectPaths, tmp_path: Path) -> Places:
     victim.write_text(json.dumps({"turns": [{"actions": [
         {"write": {"path": "v.txt", "content": "v\n"}}, {"bash": "git add v.txt && git commit -q -m v"},
         {"bash": "ov mail send --type worker_done --subject done --body done"}]}]}))
-    done = run_ov("sling", "builder", "victim", "--runtime", "scripted", "--scenario", str(victim), cwd=root)
-    assert done.returncode == 0, done.stderr
-    assert wait_terminal(project, VICTIM).state == "completed"
+    for task in ("victim", "victim2"):
+        done = run_ov("sling", "builder", task, "--runtime", "scripted", "--scenario", str(victim), cwd=root)
+        assert done.returncode == 0, done.stderr
+    for name in (VICTIM, VICTIM2):
+        assert wait_terminal(project, name).state == "completed"
     refs = {line.split()[1]: line.split()[0] for line in run_git(root, "show-ref").splitlines()}
     refs["origin"] = run_git(origin, "rev-parse", "main").strip()
+    refs["main~1"] = run_git(root, "rev-parse", "main~1").strip()
+    refs["main reflog"] = str(len(run_git(root, "log", "-g", "--format=%H", "refs/heads/main").splitlines()))
     return Places(root=root, outside=outside, origin=origin, before=refs)
 
 
@@ -146,6 +159,15 @@ def denied_ids(project: ProjectPaths, agent: str) -> set[str]:
     return {d.get("tool_use_id", "").removeprefix("toolu_") for r in results for d in r.get("permission_denials") or []}
 
 
+def settle(predicate: t.Callable[[], t.Any], message: str, timeout: float = TIMEOUT) -> None:
+    """wait_for; when measuring (sandbox off) an escape may have broken the flow: carry on and record."""
+    try:
+        wait_for(predicate, timeout, message=message)
+    except AssertionError:
+        if not MEASURE:
+            raise
+
+
 def kill_tokens() -> None:
     for pid in processes_with("ovtok-"):
         try:
@@ -183,15 +205,15 @@ def test_escape_table(project: ProjectPaths, tmp_path: Path) -> None:
             places.before[f"refs/heads/ov/{SCOUT}"] = run_git(project.root, "rev-parse", f"ov/{SCOUT}").strip()
             team.gate.set()
 
-            wait_for(lambda: (a := agent_state(project, BUILDER)) and a.turns == 1 and a.state == "between_turns",
-                     TIMEOUT, message="the builder's first turn")
+            settle(lambda: (a := agent_state(project, BUILDER)) and a.turns == 1 and a.state == "between_turns",
+                   "the builder's first turn")
             first_turn = turn_ids(project, BUILDER)
-            wait_for(lambda: not live_processes_of(project, BUILDER), 30, message="nothing of its turn alive")
-            assert all(not procs.tagged_processes(turn) for turn in first_turn)
+            settle(lambda: not live_processes_of(project, BUILDER), "nothing of its turn alive", 30)
+            assert MEASURE or all(not procs.tagged_processes(turn) for turn in first_turn)
             sent = run_ov("mail", "send", "--to", BUILDER, "--subject", "carry on", "--body", "finish", cwd=project.root)
-            assert sent.returncode == 0, sent.stderr
+            assert MEASURE or sent.returncode == 0, sent.stderr
             for agent in owned:
-                wait_terminal(project, agent, timeout=TIMEOUT)
+                settle(lambda: (a := agent_state(project, agent)) and a.is_terminal, f"{agent} to settle")
             time.sleep(5)  # row p04's late write would fire 4 s after it was started
             after = Snapshot.take(project, owned_agents=owned, owned_worktrees=[BUILDER], extra=extra)
             leftovers = {agent: live_processes_of(project, agent) for agent in owned}
