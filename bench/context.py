@@ -30,6 +30,7 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig6_watch_rounds": (10, 4),
     "fig7_agents": (50, 25),
     "fig7_runs": (3, 1),
+    "fig8_rounds": (30, 8),
 }
 
 

@@ -55,7 +55,7 @@ def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
                     body=str(args.get("body") or ""), type=str(args.get("type") or "status"),
                     priority=str(args.get("priority") or "normal"), payload=args.get("payload"),
                     reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
-                    env=caller.environ())
+                    env=caller.environ(), events=caller.events)
     rows = caller.conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) "
                                "ORDER BY id", ids).fetchall() if ids else []
     return {"ids": ids, "to": [r["recipient"] for r in rows]}
@@ -83,7 +83,7 @@ def mail_read(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 def mail_reply(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     sender = _sender(caller, args)
     new_id = mail.reply(caller.conn, int(args["id"]), sender=sender, body=str(args.get("body") or ""),
-                        env=caller.environ())
+                        env=caller.environ(), events=caller.events)
     return {"id": new_id, "reply_to": int(args["id"])}
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import queue
 import secrets
 import socket
 import socketserver
@@ -43,12 +44,13 @@ MAX_REQUEST_BYTES = 4 << 20  # a mail body is at most 1 MiB
 
 @dataclass
 class Caller:
-    """The agent a request comes from (its row as it is now) and a connection for the request."""
+    """The agent a request comes from (its row as it is now) and connections for the request."""
 
     project: ProjectPaths
     agent: Session
     conn: sqlite3.Connection
     launch_env: t.Mapping[str, str] = field(default_factory=dict)
+    events: sqlite3.Connection | None = None
 
     @property
     def name(self) -> str:
@@ -143,6 +145,7 @@ class AgentEndpoint:
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._pool: queue.SimpleQueue[tuple[sqlite3.Connection, sqlite3.Connection]] = queue.SimpleQueue()
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> AgentEndpoint:
@@ -178,6 +181,9 @@ class AgentEndpoint:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        while not self._pool.empty():
+            for conn in self._pool.get():
+                conn.close()
         try:
             self.path.unlink()
         except OSError:
@@ -205,7 +211,7 @@ class AgentEndpoint:
         if handler is None:
             return 404, {"ok": False, "error": f"ov has no endpoint route {route!r}", "exit_code": 2}
         try:
-            conn = open_state(self.project.state_db)
+            conn, events = self._connections()
         except OrchestratorError as exc:
             return 503, {"ok": False, "error": str(exc), "exit_code": 1}
         try:
@@ -213,7 +219,7 @@ class AgentEndpoint:
             if agent is None or agent.generation != self.generation or agent.is_terminal:
                 return 403, {"ok": False, "error": f"{self.name} (generation {self.generation}) is no longer active",
                              "exit_code": 1}
-            result = handler(Caller(self.project, agent, conn, self.launch_env), args)
+            result = handler(Caller(self.project, agent, conn, self.launch_env, events), args)
             return 200, {"ok": True, "result": result}
         except NotPermitted as exc:
             self._record_refusal(route, str(exc))
@@ -226,7 +232,26 @@ class AgentEndpoint:
             return 500, {"ok": False, "error": f"internal error in {route}: {type(exc).__name__}: {exc}",
                          "exit_code": 1}
         finally:
+            self._release(conn, events)
+
+    def _connections(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+        """A state.db and an events.db connection for one request, from the pool (opening costs milliseconds)."""
+        try:
+            return self._pool.get_nowait()
+        except queue.Empty:
+            state = open_state(self.project.state_db, shared=True)
+            try:
+                return state, open_events(self.project.events_db, shared=True)
+            except BaseException:
+                state.close()
+                raise
+
+    def _release(self, conn: sqlite3.Connection, events: sqlite3.Connection) -> None:
+        if conn.in_transaction:  # a route that failed mid-transaction: never hand that to the next request
             conn.close()
+            events.close()
+            return
+        self._pool.put((conn, events))
 
     def _record_refusal(self, route: str, reason: str) -> None:
         from overstory.store import events as event_store

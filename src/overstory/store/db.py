@@ -19,10 +19,14 @@ from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS, Migr
 
 BUSY_TIMEOUT_MS = 10_000
 
-def connect(path: Path, migrations: t.Sequence[Migration]) -> sqlite3.Connection:
-    """Open ``path`` with the project's pragmas and bring its schema up to date."""
+def connect(path: Path, migrations: t.Sequence[Migration], *, shared: bool = False) -> sqlite3.Connection:
+    """Open ``path`` with the project's pragmas and bring its schema up to date.
+
+    ``shared``: the connection may be handed from thread to thread (one at a time), e.g. by a pool.
+    """
     try:
-        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=not shared)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc
     conn.row_factory = sqlite3.Row
@@ -100,9 +104,9 @@ def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection
     conn.execute("COMMIT")
 
 
-def open_state(path: Path) -> sqlite3.Connection:
-    return connect(path, STATE_MIGRATIONS)
+def open_state(path: Path, *, shared: bool = False) -> sqlite3.Connection:
+    return connect(path, STATE_MIGRATIONS, shared=shared)
 
 
-def open_events(path: Path) -> sqlite3.Connection:
-    return connect(path, EVENTS_MIGRATIONS)
+def open_events(path: Path, *, shared: bool = False) -> sqlite3.Connection:
+    return connect(path, EVENTS_MIGRATIONS, shared=shared)
