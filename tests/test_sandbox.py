@@ -289,3 +289,27 @@ def test_take_back_refuses_what_is_not_a_commit_and_never_moves_a_branch_that_mo
     run_git(project.root, "update-ref", "refs/heads/ov/builder-tb", base)
     assert gitrefs.take_back(layout).status == "moved" and tip() == inside
     assert gitrefs.take_back(layout).status == "unchanged"
+
+
+@requires_bwrap
+def test_network_off_for_a_capability_still_reaches_its_endpoint(project: ProjectPaths) -> None:
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    probe_net = (f"python3 -c \"import urllib.request,sys\ntry:\n urllib.request.urlopen('{url}', timeout=5)\n"
+                 " print('NET-OPEN')\nexcept OSError as e:\n print('NET-CLOSED', e)\"")
+    try:
+        off = sling_scripted(project, "off", [{"actions": [{"bash": probe_net}, REPORT]}],
+                             env={"OV_SANDBOX_NETWORK": '{"default": true, "builder": false}'})
+        on = sling_scripted(project, "on", [{"actions": [{"bash": probe_net}, REPORT]}])
+        for name in (off, on):
+            assert wait_terminal(project, name).state == "completed"  # its worker_done went through the endpoint
+    finally:
+        server.shutdown()
+    output = {name: "\n".join(p.read_text() for p in (project.logs_dir / name).glob("*/stdout.ndjson"))
+              for name in (off, on)}
+    assert '"content": "NET-CLOSED' in output[off] and '"content": "NET-OPEN' not in output[off]
+    assert '"content": "NET-OPEN' in output[on]
