@@ -313,3 +313,27 @@ def test_network_off_for_a_capability_still_reaches_its_endpoint(project: Projec
               for name in (off, on)}
     assert '"content": "NET-CLOSED' in output[off] and '"content": "NET-OPEN' not in output[off]
     assert '"content": "NET-OPEN' in output[on]
+
+
+@requires_bwrap
+def test_a_graceful_stop_reaches_the_command_inside_not_bwraps_reaper(tmp_path: Path) -> None:
+    from overstory import procs
+    from overstory.sandbox.probe import probe
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    script = f"trap 'echo terminated > {shared}/marker; exit 0' TERM; touch {shared}/ready; while :; do sleep 0.1; done"
+    argv = [probe().path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", str(shared), str(shared),
+            "--unshare-pid", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--", "sh", "-c", script]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        from agent_helpers import wait_for
+
+        wait_for(lambda: (shared / "ready").exists(), 20, message="the command to start")
+        assert procs.sandboxed_commands(proc.pid), "the command inside is found under bwrap's reaper"
+        assert procs.kill_group(proc.pid, procs.start_ticks(proc.pid), grace=10)
+        assert (shared / "marker").read_text() == "terminated\n"  # it got SIGTERM and could clean up
+        assert proc.wait(timeout=10) == 0  # bwrap exits with the command's status
+    finally:
+        if proc.poll() is None:
+            proc.kill()
