@@ -30,7 +30,13 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig6_watch_rounds": (10, 4),
     "fig7_agents": (50, 25),
     "fig7_runs": (3, 1),
-    "fig8_rounds": (30, 8),
+    "fig8_agents": (10, 10),
+    "fig8_clients": (20, 20),
+    "fig8_lines": (30, 20),
+    "fig8_runs": (2, 1),
+    "fig8_synthetic_runs": (3, 1),
+    "fig8_idle_seconds": (10, 3),
+    "fig9_rounds": (30, 8),
 }
 
 

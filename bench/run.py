@@ -43,10 +43,11 @@ FIGURES: dict[int, tuple[str, str]] = {
     5: ("fig_agents", "spawn in a 5,000-file repository"),
     6: ("fig_agents", "memory: idle loop, ov watch --once"),
     7: ("fig_agents", "scale: many scripted agents at once (50; 25 with --quick)"),
-    8: ("fig_sandbox", "sandbox start-up per turn, the endpoint's round trip"),
+    8: ("fig_serve", "ov serve: 20 SSE clients while 10 agents run"),
+    9: ("fig_sandbox", "sandbox start-up per turn, the endpoint's round trip"),
 }
 RUNNERS = {1: "run", 2: "run_store", 3: "run_concurrency", 4: "run_watchdog", 5: "run_spawn", 6: "run_memory",
-           7: "run_scale", 8: "run"}
+           7: "run_scale", 8: "run_serve", 9: "run"}
 BUDGET_SECONDS = {"full": 600, "quick": 120}
 
 

@@ -23,9 +23,21 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
+def pinned_version(name: str = "CLAUDE_CODE_VERSION") -> str:
+    """A CLI version pinned in ``.ci/versions`` (the one place versions are pinned)."""
+    for line in (REPO_ROOT / ".ci" / "versions").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    raise KeyError(f"{name} is not pinned in .ci/versions")
+
+
+CLAUDE_CODE_VERSION = pinned_version()
+
 MISSING_MESSAGE = (
-    "real Claude Code CLI not found: run `npm install --prefix .ci/node @anthropic-ai/claude-code`"
-    " or set OV_CLAUDE_BIN"
+    f"real Claude Code CLI not found: run `bash .ci/test` (it installs the pinned {CLAUDE_CODE_VERSION}), or"
+    f" `npm install --prefix .ci/node @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}`, or set OV_CLAUDE_BIN"
 )
 
 # Variables a parent Claude Code session exports; nested-session guards react to them.

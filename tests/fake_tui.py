@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A stand-in for an interactive coding-agent TUI, for tmux-mode tests.
 
-It draws the parts of Claude Code's screen that ov reads (see
-``overstory.agents.tmux.read_screen``): a prompt box between two ``─`` rules whose
+It draws the parts of Claude Code 2.1.330's screen that ov reads (see
+``overstory.runtimes.claude.tui.read_screen``): a prompt box between two ``─`` rules whose
 first line is ``❯`` + no-break space + the typed text, and a footer that says
 ``bypass permissions on`` and, while busy, ``esc to interrupt``. It reads keys from
 its terminal, so it only runs inside a pane (tmux gives it one).
@@ -18,9 +18,10 @@ Everything is controlled by the environment (ov passes its own through):
 - ``FAKE_TUI_LOG``: a file that gets one JSON line per event (``start`` with argv,
   ``hook``, ``prompt``, ``shell``, ``exit``).
 - ``FAKE_TUI_STARTUP``: seconds before the prompt box appears (default 0.2).
-- ``FAKE_TUI_DIALOG``: ``trust`` shows Claude's trust question first (Enter
-  accepts it); ``api_key``, ``bypass``, ``onboarding`` show that screen and
-  Enter exits 1.
+- ``FAKE_TUI_DIALOG``: ``trust`` shows Claude's trust question first ("No, exit"
+  selected: Down then Enter accepts it, Enter alone exits 1); ``api_key``,
+  ``bypass``, ``onboarding`` show that screen and Enter exits 1. The first
+  ``FAKE_TUI_DIALOG_DROP`` key presses (default 1) in a dialog are dropped.
 - ``FAKE_TUI_EXIT``: exit at once with this status after printing a message.
 - ``FAKE_TUI_NEVER_READY``: never show the prompt box.
 - ``FAKE_TUI_BUSY``: seconds each prompt keeps it busy (default 0.3).
@@ -44,27 +45,34 @@ import typing as t
 from pathlib import Path
 
 PROMPT = "❯\u00a0"
-READY_FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle)"
-BUSY_FOOTER = " · esc to interrupt"
+EFFORT_LINE = "◐ medium · /effort"  # right-aligned just above the prompt box
+READY_FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents"
+BUSY_FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt · ← for agents"
 
-DIALOGS: dict[str, list[str]] = {
-    "trust": [
-        " Accessing workspace:", "", " Quick safety check: Is this a project you created or one you trust?", "",
-        " ❯ 1. Yes, I trust this folder", "   2. No, exit", "", " Enter to confirm · Esc to cancel",
-    ],
-    "api_key": [
-        "  Detected a custom API key in your environment", "  Do you want to use this API key?",
-        "    1. Yes", "  ❯ 2. No (recommended)", "  Enter to confirm · Esc to cancel",
-    ],
-    "bypass": [
-        "  WARNING: Claude Code running in Bypass Permissions mode", "",
-        "  ❯ 1. No, exit", "    2. Yes, I accept", "  Enter to confirm · Esc to cancel",
-    ],
-    "onboarding": [
-        " Let's get started.", " Choose the text style that looks best with your terminal",
-        " ❯ 1. Dark mode", "   2. Light mode",
-    ],
+# Start-up dialogs as Claude Code 2.1.330 draws them: a menu without numbers whose first choice
+# is selected; Up/Down move the "❯", Enter picks. Only the trust question's "Yes" lets it go on.
+DIALOGS: dict[str, tuple[list[str], list[str], list[str]]] = {  # name -> (lines above, choices, lines below)
+    "trust": (
+        [" Accessing workspace:", "", " Quick safety check: Is this a project you created or one you trust?", "",
+         " ⚠ This folder configures hooks that can run commands without asking, declared in "
+         ".claude/settings.local.json", ""],
+        ["No, exit", "Yes, I trust this folder"], ["", " Enter to confirm · Esc to cancel"],
+    ),
+    "api_key": (
+        ["  Detected a custom API key in your environment", "  Do you want to use this API key?"],
+        ["Yes", "No (recommended)"], ["  Enter to confirm · Esc to cancel"],
+    ),
+    "bypass": (
+        ["  WARNING: Claude Code running in Bypass Permissions mode", ""],
+        ["No, exit", "Yes, I accept"], ["  Enter to confirm · Esc to cancel"],
+    ),
+    "onboarding": (
+        [" Let's get started.", " Choose the text style that looks best with your terminal"],
+        ["Dark mode", "Light mode"], [],
+    ),
 }
+PROCEED = {("trust", "Yes, I trust this folder")}
+DOWN_KEYS, UP_KEYS = (b"\x1b[B", b"\x1bOB"), (b"\x1b[A", b"\x1bOA")
 
 
 def log(event: str, **fields: t.Any) -> None:
@@ -135,7 +143,8 @@ class Screen:
         else:
             typed = PROMPT + self.input  # long input wraps inside the box, as in the real TUI
             wrapped = [typed[i:i + width] for i in range(0, len(typed), width)]
-            box = ["─" * width, *wrapped, "─" * width, READY_FOOTER + (BUSY_FOOTER if self.busy else "")]
+            box = [EFFORT_LINE.rjust(width - 2), "─" * width, *wrapped, "─" * width,
+                   BUSY_FOOTER if self.busy else READY_FOOTER]
             spinner = [f"✻ Working… ({int(time.monotonic() - self.busy_started)}s)"] if self.busy else []
             room = max(height - len(box) - len(spinner) - 1, 0)
             lines = [*(self.history[-room:] if room else []), *spinner, *box]
@@ -143,17 +152,39 @@ class Screen:
         sys.stdout.flush()
 
 
+def dialog_lines(name: str, selected: int) -> list[str]:
+    above, choices, below = DIALOGS[name]
+    menu = [f" {'❯' if i == selected else ' '} {choice}" for i, choice in enumerate(choices)]
+    return [*above, *menu, *below]
+
+
 def dialog_phase(screen: Screen, name: str) -> None:
-    """Show a start-up dialog until Enter; only the trust question lets the program go on."""
-    screen.draw(DIALOGS[name])
+    """Show a start-up dialog until a choice is picked; only the trust question's Yes lets the program go on.
+
+    The real TUI ignores keys typed in about the first half second after it draws the
+    question; to make that deterministic this one drops the first FAKE_TUI_DIALOG_DROP
+    key presses (default 1)."""
+    choices = DIALOGS[name][1]
+    selected = 1 if name == "api_key" else 0  # the real API key question selects "No (recommended)"
+    screen.draw(dialog_lines(name, selected))
+    to_drop = int(os.environ.get("FAKE_TUI_DIALOG_DROP", "1"))
     while True:
         key = os.read(sys.stdin.fileno(), 64)
-        if b"\r" in key or b"\n" in key:
-            log("dialog", dialog=name, answer="enter")
-            if name != "trust":
+        if to_drop > 0:
+            to_drop -= 1
+            log("dialog_key_dropped", dialog=name, key=key.decode("utf-8", "replace"))
+            continue
+        if any(k in key for k in DOWN_KEYS):
+            selected = min(selected + 1, len(choices) - 1)
+        elif any(k in key for k in UP_KEYS):
+            selected = max(selected - 1, 0)
+        elif b"\r" in key or b"\n" in key:
+            log("dialog", dialog=name, answer=choices[selected])
+            if (name, choices[selected]) not in PROCEED:
                 sys.stdout.write("\x1b[H\x1b[2J exiting\n")
                 sys.exit(1)
             return
+        screen.draw(dialog_lines(name, selected))
 
 
 def submit(screen: Screen, prompt: str, rules: list[dict[str, t.Any]]) -> None:

@@ -176,10 +176,10 @@ def _system_text(request_body: dict[str, t.Any]) -> str:
 def is_side_request(request_body: dict[str, t.Any], headers: t.Mapping[str, str] | None = None) -> bool:
     """True for requests that are not the main agent's conversation.
 
-    Measured with Claude Code 2.1.197 (tests/fixtures/CLAUDE_PROBE_NOTES.md):
-    - sub-agent conversations (the Task tool) carry an ``x-claude-code-agent-id`` header;
-    - the CLI's own side calls (session title generation, which it skips under
-      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1) offer no ``tools`` while still
+    Measured with Claude Code 2.1.197 and 2.1.330 (tests/fixtures/CLAUDE_PROBE_NOTES.md):
+    - sub-agent conversations (the Task/Agent tool) carry an ``x-claude-code-agent-id`` header;
+    - the CLI's own side calls (2.1.197's session title generation, which it skipped under
+      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1; 2.1.330 sends none) offer no ``tools`` while still
       carrying the CLI's marks (``user-agent: claude-cli/...``, ``x-app: cli``, a
       system block starting ``x-anthropic-billing-header``);
     - the main conversation always offers tools and has no agent id.

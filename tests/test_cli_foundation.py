@@ -292,6 +292,21 @@ def test_doctor_json(project: ProjectPaths, capsys: pytest.CaptureFixture[str]) 
     assert code == 0 and json.loads(out)["ok"] is True
 
 
+@pytest.mark.parametrize(("version", "status"), [("2.1.197 (Claude Code)", "warn"), ("2.1.295 (Claude Code)", "ok"),
+                                                ("2.1.330 (Claude Code)", "ok")])
+def test_doctor_warns_about_a_claude_older_than_ov_supports(project: ProjectPaths, tmp_path: Path,
+                                                             version: str, status: str) -> None:
+    fake = tmp_path / "claude"
+    fake.write_text(f"#!/bin/sh\necho '{version}'\n")
+    fake.chmod(0o755)
+    result = run_ov("doctor", "--json", cwd=project.root, env={"OV_RUNTIME_CLAUDE_BIN": str(fake)})
+    (claude,) = [check for check in json.loads(result.stdout)["checks"] if check["name"] == "claude"]
+    assert claude["status"] == status, claude
+    if status == "warn":
+        assert "older than 2.1.295" in claude["detail"] and "HTTP hooks" in claude["detail"]
+        assert "2.1.295" in claude["hint"]
+
+
 def test_doctor_text_has_a_line_per_check(project: ProjectPaths) -> None:
     result = run_ov("doctor", cwd=project.root)
     assert result.returncode == 0

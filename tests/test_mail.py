@@ -420,8 +420,13 @@ def test_purge_keeps_undelivered_mail_of_active_agents(state_db):
     day = 86_400_000
     # Nothing is older than a day yet.
     assert mail.purge(state_db, day) == 0
-    deleted = mail.purge(state_db, day, now=read_old.created_at + 2 * day)
-    assert deleted == 2  # the read message and the unread one to a completed agent
+    later = read_old.created_at + 2 * day
+    # Without include_unread only read mail goes: unread mail is never deleted by default.
+    assert mail.purge(state_db, day, now=later) == 1
+    assert {m.subject for m in mail.list_messages(state_db, limit=None)} == {"waiting", "claimed", "never read"}
+    assert mail.count_unread_older(state_db, day, now=later) == 3
+    deleted = mail.purge(state_db, day, include_unread=True, now=later)
+    assert deleted == 1  # the unread one to a completed agent
     left = {m.subject for m in mail.list_messages(state_db, limit=None)}
     assert left == {"waiting", "claimed"}
     assert mail.get(state_db, waiting.id) is not None and mail.get(state_db, in_flight.id) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -35,9 +36,16 @@ def add_agent(state_db, name: str, *, capability: str = "builder", state: str | 
         assert sessions.transition(state_db, name, generation, state, actor="test").ok
 
 
+SENT_LINE = re.compile(r"^sent #(\d+) (?:\(nudge\) )?to (\S+)$")
+
+
 def sent_ids(result) -> list[int]:
+    """The ids in `sent #ID to NAME` lines (every line of the output must be one)."""
     assert result.exit_code == 0, (result.output, result.exception)
-    return [int(line) for line in result.output.split()]
+    lines = result.output.splitlines()
+    matches = [SENT_LINE.match(line) for line in lines]
+    assert lines and all(matches), result.output
+    return [int(m.group(1)) for m in matches if m]
 
 
 # ---- the checks named in the issue, as real processes ---------------------------------
@@ -49,7 +57,9 @@ def test_send_then_check_shows_it_once(project):
     first = run_ov("mail", "check", "--json", cwd=project.root)
     assert first.returncode == 0, first.stderr
     messages = json.loads(first.stdout)
-    assert [(m["id"], m["subject"], m["body"], m["from"]) for m in messages] == [(int(sent.stdout), "hi", "there", "operator")]
+    assert sent.stdout.startswith("sent #") and sent.stdout.rstrip().endswith(" to operator")
+    sent_id = int(sent.stdout.split("#")[1].split()[0])
+    assert [(m["id"], m["subject"], m["body"], m["from"]) for m in messages] == [(sent_id, "hi", "there", "operator")]
     second = run_ov("mail", "check", "--json", cwd=project.root)
     assert json.loads(second.stdout) == []
 
@@ -77,20 +87,21 @@ def test_agent_reports_worker_done_with_nothing_but_subject_and_body(project, st
     add_agent(state_db, "builder-a", parent="lead-1")
     env = {"OVERSTORY_AGENT_NAME": "builder-a", "OVERSTORY_TASK_ID": "task-a", "OVERSTORY_BRANCH": "ov/builder-a"}
     result = run_ov("mail", "send", "--type", "worker_done", "--subject", "done", "--body", "what I did",
-                    cwd=project.root, env=env)
+                    "--json", cwd=project.root, env=env)
     assert result.returncode == 0, result.stderr
-    message = mail.get(state_db, int(result.stdout))
+    [message_id] = json.loads(result.stdout)["ids"]
+    message = mail.get(state_db, message_id)
     assert (message.sender, message.recipient, message.type) == ("builder-a", "lead-1", "worker_done")
     assert message.payload["task_id"] == "task-a" and message.payload["agent"] == "builder-a"
 
 
 def test_stdin_body_round_trips_bytes_exactly(project):
     body = "tabs\tquotes'\"|pipes\r\nCRLF\x00nul\x1b[0m\n\nend 🙂\n"
-    sent = subprocess.run([*ov_command(), "mail", "send", "--to", "operator",
+    sent = subprocess.run([*ov_command(), "mail", "send", "--to", "operator", "--json",
                            "--subject", "stdin", "--body", "-"], cwd=project.root, input=body.encode(),
                           capture_output=True)
     assert sent.returncode == 0, sent.stderr
-    read = run_ov("mail", "read", sent.stdout.decode().strip(), "--json", cwd=project.root)
+    read = run_ov("mail", "read", str(json.loads(sent.stdout)["ids"][0]), "--json", cwd=project.root)
     assert json.loads(read.stdout)["body"] == body
 
 
@@ -216,7 +227,18 @@ def test_purge(ov, state_db):
     state_db.execute("UPDATE mail SET created_at = created_at - 8 * 86400000")
     sent_ids(ov("mail", "send", "--to", "operator", "--subject", "fresh"))
     result = ov("mail", "purge", "--older-than", "7d", "--json")
-    assert json.loads(result.output) == {"deleted": 1}
+    assert json.loads(result.output) == {"deleted": 0, "unread_kept": 1}, "unread mail is never purged by default"
+    plain = ov("mail", "purge", "--older-than", "7d")
+    assert plain.output.strip() == ("Deleted 0 messages older than 7d. Kept 1 unread "
+                                    "(--include-unread deletes those too).")
+    mail.unread(state_db, "operator")  # read both
+    sent_ids(ov("mail", "send", "--to", "operator", "--subject", "old but unread"))
+    state_db.execute("UPDATE mail SET created_at = created_at - 8 * 86400000 WHERE subject != 'fresh'")
+    assert ov("mail", "purge", "--older-than", "7d").output.strip() == (
+        "Deleted 1 message older than 7d. Kept 1 unread (--include-unread deletes those too).")
+    assert {m.subject for m in mail.list_messages(state_db)} == {"fresh", "old but unread"}
+    forced = ov("mail", "purge", "--older-than", "7d", "--include-unread", "--json")
+    assert json.loads(forced.output) == {"deleted": 1, "unread_kept": 0}
     assert [m.subject for m in mail.list_messages(state_db)] == ["fresh"]
     assert ov("mail", "purge", "--older-than", "soon").exit_code == 2
     assert ov("mail", "purge").exit_code == 2

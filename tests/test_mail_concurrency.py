@@ -110,7 +110,8 @@ def test_concurrent_real_ov_mail_send(project, state_db):
         results = list(pool.map(send, range(32)))
     for result in results:
         assert result.returncode == 0 and result.stderr == "", result.stderr
-    ids = [int(r.stdout) for r in results]
+    ids = [int(r.stdout.split("#")[1].split()[0]) for r in results]
+    assert all(r.stdout == f"sent #{i} to operator\n" for r, i in zip(results, ids))
     assert len(set(ids)) == 32
     messages = mail.list_messages(state_db, limit=None)
     assert sorted(m.subject for m in messages) == sorted(f"cli-{n}" for n in range(32))

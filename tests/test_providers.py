@@ -36,7 +36,10 @@ def _config(**sections: t.Any) -> Config:
 
 
 def test_plain_models_by_precedence() -> None:
-    assert model_choice(None, "builder", _config(), {}) == (None, {})
+    assert model_choice(None, "builder", _config(), {}) == ("sonnet", {}), "builders default to a cheaper model"
+    assert model_choice(None, "scout", _config(), {}) == ("haiku", {})
+    assert model_choice(None, "lead", _config(), {}) == (None, {}), "other capabilities: the CLI's default"
+    assert model_choice(None, "builder", _config(models={}), {}) == (None, {})
     config = _config(runtime={"model": "sonnet"}, models={"builder": "opus"})
     assert model_choice(None, "builder", config, {}) == ("opus", {})
     assert model_choice(None, "scout", config, {}) == ("sonnet", {})
@@ -133,7 +136,8 @@ def test_each_agent_gets_its_capability_provider_and_nothing_leaks_to_children(t
     for agent, model in (("coordinator", "x"), ("builder-b", "y")):
         for argv in _commands(team, agent):
             assert argv[argv.index("--model") + 1] == model
-    assert all("--model" not in argv for argv in _commands(team, "scout-s"))
+    # Nor its parent's model: the scout gets the default for scouts from `ov init`'s config.
+    assert all(argv[argv.index("--model") + 1] == "haiku" for argv in _commands(team, "scout-s"))
     saved = json.loads((team.run_dir / "scout-s" / "env.json").read_text())
     assert saved["ANTHROPIC_BASE_URL"] == "http://operator.invalid" and "OVERSTORY_AGENT_NAME" not in saved
     conn = open_state(team.state_db)

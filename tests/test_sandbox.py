@@ -70,7 +70,8 @@ def _layout(tmp_path: Path, *, writer: bool) -> Layout:
     return Layout(root=root, ov_dir=root / ".overstory", runs=run.parent, run=run,
                   worktrees=root / ".overstory" / "worktrees", worktree=root / ".overstory" / "worktrees" / "b",
                   cwd=root / ".overstory" / "worktrees" / "b", writer=writer, state_dir=run / "claude",
-                  git_dir=root / ".git", admin_dir=root / ".git" / "worktrees" / "b", branch="ov/b")
+                  git_dir=root / ".git", admin_dir=root / ".git" / "worktrees" / "b", branch="ov/b",
+                  serve_token=root / ".overstory" / "serve-token")
 
 
 def _pairs(argv: list[str], option: str) -> list[str]:
@@ -86,6 +87,8 @@ def test_the_command_line_drops_capabilities_and_mounts_in_order(tmp_path: Path)
         assert flag in argv
     assert "--unshare-net" not in argv
     assert argv[-3:] == ["--", "claude", "-p"] and argv[argv.index("--chdir") + 1] == str(layout.cwd)
+    # `ov serve`'s secret (its API acts as the operator) is masked.
+    assert ("--ro-bind", "/dev/null", str(layout.serve_token)) in list(zip(argv, argv[1:], argv[2:]))
     runs, own_run = str(layout.runs), str(layout.run)
     # Other agents' run dirs (sockets, keys) are hidden: a tmpfs over them, then the own one, read-only.
     assert argv.index(runs) < argv.index(own_run) and own_run in _pairs(argv, "--ro-bind")

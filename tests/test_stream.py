@@ -75,3 +75,29 @@ def test_tool_input_is_trimmed_and_readable():
     assert describe_tool_input("Bash", {"command": "ls -la"}) == "ls -la"
     assert describe_tool_input("Write", {"file_path": "/x/y.py", "content": "z" * 10_000}) == "/x/y.py"
     assert len(describe_tool_input("Other", {"blob": "q" * 10_000})) <= 300
+
+
+def test_two_results_in_one_process_last_decides_and_cost_is_not_added_twice():
+    """A background sub-agent's notification is a second turn in the same process (2.1.330)."""
+    stream, parsed = feed("subagent_turn")
+    results = [p for p in parsed if p.kind == "turn_result"]
+    assert [r.data["result_index"] for r in results] == [0, 1]
+    assert [p.kind for p in parsed].count("turn_start") == 2
+    assert stream.succeeded and stream.result is stream.results[-1]
+    first, second = stream.results
+    input_tokens, output_tokens, cost = stream.usage()
+    # usage is per result (add up); total_cost_usd is the process's running total (take the largest).
+    assert input_tokens == sum(r["usage"]["input_tokens"] + r["usage"]["cache_creation_input_tokens"]
+                               + r["usage"]["cache_read_input_tokens"] for r in (first, second))
+    assert output_tokens == first["usage"]["output_tokens"] + second["usage"]["output_tokens"]
+    assert cost == max(first["total_cost_usd"], second["total_cost_usd"]) > 0
+    assert cost < first["total_cost_usd"] + second["total_cost_usd"]
+
+
+def test_a_failed_last_result_fails_the_turn_after_a_successful_first():
+    stream, parsed = feed("subagent_notification_error")
+    first, second = stream.results
+    assert not first["is_error"] and second["is_error"]
+    assert not stream.succeeded and stream.finished
+    assert stream.failure_kind(resumed=False) == "permanent"  # a 400
+    assert stream.usage().cost_usd == first["total_cost_usd"] > 0

@@ -36,15 +36,16 @@ from overstory.tmux_server import session_name, socket_name
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 NBSP = "\u00a0"
-RULE = "─" * 100
-FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents                ● high · /effort"
-BUSY_FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt · ← for agents     ● high · /effort"
-WELCOME = "╰" + "─" * 60 + "╯"
+RULE = "─" * 120
+FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents"
+BUSY_FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt · ← for agents"
+WELCOME = ["", " ▐▛███▛█   Claude Code v2.1.330", "▝▜██████▀  Opus 5.5 · API Usage Billing", " ▝▝   ▝▝   /work/repo"]
+EFFORT = " " * 100 + "◐ medium · /effort"
 
 
 def claude_screen(*body: str, typed: str = "", footer: str = FOOTER) -> str:
-    """A screen shaped like Claude Code 2.1.197's (captured with tmux capture-pane)."""
-    return "\n".join([WELCOME, *body, RULE, f"❯{NBSP}{typed}", RULE, footer, "", ""])
+    """A screen shaped like Claude Code 2.1.330's at 120x40 (captured with tmux capture-pane)."""
+    return "\n".join([*WELCOME, "", *body, "", EFFORT, RULE, f"❯{NBSP}{typed}", RULE, footer, ""])
 
 
 # --------------------------------------------------------------------------- names
@@ -123,11 +124,13 @@ def test_a_screen_without_the_prompt_box_is_not_idle() -> None:
 
 @pytest.mark.parametrize(("lines", "name", "answerable"), [
     ([" Accessing workspace:", " Quick safety check: Is this a project you created or one you trust?",
-      " ❯ 1. Yes, I trust this folder", "   2. No, exit", " Enter to confirm · Esc to cancel"], "trust", True),
-    (["  WARNING: Claude Code running in Bypass Permissions mode", "  ❯ 1. No, exit", "    2. Yes, I accept"],
+      " ❯ No, exit", "   Yes, I trust this folder", " Enter to confirm · Esc to cancel"], "trust", True),
+    ([" Accessing workspace:", " Quick safety check: Is this a project you created or one you trust?",
+      "   No, exit", " ❯ Yes, I trust this folder", " Enter to confirm · Esc to cancel"], "trust_confirm", True),
+    (["  WARNING: Claude Code running in Bypass Permissions mode", "  ❯ No, exit", "    Yes, I accept"],
      "bypass_warning", False),
-    (["  Detected a custom API key in your environment", "  Do you want to use this API key?", "    1. Yes",
-      "  ❯ 2. No (recommended)"], "api_key", False),
+    (["  Detected a custom API key in your environment", "  Do you want to use this API key?", "    Yes",
+      "  ❯ No (recommended)"], "api_key", False),
     ([" Let's get started.", " Choose the text style that looks best with your terminal", " ❯ 2. Dark mode ✔"],
      "onboarding", False),
 ])
@@ -596,7 +599,11 @@ def test_a_tui_that_cannot_start_fails_the_sling_and_leaves_nothing(tmux_project
 def test_the_trust_question_for_the_new_worktree_is_answered(tmux_project: TmuxProject) -> None:
     tmux_project.sling("t1", dialog="trust")
     assert tmux_project.row("builder-t1").state == "working"
-    assert [e["dialog"] for e in read_log(tmux_project.log) if e["event"] == "dialog"] == ["trust"]
+    log = read_log(tmux_project.log)
+    # "No, exit" is selected first and the first key is dropped (as in 2.1.330): ov types Down again.
+    assert [e["key"] for e in log if e["event"] == "dialog_key_dropped"] == ["\x1b[B"]
+    assert [(e["dialog"], e["answer"]) for e in log if e["event"] == "dialog"] == [("trust",
+                                                                                   "Yes, I trust this folder")]
 
 
 def test_readiness_times_out_with_a_clear_error(tmux_project: TmuxProject) -> None:

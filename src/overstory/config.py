@@ -112,9 +112,18 @@ class SandboxSection(_Section):
         return self.network.get(capability, self.network.get("default", True))
 
 
+class LogsSection(_Section):
+    keep_days: float = Field(14, gt=0)
+
+
 class Provider(_Section):
     base_url: str
     api_key_env: str = "ANTHROPIC_API_KEY"
+
+
+# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
+# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
+DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
 
 
 class Config(_Section):
@@ -125,8 +134,9 @@ class Config(_Section):
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
     sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    logs: LogsSection = Field(default_factory=LogsSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
-    models: dict[str, str] = Field(default_factory=dict)
+    models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -201,11 +211,21 @@ sandbox:
   # Size limit of the sandbox's private /tmp (a tmpfs, so it uses memory), in MiB.
   tmp_size_mb: 1024
 
+logs:
+  # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
+  keep_days: 14
+
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
 providers: {}
 
-# Model per capability: "provider/model" or a plain model alias, e.g. {builder: sonnet}.
-models: {}
+# Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
+# A capability not listed uses runtime.model, else the CLI's default (its most capable and
+# most expensive model). `models: {}` gives every capability the CLI's default.
+models:
+  # Builders write the code: sonnet does it for a fraction of the default's price.
+  builder: sonnet
+  # Scouts only read and report: haiku is enough and cheaper still.
+  scout: haiku
 """
 
 

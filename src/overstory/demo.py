@@ -28,6 +28,20 @@ class DemoOutcome:
     project: Path
     agents: list[sessions.Session]
     seconds: float
+    timeout: float = 0.0
+
+    @property
+    def reasons(self) -> dict[str, str]:
+        """Why each agent that did not complete did not (its state's reason, or that time ran out)."""
+        found = {}
+        for agent in self.agents:
+            if agent.state == "completed":
+                continue
+            why = agent.state_reason or "no reason recorded"
+            if not agent.is_terminal:
+                why = f"still {agent.state} after {self.timeout:g}s ({why})"
+            found[agent.name] = why
+        return found
 
     @property
     def all_completed(self) -> bool:
@@ -54,7 +68,12 @@ def make_demo_repo(directory: Path | None) -> Path:
 
 def run_demo(*, runtime: str, directory: Path | None, timeout: float,
              on_change: t.Callable[[sessions.Session], None] = lambda agent: None,
-             environ: t.Mapping[str, str] | None = None) -> DemoOutcome:
+             environ: t.Mapping[str, str] | None = None, claude_bin: str | None = None) -> DemoOutcome:
+    """Create the repository, sling the team and wait until every agent is terminal or ``timeout`` passes.
+
+    ``claude_bin`` (the operator's ``runtime.claude_bin``) goes into the demo project's
+    config.local.yaml, so the agents' turns start the same program.
+    """
     import os
 
     from overstory.agents.spawn import SlingRequest, sling
@@ -66,6 +85,10 @@ def run_demo(*, runtime: str, directory: Path | None, timeout: float,
     root = make_demo_repo(directory)
     init_project(root)
     project = ProjectPaths(root)
+    if claude_bin:
+        import json
+
+        project.local_config_file.write_text(f"runtime:\n  claude_bin: {json.dumps(claude_bin)}\n", encoding="utf-8")
     environ = dict(os.environ if environ is None else environ)
     for name in list(environ):
         if name.startswith("OVERSTORY_"):
@@ -93,6 +116,6 @@ def run_demo(*, runtime: str, directory: Path | None, timeout: float,
             if all(a.is_terminal for a in agents) or time.monotonic() > deadline:
                 break
             time.sleep(0.25)
-        return DemoOutcome(project=root, agents=agents, seconds=time.monotonic() - started)
+        return DemoOutcome(project=root, agents=agents, seconds=time.monotonic() - started, timeout=timeout)
     finally:
         conn.close()

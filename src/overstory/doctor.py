@@ -65,7 +65,7 @@ def check_runtimes(config: Config | None) -> list[Check]:
     checks = []
     for name in RUNTIME_NAMES:
         probe = get_runtime(name).probe(config)
-        status = {"ok": OK, "missing": WARN}.get(probe.status, FAIL)
+        status = {"ok": OK, "missing": WARN, "outdated": WARN}.get(probe.status, FAIL)
         detail = probe.detail if probe.credentials == "not needed" else f"{probe.detail}; {probe.credentials}"
         checks.append(Check(name, status, detail, probe.hint))
     return checks
@@ -109,6 +109,23 @@ def check_database(path: Path, expected_version: int) -> Check:
     return Check(name, OK, f"integrity ok, schema v{version}")
 
 
+def check_canonical_branch(root: Path, canonical: str) -> Check:
+    """Warn when the branch checked out is not the one merges go to (an `ov init` on another branch)."""
+    from overstory.gitutil import branch_exists, current_branch
+
+    name = "canonical branch"
+    hint = f"set project.canonical_branch in .overstory/config.yaml, or `git switch {canonical}`"
+    if not branch_exists(root, canonical):
+        return Check(name, WARN, f"project.canonical_branch is {canonical!r}, which does not exist", hint)
+    current = current_branch(root)
+    if current is None:
+        return Check(name, WARN, f"HEAD is detached; merges without a base go to {canonical}", hint)
+    if current != canonical:
+        return Check(name, WARN, f"you are on {current}, but merges without a base go to {canonical} "
+                                 "(project.canonical_branch)", hint)
+    return Check(name, OK, f"{canonical} (checked out)")
+
+
 def run_checks(project_option: str | None = None) -> list[Check]:
     from overstory.paths import find_project
     from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
@@ -129,6 +146,8 @@ def run_checks(project_option: str | None = None) -> list[Check]:
         checks.append(Check("config", OK, f"{project.config_file} is valid"))
     except OrchestratorError as exc:
         checks.append(Check("config", FAIL, str(exc), "fix the key named above, or compare with `ov config --defaults`"))
+    if config is not None:
+        checks.append(check_canonical_branch(project.root, config.project.canonical_branch))
     checks.extend(check_runtimes(config))
     if config is not None:
         checks.append(check_sandbox(config))

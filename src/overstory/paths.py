@@ -34,6 +34,11 @@ class ProjectPaths:
         return self.ov_dir / "events.db"
 
     @property
+    def serve_token_file(self) -> Path:
+        """The secret every `ov serve` request must carry (mode 0600, git-ignored)."""
+        return self.ov_dir / "serve-token"
+
+    @property
     def config_file(self) -> Path:
         return self.ov_dir / "config.yaml"
 

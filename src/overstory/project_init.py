@@ -7,29 +7,33 @@ from pathlib import Path
 
 from overstory.config import DEFAULT_CONFIG_YAML
 from overstory.errors import AlreadyInitialized, NotAGitRepository
-from overstory.gitutil import has_commit, repo_toplevel
+from overstory.gitutil import current_branch, has_commit, repo_toplevel
 from overstory.paths import ProjectPaths
 from overstory.resources import shipped_agents_dir, shipped_templates_dir
+from overstory.serve_token import ensure_token
 from overstory.store.db import open_events, open_state
 
+# Everything in .overstory/ is this machine's runtime state except what a team shares:
+# the config, the role definitions and the overlay templates (and this file).
 OV_GITIGNORE = """\
-# Written by `ov init`: runtime state stays out of git.
-*.db
-*.db-wal
-*.db-shm
-*.db-journal
-config.local.yaml
-logs/
-worktrees/
-run/
-locks/
-tmp/
+# Written by `ov init`. Commit config.yaml, agents/, templates/ and this file;
+# everything else here (databases, logs, worktrees, run/, locks/,
+# config.local.yaml) is this machine's runtime state and stays out of git.
+/*
+!/.gitignore
+!/config.yaml
+!/agents/
+!/templates/
 """
+SHARED = (".overstory/config.yaml", ".overstory/agents/", ".overstory/templates/", ".overstory/.gitignore")
+DEFAULT_BRANCH = "main"
 
 
 @dataclass
 class InitReport:
     root: Path
+    canonical_branch: str = DEFAULT_BRANCH
+    branch_detected: bool = True
     created: list[str] = field(default_factory=list)
     overwritten: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
@@ -42,10 +46,11 @@ def init_project(start: Path, *, force: bool = False) -> InitReport:
     project = ProjectPaths(root)
     if project.is_initialized() and not force:
         raise AlreadyInitialized(f"{project.ov_dir} already exists; use `ov init --force` to restore missing or edited files")
-    report = InitReport(root=root)
+    branch = current_branch(root)
+    report = InitReport(root=root, canonical_branch=branch or DEFAULT_BRANCH, branch_detected=branch is not None)
     project.ov_dir.mkdir(exist_ok=True)
     files: dict[Path, str] = {
-        project.config_file: DEFAULT_CONFIG_YAML,
+        project.config_file: config_text(report.canonical_branch),
         project.ov_dir / ".gitignore": OV_GITIGNORE,
     }
     for source_dir, target_dir in ((shipped_agents_dir(), project.agents_dir), (shipped_templates_dir(), project.templates_dir)):
@@ -56,6 +61,8 @@ def init_project(start: Path, *, force: bool = False) -> InitReport:
         _write_unless_edited(path, text, force=force, report=report, root=root)
     for folder in (project.worktrees_dir, project.logs_dir, project.locks_dir, project.run_dir):
         folder.mkdir(exist_ok=True)
+    if ensure_token(project).created:
+        report.created.append(str(project.serve_token_file.relative_to(root)))
     for opener, path in ((open_state, project.state_db), (open_events, project.events_db)):
         existed = path.exists()
         opener(path).close()
@@ -81,3 +88,15 @@ def _write_unless_edited(path: Path, text: str, *, force: bool, report: InitRepo
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
+
+
+def config_text(canonical_branch: str) -> str:
+    """The config file `ov init` writes: the defaults, with the repository's branch as canonical."""
+    import json
+
+    import yaml
+
+    value = canonical_branch if yaml.safe_load(canonical_branch) == canonical_branch else json.dumps(canonical_branch)
+    old = f"  canonical_branch: {DEFAULT_BRANCH}\n"
+    assert old in DEFAULT_CONFIG_YAML
+    return DEFAULT_CONFIG_YAML.replace(old, f"  canonical_branch: {value}\n", 1)

@@ -179,7 +179,10 @@ def render_text(document: dict[str, t.Any]) -> str:
     """A plain-text table of the status document (no rich: this is a hot command)."""
     agents = document["agents"]
     lines: list[str] = []
-    if not agents:
+    hidden = document["totals"]["agents"] - len(agents)
+    if not agents and hidden:
+        lines.append(f"no active agents; {hidden} finished (`ov status --all` shows them)")
+    elif not agents:
         lines.append("no agents (start one with `ov sling CAPABILITY TASK_ID`)")
     else:
         header = ("NAME", "CAPABILITY", "STATE", "TASK", "PARENT", "TURNS", "IDLE", "TOKENS", "COST", "TOOL")
@@ -194,6 +197,8 @@ def render_text(document: dict[str, t.Any]) -> str:
             lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
         if any(a["loop_alive"] is False for a in agents):
             lines.append("(! = its agent loop is not running; the watchdog re-adopts it: `ov watchdog`)")
+        if hidden:
+            lines.append(f"({hidden} completed agent{'s' if hidden != 1 else ''} not shown: `ov status --all`)")
     mail = document["mail"]
     waiting = ", ".join(f"{name} {count}" for name, count in mail["by_agent"].items())
     lines.append(f"mail: {mail['pending']} pending" + (f" ({waiting})" if waiting else ""))

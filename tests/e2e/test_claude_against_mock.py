@@ -230,7 +230,7 @@ def test_script_follows_conversation_position_not_request_count() -> None:
 
 
 def test_side_requests_are_told_apart_by_the_cli_marks() -> None:
-    cli_headers = {"User-Agent": "claude-cli/2.1.197 (external, sdk-cli)", "x-app": "cli"}
+    cli_headers = {"User-Agent": "claude-cli/2.1.330 (external, sdk-cli)", "x-app": "cli"}
     title = {
         "system": [{"type": "text", "text": "Generate a concise title"}],
         "messages": [{"role": "user", "content": "x"}],
@@ -515,25 +515,52 @@ def test_overloaded_529_is_retried_with_an_api_retry_event(claude: str, repo: Pa
     assert len(api.main_requests) == 2
 
 
+def _betas(request: dict[str, t.Any]) -> set[str]:
+    return set(filter(None, request["_headers"].get("anthropic-beta", "").split(",")))
+
+
 @requires_claude
 def test_bad_request_400_ends_the_turn_with_an_error_result(claude: str, repo: Path, tmp_path: Path) -> None:
+    """A 400 is sent again 5 times, each time with fewer beta features (and from the
+    4th on without tool search, so with every tool inline), silently: no api_retry."""
     with MockMessagesAPI([error_reply(400, "invalid_request_error", "mock: messages.0 is malformed")]) as api:
         result = turn(claude, "hi", repo, claude_env(api.base_url, tmp_path))
     capture("error_400", result.proc.stdout)
 
     assert result.proc.returncode == 1
     final = the_result(result.events)
-    assert final["is_error"] is True
-    assert final["api_error_status"] == 400
+    assert final["is_error"] is True and final["subtype"] == "success"
+    assert final["api_error_status"] == 400 and final["api_error_type"] == "invalid_request_error"
+    assert final["terminal_reason"] == "api_error"
     assert "mock: messages.0 is malformed" in final["result"]
-    assert len(api.main_requests) == 1  # a 400 is not retried
+    assert of_type(result.events, "system", "api_retry") == []
+    requests = api.main_requests
+    assert len(requests) == 6
+    assert _betas(requests[-1]) < _betas(requests[0])
+    assert len(requests[-1]["tools"]) > len(requests[0]["tools"])
 
 
 @requires_claude
-def test_title_side_request_does_not_touch_the_script(claude: str, repo: Path, tmp_path: Path) -> None:
-    """With nonessential traffic allowed the CLI asks the same endpoint for a session
-    title. The vendor's own hosts are sent to a local proxy that refuses everything,
-    so this stays offline even where the internet is reachable."""
+def test_prompt_too_long_400_is_not_sent_again(claude: str, repo: Path, tmp_path: Path) -> None:
+    too_long = error_reply(400, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum")
+    with MockMessagesAPI([too_long]) as api:
+        result = turn(claude, "hi", repo, claude_env(api.base_url, tmp_path))
+
+    assert result.proc.returncode == 1
+    final = the_result(result.events)
+    assert final["is_error"] is True and final["api_error_status"] == 400
+    assert final["terminal_reason"] == "prompt_too_long" and final["result"].startswith("Prompt is too long")
+    assert len(api.main_requests) == 1
+
+
+@requires_claude
+def test_headless_turn_sends_no_title_request_even_with_nonessential_traffic(
+    claude: str, repo: Path, tmp_path: Path
+) -> None:
+    """2.1.197 asked the same endpoint for a session title when nonessential traffic
+    was allowed; 2.1.330 does not, in -p mode. It still tries the vendor's own hosts,
+    which are sent to a local proxy that refuses everything, so this stays offline
+    even where the internet is reachable."""
     refused: list[bytes] = []
     proxy = socket.socket()
     proxy.bind(("127.0.0.1", 0))
@@ -555,15 +582,9 @@ def test_title_side_request_does_not_touch_the_script(claude: str, repo: Path, t
 
     threading.Thread(target=refuse, daemon=True).start()
     proxy_url = f"http://127.0.0.1:{proxy.getsockname()[1]}"
-    side_seen: list[dict[str, t.Any]] = []
-
-    def side(body: dict[str, t.Any]) -> Reply:
-        side_seen.append(body)
-        return text_reply('{"title": "Fix the login bug"}')
-
     script = [tool_reply("Bash", {"command": "echo tool-ran", "description": "echo"}), text_reply("done")]
     try:
-        with MockMessagesAPI(script, side_responder=side) as api:
+        with MockMessagesAPI(script) as api:
             env = claude_env(
                 api.base_url,
                 tmp_path,
@@ -576,42 +597,81 @@ def test_title_side_request_does_not_touch_the_script(claude: str, repo: Path, t
 
     assert result.proc.returncode == 0, result.proc.stderr
     assert the_result(result.events)["result"] == "done"
-    assert side_seen, "expected the CLI's title request"
-    assert all(not r.get("tools") for r in api.side_requests)
-    assert "please fix the login bug" in conversation_text(side_seen[0])
+    assert api.side_requests == []
     assert len(api.main_requests) == 2
     assert all(b.startswith(b"CONNECT ") for b in refused)
 
 
+TASK = {
+    "description": "compute",
+    "prompt": "SUBAGENT-PROMPT: compute the answer",
+    "subagent_type": "general-purpose",
+}
+
+
 @requires_claude
-def test_subagent_conversation_goes_to_the_side_responder(claude: str, repo: Path, tmp_path: Path) -> None:
-    """The Task tool's sub-agent talks to the same endpoint (with an agent-id header);
-    it must not replay the main script from position 0."""
+def test_subagent_runs_in_the_background_and_its_notification_is_a_second_result(
+    claude: str, repo: Path, tmp_path: Path
+) -> None:
+    """The Task (now `Agent`) tool starts a background sub-agent that talks to the same
+    endpoint with an agent-id header; it must not replay the main script from position
+    0. The main turn ends at once; when the sub-agent finishes, the same process starts
+    another turn (a second init) for its notification and prints a second result. With
+    stdin closed both results come at the end, the cumulative cost in each."""
     sub_prompts: list[str] = []
 
     def side(body: dict[str, t.Any]) -> Reply:
         sub_prompts.append(conversation_text(body))
-        return text_reply("SUBAGENT-ANSWER 42")
+        return delayed(text_reply("SUBAGENT-ANSWER 42"), 0.5)
 
-    task = {
-        "description": "compute",
-        "prompt": "SUBAGENT-PROMPT: compute the answer",
-        "subagent_type": "general-purpose",
-    }
-    with MockMessagesAPI([tool_reply("Task", task), text_reply("main done")], side_responder=side) as api:
+    script = [tool_reply("Task", TASK), text_reply("main done"), text_reply("read the notification")]
+    with MockMessagesAPI(script, side_responder=side) as api:
         result = turn(claude, "please delegate", repo, claude_env(api.base_url, tmp_path))
     capture("subagent_turn", result.proc.stdout)
 
     assert result.proc.returncode == 0, result.proc.stderr
-    assert the_result(result.events)["result"] == "main done"
     assert len(sub_prompts) == 1 and "SUBAGENT-PROMPT: compute the answer" in sub_prompts[0]
     (sub_request,) = api.side_requests
     assert sub_request["_agent_id"] and sub_request.get("tools")
-    assert of_type(result.events, "system", "task_started")[0]["prompt"] == task["prompt"]
-    assert "SUBAGENT-ANSWER 42" in conversation_text(api.main_requests[-1])
-    # The Task tool_result content is a list of text blocks, not a string.
-    outcome = blocks(result.events, "user", "tool_result")[0]
-    assert isinstance(outcome["content"], list) and outcome["content"][0]["text"] == "SUBAGENT-ANSWER 42"
+    assert "Agent" in [tool["name"] for tool in api.main_requests[0]["tools"]]
+    started = of_type(result.events, "system", "task_started")[0]
+    assert started["prompt"] == TASK["prompt"] and started["is_backgrounded"] is True
+    # The tool_result only says the agent was launched; its answer comes with the notification.
+    launched = blocks(result.events, "user", "tool_result")[0]
+    assert "Async agent launched" in launched["content"][0]["text"]
+    assert "SUBAGENT-ANSWER 42" not in conversation_text(api.main_requests[1])
+    assert len(api.main_requests) == 3
+    assert "<task-notification>" in conversation_text(api.main_requests[2])
+    assert "SUBAGENT-ANSWER 42" in conversation_text(api.main_requests[2])
+
+    assert len(of_type(result.events, "system", "init")) == 2
+    first, second = of_type(result.events, "result")
+    assert result.events[-1] is second
+    assert (first["result_index"], first["result"], first["is_error"]) == (0, "main done", False)
+    assert (second["result_index"], second["result"], second["is_error"]) == (1, "read the notification", False)
+    assert "origin" not in first and second["origin"]["kind"] == "task-notification"
+    # total_cost_usd is the process's running total: the same in both, sub-agent included.
+    assert first["total_cost_usd"] == second["total_cost_usd"] > 0
+    # usage is per result, main thread only.
+    assert second["usage"]["input_tokens"] < first["usage"]["input_tokens"]
+
+
+@requires_claude
+def test_a_failing_notification_turn_fails_the_process(claude: str, repo: Path, tmp_path: Path) -> None:
+    script = [
+        tool_reply("Task", TASK),
+        text_reply("main done"),
+        error_reply(400, "invalid_request_error", "mock: the notification turn is malformed"),
+    ]
+    with MockMessagesAPI(script, side_responder=lambda body: text_reply("SUBAGENT-ANSWER 42")) as api:
+        result = turn(claude, "please delegate", repo, claude_env(api.base_url, tmp_path))
+    capture("subagent_notification_error", result.proc.stdout)
+
+    assert result.proc.returncode == 1
+    first, second = of_type(result.events, "result")
+    assert first["is_error"] is False and second["is_error"] is True
+    assert second["api_error_status"] == 400 and second["origin"]["kind"] == "task-notification"
+    assert len(api.main_requests) == 2 + 6  # the 400 is sent 6 times (see the 400 test above)
 
 
 @requires_claude
@@ -642,32 +702,46 @@ def test_sigint_mid_tool_stops_the_tool_and_ends_with_an_error_result(claude: st
 
 
 @requires_claude
-def test_sigterm_leaves_the_tool_shell_running_in_its_own_session(claude: str, repo: Path, tmp_path: Path) -> None:
-    """SIGTERM to the turn's whole process group does not reach Bash tool children:
-    the CLI starts each tool shell in a new session. A runner must reap them itself."""
+def test_sigterm_kills_the_tool_shell_but_sigkill_leaves_it_running(claude: str, repo: Path, tmp_path: Path) -> None:
+    """The CLI starts each Bash tool call in a session of its own, outside the turn's
+    process group. On SIGTERM it kills the tool's group itself (the tool_result says
+    "Exit code 137") and exits 143 with no result; on SIGKILL it cannot, and the tool
+    shell lives on, re-parented. A runner must still reap those itself."""
     command = "echo $$ > started.pid; exec sleep 30"
-    with MockMessagesAPI([tool_reply("Bash", {"command": command, "description": "wait"}), text_reply("x")]) as api:
-        proc = start_turn(claude, "wait a bit", repo, claude_env(api.base_url, tmp_path))
-        tool_pid = None
-        try:
-            assert wait_until(
-                lambda: (repo / "started.pid").exists() and (repo / "started.pid").read_text().strip() != ""
-            )
-            tool_pid = int((repo / "started.pid").read_text())
-            os.killpg(proc.pid, signal.SIGTERM)
-            stdout, _ = finish(proc)
-            assert proc.returncode == 143
-            assert of_type(parse_stream(stdout), "result") == []
-            assert pid_alive(tool_pid)
-            assert os.getsid(tool_pid) != proc.pid
-            environ = Path(f"/proc/{tool_pid}/environ").read_bytes().split(b"\0")
-            session_id = parse_stream(stdout)[0]["session_id"]
-            assert f"CLAUDE_CODE_SESSION_ID={session_id}".encode() in environ
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            if tool_pid is not None and pid_alive(tool_pid):
-                os.kill(tool_pid, signal.SIGKILL)
+    outcomes: dict[str, tuple[int, str, bool, int, list[bytes]]] = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pid_file = repo / "started.pid"
+        pid_file.unlink(missing_ok=True)
+        script = [tool_reply("Bash", {"command": command, "description": "wait"}), text_reply("x")]
+        with MockMessagesAPI(script) as api:
+            proc = start_turn(claude, "wait a bit", repo, claude_env(api.base_url, tmp_path / sig.name))
+            tool_pid = None
+            try:
+                assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+                tool_pid = int(pid_file.read_text())
+                tool_sid = os.getsid(tool_pid)
+                environ = Path(f"/proc/{tool_pid}/environ").read_bytes().split(b"\0")
+                os.killpg(proc.pid, sig)
+                stdout, _ = finish(proc)
+                wait_until(lambda: not pid_alive(tool_pid), timeout=5 if sig == signal.SIGTERM else 1)
+                outcomes[sig.name] = (proc.returncode, stdout, pid_alive(tool_pid), tool_sid, environ)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if tool_pid is not None and pid_alive(tool_pid):
+                    os.kill(tool_pid, signal.SIGKILL)
+        assert outcomes[sig.name][3] not in (proc.pid, os.getsid(0))  # its own session
+
+    term_code, term_out, term_alive, _, _ = outcomes["SIGTERM"]
+    assert term_code == 143 and not term_alive
+    term_events = parse_stream(term_out)
+    assert of_type(term_events, "result") == []
+    killed = blocks(term_events, "user", "tool_result")
+    assert killed and killed[0]["is_error"] is True and killed[0]["content"] == "Exit code 137"
+    kill_code, kill_out, kill_alive, _, environ = outcomes["SIGKILL"]
+    assert kill_code == -signal.SIGKILL and kill_alive
+    session_id = parse_stream(kill_out)[0]["session_id"]
+    assert f"CLAUDE_CODE_SESSION_ID={session_id}".encode() in environ
 
 
 @requires_claude
@@ -777,5 +851,5 @@ def test_interactive_tui_in_tmux_answers_a_typed_prompt(claude: str, repo: Path,
 
     assert "from-tui" in conversation_text(api.main_requests[-1])
     assert "run the echo" in conversation_text(api.main_requests[0])
-    # The TUI asks for a session title even with nonessential traffic off; it is a side request.
-    assert all(not r.get("tools") for r in api.side_requests)
+    # 2.1.197's TUI asked for a session title even with nonessential traffic off; 2.1.330's does not.
+    assert api.side_requests == []

@@ -162,3 +162,33 @@ def test_sigkill_of_the_turn_loses_no_mail(project, tmp_path):
     assert [t["status"] for t in turns] == ["transient", "ok"]
     retry_prompt = (project.logs_dir / name / turns[1]["id"] / "prompt.txt").read_text()
     assert PROMPT in retry_prompt and PROMPT in last_prompt_seen
+
+
+@requires_claude
+def test_a_background_command_finishing_after_the_turn_is_read_to_the_end(project, tmp_path):
+    """A background Bash call that finishes after the model ended its turn makes the same
+    claude process run a second turn for the notification and print a second result.
+    ov reads that process to EOF: the report sent in the second turn counts, within one
+    ov turn, and the cost is the process's running total, not the sum of both results."""
+    script = [
+        tool_reply("Bash", {"command": "sleep 2; echo bg-done", "description": "build in the background",
+                            "run_in_background": True}),
+        text_reply("Started the build; waiting for it."),
+        tool_reply("Bash", {"command": "ov mail send --type worker_done --subject built --body 'bg-done seen'",
+                            "description": "report"}),
+        text_reply("Reported."),
+    ]
+    with MockMessagesAPI(script) as api:
+        name = sling(project, tmp_path, api)
+        agent = wait_terminal(project, name, timeout=90)
+        notified = conversation_text(api.main_requests[2])
+    assert agent.state == "completed", agent.state_reason
+    assert agent.turns == 1
+    assert "<task-notification>" in notified
+    results = [data for _, data in events(project, name, "turn_result")]
+    assert [r["result_index"] for r in results] == [0, 1]
+    assert results[0]["total_cost_usd"] < results[1]["total_cost_usd"]
+    assert agent.cost_usd == results[1]["total_cost_usd"]
+    assert agent.input_tokens == sum(r["input_tokens"] for r in results)
+    done = mail_rows(project, type="worker_done")
+    assert len(done) == 1 and done[0]["body"] == "bg-done seen"

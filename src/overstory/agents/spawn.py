@@ -227,7 +227,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                            prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux)
         scenario_path = None
         if scenario_text is not None:
-            scenario_path = run_dir / "scenario.json"
+            yaml_file = request.scenario is not None and request.scenario.suffix in (".yaml", ".yml")
+            scenario_path = run_dir / ("scenario.yaml" if yaml_file else "scenario.json")  # the player reads by suffix
             scenario_path.write_text(scenario_text, encoding="utf-8")
         from overstory.agents.process import save_launch_env
 

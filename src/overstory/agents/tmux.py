@@ -83,6 +83,9 @@ READY_TIMEOUT = 60.0
 TYPE_TIMEOUT = 10.0
 SETTLE_SECONDS = 0.3  # a pane must look idle this long, unchanged, before ov types into it
 DIALOG_GRACE_SECONDS = 5.0  # an answered dialog may stay on screen this long before it counts as stuck
+# Keys typed while a TUI is still mounting its dialog are dropped (Claude Code 2.1.330 ignores
+# them for ~0.5 s after drawing it), so an answer is typed again while the dialog stays.
+DIALOG_RETYPE_SECONDS = 1.0
 REWAKE_AFTER_SECONDS = 120.0  # type the mail notice again if the mail is still unread
 WINDOW_SIZE = (160, 48)
 
@@ -219,7 +222,7 @@ def wait_until_ready(project: ProjectPaths, name: str, pane: Pane, pane_pid: int
     from libtmux import exc as tmux_exc
 
     deadline = time.monotonic() + timeout
-    answered: dict[str, float] = {}  # blocker name -> when ov answered it
+    answered: dict[str, tuple[float, float]] = {}  # blocker name -> when ov first and last answered it
     text = ""
     while True:
         try:
@@ -236,16 +239,18 @@ def wait_until_ready(project: ProjectPaths, name: str, pane: Pane, pane_pid: int
         screen = tui.read_screen(text)
         if screen.blocker is not None:
             blocker = screen.blocker
-            when = answered.get(blocker.name)
-            if blocker.answer is None or (when is not None and time.monotonic() - when > DIALOG_GRACE_SECONDS):
+            now = time.monotonic()
+            first, last = answered.get(blocker.name, (None, None))
+            if blocker.answer is None or (first is not None and now - first > DIALOG_GRACE_SECONDS):
                 saved = save_screen(project, name, "start-failed", text)
                 raise TmuxError(f"{name} cannot start: {blocker.message}; last lines: {tui.last_lines(text)}"
                                 + (f" (screen saved to {saved})" if saved else ""))
-            if when is None:
+            if last is None or now - last >= DIALOG_RETYPE_SECONDS:
                 for key in blocker.answer:
                     pane.cmd("send-keys", key)
-                answered[blocker.name] = time.monotonic()
-                record_event(project, name, None, "tmux_dialog", f"answered the start-up dialog {blocker.name!r}")
+                answered[blocker.name] = (now if first is None else first, now)
+                if first is None:
+                    record_event(project, name, None, "tmux_dialog", f"answered the start-up dialog {blocker.name!r}")
         elif screen.idle:
             return screen
         if time.monotonic() > deadline:

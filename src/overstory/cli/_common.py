@@ -49,3 +49,15 @@ def echo_json(document: t.Any) -> None:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+
+
+def completer(name: str) -> t.Callable[[click.Context, click.Parameter, str], list[t.Any]]:
+    """A `shell_complete=` callback that imports ``overstory.cli.completion`` only on <Tab>."""
+
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[t.Any]:
+        from overstory.cli import completion
+
+        found: list[t.Any] = getattr(completion, name)(ctx, param, incomplete)
+        return found
+
+    return complete

@@ -6,11 +6,11 @@ import sys
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.command(name="attach")
-@click.argument("agent")
+@click.argument("agent", shell_complete=completer("complete_agents"))
 @click.option("--read-only", "-r", is_flag=True, help="Watch without being able to type (tmux attach -r).")
 @click.option("--print", "print_only", is_flag=True, help="Only print the tmux command that attaches.")
 @json_option

@@ -21,7 +21,8 @@ def init(force: bool, as_json: bool) -> None:
 
     report = init_project(Path.cwd(), force=force)
     if as_json:
-        echo_json({"root": str(report.root), "created": report.created,
+        echo_json({"root": str(report.root), "canonical_branch": report.canonical_branch,
+                   "branch_detected": report.branch_detected, "created": report.created,
                    "overwritten": report.overwritten, "kept": report.kept})
         return
     click.echo(f"initialized ov in {report.root / '.overstory'}")
@@ -29,3 +30,13 @@ def init(force: bool, as_json: bool) -> None:
         click.echo(f"  kept your edited {path} (use --force to overwrite)")
     for path in report.overwritten:
         click.echo(f"  overwrote {path}")
+    if report.branch_detected:
+        click.echo(f"  canonical branch: {report.canonical_branch} (the branch you are on; merges go there)")
+    else:
+        click.echo(f"  canonical branch: {report.canonical_branch} (HEAD is detached; set project.canonical_branch "
+                   "in .overstory/config.yaml)")
+    click.echo("  models: builders use sonnet, scouts haiku (`models` in .overstory/config.yaml; the CLI's own "
+               "default is its most capable, most expensive model)")
+    click.echo("  .overstory/.gitignore keeps databases, logs, worktrees and config.local.yaml out of git;")
+    click.echo("  commit the rest so your team shares the config and roles:")
+    click.echo("    git add .overstory && git commit -m 'ov: project config'")

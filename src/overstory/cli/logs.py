@@ -8,7 +8,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import project_paths
+from overstory.cli._common import completer, project_paths
 
 FOLLOW_POLL_SECONDS = 0.5
 
@@ -67,7 +67,7 @@ ndjson_option = click.option("--json", "as_json", is_flag=True, help="One JSON o
 
 
 @click.command(name="logs")
-@click.argument("agent")
+@click.argument("agent", shell_complete=completer("complete_agents"))
 @limit_option
 @kind_option
 @follow_option
@@ -101,7 +101,7 @@ def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: 
 
 
 @click.command(name="feed")
-@click.option("--agent", help="Only this agent's events.")
+@click.option("--agent", help="Only this agent's events.", shell_complete=completer("complete_agents"))
 @limit_option
 @kind_option
 @follow_option

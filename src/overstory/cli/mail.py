@@ -7,7 +7,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import agent_channel, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
 from overstory.store import mail as store
 
 
@@ -70,7 +70,7 @@ def mail() -> None:
 
 
 @mail.command(name="send", epilog=PAYLOAD_FIELDS_HELP)
-@click.option("--to", "to", metavar="AGENT|@all|@<capability>s",
+@click.option("--to", "to", metavar="AGENT|@all|@<capability>s", shell_complete=completer("complete_recipients"),
               help="Recipient; protocol types default to the sender's parent.")
 @click.option("--subject", required=True, help="One-line subject.")
 @body_option
@@ -86,7 +86,7 @@ def mail() -> None:
 def mail_send(to: str | None, subject: str, body: str | None, body_file: str | None, type_: str, priority: str,
               payload: str | None, reply_to: int | None, from_: str | None, allow_unknown: bool,
               as_json: bool) -> None:
-    """Send a message; prints the new message id (one per recipient).
+    """Send a message; prints `sent #ID to NAME` per recipient (--json: the ids).
 
     Inside an agent, protocol payload fields the environment knows (task_id,
     branch, agent) are filled in, and --to defaults to the agent's parent.
@@ -100,29 +100,36 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
     text = _read_body(body, body_file)
     parsed = _parse_payload(payload)
     remote = agent_channel()
-    if remote is not None:
+    if remote is not None:  # inside an agent: through its endpoint, which signs the mail with its name
         sent = remote.call("mail.send", {"to": to, "subject": subject, "body": text, "type": type_,
                                          "priority": priority, "payload": parsed, "reply_to": reply_to,
                                          "from": from_, "allow_unknown": allow_unknown})
-        ids, recipients = sent["ids"], sent["to"]
+        recipients = dict(zip(sent["ids"], sent["to"]))
+        ids = list(sent["ids"])
     else:
         project = project_paths()
         conn = state_conn(project)
         sender = from_ or store.default_sender()
         ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
                          payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
-        recipients = [r["recipient"] for r in conn.execute(
-            f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id", ids
-        ).fetchall()] if ids and as_json else []
+        recipients = _recipients(conn, ids)
     if as_json:
-        echo_json({"ids": ids, "to": recipients})
+        echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
     else:
         for message_id in ids:
-            click.echo(message_id)
+            click.echo(f"sent #{message_id} to {recipients[message_id]}")
+
+
+def _recipients(conn: t.Any, ids: list[int]) -> dict[int, str]:
+    """Message id -> recipient, for saying what was sent."""
+    if not ids:
+        return {}
+    rows = conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
+    return {int(r["id"]): r["recipient"] for r in rows}
 
 
 @mail.command(name="check")
-@click.option("--agent", metavar="NAME", help="Whose mail (default: $OVERSTORY_AGENT_NAME, else operator).")
+@click.option("--agent", metavar="NAME", shell_complete=completer("complete_agents"), help="Whose mail (default: $OVERSTORY_AGENT_NAME, else operator).")
 @click.option("--peek", is_flag=True, help="Show without marking read.")
 @click.option("--inject", is_flag=True, help="Compact block for a hook to inject into a model's context "
                                              "(prints nothing when there is no mail).")
@@ -234,7 +241,7 @@ def mail_read(message_id: int, as_json: bool) -> None:
 @from_option
 @json_option
 def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: str | None, as_json: bool) -> None:
-    """Reply to a message: goes to its sender, in the same thread. Prints the new id.
+    """Reply to a message: goes to its sender, in the same thread. Says what it sent (--json: the id).
 
     \b
     ov mail reply 12 --body "yes, go ahead"
@@ -244,24 +251,32 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
     text = _read_body(body, body_file)
     remote = agent_channel()
     if remote is not None:
-        new_id = remote.call("mail.reply", {"id": message_id, "body": text, "from": from_})["id"]
+        sent = remote.call("mail.reply", {"id": message_id, "body": text, "from": from_})
+        new_id, recipient = sent["id"], sent["to"]
     else:
-        new_id = store.reply(state_conn(project_paths()), message_id, sender=from_ or store.default_sender(),
-                             body=text)
+        conn = state_conn(project_paths())
+        new_id = store.reply(conn, message_id, sender=from_ or store.default_sender(), body=text)
+        recipient = _recipients(conn, [new_id]).get(new_id, "?")
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:
-        click.echo(new_id)
+        click.echo(f"sent #{new_id} to {recipient} (reply to #{message_id})")
 
 
 @mail.command(name="purge")
 @click.option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h.")
+@click.option("--include-unread", is_flag=True,
+              help="Also delete unread mail (mail still waiting for an active agent is always kept).")
 @json_option
-def mail_purge(older_than: str, as_json: bool) -> None:
-    """Delete old mail. Unread mail still waiting for an active agent is kept.
+def mail_purge(older_than: str, include_unread: bool, as_json: bool) -> None:
+    """Delete old mail that has been read. Says how many messages went.
+
+    Unread mail is kept unless --include-unread; even then, mail still waiting
+    for an agent that is not finished (or claimed by a running turn) is kept.
 
     \b
     ov mail purge --older-than 7d
+    ov mail purge --older-than 30d --include-unread
     """
     from overstory.clock import parse_duration
 
@@ -270,15 +285,20 @@ def mail_purge(older_than: str, as_json: bool) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     conn = state_conn(project_paths())
-    deleted = store.purge(conn, age_ms)
+    deleted = store.purge(conn, age_ms, include_unread=include_unread)
+    unread_kept = store.count_unread_older(conn, age_ms)
     if as_json:
-        echo_json({"deleted": deleted})
-    else:
-        click.echo(f"Deleted {deleted} message{'s' if deleted != 1 else ''}.")
+        echo_json({"deleted": deleted, "unread_kept": unread_kept})
+        return
+    line = f"Deleted {deleted} message{'s' if deleted != 1 else ''} older than {older_than}."
+    if unread_kept:
+        line += (f" Kept {unread_kept} unread" + ("" if include_unread else " (--include-unread deletes those too)")
+                 + ".")
+    click.echo(line)
 
 
 @click.command(name="nudge")
-@click.argument("agent")
+@click.argument("agent", shell_complete=completer("complete_agents"))
 @click.argument("message", required=False)
 @json_option
 def nudge(agent: str, message: str | None, as_json: bool) -> None:
@@ -291,28 +311,19 @@ def nudge(agent: str, message: str | None, as_json: bool) -> None:
     ov nudge builder-task-42
     ov nudge builder-task-42 "you have been quiet for 10 minutes; report status"
     """
+    from overstory.agents.nudge import TMUX_DELIVERY_NOTES, NudgeResult
+    from overstory.agents.nudge import nudge as send_nudge
+
     remote = agent_channel()
-    if remote is not None:
-        done = remote.call("nudge", {"agent": agent, "message": message})
+    if remote is not None:  # inside an agent: through its endpoint
+        result = NudgeResult(**remote.call("nudge", {"agent": agent, "message": message}))
     else:
-        from overstory.agents.nudge import nudge as send_nudge
-
         project = project_paths()
-        done = send_nudge(project, state_conn(project), sender=store.default_sender(), agent=agent, message=message)
-    ids, delivery = done["ids"], done["tmux_delivery"]
+        result = send_nudge(project, state_conn(project), agent, message)
     if as_json:
-        echo_json({"ids": ids} if delivery is None else {"ids": ids, "tmux_delivery": delivery})
+        echo_json(result.as_dict())
     else:
-        for message_id in ids:
-            click.echo(message_id)
-        if delivery is not None:
-            click.echo(TMUX_DELIVERY_NOTES.get(delivery, delivery), err=True)
-
-
-TMUX_DELIVERY_NOTES = {
-    "typed": "announced in the agent's tmux pane",
-    "busy": "the agent's pane is busy: it is announced there as soon as the pane is idle",
-    "announced": "the pane was told about this mail already",
-    "gone": "the agent's tmux pane is gone",
-    "type_failed": "could not type into the agent's pane just now: its driver announces the mail later",
-}
+        for message_id in result.ids:
+            click.echo(f"sent #{message_id} (nudge) to {agent}")
+        if result.tmux_delivery is not None:
+            click.echo(TMUX_DELIVERY_NOTES.get(result.tmux_delivery, result.tmux_delivery), err=True)

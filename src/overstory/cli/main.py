@@ -35,8 +35,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
+    "diff": ("overstory.cli.diff", "diff", "Show an agent's changes against its base."),
+    "clean": ("overstory.cli.clean", "clean", "Remove what finished agents left behind."),
+    "serve": ("overstory.cli.serve", "serve", "HTTP API, live events and the web dashboard."),
 }
-HIDDEN: set[str] = set()
+# Left out of `ov --help` (still documented in the README and by `ov NAME --help`):
+# `ov guard` is the hook agents' tool calls go through, not a command for people.
+HIDDEN: set[str] = {"guard"}
 
 
 class LazyGroup(click.Group):

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import agent_channel, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.command(name="merge")
-@click.argument("agent", required=False)
+@click.argument("agent", required=False, shell_complete=completer("complete_agents"))
 @click.option("--branch", help="Merge this branch instead of an agent's.")
 @click.option("--all", "merge_all_", is_flag=True, help="Process the merge queue (merge_ready mail) in arrival order.")
 @click.option("--into", help="Target branch (default: the branch the agent was slung from).")

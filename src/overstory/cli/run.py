@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.group(name="run")
@@ -55,7 +55,7 @@ def _duration(seconds: float | None) -> str:
 
 
 @run.command(name="show")
-@click.argument("run_ref", metavar="[RUN]", required=False)
+@click.argument("run_ref", metavar="[RUN]", required=False, shell_complete=completer("complete_runs"))
 @click.option("--turns", "show_turns", is_flag=True, help="Also list every turn.")
 @json_option
 def run_show(run_ref: str | None, show_turns: bool, as_json: bool) -> None:
@@ -99,7 +99,7 @@ def run_show(run_ref: str | None, show_turns: bool, as_json: bool) -> None:
 
 
 @run.command(name="complete")
-@click.argument("run_ref", metavar="[RUN]", required=False)
+@click.argument("run_ref", metavar="[RUN]", required=False, shell_complete=completer("complete_runs"))
 @click.option("--force", is_flag=True, help="Close it even though agents in it are still active.")
 @json_option
 def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:

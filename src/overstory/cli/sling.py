@@ -5,23 +5,23 @@ from pathlib import Path
 
 import click
 
-from overstory.cli._common import agent_channel, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
 from overstory.runtimes import RUNTIME_NAMES
 
 
 @click.command(name="sling")
-@click.argument("capability")
+@click.argument("capability", shell_complete=completer("complete_capabilities"))
 @click.argument("task_id")
 @click.option("--name", help="Agent name (default: CAPABILITY-TASK_ID).")
 @click.option("--prompt", help="What the agent should do.")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
 @click.option("--files", multiple=True, help="File scope; repeat for several files: --files a.py --files b.py.")
-@click.option("--parent", help="Agent to report to (default: the calling agent, else operator).")
+@click.option("--parent", shell_complete=completer("complete_agents"), help="Agent to report to (default: the calling agent, else operator).")
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtime.default).")
 @click.option("--model", help="Model for this agent.")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
-              help="Scenario file for the scripted runtime.")
+              help="Scenario file for the scripted runtime (format: README.md, \"The scripted runtime's scenarios\").")
 @click.option("--tmux/--headless", "tmux", default=None,
               help="Run the interactive TUI in tmux (`ov attach NAME`), or headless turns (default: runtime.tmux).")
 @json_option
@@ -57,6 +57,10 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
                                files=list(files), parent=parent, runtime=runtime, model=model,
                                base_branch=base_branch, scenario=scenario, tmux=tmux)
         document = do_sling(project, config, state_conn(project), request).as_dict()
+    if prompt is None and spec_file is None:
+        click.echo(f"ov: warning: no --prompt or --spec: {document['name']} has only its role ({capability}) and the "
+                   f"task id {task_id!r} to go on; send it the details with `ov mail send --to {document['name']}`",
+                   err=True)
     if as_json:
         echo_json(document)
         return

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import agent_channel, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.command(name="stop")
-@click.argument("agent")
+@click.argument("agent", shell_complete=completer("complete_agents"))
 @click.option("--force", is_flag=True,
               help="SIGKILL its processes at once; with --clean, delete the branch even if unmerged.")
 @click.option("--clean", is_flag=True, help="Also remove its worktree and branch (only if the branch is merged).")

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.command(name="tree")
 @click.option("--active", is_flag=True, help="Hide finished agents (unless an active one hangs below them).")
-@click.option("--run", "run_ref", help="Only agents of this run (id or prefix).")
+@click.option("--run", "run_ref", shell_complete=completer("complete_runs"), help="Only agents of this run (id or prefix).")
 @json_option
 def tree(active: bool, run_ref: str | None, as_json: bool) -> None:
     """Show the agent hierarchy under the operator, with each agent's state.

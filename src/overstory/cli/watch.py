@@ -71,6 +71,12 @@ class _WatchdogThread:
 def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, active_only: bool) -> None:
     """Live dashboard: agents, mail, problems, events, merge queue and totals.
 
+    On a terminal it is interactive: active agents first, up/down selects one,
+    enter shows its live stream, d its diff, a attaches (tmux mode), n nudges,
+    m mails, s stops, r resumes, y/x approve or reject its pending gate, ? lists
+    the keys and q quits. Not on a terminal (or with --once, or --width) it
+    prints the plain dashboard. NO_COLOR=1 removes every style.
+
     Runs the watchdog too, unless --no-watchdog or another process already holds
     the project's watchdog lock (then it only displays). A state marked `!` has
     no running agent loop.
@@ -80,11 +86,11 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     ov watch --no-watchdog --interval 5
     ov watch --once --width 120      # one frame, for scripts and tests
     """
-    from rich.console import Console
+    import sys
 
     from overstory import status as core
     from overstory.store.db import open_events, open_state
-    from overstory.ui.dashboard import render_frame
+    from overstory.ui.dashboard import console_for, render_frame
 
     project = project_paths()
     state = open_state(project.state_db)
@@ -92,7 +98,7 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     ctx = click.get_current_context()
     ctx.call_on_close(state.close)
     ctx.call_on_close(events.close)
-    console = Console(width=width, highlight=False)
+    console = console_for(width)
 
     def frame(note: str, live: bool) -> t.Any:
         snapshot = core.dashboard_snapshot(state, events, include_completed=not active_only)
@@ -108,6 +114,15 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     dog = _WatchdogThread(project)
     if not no_watchdog:
         dog.start()
+    if sys.stdin.isatty() and sys.stdout.isatty() and width is None:
+        from overstory.cli.watch_tui import run_interactive
+
+        try:
+            run_interactive(project, state, events, interval=interval, note=lambda: dog.note,
+                            include_completed=not active_only)
+        finally:
+            dog.stop()
+        return
     try:
         with Live(frame(dog.note, True), console=console, auto_refresh=False, screen=False,
                   vertical_overflow="crop") as live:

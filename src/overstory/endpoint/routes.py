@@ -84,14 +84,15 @@ def mail_reply(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     sender = _sender(caller, args)
     new_id = mail.reply(caller.conn, int(args["id"]), sender=sender, body=str(args.get("body") or ""),
                         env=caller.environ(), events=caller.events)
-    return {"id": new_id, "reply_to": int(args["id"])}
+    row = caller.conn.execute("SELECT recipient FROM mail WHERE id = ?", (new_id,)).fetchone()
+    return {"id": new_id, "reply_to": int(args["id"]), "to": row["recipient"] if row else "?"}
 
 
 def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.agents.nudge import nudge as send_nudge
 
-    return send_nudge(caller.project, caller.conn, sender=caller.name, agent=str(args["agent"]),
-                      message=args.get("message"))
+    result = send_nudge(caller.project, caller.conn, str(args["agent"]), args.get("message"), sender=caller.name)
+    return {"ids": result.ids, "tmux_delivery": result.tmux_delivery}
 
 
 def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:

@@ -13,6 +13,7 @@ import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.clock import iso
 from overstory.errors import AgentNotFound, MergeError, UsageError
 from overstory.gitutil import branch_exists
 from overstory.merge.branch_merge import merge_branch
@@ -46,12 +47,8 @@ class MergeReport:
 
 def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
     """Queue every merge_ready message not queued yet; returns how many were added."""
-    rows = conn.execute(
-        "SELECT m.id, m.sender, m.payload, m.created_at FROM mail m "
-        "LEFT JOIN merge_queue q ON q.mail_id = m.id WHERE m.type = 'merge_ready' AND q.id IS NULL ORDER BY m.id"
-    ).fetchall()
     added = 0
-    for row in rows:
+    for row in merge_queue.announced_not_queued(conn):
         payload = json.loads(row["payload"] or "{}")
         agent_name = payload.get("agent") or row["sender"]
         branch = payload.get("branch")
@@ -63,6 +60,31 @@ def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
                                      task_id=payload.get("task_id"), files=payload.get("files_modified") or [],
                                      mail_id=row["id"], enqueued_at=row["created_at"])
     return added
+
+
+def queue_view(conn: sqlite3.Connection, config: Config, *, limit: int = 20) -> list[dict[str, t.Any]]:
+    """The queue as `ov merge --all` would find it, without changing anything.
+
+    ``merge_ready`` mail that no `ov merge --all` has queued yet comes first (status
+    ``announced``), then pending rows, then the latest merged or failed ones.
+    """
+    entries: list[dict[str, t.Any]] = []
+    for row in merge_queue.announced_not_queued(conn)[:limit]:
+        payload = json.loads(row["payload"] or "{}")
+        name = payload.get("agent") or row["sender"]
+        if not payload.get("branch"):
+            continue
+        agent = sessions.get(conn, name)
+        entries.append({"id": None, "mail_id": row["id"], "agent": name, "branch": payload["branch"],
+                        "target": payload.get("target_branch") or target_for(agent, config, None),
+                        "task_id": payload.get("task_id"), "files": payload.get("files_modified") or [],
+                        "status": "announced", "tier": None, "result": None, "enqueued_at": iso(row["created_at"])})
+    for row in merge_queue.recent(conn, max(0, limit - len(entries))):
+        entries.append({"id": row["id"], "mail_id": row["mail_id"], "agent": row["agent"], "branch": row["branch"],
+                        "target": row["target"], "task_id": row["task_id"], "files": json.loads(row["files"] or "[]"),
+                        "status": row["status"], "tier": row["tier"], "result": row["result"],
+                        "enqueued_at": iso(row["enqueued_at"])})
+    return entries
 
 
 def target_for(agent: sessions.Session | None, config: Config, into: str | None) -> str:

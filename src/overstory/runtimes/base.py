@@ -164,14 +164,14 @@ class RuntimeProbe:
     """What ``ov doctor`` reports about one runtime."""
 
     name: str
-    status: str          # "ok", "missing" (not installed) or "broken" (installed but does not answer)
+    status: str          # "ok", "outdated" (older than ov supports), "missing" (not installed) or "broken"
     detail: str          # version and path, or why it is missing
     credentials: str     # e.g. "ANTHROPIC_API_KEY set", "logged in", "none found", "not needed"
     hint: str = ""
 
     @property
     def installed(self) -> bool:
-        return self.status == "ok"
+        return self.status in ("ok", "outdated")
 
 
 class Runtime(abc.ABC):

@@ -81,6 +81,10 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
     if mode.name == "off":
         return Prepared(list(argv), dict(env), layout, False, gitrefs.TakeBack("none"))
     took_back = gitrefs.prepare(layout)
+    # `ov serve`'s secret must exist to be masked (a mount needs its target): make it now if it does not.
+    from overstory.serve_token import ensure_token
+
+    ensure_token(project)
     inside = dict(env)
     inside["TMPDIR"] = "/tmp"  # a host temp dir would be read-only (or shared) in here
     for name in runtime.tmp_env_vars:

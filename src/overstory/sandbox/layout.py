@@ -37,6 +37,7 @@ class Layout:
     git_dir: Path | None       # the common git dir of the project
     admin_dir: Path | None     # <git>/worktrees/<adm> of this agent's worktree
     branch: str | None         # ov/<agent>
+    serve_token: Path | None = None  # `ov serve`'s secret, masked inside the sandbox
 
     @property
     def private(self) -> Path:
@@ -97,4 +98,4 @@ def layout_for(project: ProjectPaths, agent: Session, runtime: Runtime) -> Layou
                   worktree=worktree, cwd=worktree or root,
                   writer=worktree is not None and agent.capability in WRITER_CAPABILITIES,
                   state_dir=state.resolve() if state is not None else None, git_dir=git_dir, admin_dir=admin_dir,
-                  branch=agent.branch)
+                  branch=agent.branch, serve_token=ov_dir / project.serve_token_file.name)

@@ -502,24 +502,32 @@ def list_messages(conn: sqlite3.Connection, *, to: str | None = None, sender: st
     return [Message.from_row(r) for r in reversed(rows)]
 
 
-def purge(conn: sqlite3.Connection, older_than_ms: int, *, now: int | None = None) -> int:
+def purge(conn: sqlite3.Connection, older_than_ms: int, *, include_unread: bool = False,
+          now: int | None = None) -> int:
     """Delete mail older than ``older_than_ms`` milliseconds; returns how many.
 
-    Kept regardless of age: mail claimed by a turn in flight and unread mail still
-    waiting for an agent that is not terminal (purging must not lose work).
+    Unread mail is kept unless ``include_unread``. Kept regardless: mail claimed by a
+    turn in flight and unread mail still waiting for an agent that is not terminal
+    (purging must not lose work). One statement, so a crash deletes all or nothing.
     """
     if older_than_ms < 0:
         raise UsageError("--older-than must not be negative")
     cutoff = (now if now is not None else now_ms()) - older_than_ms
     marks = ",".join("?" * len(TERMINAL_STATES))
+    waiting = ("read_at IS NULL AND (claimed_by IS NOT NULL OR recipient IN "
+               f"(SELECT name FROM sessions WHERE state NOT IN ({marks})))")
+    protected = waiting if include_unread else "read_at IS NULL"
     with _atomic(conn):
-        cursor = conn.execute(
-            "DELETE FROM mail WHERE created_at < ? AND NOT (read_at IS NULL AND ("
-            "claimed_by IS NOT NULL OR recipient IN "
-            f"(SELECT name FROM sessions WHERE state NOT IN ({marks}))))",
-            (cutoff, *TERMINAL_STATES),
-        )
+        cursor = conn.execute(f"DELETE FROM mail WHERE created_at < ? AND NOT ({protected})",
+                              (cutoff, *(TERMINAL_STATES if include_unread else ())))
     return cursor.rowcount
+
+
+def count_unread_older(conn: sqlite3.Connection, older_than_ms: int, *, now: int | None = None) -> int:
+    """Unread messages older than ``older_than_ms`` (what a purge kept)."""
+    cutoff = (now if now is not None else now_ms()) - older_than_ms
+    return int(conn.execute("SELECT count(*) FROM mail WHERE created_at < ? AND read_at IS NULL",
+                            (cutoff,)).fetchone()[0])
 
 
 # ---- rendering -------------------------------------------------------------------

@@ -62,3 +62,10 @@ def abort_turns_of_ended_agents(conn: sqlite3.Connection) -> int:
         f"WHERE {_LIVE} AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.name = turns.agent "
         f"AND s.generation = turns.generation AND s.state NOT IN ('completed', 'zombie'))",
         (now_ms(),)).rowcount
+
+
+def recent(conn: sqlite3.Connection, agent: str, *, limit: int = 20) -> list[dict[str, object]]:
+    """The newest ``limit`` turn rows of ``agent`` (every generation), newest first (index ``turns_agent``)."""
+    rows = conn.execute("SELECT * FROM turns WHERE agent = ? ORDER BY started_at DESC, id DESC LIMIT ?",
+                        (agent, limit)).fetchall()
+    return [dict(r) for r in rows]

@@ -28,6 +28,10 @@ STATE_STYLES = {
 EVENT_STYLES = {"watchdog_zombie": "red", "watchdog_stalled": "yellow", "turn_failed": "yellow",
                 "turn_retry": "yellow", "contract_violation": "yellow", "watchdog_readopt": "cyan"}
 
+# Busy agents first, finished ones last, so an agent in a turn is never hidden behind completed ones.
+STATE_RANK = {"in_turn": 0, "working": 0, "stalled": 1, "booting": 2, "parked": 3, "between_turns": 4,
+              "zombie": 5, "completed": 6}
+
 # (column, minimum console width at which it is shown)
 AGENT_COLUMNS: tuple[tuple[str, int], ...] = (
     ("name", 0), ("state", 0), ("cost", 0), ("idle", 50), ("turns", 60), ("capability", 72),
@@ -60,38 +64,55 @@ def _cell(agent: dict[str, t.Any], column: str) -> RenderableType:
     return str(agent.get(column) or "-")
 
 
-def agents_table(agents: list[dict[str, t.Any]], width: int, max_rows: int | None = None) -> Table:
+def sort_agents(agents: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
+    """Active agents first (busiest first), finished ones last; otherwise in the order given."""
+    return sorted(agents, key=lambda a: STATE_RANK.get(a["state"], 4))
+
+
+def agents_table(agents: list[dict[str, t.Any]], width: int, max_rows: int | None = None, *,
+                 selected: str | None = None, first: int = 0, marker: bool = False) -> Table:
+    """The agents, ``max_rows`` of them from ``first``; ``marker`` adds a column showing the selected one."""
     columns = [name for name, min_width in AGENT_COLUMNS if width >= min_width]
     table = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, show_edge=False)
+    if marker:
+        table.add_column("", no_wrap=True, width=1)
     for name in columns:
         table.add_column(name.upper(), no_wrap=True, overflow="ellipsis",
                          justify="right" if name in ("cost", "idle", "turns", "tokens") else "left",
                          ratio=2 if name in ("name", "tool", "task") else None)
-    shown = agents if max_rows is None else agents[:max_rows]
+    shown = agents[first:] if max_rows is None else agents[first:first + max_rows]
     for agent in shown:
-        table.add_row(*(_cell(agent, c) for c in columns))
+        chosen = agent["name"] == selected
+        cells = [_cell(agent, c) for c in columns]
+        if marker:
+            cells.insert(0, ">" if chosen else " ")
+        table.add_row(*cells, style="reverse" if chosen else None)
     hidden = len(agents) - len(shown)
     if hidden > 0:
-        table.caption = f"... and {hidden} more agent(s) (widen/heighten the terminal or use `ov status`)"
+        table.caption = f"... {hidden} more agent(s) not shown (a taller terminal, or `ov status --all`)"
     if not agents:
         table.caption = "no agents yet: `ov sling CAPABILITY TASK_ID`"
     return table
 
 
-def _header(snapshot: dict[str, t.Any], watchdog_note: str) -> Text:
+def header_lines(snapshot: dict[str, t.Any], watchdog_note: str, width: int) -> list[Text]:
+    """Two lines, each cut to ``width``: the totals that matter most, then the states and the watchdog."""
     totals = snapshot["totals"]
-    text = Text()
-    text.append("ov watch", style="bold")
-    moment = snapshot["generated_at"] or ""
-    text.append(f"  {moment[:19].replace('T', ' ')}Z  ")
+    moment = (snapshot["generated_at"] or "")[11:19]
+    first = Text()
+    first.append("ov watch", style="bold")
+    first.append(f"  {moment}  {totals['active']}/{totals['agents']} active  mail {snapshot['mail']['pending']} "
+                 f"pending  turns {totals['turns']}  ")
+    first.append(f"cost ${totals['cost_usd']:.4f}", style="bold")
+    second = Text()
     for state, count in totals["by_state"].items():
-        text.append(f"{count} {state}  ", style=STATE_STYLES.get(state, ""))
-    text.append(f"mail {snapshot['mail']['pending']} pending  ")
-    text.append(f"turns {totals['turns']}  ")
-    text.append(f"cost ${totals['cost_usd']:.4f}", style="bold")
+        second.append(f"{count} {state}  ", style=STATE_STYLES.get(state, ""))
     if watchdog_note:
-        text.append(f"  | {watchdog_note}", style="dim")
-    return text
+        second.append(f"| {watchdog_note}", style="dim")
+    for line in (first, second):
+        line.no_wrap = True
+        line.truncate(width, overflow="ellipsis")
+    return [first, second]
 
 
 def _mail_table(messages: list[dict[str, t.Any]], width: int) -> Table:
@@ -139,8 +160,8 @@ def render_frame(snapshot: dict[str, t.Any], *, width: int, height: int | None =
                  watchdog_note: str = "") -> RenderableType:
     """The whole dashboard. ``height`` (live mode) caps the agent rows; None shows all."""
     max_rows = None if height is None else max(3, height - 24)
-    parts: list[RenderableType] = [_header(snapshot, watchdog_note),
-                                   agents_table(snapshot["agents"], width, max_rows)]
+    parts: list[RenderableType] = [*header_lines(snapshot, watchdog_note, width),
+                                   agents_table(sort_agents(snapshot["agents"]), width, max_rows)]
     if snapshot.get("problems"):
         parts.append(_events_table("problems", snapshot["problems"][:6], width))
     if snapshot.get("recent_mail"):
@@ -150,3 +171,60 @@ def render_frame(snapshot: dict[str, t.Any], *, width: int, height: int | None =
     if snapshot.get("merge_queue"):
         parts.append(_merge_table(snapshot["merge_queue"][:5]))
     return Group(*parts)
+
+
+def extra_sections(snapshot: dict[str, t.Any], width: int) -> list[RenderableType]:
+    """What the interactive screen shows under the agents when there is room, most useful first."""
+    parts: list[RenderableType] = []
+    if snapshot.get("problems"):
+        parts.append(_events_table("problems", snapshot["problems"][:6], width))
+    if snapshot.get("events"):
+        parts.append(_events_table("events", snapshot["events"][:8], width))
+    if snapshot.get("recent_mail"):
+        parts.append(_mail_table(snapshot["recent_mail"][:6], width))
+    if snapshot.get("merge_queue"):
+        parts.append(_merge_table(snapshot["merge_queue"][:5]))
+    return parts
+
+
+def console_for(width: int | None, *, terminal: bool | None = None) -> t.Any:
+    """A rich Console; NO_COLOR (set and not empty) removes every style, bold and dim included."""
+    import os
+
+    from rich.console import Console
+
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(width=width, highlight=False, force_terminal=terminal, no_color=plain,
+                   color_system=None if plain else "auto")
+
+
+def to_lines(console: t.Any, renderable: RenderableType) -> list[str]:
+    """``renderable`` as screen lines (with escape codes unless the console is plain)."""
+    with console.capture() as captured:
+        console.print(renderable)
+    return captured.get().rstrip("\n").split("\n")
+
+
+def title(text: str, width: int, *, bold: bool = True) -> Text:
+    line = Text(text, style="bold" if bold else "", no_wrap=True)
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+def dim(text: str, width: int) -> Text:
+    line = Text(text, style="dim", no_wrap=True)
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("+", "green"), ("-", "red"), ("@@", "cyan"), ("diff ", "bold"))
+
+
+def view_line(text: str, width: int, *, diff: bool = False) -> Text:
+    """One line of a stream or diff view, cut to ``width``; diff lines are coloured like git's."""
+    style = ""
+    if diff:
+        style = next((s for prefix, s in DIFF_STYLES if text.startswith(prefix)), "")
+    line = Text(text.expandtabs(4), style=style, no_wrap=True)
+    line.truncate(width, overflow="ellipsis")
+    return line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import typing as t
@@ -23,6 +24,8 @@ if t.TYPE_CHECKING:
 STREAM_FLAGS = ["-p", "--output-format", "stream-json", "--input-format", "stream-json", "--verbose",
                 "--permission-mode", "bypassPermissions"]
 INSTALL_HINT = "npm install -g @anthropic-ai/claude-code (or set runtime.claude_bin, or use --runtime scripted)"
+# The oldest Claude Code ov supports: HTTP hooks with "onFailure" (a guard that fails closed) came in 2.1.295.
+MIN_VERSION = (2, 1, 295)
 
 
 STATE_DIR_NAME = "claude"  # CLAUDE_CONFIG_DIR of one agent, under its run dir
@@ -99,6 +102,12 @@ def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]
         settings["hooks"]["UserPromptSubmit"] = inject
         settings["hooks"]["SessionStart"] = inject
     return settings
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """``(2, 1, 330)`` from ``claude --version`` output such as "2.1.330 (Claude Code)"; None if unreadable."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(part) for part in match.groups()) if match else None
 
 
 def _version_of(argv: list[str]) -> str | None:
@@ -180,6 +189,12 @@ class ClaudeRuntime(Runtime):
         if version is None:
             return RuntimeProbe(self.name, "broken", f"{path} did not report a version", credentials,
                                 "reinstall @anthropic-ai/claude-code")
+        parsed = parse_version(version)
+        if parsed is not None and parsed < MIN_VERSION:
+            minimum = ".".join(map(str, MIN_VERSION))
+            return RuntimeProbe(self.name, "outdated", f"{version} at {path} is older than {minimum}, which HTTP "
+                                f"hooks with onFailure need", credentials,
+                                f"npm install -g @anthropic-ai/claude-code (>= {minimum})")
         return RuntimeProbe(self.name, "ok", f"{version} at {path}", credentials)
 
 

@@ -2,6 +2,11 @@
 
 Pure logic: no I/O, so it is tested against captured output of the real CLI.
 Unknown event types are kept raw; a malformed line is an event, never an error.
+
+One process can print several ``result`` events (2.1.330): a background sub-agent that
+finishes starts another turn in the same process for its notification, with a second
+``init`` and a ``result`` with ``result_index`` 1. The turn runner reads to EOF, and
+``TurnStream`` keeps every result (see ``succeeded`` and ``usage`` for which counts).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ PERMANENT_PATTERN = re.compile(
 )
 RESUME_PATTERN = re.compile(r"no conversation found|session.*(not found|does not exist|expired)|unknown session",
                             re.IGNORECASE)
-AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key", re.IGNORECASE)
+# "Not logged in · Please run /login": no key and no login (measured on 2.1.197; no request is made).
+AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key|not logged in|run /login", re.IGNORECASE)
 COARSE_KIND = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
 
 
@@ -47,7 +53,8 @@ class TurnStream(TurnParser):
     assistant_blocks: int = 0
     tool_calls: int = 0
     current_tool: str | None = None
-    result: dict[str, t.Any] | None = None
+    result: dict[str, t.Any] | None = None  # the last result so far
+    results: list[dict[str, t.Any]] = field(default_factory=list)
     api_retries: list[dict[str, t.Any]] = field(default_factory=list)
     malformed: int = 0
     _tool_started: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -84,9 +91,11 @@ class TurnStream(TurnParser):
             return self._tool_results(event, now)
         if kind == "result":
             self.result = event
+            self.results.append(event)
             self.current_tool = None
             usage = event.get("usage") or {}
             data = {
+                "result_index": event.get("result_index", len(self.results) - 1),
                 "subtype": subtype, "is_error": bool(event.get("is_error")),
                 "result": _trim(event.get("result"), TEXT_LIMIT), "num_turns": event.get("num_turns"),
                 "duration_ms": event.get("duration_ms"), "total_cost_usd": event.get("total_cost_usd") or 0.0,
@@ -149,6 +158,13 @@ class TurnStream(TurnParser):
 
     @property
     def succeeded(self) -> bool:
+        """The LAST result decides (and ``failure`` classifies it).
+
+        A later result is a turn the same process ran after the earlier ones (a background
+        sub-agent's notification), so it is the state the session was left in: if the model
+        could not act on the notification, the turn is not done. The CLI agrees: it exits 1
+        when the last result is an error, even after a successful first one.
+        """
         return self.result is not None and not self.result.get("is_error")
 
     def failure_kind(self, *, resumed: bool) -> str:
@@ -186,11 +202,19 @@ class TurnStream(TurnParser):
         return _trim(str(self.result.get("result") or self.result.get("subtype") or "error"), 300) or "error"
 
     def usage(self) -> Usage:
-        if not self.result:
+        """Tokens summed over the results, cost the largest ``total_cost_usd`` seen.
+
+        Each result's ``usage`` covers only its own turn's main-thread requests, so they add
+        up. ``total_cost_usd`` is the process's running total (sub-agents included; every
+        result repeats it), so adding would count it twice; the largest is the latest total,
+        and an API-error result that reports 0 cannot lower it.
+        """
+        if not self.results:
             return Usage()
-        usage = self.result.get("usage") or {}
-        return Usage(_input_tokens(usage), int(usage.get("output_tokens") or 0),
-                     float(self.result.get("total_cost_usd") or 0.0))
+        input_tokens = sum(_input_tokens(r.get("usage") or {}) for r in self.results)
+        output_tokens = sum(int((r.get("usage") or {}).get("output_tokens") or 0) for r in self.results)
+        cost = max(float(r.get("total_cost_usd") or 0.0) for r in self.results)
+        return Usage(input_tokens, output_tokens, cost)
 
 
 def _kind_of_status(status: t.Any) -> str:

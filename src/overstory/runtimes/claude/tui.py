@@ -38,7 +38,11 @@ _RULE = re.compile(r"^\s*─{8,}\s*$")
 _SPINNER = re.compile(r"^\s*\S\s+[\w' -]+…")
 
 BLOCKERS = (
-    Blocker("trust", ("❯ 1. Yes, I trust this folder",), ("Enter",),
+    # 2.1.330 shows "❯ No, exit" selected above "Yes, I trust this folder", and drops keys typed just
+    # after it draws the question: Enter must follow only once the screen shows Yes selected.
+    Blocker("trust", ("❯ No, exit", "Yes, I trust this folder"), ("Down",),
+            "the TUI asked whether to trust the worktree"),
+    Blocker("trust_confirm", ("❯ Yes, I trust this folder",), ("Enter",),
             "the TUI asked whether to trust the worktree"),
     Blocker("bypass_warning", ("Bypass Permissions mode", "Yes, I accept"), None,
             "the TUI stopped at its Bypass Permissions warning although ov passed "

@@ -1,0 +1,121 @@
+"""What the keys of `ov watch` do: each one runs an `ov` command by name.
+
+A command this version of ov does not have (`ov resume`, `ov approve`, `ov reject`
+arrive with later features) answers "not available in this version" instead of
+failing, so its key starts working the day the command is added to
+``overstory.cli.main.COMMANDS``. Commands run as child processes (`python -m
+overstory`), one at a time, in a background thread, so the screen keeps
+refreshing while `ov stop` waits for an agent to go.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import typing as t
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+ACTION_TIMEOUT = 300.0
+
+
+def command_available(name: str) -> bool:
+    """Whether this ov has the top-level command ``name``."""
+    from overstory.cli.main import cli
+
+    return cli.get_command(click.Context(cli, info_name="ov"), name) is not None
+
+
+def not_available(name: str) -> str:
+    return f"`ov {name}` is not available in this version"
+
+
+def ov_argv(root: Path, args: t.Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "overstory", "--project", str(root), *args]
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    message: str
+
+
+def run_command(root: Path, args: t.Sequence[str]) -> Outcome:
+    """Run ``ov ARGS`` to completion; its last line of output (or error) is the message."""
+    if not command_available(args[0]):
+        return Outcome(False, not_available(args[0]))
+    try:
+        done = subprocess.run(ov_argv(root, args), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=ACTION_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return Outcome(False, f"`ov {' '.join(args)}` did not finish in {ACTION_TIMEOUT:g}s")
+    text = (done.stdout if done.returncode == 0 else done.stderr or done.stdout).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    message = lines[0] if lines else f"`ov {args[0]}` exited {done.returncode}"
+    return Outcome(done.returncode == 0, message.removeprefix("ov: error: "))
+
+
+def run_foreground(root: Path, args: t.Sequence[str]) -> Outcome:
+    """Run ``ov ARGS`` on this terminal (attach): the caller has handed the terminal over."""
+    if not command_available(args[0]):
+        return Outcome(False, not_available(args[0]))
+    code = subprocess.call(ov_argv(root, args))
+    return Outcome(code == 0, f"`ov {' '.join(args)}` exited {code}" if code else f"back from `ov {args[0]}`")
+
+
+def pending_approval(state_db: Path, agent: str) -> str | None:
+    """The id of ``agent``'s pending gate in the ``approvals`` table; None when there is none (or no table)."""
+    try:
+        conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=2)
+        try:
+            row = conn.execute("SELECT id FROM approvals WHERE agent = ? AND status = 'pending' ORDER BY id LIMIT 1",
+                               (agent,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+class Runner:
+    """One action at a time in a background thread; ``poll`` returns its outcome once it is done."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._thread: threading.Thread | None = None
+        self._outcome: Outcome | None = None
+        self.label = ""
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, label: str, args: t.Sequence[str]) -> bool:
+        if self.busy:
+            return False
+        self.label = label
+        self._outcome = None
+
+        def work() -> None:
+            try:
+                self._outcome = run_command(self.root, args)
+            except Exception as exc:  # shown on screen; the dashboard goes on
+                self._outcome = Outcome(False, f"{type(exc).__name__}: {exc}")
+
+        self._thread = threading.Thread(target=work, name="ov-watch-action", daemon=True)
+        self._thread.start()
+        return True
+
+    def poll(self) -> Outcome | None:
+        if self._thread is None or self._thread.is_alive():
+            return None
+        self._thread = None
+        return self._outcome
+
+    def wait(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,132 @@
+"""Every route of `ov serve`, described once.
+
+The router (``app``), the OpenAPI document (``openapi``) and `ov serve --help` are all
+built from ``ENDPOINTS``, so a route cannot exist without its documentation. Plain
+data and the standard library: `ov serve --help` reads it without importing Starlette.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+
+class Param(t.NamedTuple):
+    name: str
+    where: str  # path | query | header
+    type: str  # string | integer | boolean | number
+    description: str
+    repeat: bool = False
+
+
+class Endpoint(t.NamedTuple):
+    method: str
+    path: str
+    op: str  # the handler's name in ``routes``, and the OpenAPI operationId
+    summary: str
+    params: tuple[Param, ...] = ()
+    body: str | None = None  # the request model's name in ``bodies``
+    status: int = 200
+    media: str = "application/json"
+
+    @property
+    def changes_state(self) -> bool:
+        return self.method not in ("GET", "HEAD")
+
+
+NAME = Param("name", "path", "string", "agent name")
+LIMIT = Param("limit", "query", "integer", "how many (newest first, returned oldest first)")
+ALL = Param("all", "query", "boolean", "include completed agents")
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/", "page", "The web page. `/?token=T` (the URL `ov serve` prints) signs in: it sets a cookie "
+             "and redirects to `/`.", (Param("token", "query", "string", "the token, once, to sign in"),),
+             media="text/html"),
+    Endpoint("GET", "/api/docs", "api_docs", "This API, as a readable page.", media="text/html"),
+    Endpoint("GET", "/api/openapi.json", "openapi", "This API as an OpenAPI 3.1 document."),
+    Endpoint("GET", "/api/health", "health", "Liveness: version, project, event cursor, connected stream clients."),
+    Endpoint("GET", "/api/status", "status", "The `ov status --json` document.", (ALL,)),
+    Endpoint("GET", "/api/agents", "agents", "Every agent, as in `ov status --json` (completed ones with ?all=1).",
+             (ALL,)),
+    Endpoint("GET", "/api/agents/{name}", "agent", "One agent: its status entry, task, turns, state history, "
+             "spend and budget (null until budgets exist).", (NAME,)),
+    Endpoint("GET", "/api/agents/{name}/diff", "agent_diff", "The agent's changes against its base branch "
+             "(committed, uncommitted and untracked), as text.",
+             (NAME, Param("stat", "query", "boolean", "only the summary (`git diff --stat`)")), media="text/plain"),
+    Endpoint("GET", "/api/agents/{name}/mail", "agent_mail", "The agent's conversation: mail to or from it.",
+             (NAME, LIMIT)),
+    Endpoint("POST", "/api/agents/{name}/stop", "agent_stop", "`ov stop`: settle the agent to completed and stop "
+             "its processes.", (NAME,), body="StopBody"),
+    Endpoint("POST", "/api/agents/{name}/nudge", "agent_nudge", "`ov nudge`: a high-priority nudge mail.", (NAME,),
+             body="NudgeBody", status=201),
+    Endpoint("POST", "/api/agents/{name}/resume", "agent_resume", "`ov resume`: un-park the agent (501 until "
+             "budgets exist).", (NAME,), body="ResumeBody"),
+    Endpoint("POST", "/api/sling", "sling", "`ov sling`: spawn an agent (no --spec or --scenario files: "
+             "the API reads no file).", body="SlingBody", status=201),
+    Endpoint("GET", "/api/events", "events", "Events in id order after a cursor (`ov feed`).", (
+        Param("since", "query", "integer", "only events with an id greater than this"),
+        Param("agent", "query", "string", "only this agent's events"),
+        Param("kind", "query", "string", "only events of this kind (repeatable)", repeat=True),
+        Param("turn", "query", "string", "only this turn's events"),
+        Param("newest", "query", "boolean", "the newest `limit` events instead of the first after `since`"),
+        LIMIT)),
+    Endpoint("GET", "/events/stream", "event_stream", "Server-sent events: every new event as it is committed "
+             "(`id:` is the event id). Resume with the `Last-Event-ID` header (browsers send it by themselves) or "
+             "?since=N; without either, only new events. A comment line every heartbeat keeps proxies open.", (
+                 Param("Last-Event-ID", "header", "integer", "resume after this event id (wins over ?since)"),
+                 Param("since", "query", "integer", "resume after this event id"),
+                 Param("agent", "query", "string", "only this agent's events"),
+                 Param("kind", "query", "string", "only events of this kind (repeatable)", repeat=True)),
+             media="text/event-stream"),
+    Endpoint("GET", "/api/mail", "mail_list", "`ov mail list`: mail, oldest first; never marks anything read.", (
+        Param("to", "query", "string", "recipient"), Param("from", "query", "string", "sender"),
+        Param("type", "query", "string", "mail type"), Param("unread", "query", "boolean", "only unread mail"),
+        Param("thread", "query", "integer", "only this thread"), LIMIT)),
+    Endpoint("POST", "/api/mail", "mail_send", "`ov mail send` (from the operator unless `from` is given).",
+             body="SendBody", status=201),
+    Endpoint("GET", "/api/mail/{id}", "mail_get", "One message; never marks it read.",
+             (Param("id", "path", "integer", "message id"),)),
+    Endpoint("POST", "/api/mail/{id}/reply", "mail_reply", "`ov mail reply`: answer a message, in its thread.",
+             (Param("id", "path", "integer", "message id"),), body="ReplyBody", status=201),
+    Endpoint("POST", "/api/mail/{id}/read", "mail_read", "Mark a message to the operator read (`ov mail read`).",
+             (Param("id", "path", "integer", "message id"),), body="EmptyBody"),
+    Endpoint("GET", "/api/runs", "runs", "`ov run list`.", (LIMIT,)),
+    Endpoint("GET", "/api/runs/{run}", "run", "`ov run show`: agents, turns, tokens, cost, mail of one run.",
+             (Param("run", "path", "string", "run id or a unique prefix of one"),)),
+    Endpoint("GET", "/api/merge/queue", "merge_queue", "The merge queue: announced (merge_ready mail not queued "
+             "yet), pending, then the latest merged or failed."),
+    Endpoint("GET", "/api/merge/predict", "merge_predict", "`ov merge --dry-run`: the tier a merge needs and the "
+             "files that conflict, touching nothing.", (
+                 Param("agent", "query", "string", "an agent's branch"), Param("branch", "query", "string",
+                                                                               "or a branch"),
+                 Param("into", "query", "string", "target branch (default: where the agent was slung from)"))),
+    Endpoint("GET", "/api/waiting", "waiting", "What waits for a person: parked agents and unread questions, "
+             "escalations, decision gates, deaths and failed merges addressed to the operator."),
+    Endpoint("GET", "/api/approvals", "approvals", "Pending approval gates (501 until approval gates exist).",
+             (Param("all", "query", "boolean", "decided and expired ones too"),)),
+    Endpoint("POST", "/api/approvals/{id}/approve", "approval_approve", "`ov approve` (501 until approval gates "
+             "exist).", (Param("id", "path", "string", "approval id"),), body="ApproveBody"),
+    Endpoint("POST", "/api/approvals/{id}/reject", "approval_reject", "`ov reject` (501 until approval gates "
+             "exist).", (Param("id", "path", "string", "approval id"),), body="RejectBody"),
+    Endpoint("GET", "/api/costs", "costs", "`ov costs` (501 until budgets exist).", (
+        Param("by", "query", "string", "agent, run, capability or model"),
+        Param("since", "query", "string", "10m, 2h or an ISO time"))),
+)
+STATIC_PREFIX = "/static"
+
+
+def _first_sentence(text: str) -> str:
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
+
+
+def help_text() -> str:
+    """The route list for `ov serve --help` (click's ``\\b`` keeps the lines as they are)."""
+    lines = ["\b", "Every route needs the token: `Authorization: Bearer <.overstory/serve-token>`,",
+             "or the cookie the printed address sets (then POSTs must come from the page itself).", "", "\b",
+             "Routes:"]
+    width = max(len(e.path) for e in ENDPOINTS) + 2
+    for endpoint in ENDPOINTS:
+        lines.append(f"  {endpoint.method:<5}{endpoint.path:<{width}}{_first_sentence(endpoint.summary)}")
+    lines.append(f"  GET  {STATIC_PREFIX + '/...':<{width}}The page's files.")
+    lines += ["", "\b", "Full descriptions, parameters and bodies: /api/docs and /api/openapi.json on the server."]
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""Read-only documents behind the HTTP API and the web page: one agent in detail, an
+agent's mail, and what is waiting for the operator.
+
+Never writes; standard library only. Like ``status``, every query is bounded and
+served by an index (or walks the newest rows first and stops at its limit).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import typing as t
+
+from overstory.clock import iso, now_ms
+from overstory.errors import AgentNotFound
+from overstory.status import agent_entry
+from overstory.store import sessions, turns
+
+# Unread mail of these types to the operator needs a person.
+ATTENTION_TYPES = ("question", "escalation", "decision_gate", "worker_died", "merge_failed")
+_MAIL_COLUMNS = ("id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, created_at, "
+                 "read_at, claimed_by")
+_PRIORITY_NAMES = {0: "low", 1: "normal", 2: "high", 3: "urgent"}
+
+
+def _turn(row: dict[str, t.Any]) -> dict[str, t.Any]:
+    started, ended = row["started_at"], row["ended_at"]
+    return {"id": row["id"], "generation": row["generation"], "number": row["number"], "attempt": row["attempt"],
+            "status": row["status"], "started_at": iso(started), "ended_at": iso(ended),
+            "duration_seconds": round((ended - started) / 1000, 3) if ended is not None else None,
+            "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+            "cost_usd": round(row["cost_usd"], 6), "tool_calls": row["tool_calls"], "error": row["error"]}
+
+
+def agent_detail(conn: sqlite3.Connection, name: str, *, turn_limit: int = 20, history_limit: int = 20,
+                 now: int | None = None) -> dict[str, t.Any]:
+    """`ov status`'s entry for one agent plus its turns, its state history and its spend."""
+    agent = sessions.get(conn, name)
+    if agent is None:
+        raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+    now = now_ms() if now is None else now
+    pending = conn.execute("SELECT count(*) FROM mail INDEXED BY mail_pending WHERE recipient = ? "
+                           "AND read_at IS NULL AND claimed_by IS NULL", (name,)).fetchone()[0]
+    document = agent_entry(agent, now, int(pending))
+    history = conn.execute("SELECT from_state, to_state, actor, reason, at FROM transitions WHERE name = ? "
+                           "AND generation = ? ORDER BY id DESC LIMIT ?",
+                           (name, agent.generation, history_limit)).fetchall()
+    document.update({
+        "task": agent.spec.get("prompt"), "model": agent.model, "worktree": agent.worktree,
+        "base_branch": agent.base_branch, "created_at": iso(agent.created_at), "failed_turns": agent.failed_turns,
+        "turn_list": [_turn(r) for r in turns.recent(conn, name, limit=turn_limit)],
+        "history": [{"from": r["from_state"], "to": r["to_state"], "actor": r["actor"], "reason": r["reason"],
+                     "at": iso(r["at"])} for r in reversed(history)],
+        "spend": {"cost_usd": round(agent.cost_usd, 6), "input_tokens": agent.input_tokens,
+                  "output_tokens": agent.output_tokens, "turns": agent.turns},
+    })
+    return document
+
+
+def _message(row: sqlite3.Row, *, body_limit: int | None = None) -> dict[str, t.Any]:
+    body = row["body"] or ""
+    if body_limit is not None and len(body) > body_limit:
+        body = body[:body_limit] + "…"
+    state = "read" if row["read_at"] else ("claimed" if row["claimed_by"] else "unread")
+    return {"id": row["id"], "thread_id": row["thread_id"] if row["thread_id"] is not None else row["id"],
+            "reply_to": row["reply_to"], "from": row["sender"], "to": row["recipient"], "type": row["type"],
+            "priority": _PRIORITY_NAMES.get(row["priority"], str(row["priority"])), "subject": row["subject"],
+            "body": body, "payload": json.loads(row["payload"]) if row["payload"] else None,
+            "created_at": iso(row["created_at"]), "state": state}
+
+
+def agent_mail(conn: sqlite3.Connection, name: str, *, limit: int = 50) -> list[dict[str, t.Any]]:
+    """The newest ``limit`` messages to or from ``name``, oldest first (its conversation)."""
+    received = conn.execute(f"SELECT {_MAIL_COLUMNS} FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT ?",
+                            (name, limit)).fetchall()
+    sent = conn.execute(f"SELECT {_MAIL_COLUMNS} FROM mail WHERE sender = ? ORDER BY id DESC LIMIT ?",
+                        (name, limit)).fetchall()
+    rows = sorted({r["id"]: r for r in (*received, *sent)}.values(), key=lambda r: r["id"])[-limit:]
+    return [_message(r) for r in rows]
+
+
+def waiting(conn: sqlite3.Connection, *, limit: int = 50) -> dict[str, t.Any]:
+    """What needs a person: parked agents and unread mail to the operator that asks for something."""
+    parked = [{"name": a.name, "capability": a.capability, "task_id": a.task_id, "reason": a.state_reason,
+               "since": iso(a.updated_at)} for a in sessions.list_sessions(conn, include_terminal=False)
+              if a.state == "parked"]
+    marks = ",".join("?" * len(ATTENTION_TYPES))
+    rows = conn.execute(f"SELECT {_MAIL_COLUMNS} FROM mail WHERE recipient = 'operator' AND read_at IS NULL "
+                        f"AND type IN ({marks}) ORDER BY id DESC LIMIT ?", (*ATTENTION_TYPES, limit)).fetchall()
+    return {"parked": parked, "mail": [_message(r, body_limit=2000) for r in reversed(rows)]}
