@@ -112,8 +112,9 @@ class Snapshot:
             "merge queue": _rows(project.state_db, "SELECT * FROM merge_queue ORDER BY id"),
             "events": _rows(project.events_db, f"SELECT id, kind, agent, summary FROM events WHERE agent NOT IN ({marks}) "
                                                "AND kind NOT IN ('mail_sent') ORDER BY id", names),
+            # (An endpoint socket comes and goes with its loop: ov's own, not an agent's doing.)
             "other run dirs": {k: v for k, v in _hash_tree(project.run_dir).items()
-                               if k.split("/")[0] not in owned_agents},
+                               if k.split("/")[0] not in owned_agents and not k.endswith("/ov.sock")},
         }
         for label, path in extra.items():
             parts[label] = _hash_tree(path) if path.is_dir() else (path.read_bytes() if path.exists() else None)

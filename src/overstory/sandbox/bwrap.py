@@ -8,6 +8,7 @@ quoted where they decide something).
 from __future__ import annotations
 
 import os
+import sys
 import typing as t
 from pathlib import Path
 
@@ -32,12 +33,17 @@ def _under_tmp(path: Path) -> bool:
 
 def _host_tmp_paths(layout: Layout, command: t.Sequence[str]) -> list[str]:
     """What must stay visible (read-only) from the host's /tmp under the private one: the program the
-    turn runs (an install there: its whole top-level dir) and the project (a checkout there)."""
+    turn runs and the Python environment ov runs from (an install there: its whole top-level dir,
+    symlinks resolved or not), and the project (a checkout there)."""
+    import overstory
+
     shown: list[Path] = []
-    for program in command[:1]:
-        real = Path(os.path.realpath(program))
-        if _under_tmp(real):
-            shown.append(Path(*real.parts[:3]))
+    programs = [Path(p) for p in command[:1]] + [Path(sys.prefix), Path(overstory.__file__).parent]
+    for program in programs:
+        for path in (program if program.is_absolute() else Path.cwd() / program, Path(os.path.realpath(program))):
+            top = Path(*path.parts[:3])
+            if _under_tmp(path) and top not in shown:
+                shown.append(top)
     if _under_tmp(layout.root) and not any(p == layout.root or p in layout.root.parents for p in shown):
         shown.append(layout.root)
     return [arg for path in shown for arg in _bind("--ro-bind", path)]
