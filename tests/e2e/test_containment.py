@@ -27,8 +27,6 @@ import time
 import typing as t
 from pathlib import Path
 
-import pytest
-
 import containment_rows as rows_module
 from agent_helpers import agent_state, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
@@ -213,7 +211,7 @@ def test_escape_table(project: ProjectPaths, tmp_path: Path) -> None:
             sent = run_ov("mail", "send", "--to", BUILDER, "--subject", "carry on", "--body", "finish", cwd=project.root)
             assert MEASURE or sent.returncode == 0, sent.stderr
             for agent in owned:
-                settle(lambda: (a := agent_state(project, agent)) and a.is_terminal, f"{agent} to settle")
+                settle(lambda name=agent: (a := agent_state(project, name)) and a.is_terminal, f"{agent} to settle")
             time.sleep(5)  # row p04's late write would fire 4 s after it was started
             after = Snapshot.take(project, owned_agents=owned, owned_worktrees=[BUILDER], extra=extra)
             leftovers = {agent: live_processes_of(project, agent) for agent in owned}

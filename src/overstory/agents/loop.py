@@ -19,8 +19,13 @@ import uuid
 from pathlib import Path
 
 from overstory import procs
-from overstory.agents.process import POLL_SECONDS, AgentProcess, acquire_turn_slot, load_launch_env
-from overstory.agents.process import spawn_loop as spawn_loop  # re-exported: callers and tests start loops from here
+from overstory.agents.process import (
+    POLL_SECONDS,
+    AgentProcess,
+    acquire_turn_slot,
+    load_launch_env,
+    spawn_loop,  # noqa: F401 - re-exported: callers and tests start loops from here
+)
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
 from overstory.store import sessions, turns

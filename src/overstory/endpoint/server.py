@@ -86,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: t.Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: t.Any) -> None:  # (the base class names it `format`)
         pass
 
     def address_string(self) -> str:
@@ -228,7 +228,7 @@ class AgentEndpoint:
             return 400, {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
         except (KeyError, TypeError, ValueError) as exc:
             return 400, {"ok": False, "error": f"bad request for {route}: {type(exc).__name__}: {exc}", "exit_code": 2}
-        except Exception as exc:  # a bug in ov: the loop must keep serving
+        except Exception as exc:  # noqa: BLE001 - a bug in ov: the loop must keep serving
             return 500, {"ok": False, "error": f"internal error in {route}: {type(exc).__name__}: {exc}",
                          "exit_code": 1}
         finally:

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import subprocess
-import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
