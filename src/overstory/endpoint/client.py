@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import typing as t
 
 from overstory.errors import EndpointError
@@ -46,6 +45,8 @@ class Channel:
 
     def call(self, route: str, args: t.Mapping[str, t.Any]) -> t.Any:
         """POST one request; the route's result, or EndpointError with the server's one-line reason."""
+        import socket  # only agents pay for it: the operator's commands never get here
+
         body = json.dumps(dict(args), ensure_ascii=False).encode("utf-8")
         head = (f"POST /v1/{route} HTTP/1.1\r\nHost: ov\r\nAuthorization: Bearer {self.token}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
