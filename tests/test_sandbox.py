@@ -66,6 +66,7 @@ def _layout(tmp_path: Path, *, writer: bool) -> Layout:
                  root / ".overstory" / "worktrees" / "b"):
         path.mkdir(parents=True, exist_ok=True)
     (root / ".git" / "config").write_text("")
+    (root / ".overstory" / "serve-token").write_text("t" * 32)
     run = root / ".overstory" / "run" / "b"
     return Layout(root=root, ov_dir=root / ".overstory", runs=run.parent, run=run,
                   worktrees=root / ".overstory" / "worktrees", worktree=root / ".overstory" / "worktrees" / "b",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass
 
-from overstory.errors import SandboxError
+from overstory.errors import OrchestratorError, SandboxError
 from overstory.runtimes import get_runtime
 from overstory.sandbox import gitrefs
 from overstory.sandbox.bwrap import build_argv
@@ -84,7 +84,10 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
     # `ov serve`'s secret must exist to be masked (a mount needs its target): make it now if it does not.
     from overstory.serve_token import ensure_token
 
-    ensure_token(project)
+    try:
+        ensure_token(project)
+    except (OrchestratorError, OSError):
+        pass  # an unusable token file is still masked; `ov serve` reports it
     inside = dict(env)
     inside["TMPDIR"] = "/tmp"  # a host temp dir would be read-only (or shared) in here
     for name in runtime.tmp_env_vars:

@@ -72,7 +72,7 @@ def build_argv(bwrap: str, layout: Layout, command: t.Sequence[str], *, network:
     if resolv is not None:
         argv += _bind("--ro-bind", resolv)
     # The secret of `ov serve` (its HTTP API acts as the operator) is masked with an empty file.
-    if layout.serve_token is not None:
+    if layout.serve_token is not None and layout.serve_token.exists():
         argv += ["--ro-bind", "/dev/null", str(layout.serve_token)]
     # ov's per-agent files: only this agent's run dir (a socket on a read-only mount still
     # connects, so the others' endpoint sockets must be hidden, not just read-only: U04).
