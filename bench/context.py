@@ -36,7 +36,9 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig8_runs": (2, 1),
     "fig8_synthetic_runs": (3, 1),
     "fig8_idle_seconds": (10, 3),
-    "fig9_rounds": (30, 8),
+    "fig9_repeat": (7, 3),
+    "fig9_rounds": (10, 4),
+    "fig10_rounds": (30, 8),
 }
 
 

@@ -126,8 +126,8 @@ def test_out_of_range_value(files: tuple[Path, Path]) -> None:
 
 
 def test_invalid_choice_lists_the_choices(files: tuple[Path, Path]) -> None:
-    main = write(files[0], "runtime:\n  default: codex\n")
-    with pytest.raises(ConfigError, match=r"runtime\.default.*'claude'.*'scripted'"):
+    main = write(files[0], "runtime:\n  default: copilot\n")
+    with pytest.raises(ConfigError, match=r"runtime\.default.*'claude'.*'scripted'.*'codex'.*'gemini'.*'opencode'"):
         load_config(main, None, environ={})
 
 

@@ -28,6 +28,9 @@ class ProjectSection(_Section):
 class RuntimeSection(_Section):
     default: str = "claude"
     claude_bin: str = "claude"
+    codex_bin: str = "codex"
+    gemini_bin: str = "gemini"
+    opencode_bin: str = "opencode"
     model: str | None = None
     tmux: bool = False
 
@@ -116,9 +119,28 @@ class LogsSection(_Section):
     keep_days: float = Field(14, gt=0)
 
 
+PROTOCOLS = ("anthropic", "openai-responses", "openai-chat", "gemini")
+
+
 class Provider(_Section):
     base_url: str
     api_key_env: str = "ANTHROPIC_API_KEY"
+    # The API the endpoint speaks; when set, ov refuses to point a runtime that speaks another at it.
+    protocol: str | None = None
+
+    @field_validator("protocol")
+    @classmethod
+    def _known_protocol(cls, value: str | None) -> str | None:
+        if value is not None and value not in PROTOCOLS:
+            raise ValueError(f"unknown protocol; choose one of: {', '.join(PROTOCOLS)}")
+        return value
+
+
+class ModelPrice(_Section):
+    """US dollars per million tokens, for runtimes whose CLI reports tokens but not cost."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
 
 
 # Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
@@ -137,6 +159,26 @@ class Config(_Section):
     logs: LogsSection = Field(default_factory=LogsSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
+    runtimes: dict[str, str] = Field(default_factory=dict)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, value: dict[str, str]) -> dict[str, str]:
+        from overstory.runtimes import RUNTIME_NAMES
+        from overstory.store.sessions import CAPABILITIES
+
+        for capability, runtime in value.items():
+            if capability not in CAPABILITIES:
+                raise ValueError(f"unknown capability {capability!r}; choose among: {', '.join(CAPABILITIES)}")
+            if runtime not in RUNTIME_NAMES:
+                raise ValueError(f"unknown runtime {runtime!r} for {capability}; choose one of: "
+                                 f"{', '.join(RUNTIME_NAMES)}")
+        return value
+
+    def runtime_for(self, capability: str) -> str:
+        """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
+        return self.runtimes.get(capability) or self.runtime.default
 
 
 # Written by `ov init`. Every key is documented; tests check none is missing.
@@ -150,10 +192,17 @@ project:
   canonical_branch: main
 
 runtime:
-  # Runtime for new agents: claude (the real Claude Code CLI) or scripted (built-in fake).
+  # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
+  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
   default: claude
   # Program started for the claude runtime (a name on PATH or an absolute path).
   claude_bin: claude
+  # Program started for the codex runtime (npm package @openai/codex).
+  codex_bin: codex
+  # Program started for the gemini runtime (npm package @google/gemini-cli).
+  gemini_bin: gemini
+  # Program started for the opencode runtime (npm package opencode-ai).
+  opencode_bin: opencode
   # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
   model: null
   # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
@@ -215,7 +264,9 @@ logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
   keep_days: 14
 
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY}}.
+# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
+# protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
+# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
 providers: {}
 
 # Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
@@ -226,6 +277,15 @@ models:
   builder: sonnet
   # Scouts only read and report: haiku is enough and cheaper still.
   scout: haiku
+
+# Runtime per capability, e.g. {builder: codex, reviewer: gemini}; the rest use runtime.default.
+# (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
+runtimes: {}
+
+# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...}},
+# for runtimes whose CLI reports tokens but no cost (codex, gemini, opencode). Entries here override
+# ov's built-in list (`ov config --defaults` does not show it; see src/overstory/prices.py).
+prices: {}
 """
 
 
@@ -237,7 +297,9 @@ def load_config(config_file: Path, local_file: Path | None = None,
     for path in (config_file, local_file):
         if path is not None and path.exists():
             layers.append((str(path), _read_yaml(path)))
-    overrides = _env_overrides(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    _check_env_names(environ)
+    overrides = _env_overrides(environ)
     if overrides:
         layers.append(("environment (" + ", ".join(_override_names(overrides)) + ")", overrides))
     config = Config()
@@ -257,6 +319,12 @@ def _override_names(overrides: dict[str, t.Any]) -> list[str]:
 def _read_yaml(path: Path) -> dict[str, t.Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
+                          "is not UTF-8); compare it with `ov config --defaults`") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be an ov config; compare it with "
+                          "`ov config --defaults`") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -269,6 +337,41 @@ def _read_yaml(path: Path) -> dict[str, t.Any]:
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, found {type(data).__name__}")
     # A section whose keys are all commented out parses as null: it overrides nothing.
     return {key: {} if value is None else value for key, value in data.items()}
+
+
+# OV_* variables that are not config keys: what ov reads besides, and what its own test
+# suite reads. Any other OV_* name is a mistake and is reported like an unknown key.
+OTHER_VARIABLES: dict[str, str] = {
+    "OV_DEBUG": "1 prints tracebacks for errors",
+    "OV_SCRIPTED_SCENARIO": "the scripted runtime's scenario file when --scenario is not given",
+    "OV_SCRIPTED_STATE_DIR": "where the scripted runtime keeps its sessions",
+    "OV_CLAUDE_BIN": "the claude binary the test suite's e2e tests use",
+    "OV_CAPTURE_STREAM_FIXTURES": "1 makes the e2e tests save stream fixtures",
+    "OV_SCREENSHOTS": "where the browser tests save the dashboard's screenshots",
+}
+OTHER_PREFIXES = ("OV_TEST_",)  # fault-injection hooks used by the tests
+
+
+def _check_env_names(environ: t.Mapping[str, str]) -> None:
+    known = set(env_var_names()) | set(OTHER_VARIABLES)
+    unknown = sorted(name for name in environ if name.startswith("OV_") and name not in known
+                     and not name.startswith(OTHER_PREFIXES))
+    if not unknown:
+        return
+    problems = []
+    for name in unknown:
+        section = next((s for s in Config.model_fields if name.startswith(f"OV_{s.upper()}_")), None)
+        same_section = [v for v in env_var_names() if section and v.startswith(f"OV_{section.upper()}_")]
+        if section in ("providers", "models"):
+            expected = f"`{section}` is set in config.yaml only"
+        elif same_section:
+            expected = f"expected one of: {', '.join(same_section)}"
+        else:
+            sections = ", ".join(f"OV_{s.upper()}_*" for s in Config.model_fields if s not in ("providers", "models"))
+            expected = (f"expected OV_<SECTION>_<KEY> with a section of {sections}, "
+                        f"or one of {', '.join(OTHER_VARIABLES)}")
+        problems.append(f"unknown variable {name} ({expected})")
+    raise ConfigError("environment: " + "; ".join(problems))
 
 
 def _env_overrides(environ: t.Mapping[str, str]) -> dict[str, t.Any]:

@@ -86,7 +86,8 @@ def check_sandbox(config: Config) -> Check:
     return Check("sandbox", OK, f"every turn runs in bubblewrap ({mode.reason})")
 
 
-def check_database(path: Path, expected_version: int) -> Check:
+def check_database(path: Path, expected_version: int, migrations: t.Sequence[t.Any] = (),
+                   repair: bool = False) -> Check:
     name = path.name
     if not path.exists():
         # Normal in a fresh clone of a repository that commits .overstory/ (databases are git-ignored).
@@ -106,7 +107,34 @@ def check_database(path: Path, expected_version: int) -> Check:
         return Check(name, FAIL, f"schema v{version} is newer than this ov (v{expected_version})", "upgrade ov")
     if version < expected_version:
         return Check(name, WARN, f"schema v{version}; any ov command upgrades it to v{expected_version}")
+    if migrations:
+        damaged = check_schema(path, migrations, repair)
+        if damaged is not None:
+            return damaged
     return Check(name, OK, f"integrity ok, schema v{version}")
+
+
+def check_schema(path: Path, migrations: t.Sequence[t.Any], repair: bool) -> Check | None:
+    """A database at the current version that lacks tables or indexes its migrations made."""
+    from overstory.store import schema
+
+    try:
+        conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+        try:
+            missing = schema.missing_objects(conn, migrations)
+            made = schema.repair(conn, migrations) if missing and repair else []
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return Check(path.name, FAIL, f"{path}: {exc}", "move the file aside and run `ov init --force`")
+    if not missing:
+        return None
+    names = ", ".join(f"{typ} {name}" for typ, name in missing)
+    if made:
+        return Check(path.name, WARN, f"recreated the missing {', '.join(made)} (empty: their rows were lost)")
+    return Check(path.name, FAIL, f"{path} is missing {names}",
+                 "`ov doctor --repair` recreates them empty (the rest of the data is kept); or restore the file "
+                 "from a backup")
 
 
 def check_canonical_branch(root: Path, canonical: str) -> Check:
@@ -126,7 +154,7 @@ def check_canonical_branch(root: Path, canonical: str) -> Check:
     return Check(name, OK, f"{canonical} (checked out)")
 
 
-def run_checks(project_option: str | None = None) -> list[Check]:
+def run_checks(project_option: str | None = None, *, repair: bool = False) -> list[Check]:
     from overstory.paths import find_project
     from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
 
@@ -151,6 +179,6 @@ def run_checks(project_option: str | None = None) -> list[Check]:
     checks.extend(check_runtimes(config))
     if config is not None:
         checks.append(check_sandbox(config))
-    checks.append(check_database(project.state_db, len(STATE_MIGRATIONS)))
-    checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS)))
+    checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
+    checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
     return checks

@@ -83,6 +83,10 @@ class StoreError(OrchestratorError):
     """The state or event database is unreadable, from a newer ov, or corrupt."""
 
 
+class DiskFull(StoreError):
+    """No space left on the device that holds .overstory/ (the write was rolled back)."""
+
+
 class UnknownCapability(UsageError):
     """A capability name that has no role definition (see agents/)."""
 

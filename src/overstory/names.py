@@ -7,7 +7,8 @@ import re
 from overstory.errors import InvalidName
 
 NAME_RULE = "lower-case letters, digits, '-', '_' and '.', not starting with '-' or '.', at most 64 characters"
-_NAME = re.compile(r"^[a-z0-9_][a-z0-9._-]{0,63}$")
+# \A…\Z, not ^…$: "$" also matches before a final newline, so "x\n" would pass.
+_NAME = re.compile(r"\A[a-z0-9_][a-z0-9._-]{0,63}\Z")
 
 
 def validate_name(value: str, what: str = "name") -> str:

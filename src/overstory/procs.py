@@ -189,3 +189,15 @@ def kill_turn(pgid: int | None, leader_ticks: int | None, turn_id: str | None, *
         except ProcessLookupError:
             pass
     return gone and not tagged_processes(turn_id or "")
+
+
+KILL_AT_ENV = "OV_TEST_KILL_AT"  # fault injection for the tests: see kill_point
+
+
+def kill_point(step: str) -> None:
+    """Die here as `kill -9` would, if the tests asked for it (``OV_TEST_KILL_AT=<step>``).
+
+    The crash-safety tests use this to stop a command exactly between two of its steps.
+    """
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -17,6 +17,11 @@ with the generation it observed:
 
 ``between_turns`` agents waiting for mail are never stale: idling is legitimate.
 Nothing is ever killed unless ov recorded it with matching start ticks.
+
+Also, each tick: a spawn or a merge whose command was killed half-way (its intent row
+names a dead pid) is undone or finished (``agents.spawn_journal``, ``merge.intents``);
+an agent whose terminal mail is committed is settled ``completed``, never retried; and a
+loop that crashes on start-up twice makes its agent zombie instead of being restarted forever.
 """
 
 from __future__ import annotations
@@ -30,12 +35,19 @@ import typing as t
 from dataclasses import asdict, dataclass, field
 
 from overstory import procs
+from overstory.agents.loop_starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
-from overstory.errors import LockHeld
+from overstory.errors import LockHeld, OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.store import sessions, turns
+from overstory.store import intents, sessions, turns
 from overstory.store.db import write_transaction
-from overstory.store.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, terminal_mail_sent
+from overstory.store.lifecycle import (
+    PERSISTENT_CAPABILITIES,
+    complete_promised,
+    declare_zombie,
+    promised,
+    terminal_mail_sent,
+)
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
@@ -128,8 +140,12 @@ class WatchdogLock:
 
     def acquire(self) -> None:
         path = self.project.locks_dir / "watchdog.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OrchestratorError(f"the watchdog cannot write its lock {path} ({exc.strerror}): it needs a "
+                                    "writable .overstory/; nothing was changed") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -179,6 +195,8 @@ class Watchdog:
         # Loops this watchdog started, by agent: (generation, pid, ticks). While one is
         # alive it counts as the agent's loop even before it has recorded itself.
         self._started: dict[str, tuple[int, int, int | None]] = {}
+        self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
+        self._scanned = False
 
     # -- plumbing
 
@@ -201,8 +219,8 @@ class Watchdog:
                 self._events = open_events(self.project.events_db)
             event_store.record(self._events, kind, agent=agent.name, generation=agent.generation,
                                summary=summary[:300], data=data)
-        except (sqlite3.Error, OSError):
-            pass  # the state change is what matters; the event is a courtesy
+        except (sqlite3.Error, OSError, OrchestratorError):
+            pass  # the state change is what matters; the event is a courtesy (events.db may be broken)
 
     # -- one tick
 
@@ -211,14 +229,34 @@ class Watchdog:
         now = now_ms()
         actions: list[Action] = []
         try:
+            actions.extend(self._settle_intents())
+        except (sqlite3.Error, OSError, OrchestratorError) as exc:  # never in the way of the rules below
+            actions.append(Action("-", "error", f"settling interrupted commands: {exc}"))
+        try:
+            spawning = {row["name"] for row in intents.list_spawns(self.state)}
             agents = sessions.list_sessions(self.state, include_terminal=False)
-        except sqlite3.Error as exc:  # e.g. locked for longer than the busy timeout: try next tick
-            return [Action("-", "error", f"database: {exc}")]
+        except (sqlite3.Error, OrchestratorError) as exc:  # e.g. locked past the busy timeout: try next tick
+            return [*actions, Action("-", "error", f"database: {exc}")]
         for agent in agents:
+            if agent.name in spawning:
+                continue  # its `ov sling` is still running: the agent does not exist yet
             try:
                 actions.extend(self._check(agent, now))
-            except (sqlite3.Error, OSError) as exc:
+            except (sqlite3.Error, OSError, OrchestratorError) as exc:
                 actions.append(Action(agent.name, "error", f"{type(exc).__name__}: {exc}"))
+        return actions
+
+    def _settle_intents(self) -> list[Action]:
+        """Undo spawns and finish or roll back merges whose command was killed half-way."""
+        from overstory.agents.spawn_journal import settle_all
+        from overstory.merge.intents import settle_all as settle_merges
+
+        actions = [Action(name, "spawn_undone",
+                          "its `ov sling` died half-way; removed: " + (", ".join(what) or "nothing"))
+                   for name, what in settle_all(self.project, self.state).items()]
+        scan, self._scanned = not self._scanned, True  # merge journals without an intent: looked for once
+        for label, what in settle_merges(self.project, self.state, scan_journals=scan).items():
+            actions.append(Action(label, "merge_settled", what))
         return actions
 
     def _check(self, agent: Session, now: int) -> list[Action]:
@@ -288,11 +326,16 @@ class Watchdog:
         try:
             if latest is not None and latest["status"] == "ok" and agent.state in ("in_turn", "stalled", "booting"):
                 action = self._settle_finished_turn(agent, latest["id"], latest["started_at"])
+            elif promised(self.state, agent):
+                action = self._complete_promised(agent, "its loop died" + killed)
             elif (agent.state in ("in_turn", "stalled") or agent.current_turn_id or agent.turn_pgid or claimed
                   or (latest is not None and latest["status"] in turns.LIVE_TURN_STATUSES)):
                 action = self._fail_interrupted_turn(agent, killed)
             elif agent.retries > self.settings.max_retries:
                 action = self._give_up(agent, "its loop died after the last retry")
+            elif (crash := self._crashes.gave_up(agent.name, agent.generation, booting=agent.state == "booting",
+                                                 turns=agent.turns)) is not None:
+                action = self._give_up(agent, f"its agent loop could not start ({ATTEMPTS} attempts): {crash}")
             else:
                 action = Action(agent.name, "readopted", "loop was gone; restarting it" + killed)
         except _RowChanged as changed:
@@ -301,10 +344,18 @@ class Watchdog:
         if action.kind in ("readopted", "recovered"):
             fresh = sessions.get(self.state, agent.name)
             if fresh is not None and fresh.generation == agent.generation and not fresh.is_terminal:
+                self._crashes.starting(agent.name, agent.generation)
                 pid, ticks = self._spawn(self.project, agent.name, agent.generation)
                 self._started[agent.name] = (agent.generation, pid, ticks)
                 self._event("watchdog_readopt", agent, f"{action.detail}; new loop pid {pid}")
         return actions
+
+    def _complete_promised(self, agent: Session, what_happened: str) -> Action:
+        outcome = complete_promised(self.state, agent, what_happened, actor=ACTOR, expect=frozenset({agent.state}))
+        if not outcome.ok:
+            return Action(agent.name, "lost_race", f"could not settle as completed: {type(outcome).__name__}")
+        self._event("watchdog_settled", agent, f"terminal mail already sent; {what_happened}: completed")
+        return Action(agent.name, "completed", f"its terminal mail was sent; {what_happened}: settled as completed")
 
     def _fence(self, tx: sqlite3.Connection, agent: Session) -> None:
         """Inside a transaction: stop if a newer generation or a new loop appeared."""
@@ -373,6 +424,8 @@ class Watchdog:
         return Action(agent.name, "recovered", "its loop died after a clean turn; settled and restarting the loop")
 
     def _give_up(self, agent: Session, reason: str) -> Action:
+        if promised(self.state, agent):
+            return self._complete_promised(agent, reason)
         outcome = declare_zombie(self.state, agent, reason, actor=ACTOR)
         if not outcome.ok:
             return Action(agent.name, "lost_race", f"could not declare zombie: {type(outcome).__name__}")
@@ -412,6 +465,10 @@ class Watchdog:
         if idle < self.settings.zombie_after:
             return []
         reason = f"no activity for {idle:.0f}s (watchdog.zombie_after = {self.settings.zombie_after:g}s)"
+        if promised(self.state, fresh):
+            procs.kill_turn(fresh.turn_pgid, fresh.turn_start_ticks, fresh.current_turn_id,
+                            grace=self.settings.kill_grace)
+            return [self._complete_promised(fresh, f"its turn hung ({reason})")]
         outcome = declare_zombie(self.state, fresh, reason, actor=ACTOR, expect=frozenset({"stalled"}))
         if not outcome.ok:
             return [Action(agent.name, "lost_race", f"not declared zombie: {type(outcome).__name__}")]

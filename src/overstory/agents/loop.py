@@ -30,7 +30,14 @@ from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
 from overstory.store import sessions, turns
 from overstory.store.db import open_events
-from overstory.store.lifecycle import PERSISTENT_CAPABILITIES, declare_zombie, mail_sent_since, terminal_mail_sent
+from overstory.store.lifecycle import (
+    PERSISTENT_CAPABILITIES,
+    complete_promised,
+    declare_zombie,
+    mail_sent_since,
+    promised,
+    terminal_mail_sent,
+)
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
@@ -117,6 +124,10 @@ class AgentLoop(AgentProcess):
             return
         procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
                         grace=self.config.turns.kill_grace)
+        if promised(self.state, agent):
+            complete_promised(self.state, agent, "its loop died during the turn", actor="turn-runner",
+                              expect=frozenset({"in_turn", "stalled"}))
+            return
         if agent.current_turn_id:
             mail.release(self.state, agent.current_turn_id)
             turns.mark_interrupted(self.state, agent.current_turn_id)
@@ -192,8 +203,13 @@ class AgentLoop(AgentProcess):
                                 actor=actor, reason="terminal mail sent" if done else "turn finished",
                                 expect={"booting", "in_turn", "stalled"})
             return
-        mail.release(self.state, turn_id)
         fresh = self.current()
+        if fresh is not None and promised(self.state, fresh):
+            # The terminal mail is committed: the task is done, whatever became of the process.
+            complete_promised(self.state, fresh, f"the turn ended {result.status}: {result.reason}", actor=actor,
+                              expect=frozenset({"booting", "in_turn", "stalled", "between_turns"}))
+            return
+        mail.release(self.state, turn_id)
         if fresh is None or (result.status == "aborted" and self.stopping):
             return
         if result.status in ("permanent", "stalled"):

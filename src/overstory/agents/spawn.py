@@ -1,8 +1,11 @@
 """`ov sling`: spawning an agent is a transaction.
 
-Each step has an undo. If any step fails, the steps already done are undone in
-reverse order, so no branch, worktree, session row, mail or process is left
-behind and the same command can simply be run again.
+Its first durable act is a record of intent (``agents.spawn_journal``); each step notes
+itself there before acting. If a step fails, what was done is undone and the intent
+deleted, so no branch, worktree, session row, mail or process is left behind and the
+same command can simply be run again. If the spawner is killed instead, the intent
+remains with its dead pid, and a retry, `ov stop NAME` or the watchdog undoes it.
+The events database is checked before anything is created: the agent's loop needs it.
 """
 
 from __future__ import annotations
@@ -15,13 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory import procs
-from overstory.errors import AgentExists, HierarchyError, OrchestratorError, SpawnError, UsageError
+from overstory.agents import spawn_journal
+from overstory.errors import (
+    AgentExists,
+    DiskFull,
+    HierarchyError,
+    OrchestratorError,
+    SpawnError,
+    StoreError,
+    UsageError,
+)
 from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
 from overstory.runtimes import get_runtime
-from overstory.store import sessions
+from overstory.sandbox.layout import PINNED_FILES
+from overstory.store import intents, sessions
 from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
 
 if t.TYPE_CHECKING:
@@ -157,19 +170,18 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
     task_id = validate_name(request.task_id, "task id")
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
-    runtime = request.runtime or config.runtime.default
+    spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
+    runtime = request.runtime or config.runtime_for(capability)
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter)
     from overstory.agents.turns import model_choice
 
-    model_choice(request.model, capability, config, _launch_env(project, environ), runtime)  # unknown provider, missing key
+    model, _ = model_choice(request.model, capability, config, _launch_env(project, environ),
+                            runtime)  # unknown provider, missing key
     prompt = request.prompt
     if request.spec_file is not None:
-        try:
-            prompt = Path(request.spec_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read --spec {request.spec_file}: {exc.strerror}") from None
+        prompt = _read_text_file(request.spec_file, "--spec")
     existing = sessions.get(conn, name)
     if existing is not None and not existing.is_terminal:
         raise AgentExists(f"agent {name} is already active (state {existing.state}); stop it with `ov stop {name}` "
@@ -181,10 +193,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                              f"{config.agents.max_concurrent_agents}); wait for some to finish or stop them")
     scenario_text = request.scenario_text
     if scenario_text is None and request.scenario is not None:
-        try:
-            scenario_text = Path(request.scenario).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read --scenario {request.scenario}: {exc.strerror}") from None
+        scenario_text = _read_text_file(request.scenario, "--scenario")
     elif scenario_text is None:
         built_in = adapter.default_scenario(capability, task_id)
         scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
@@ -204,27 +213,66 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         if worktree.exists():  # type: ignore[union-attr]
             raise SpawnError(f"{worktree} already exists; remove it or choose another --name")
 
+    _require_events_db(project, name)
     run_id = _open_run_id(conn)
     ov_command, ov_bin_dir = ov_executable()
-    undo = _Undo()
+    run_dir = project.run_dir / name
+    base_commit = None if at_root else _commit_of(project, base_branch)  # type: ignore[arg-type]
+    intent: dict[str, t.Any] = {
+        "name": name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()), "branch": branch,
+        "base_commit": base_commit, "worktree": str(worktree) if worktree else None, "run_dir": str(run_dir),
+        "tmux_session": _tmux_session_name(name) if tmux else None, "step": "intent", "started_at": 0,
+    }
+    # Rendered before anything exists: a broken template leaves nothing to undo.
+    instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
+                                      branch=branch or base_branch or "", base_branch=base_branch or "",
+                                      worktree=worktree or project.root, parent=parent, prompt=prompt or "",
+                                      files=request.files)
+    spawn_journal.begin(conn, intent)
+    intent["started_at"] = (intents.get_spawn(conn, name) or {}).get("started_at", 0)
+    spawn_journal.kill_point("intent", environ)
+    undo = _Undo()  # what the journal cannot undo by itself: processes only this call knows about
+    started_pids: list[tuple[int, int | None]] = []
     try:
         if not at_root:
             assert worktree is not None and branch is not None
             _fault("branch", environ)
-            git(project.root, "branch", branch, base_branch)
-            undo.push("branch", lambda: git(project.root, "branch", "-D", branch, check=False))
+            spawn_journal.step(conn, intent, "branch")
+            git(project.root, "branch", branch, base_commit or base_branch)
+            spawn_journal.kill_point("branch", environ)
             _fault("worktree", environ)
+            spawn_journal.step(conn, intent, "worktree")
             _add_worktree(project, worktree, branch)
-            undo.push("worktree", lambda: _remove_worktree(project, worktree))
-        run_dir = project.run_dir / name
+            spawn_journal.kill_point("worktree", environ)
+            home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                                      worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
+                                      prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux,
+                                      model=model)
+            if home_files is None:  # ov's files go to the run dir (below); the worktree gets a copy for humans
+                _fault("instructions", environ)
+                spawn_journal.step(conn, intent, "instructions")
+                _write_worktree_copy(worktree, adapter, instructions)
+                spawn_journal.kill_point("instructions", environ)
+        else:
+            home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
+                                      worktree=None, branch=base_branch or "", base_branch=base_branch or "",
+                                      parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
+                                      tmux_mode=tmux, model=model)
+        spawn_journal.step(conn, intent, "rundir")
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        undo.push("run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True))
-        _fault("instructions", environ)
-        _write_agent_files(project, run_dir, worktree, adapter, name=name, capability=capability, task_id=task_id,
-                           branch=branch or base_branch or "", base_branch=base_branch or "", parent=parent,
-                           prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux)
+        if home_files is not None:  # the runtime's own home under the run dir: nothing goes into the worktree
+            _fault("instructions", environ)
+            for target, content in home_files.items():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content, encoding="utf-8")
+            # Their names, so that each turn's sandbox shows them read-only (see sandbox.layout.PINNED_FILES).
+            (run_dir / PINNED_FILES).write_text(json.dumps(sorted(str(p) for p in home_files)), encoding="utf-8")
+        else:
+            if at_root:
+                _fault("instructions", environ)
+            _write_run_files(run_dir, adapter, instructions, ov_command=ov_command, tmux_mode=tmux)
         scenario_path = None
         if scenario_text is not None:
             yaml_file = request.scenario is not None and request.scenario.suffix in (".yaml", ".yml")
@@ -235,29 +283,34 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         launch_env = _launch_env(project, environ)
         save_launch_env(project, name, launch_env)
         _fault("session", environ)
+        spawn_journal.step(conn, intent, "session")
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
-                "scenario": str(scenario_path) if scenario_path else None}
+                "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
             worktree=str(worktree) if worktree else None, branch=branch, base_branch=base_branch, spec=spec,
             run_id=run_id, mode="tmux" if tmux else "headless",
             tmux_session=_tmux_session_name(name) if tmux else None)
-        undo.push("session", lambda: sessions.discard_session(conn, name, generation))
+        intent["generation"] = generation
+        spawn_journal.kill_point("session", environ)
         _fault("dispatch", environ)
         from overstory.store import mail
+        from overstory.store.db import write_transaction
 
-        dispatch_id = mail.insert_message(
-            conn, sender=parent, recipient=name, type="dispatch", priority="high",
-            subject=f"task {task_id}",
-            body=prompt or f"Work on task {task_id} as described in your instructions.",
-            payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
-                     "file_scope": list(request.files)},
-        )
-        undo.push("dispatch", lambda: mail.discard(conn, dispatch_id))
+        with write_transaction(conn):  # the mail and the note that it exists: one commit
+            dispatch_id = mail.insert_message(
+                conn, sender=parent, recipient=name, type="dispatch", priority="high",
+                subject=f"task {task_id}",
+                body=prompt or f"Work on task {task_id} as described in your instructions.",
+                payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
+                         "file_scope": list(request.files)},
+            )
+            spawn_journal.step(conn, intent, "dispatch", generation=generation, dispatch_id=dispatch_id)
         loop_pid = None
         if start:
             _fault("start", environ)
+            spawn_journal.step(conn, intent, "start")
             if tmux:
                 from overstory.agents.tmux import abort_start, start_agent
 
@@ -268,15 +321,21 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                 from overstory.agents.process import spawn_loop
 
                 loop_pid, ticks = spawn_loop(project, name, generation, launch_env)
-                undo.push("start", lambda: procs.kill_group(loop_pid, ticks, force=True))
+                started_pids.append((loop_pid, ticks))
                 sessions.update_fields(conn, name, generation, loop_pid=loop_pid, loop_start_ticks=ticks)
+            spawn_journal.kill_point("start", environ)
             _fault("after_start", environ)
-    except OrchestratorError:
-        undo.run()
-        raise
-    except Exception as exc:
+        intents.end_spawn(conn, name)  # the commit point: from here on the agent exists
+    except BaseException as exc:
         problems = undo.run()
-        raise SpawnError(f"could not spawn {name}: {exc}" + (f" (and {'; '.join(problems)})" if problems else "")) from exc
+        try:
+            spawn_journal.undo(project, conn, intent, extra_pids=started_pids)
+        except Exception as undo_exc:  # noqa: BLE001 - the intent stays for a retry, `ov stop` or the watchdog
+            problems.append(f"undo: {undo_exc}")
+            _give_up_intent(conn, name)
+        if not isinstance(exc, Exception):
+            raise
+        raise _spawn_failure(name, exc, problems) from exc
     _record_spawn_event(project, name, generation, capability, task_id, parent)
     from overstory.store import mail
 
@@ -285,6 +344,72 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                        worktree=str(worktree) if worktree else None, parent=parent, depth=depth, runtime=runtime,
                        loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id,
                        mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None)
+
+
+def _spawn_failure(name: str, exc: Exception, problems: list[str]) -> OrchestratorError:
+    """The error a failed spawn reports, after its undo: one line, and a full disk said plainly."""
+    text = f"{exc} {getattr(exc, 'stderr', '') or ''}"
+    left = f" (but: {'; '.join(problems)}; `ov stop {name}` finishes the cleanup)" if problems else ""
+    if isinstance(exc, DiskFull) or "No space left on device" in text or "disk is full" in text:
+        return DiskFull(f"no space left on device: the spawn of {name} was undone, nothing was written{left}")
+    if str(exc).startswith("no such table:"):
+        return StoreError(f"could not spawn {name}: ov's state database has no table {str(exc)[15:]!r}: it is "
+                          f"damaged; run `ov doctor` (the spawn was undone){left}")
+    if isinstance(exc, OrchestratorError):
+        if problems:
+            exc.args = (f"{exc}{left}",)
+        return exc
+    stderr = getattr(exc, "stderr", None)
+    detail = f"{exc}: {stderr.strip()}" if isinstance(stderr, str) and stderr.strip() else str(exc)
+    return SpawnError(f"could not spawn {name}: {detail}{left}")
+
+
+def _give_up_intent(conn: sqlite3.Connection, name: str) -> None:
+    """Our undo failed half-way: leave the intent to whoever comes next (a dead pid)."""
+    try:
+        intents.abandon_spawn(conn, name)
+    except Exception:  # noqa: BLE001 - after we exit our pid is dead anyway
+        pass
+
+
+def _read_text_file(path: Path, option: str) -> str:
+    from overstory.limits import read_at_most
+    from overstory.store.mail import MAX_BODY_BYTES
+
+    data = read_at_most(str(path), MAX_BODY_BYTES, f"{option} {path}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{option} {path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _require_events_db(project: ProjectPaths, name: str) -> None:
+    """The agent's loop records its events there: refuse before creating anything if it is unusable."""
+    from overstory.store.db import open_events
+    from overstory.store.migrations import EVENTS_MIGRATIONS
+    from overstory.store.schema import missing_objects
+
+    try:
+        conn = open_events(project.events_db)
+    except DiskFull as exc:
+        raise DiskFull(f"cannot spawn {name}: {exc}") from None
+    except OrchestratorError as exc:
+        raise SpawnError(f"cannot spawn {name}: {exc} (the agent's loop needs it; run `ov doctor`); "
+                         "nothing was created") from None
+    try:
+        missing = [obj for kind, obj in missing_objects(conn, EVENTS_MIGRATIONS) if kind == "table"]
+    finally:
+        conn.close()
+    if missing:
+        raise SpawnError(f"cannot spawn {name}: {project.events_db} has no table {', '.join(missing)} (the agent's "
+                         "loop needs it; `ov doctor --repair` recreates it); nothing was created")
+
+
+def _commit_of(project: ProjectPaths, branch: str) -> str:
+    done = git(project.root, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise UsageError(f"base branch {branch!r} does not exist")
+    return done.stdout.strip()
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:
@@ -340,14 +465,6 @@ def _add_worktree(project: ProjectPaths, worktree: Path, branch: str) -> None:
         repo.git.worktree("add", str(worktree), branch)
 
 
-def _remove_worktree(project: ProjectPaths, worktree: Path) -> None:
-    with worktree_admin_lock(project.root):
-        git(project.root, "worktree", "remove", "--force", str(worktree), check=False)
-        if worktree.exists():
-            shutil.rmtree(worktree, ignore_errors=True)
-        git(project.root, "worktree", "prune", check=False)
-
-
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
                        base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
     from overstory.agents.overlay import render_instructions
@@ -364,38 +481,61 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
     return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
 
 
-def _write_agent_files(project: ProjectPaths, run_dir: Path, worktree: Path | None, runtime: Runtime, *, name: str,
-                       capability: str, task_id: str, branch: str, base_branch: str, parent: str, prompt: str,
-                       files: t.Sequence[str], ov_command: list[str], tmux_mode: bool) -> None:
-    """The instructions and hook settings, in the agent's run dir (ov's, read-only in its sandbox).
+def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
+                 task_id: str, worktree: Path | None, branch: str, base_branch: str, parent: str, prompt: str,
+                 files: t.Sequence[str], ov_command: list[str], tmux_mode: bool,
+                 model: str | None) -> dict[Path, str] | None:
+    """The files of a runtime that reads the agent's instructions and hook config from an ov-owned home of its
+    own (CODEX_HOME, ...), by absolute path; None when it reads them from the worktree (or the run dir)."""
+    from overstory.runtimes.base import AgentSetup
 
-    The runtime gets both on every command line, so nothing the agent writes in its worktree can
-    replace them. A worktree gets a copy of the instructions for humans (the runtime never reads
-    it), kept out of commits; an agent at the project root gets none (the user's own files stay
-    untouched).
-    """
+    state_dir = runtime.state_dir(run_dir)
+    if state_dir is None:
+        return None
     text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
-                              base_branch=base_branch, worktree=worktree or project.root, parent=parent,
-                              prompt=prompt, files=files)
-    (run_dir / runtime.run_instructions_file).write_text(text, encoding="utf-8")
+                              base_branch=base_branch, worktree=worktree or project.root, parent=parent, prompt=prompt,
+                              files=files)
+    written = runtime.state_files(AgentSetup(
+        name=name, capability=capability, writable=capability in WRITER_CAPABILITIES, project_root=project.root,
+        worktree=worktree, run_dir=run_dir, instructions=text, ov_command=ov_command, tmux_mode=tmux_mode,
+        model=model))
+    return None if written is None else {state_dir / relative: content for relative, content in written.items()}
+
+
+def _write_run_files(run_dir: Path, runtime: Runtime, instructions: str, *, ov_command: list[str],
+                     tmux_mode: bool) -> None:
+    """The instructions and hook settings in the agent's run dir (ov's, read-only in its sandbox): the
+    runtime gets both on every command line, so nothing the agent writes in its worktree can replace them."""
+    (run_dir / runtime.run_instructions_file).write_text(instructions, encoding="utf-8")
     settings = runtime.hook_settings(ov_command, tmux_mode=tmux_mode)
     if settings is not None:
         (run_dir / runtime.run_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
-    if worktree is not None:
-        copy = worktree / runtime.instructions_file
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(text, encoding="utf-8")
-        _keep_out_of_commits(worktree, [runtime.instructions_file])
+
+
+def _write_worktree_copy(worktree: Path, runtime: Runtime, instructions: str) -> None:
+    """A copy of the instructions in the worktree, for humans (the runtime never reads it), kept out of commits."""
+    copy = worktree / runtime.instructions_file
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(instructions, encoding="utf-8")
+    _keep_out_of_commits(worktree, [runtime.instructions_file])
 
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,
                         parent: str) -> None:
+    """After the commit point: losing this event must not undo (or fail) a spawn that happened."""
+    import sqlite3 as sqlite
+
     from overstory.store import events as event_store
     from overstory.store.db import open_events
 
-    conn = open_events(project.events_db)
+    try:
+        conn = open_events(project.events_db)
+    except OrchestratorError:
+        return
     try:
         event_store.record(conn, "spawn", agent=name, generation=generation,
                            summary=f"{capability} on {task_id}, parent {parent}")
+    except (sqlite.Error, OrchestratorError, OSError):
+        pass
     finally:
         conn.close()

@@ -41,11 +41,13 @@ class StopResult:
     killed_groups: list[int] = field(default_factory=list)
     released_mail: int = 0
     cleaned: list[str] = field(default_factory=list)
+    undone_spawn: list[str] | None = None  # what an unfinished (killed) `ov sling` of this name had made
 
     def as_dict(self) -> dict[str, t.Any]:
         return {"agent": self.agent, "generation": self.generation, "previous_state": self.previous_state,
                 "state": "completed", "already_completed": self.already_completed, "loop": self.loop,
-                "killed_groups": self.killed_groups, "released_mail": self.released_mail, "cleaned": self.cleaned}
+                "killed_groups": self.killed_groups, "released_mail": self.released_mail, "cleaned": self.cleaned,
+                "undone_spawn": self.undone_spawn}
 
 
 def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, force: bool = False,
@@ -53,11 +55,22 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
                actor: str = ACTOR) -> StopResult:
     """Stop ``name``; raises AgentNotFound, CleanRefused (before anything changed) or OrchestratorError.
 
+    A spawn of ``name`` that was killed half-way is undone first (it never became an agent).
     ``actor``: who stops it (the operator, or an ancestor agent through its endpoint).
     """
+    from overstory.agents.spawn_journal import settle_abandoned
+
+    undone = settle_abandoned(project, conn, name)
     agent = sessions.get(conn, name)
+    if agent is None and undone is not None:
+        return StopResult(agent=name, generation=0, previous_state="unfinished spawn", already_completed=False,
+                          undone_spawn=undone)
     if agent is None:
         raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+    if clean:
+        from overstory.merge.intents import settle_all
+
+        settle_all(project, conn)  # a merge of its branch killed half-way: finished or rolled back first
     if clean and not force:
         check_clean_is_safe(project, agent, fallback_base)
     result = StopResult(agent=name, generation=agent.generation, previous_state=agent.state,
@@ -80,6 +93,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         tmux_panes.kill_session(project, agent, grace=kill_grace, force=force)
     if clean:
         result.cleaned = remove_worktree_and_branch(project, agent)
+    result.undone_spawn = undone
     return result
 
 

@@ -85,7 +85,8 @@ SETTLE_SECONDS = 0.3  # a pane must look idle this long, unchanged, before ov ty
 DIALOG_GRACE_SECONDS = 5.0  # an answered dialog may stay on screen this long before it counts as stuck
 # Keys typed while a TUI is still mounting its dialog are dropped (Claude Code 2.1.330 ignores
 # them for ~0.5 s after drawing it), so an answer is typed again while the dialog stays.
-DIALOG_RETYPE_SECONDS = 1.0
+DIALOG_RETYPE_SECONDS = 2.0
+DIALOG_SETTLE_SECONDS = 0.8  # 2.1.330 drops keys typed in about the first half second of a dialog
 REWAKE_AFTER_SECONDS = 120.0  # type the mail notice again if the mail is still unread
 WINDOW_SIZE = (160, 48)
 
@@ -223,6 +224,8 @@ def wait_until_ready(project: ProjectPaths, name: str, pane: Pane, pane_pid: int
 
     deadline = time.monotonic() + timeout
     answered: dict[str, tuple[float, float]] = {}  # blocker name -> when ov first and last answered it
+    seen: dict[str, float] = {}  # blocker name -> when ov first saw it
+    typed_into: dict[str, str] = {}  # blocker name -> the screen ov last typed its answer into
     text = ""
     while True:
         try:
@@ -245,10 +248,17 @@ def wait_until_ready(project: ProjectPaths, name: str, pane: Pane, pane_pid: int
                 saved = save_screen(project, name, "start-failed", text)
                 raise TmuxError(f"{name} cannot start: {blocker.message}; last lines: {tui.last_lines(text)}"
                                 + (f" (screen saved to {saved})" if saved else ""))
-            if last is None or now - last >= DIALOG_RETYPE_SECONDS:
+            shown = seen.setdefault(blocker.name, now)
+            changed = text != typed_into.get(blocker.name)
+            # Type only once the dialog has been up long enough to take keys, and again only if the
+            # screen has not moved since: a retyped Down that lands after a slow first one would move
+            # the selection back past "Yes" just as the Enter for it goes out.
+            if now - shown >= DIALOG_SETTLE_SECONDS and (
+                    last is None or (not changed and now - last >= DIALOG_RETYPE_SECONDS)):
                 for key in blocker.answer:
                     pane.cmd("send-keys", key)
                 answered[blocker.name] = (now if first is None else first, now)
+                typed_into[blocker.name] = text
                 if first is None:
                     record_event(project, name, None, "tmux_dialog", f"answered the start-up dialog {blocker.name!r}")
         elif screen.idle:

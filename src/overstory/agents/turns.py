@@ -68,6 +68,9 @@ def model_choice(model: str | None, capability: str, config: Config,
                  environ: t.Mapping[str, str], runtime: str | None = None) -> tuple[str | None, dict[str, str]]:
     """``--model`` (or sling's) > config ``models[capability]`` > ``runtime.model``.
 
+    ov's two built-in ``models`` entries (``DEFAULT_MODELS``: Claude aliases) are skipped for a
+    runtime that does not speak Anthropic's API.
+
     ``provider/model`` routes the agent to that config ``providers`` entry: the runtime
     turns its ``base_url`` and the key held by the variable named in ``api_key_env``
     into its own environment (for claude: ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY).
@@ -75,7 +78,13 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    choice = model or config.models.get(capability) or config.runtime.model
+    from overstory.config import DEFAULT_MODELS
+
+    adapter = get_runtime(runtime or config.runtime_for(capability))
+    configured = config.models.get(capability)
+    if configured and configured == DEFAULT_MODELS.get(capability) and "anthropic" not in adapter.protocols:
+        configured = None  # ov's built-in default is a Claude alias: another CLI keeps its own default
+    choice = model or configured or config.runtime.model
     extra: dict[str, str] = {}
     if choice and "/" in choice:
         provider_name, _, model_name = choice.partition("/")
@@ -84,21 +93,26 @@ def model_choice(model: str | None, capability: str, config: Config,
             known = ", ".join(sorted(config.providers)) or "none configured"
             raise OrchestratorError(f"model {choice!r} names provider {provider_name!r}, which is not in config "
                                     f"`providers` ({known})")
+        if provider.protocol and adapter.protocols and provider.protocol not in adapter.protocols:
+            raise OrchestratorError(f"provider {provider_name!r} speaks {provider.protocol}; the {adapter.name} runtime "
+                                    f"needs {' or '.join(adapter.protocols)} (model {choice!r})")
         key = environ.get(provider.api_key_env)
         if not key:
             raise OrchestratorError(f"provider {provider_name!r} (model {choice!r}) takes its API key from "
                                     f"${provider.api_key_env}, which is not set")
-        extra.update(get_runtime(runtime or config.runtime.default).provider_env(provider.base_url, key))
+        extra.update(adapter.provider_env(provider.base_url, key))
         return model_name or None, extra
     return choice, extra
 
 
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
                      extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in NESTED_SESSION_VARS}
-    env.update(get_runtime(agent.runtime).turn_env(project.run_dir / agent.name))
+    runtime = get_runtime(agent.runtime)
+    env = {k: v for k, v in runtime.inherited_env(base).items() if k not in NESTED_SESSION_VARS}
+    env.update(runtime.turn_env(project.run_dir / agent.name))
     env.update(extra or {})
     env.update({
+        "PWD": agent.worktree or str(project.root),  # the turn's cwd; some CLIs trust $PWD over getcwd()
         "OVERSTORY_AGENT_NAME": agent.name,
         "OVERSTORY_PROJECT_ROOT": str(project.root),
         "OVERSTORY_WORKTREE": agent.worktree or str(project.root),
@@ -159,7 +173,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         model, provider_env = resolve_model_and_provider(agent, config, base_env)
         argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
                                                     run_dir=project.run_dir / agent.name,
-                                                    at_project_root=not agent.worktree, scenario=scenario), config)
+                                                    at_project_root=not agent.worktree, scenario=scenario,
+                                                    provider_env=provider_env), config)
         env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
         prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=base_env)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
@@ -197,7 +212,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         assert proc.stdout is not None
         reader = _LineReader(proc.stdout)
         status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id,
-                               stall_timeout=config.turns.stall_timeout, should_stop=should_stop)
+                               stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
+                               price=lambda data: _price_result(data, stream.model or model, config))
         reader.close()
         if status == "running":
             try:
@@ -209,6 +225,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                         force=status != "running")
         exit_code = proc.wait()
     _record_take_back(events, agent, turn_id, sandbox.take_back(project, agent))
+    stream.finish(exit_code, _tail(log_dir / "stderr.txt"))
+    failure: TurnFailure | None = None
     if status == "running":
         if stream.succeeded:
             status, reason = "ok", "turn finished"
@@ -216,18 +234,20 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
             failure = stream.failure(resumed=bool(resume_session_id))
             status = LOOP_FAILURE_STATUS.get(failure.kind, failure.kind)
             reason = failure.reason + (f" (exit {exit_code})" if not stream.finished else "")
-    input_tokens, output_tokens, cost = stream.usage()
+    input_tokens, output_tokens, cost = usage = priced_usage(stream, model, config)
     sessions.update_fields(state, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
                            current_turn_id=None, current_tool=None, last_activity=now_ms(),
                            **({"runtime_session_id": stream.session_id} if stream.session_id else {}))
     sessions.add_usage(state, agent.name, agent.generation, input_tokens=input_tokens, output_tokens=output_tokens,
                        cost_usd=cost)
-    _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code)
+    _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code,
+                     usage=usage)
     event_store.record(events, "turn_end", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                        summary=f"{status}: {reason}"[:300],
                        data={"status": status, "reason": reason, "exit_code": exit_code, "cost_usd": cost,
                              "input_tokens": input_tokens, "output_tokens": output_tokens,
-                             "tool_calls": stream.tool_calls, "session_id": stream.session_id})
+                             "tool_calls": stream.tool_calls, "session_id": stream.session_id,
+                             **({"failure": failure.kind, "reset_at_ms": failure.reset_at_ms} if failure else {})})
     return TurnResult(status, reason, stream.session_id, started_ms, stream)
 
 
@@ -245,7 +265,8 @@ def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, 
 
 def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
-          stall_timeout: float, should_stop: t.Callable[[], bool]) -> tuple[str, str]:
+          stall_timeout: float, should_stop: t.Callable[[], bool],
+          price: t.Callable[[dict[str, t.Any]], None] = lambda data: None) -> tuple[str, str]:
     """Read the stream until EOF; returns ('running', '') normally, or a stop status."""
     last_event = time.monotonic()
     last_write = 0.0
@@ -260,6 +281,8 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
             parsed = stream.feed(raw.decode("utf-8", errors="replace"), now=now)
             last_event = now
             for item in parsed:
+                if item.kind == "turn_result" and item.data is not None:
+                    price(item.data)
                 event_store.record(events, item.kind, agent=agent.name, generation=agent.generation, turn_id=turn_id,
                                    tool=item.tool, summary=item.summary, data=item.data)
             if not entered_turn and stream.events_seen:
@@ -288,6 +311,39 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
     return "running", ""
 
 
+def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage:
+    """The turn's usage; dollars from the price table (``overstory.prices``) when the runtime reported none."""
+    usage = stream.usage()
+    if usage.cost_usd or not (usage.input_tokens or usage.output_tokens):
+        return usage
+    from overstory.prices import cost_usd
+
+    return usage._replace(cost_usd=cost_usd(stream.model or model, usage.input_tokens, usage.output_tokens,
+                                            config.prices))
+
+
+def _price_result(data: dict[str, t.Any], model: str | None, config: Config) -> None:
+    """Fill in a turn_result event's cost from the price table when the runtime did not report one."""
+    if data.get("total_cost_usd"):
+        return
+    from overstory.prices import cost_usd
+
+    data["total_cost_usd"] = cost_usd(model, int(data.get("input_tokens") or 0), int(data.get("output_tokens") or 0),
+                                      config.prices)
+    data["cost_source"] = "price_table"
+    data.setdefault("model", model)
+
+
+def _tail(path: Path, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def _revive_if_stalled(state: sqlite3.Connection, agent: Session) -> None:
     """A turn the watchdog marked stalled that speaks again is back in its turn."""
     row = state.execute("SELECT state FROM sessions WHERE name=? AND generation=?", (agent.name, agent.generation)).fetchone()
@@ -305,8 +361,8 @@ def _describe(outcome: sessions.Outcome) -> str:
 
 
 def _finish_turn_row(state: sqlite3.Connection, turn_id: str, status: str, stream: TurnParser, error: str | None,
-                     exit_code: int | None = None) -> None:
-    input_tokens, output_tokens, cost = stream.usage()
+                     exit_code: int | None = None, usage: Usage | None = None) -> None:
+    input_tokens, output_tokens, cost = usage or stream.usage()
     turn_rows.finish(state, turn_id, status, input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost,
                      tool_calls=stream.tool_calls, session_id=stream.session_id,
                      error=error if exit_code is None else (f"{error} [exit {exit_code}]" if error else None))

@@ -48,6 +48,9 @@ def echo_json(document: t.Any) -> None:
     click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
 
 
+# Ids are SQLite integers: anything past 2**63 - 1 cannot name a row (and would overflow the driver).
+ROW_ID = click.IntRange(1, 2**63 - 1)
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
 

@@ -33,7 +33,7 @@ def _config(project: t.Any) -> t.Any:
 
 
 @coordinator.command(name="start")
-@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtime.default).")
+@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtimes.<capability>, else runtime.default).")
 @click.option("--model", help="Model (default: config models.coordinator, then runtime.model).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
               help="Scenario file for the scripted runtime.")

@@ -7,9 +7,10 @@ from overstory.cli._common import echo_json, json_option
 
 @click.command(name="doctor")
 @click.option("--states", is_flag=True, help="Print the agent state transition table instead.")
+@click.option("--repair", is_flag=True, help="Recreate tables and indexes missing from a database (empty).")
 @json_option
 @click.pass_context
-def doctor(ctx: click.Context, states: bool, as_json: bool) -> None:
+def doctor(ctx: click.Context, states: bool, repair: bool, as_json: bool) -> None:
     """Check git, tmux, Python, each runtime, the databases and the config.
 
     Exits 1 if any check fails (warnings do not fail).
@@ -18,6 +19,7 @@ def doctor(ctx: click.Context, states: bool, as_json: bool) -> None:
     ov doctor
     ov doctor --json
     ov doctor --states      # which state may follow which
+    ov doctor --repair      # put back tables missing from a damaged database
     """
     from overstory.doctor import FAIL, run_checks
     from overstory.store.sessions import transition_table
@@ -30,7 +32,7 @@ def doctor(ctx: click.Context, states: bool, as_json: bool) -> None:
             for to, sources in table:
                 click.echo(f"{to:<14} <- {', '.join(sources) if sources else '(new generation only)'}")
         return
-    checks = run_checks(ctx.find_root().obj.project_option)
+    checks = run_checks(ctx.find_root().obj.project_option, repair=repair)
     failed = any(c.status == FAIL for c in checks)
     if as_json:
         echo_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})

@@ -12,11 +12,13 @@ from overstory import guards
 
 @click.command(name="guard")
 def guard() -> None:
-    """Decide one tool call for Claude's PreToolUse hook.
+    """Decide one tool call for a runtime's pre-tool hook (Claude, Codex, Gemini CLI, OpenCode).
 
-    Reads the hook JSON on stdin. Prints Claude's deny object when the call is blocked and
-    nothing when it is allowed; exits 0 either way. Outside an agent (no
-    OVERSTORY_AGENT_NAME) every call is allowed.
+    Reads the hook JSON on stdin. When the call is blocked it prints the runtime's deny
+    object (Claude and Codex: hookSpecificOutput; Gemini CLI: {"decision": "deny"}) or, for
+    OpenCode's plugin and for input it cannot read, exits 2 with the reason on stderr.
+    Allowed calls get no output and exit 0. Outside an agent (no OVERSTORY_AGENT_NAME)
+    every call is allowed.
 
     \b
     Example hook in <worktree>/.claude/settings.local.json:
@@ -29,6 +31,10 @@ def guard() -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    response = guards.hook_response(guards.decide_hook_text(text, os.environ))
-    if response:
-        click.echo(response)
+    stdout, stderr, status = guards.guard_reply(text, os.environ)
+    if stdout:
+        click.echo(stdout)
+    if stderr:
+        click.echo(stderr, err=True)
+    if status:
+        sys.exit(status)

@@ -7,7 +7,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import ROW_ID, agent_channel, completer, echo_json, json_option, project_paths, state_conn
 from overstory.store import mail as store
 
 
@@ -15,11 +15,12 @@ def _read_body(body: str | None, body_file: str | None) -> str:
     """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
     if body is not None and body_file is not None:
         raise click.UsageError("give either --body or --body-file, not both")
+    from overstory.limits import read_at_most
+
     if body_file is not None:
-        with open(body_file, "rb") as handle:
-            raw = handle.read()
+        raw = read_at_most(body_file, store.MAX_BODY_BYTES, f"the body file {body_file}")
     elif body == "-":
-        raw = click.get_binary_stream("stdin").read()
+        raw = read_at_most(click.get_binary_stream("stdin"), store.MAX_BODY_BYTES, "the body on stdin")
     else:
         return body or ""
     try:
@@ -35,11 +36,16 @@ def _parse_payload(text: str | None) -> t.Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    except RecursionError:
+        from overstory.store.payload_shape import MAX_DEPTH
+
+        raise click.BadParameter(f"nested too deeply (at most {MAX_DEPTH} levels of lists/objects)",
+                                 param_hint="--payload") from None
 
 
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
 body_file_option = click.option("--body-file", type=click.Path(exists=True, dir_okay=False),
-                                help="Read the message text from this file.")
+                                help="Read the message text from this file (at most 1 MiB).")
 # Static so that `--help` needs no pydantic; test_mail_cli checks it against the models.
 PAYLOAD_FIELDS_HELP = """\b
 Protocol payload fields ([optional]):
@@ -47,7 +53,7 @@ dispatch: task_id [capability] [spec_path] [base_branch] [file_scope]
 worker_done: task_id branch agent [files_modified] [commit]
 worker_died: agent reason [task_id] [generation] [previous_state] [branch] [last_activity]
 merge_ready: task_id branch agent [target_branch] [files_modified]
-merged: branch tier [agent] [task_id] [target_branch] [commit]
+merged: branch tier [agent] [task_id] [target_branch] [commit] [commits]
 merge_failed: branch reason [agent] [task_id] [target_branch] [tier] [conflict_files]
 escalation: severity [task_id] [agent]
 decision_gate: options [recommended] [task_id] [agent]
@@ -79,7 +85,7 @@ def mail() -> None:
               help="Message type; protocol types need a --payload.")
 @click.option("--priority", type=click.Choice(list(store.PRIORITIES)), default="normal", show_default=True)
 @click.option("--payload", help="JSON object (required fields for protocol types, free-form otherwise).")
-@click.option("--reply-to", type=int, metavar="ID", help="Message this answers (joins its thread).")
+@click.option("--reply-to", type=ROW_ID, metavar="ID", help="Message this answers (joins its thread).")
 @from_option
 @click.option("--allow-unknown", is_flag=True, help="Send to a name that is not a known agent.")
 @json_option
@@ -110,6 +116,10 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
         project = project_paths()
         conn = state_conn(project)
         sender = from_ or store.default_sender()
+        if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
+            from overstory.agents.work_report import fill_worker_done
+
+            parsed = fill_worker_done(project, conn, sender, parsed)
         ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
                          payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
         recipients = _recipients(conn, ids)
@@ -168,9 +178,9 @@ def mail_check(agent: str | None, peek: bool, inject: bool, as_json: bool) -> No
 @click.option("from_", "--from", metavar="NAME", help="Only mail from this sender.")
 @click.option("--type", "type_", type=click.Choice(store.TYPES), help="Only this type.")
 @click.option("--unread", is_flag=True, help="Only unread mail.")
-@click.option("--thread", type=int, metavar="ID", help="Only this thread.")
+@click.option("--thread", type=ROW_ID, metavar="ID", help="Only this thread.")
 @click.option("--since", metavar="10m|2h|ISO", help="Only mail sent since then.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+@click.option("--limit", type=click.IntRange(1, ROW_ID.max), default=50, show_default=True,
               help="Show the newest N matches.")
 @json_option
 def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool, thread: int | None,
@@ -215,7 +225,7 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
 
 
 @mail.command(name="read")
-@click.argument("message_id", type=int, metavar="ID")
+@click.argument("message_id", type=ROW_ID, metavar="ID")
 @json_option
 def mail_read(message_id: int, as_json: bool) -> None:
     """Show one message in full. Marks it read if it is addressed to you.
@@ -235,7 +245,7 @@ def mail_read(message_id: int, as_json: bool) -> None:
 
 
 @mail.command(name="reply")
-@click.argument("message_id", type=int, metavar="ID")
+@click.argument("message_id", type=ROW_ID, metavar="ID")
 @body_option
 @body_file_option
 @from_option

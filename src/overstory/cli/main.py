@@ -123,6 +123,12 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
     except Exception as exc:  # a bug in ov: still one line unless asked for more
         if _debug_requested(args):
             raise
+        from overstory.cli.failures import describe
+
+        known = describe(exc, args)
+        if known is not None:
+            click.echo(f"ov: error: {_one_line(known)}", err=True)
+            sys.exit(1)
         click.echo(f"ov: internal error: {type(exc).__name__}: {_one_line(str(exc))} (run with -v or OV_DEBUG=1 for the traceback)", err=True)
         sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)

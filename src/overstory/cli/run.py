@@ -18,7 +18,7 @@ def run() -> None:
 
 
 @run.command(name="list")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 2**63 - 1), default=50, show_default=True)
 @json_option
 def run_list(limit: int, as_json: bool) -> None:
     """List runs, newest first.

@@ -17,7 +17,7 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
 @click.option("--files", multiple=True, help="File scope; repeat for several files: --files a.py --files b.py.")
 @click.option("--parent", shell_complete=completer("complete_agents"), help="Agent to report to (default: the calling agent, else operator).")
-@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtime.default).")
+@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtimes.<capability>, else runtime.default).")
 @click.option("--model", help="Model for this agent.")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),

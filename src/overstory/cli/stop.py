@@ -38,6 +38,11 @@ def stop(agent: str, force: bool, clean: bool, as_json: bool) -> None:
     if as_json:
         echo_json(result)
         return
+    if result.get("undone_spawn") is not None:
+        click.echo(f"undid the unfinished spawn of {agent} (its `ov sling` was killed): "
+                   + (", ".join(result["undone_spawn"]) or "nothing had been created"))
+        if result["generation"] == 0:
+            return
     if result["already_completed"]:
         click.echo(f"{agent} had already completed; nothing was running" if result["loop"] == "not running"
                    and not result["killed_groups"] else f"{agent} had already completed; stopped what was left")

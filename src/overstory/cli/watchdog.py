@@ -30,8 +30,8 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
     from overstory.config import load_config
     from overstory.watchdog import Action, ReconcileReport, Watchdog, WatchdogLock, WatchdogSettings
 
-    if interval is not None and interval <= 0:
-        raise click.BadParameter("must be greater than 0", param_hint="--interval")
+    if interval is not None and not 0 < interval < float("inf"):  # nan and inf too: they would spin or hang
+        raise click.BadParameter("must be a number of seconds greater than 0", param_hint="--interval")
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)
     settings = WatchdogSettings.from_config(config, interval=interval)

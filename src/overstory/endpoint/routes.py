@@ -51,9 +51,14 @@ def _message(message: mail.Message) -> dict[str, t.Any]:
 
 def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     sender = _sender(caller, args)
+    payload = args.get("payload")
+    if args.get("type") == "worker_done":  # the real commit and files, from git, where the agent left them out
+        from overstory.agents.work_report import fill_worker_done
+
+        payload = fill_worker_done(caller.project, caller.conn, sender, payload)
     ids = mail.send(caller.conn, sender=sender, to=args.get("to"), subject=str(args.get("subject") or ""),
                     body=str(args.get("body") or ""), type=str(args.get("type") or "status"),
-                    priority=str(args.get("priority") or "normal"), payload=args.get("payload"),
+                    priority=str(args.get("priority") or "normal"), payload=payload,
                     reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
                     env=caller.environ(), events=caller.events)
     rows = caller.conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) "
@@ -185,7 +190,8 @@ def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     if target != me.base_branch:
         raise NotPermitted(f"{me.name} may merge only into its own base branch {me.base_branch!r}, not {target!r}")
     report = merge_one(caller.project, config, caller.conn, agent_name=name, into=target,
-                       dry_run=bool(args.get("dry_run")), tier_max=args.get("tier_max"), sender=me.name)
+                       dry_run=bool(args.get("dry_run")), tier_max=args.get("tier_max"), force=bool(args.get("force")),
+                       sender=me.name)
     return report.as_dict()
 
 

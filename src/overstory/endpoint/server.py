@@ -219,6 +219,7 @@ class AgentEndpoint:
             if agent is None or agent.generation != self.generation or agent.is_terminal:
                 return 403, {"ok": False, "error": f"{self.name} (generation {self.generation}) is no longer active",
                              "exit_code": 1}
+            self._take_back(agent, events)
             result = handler(Caller(self.project, agent, conn, self.launch_env, events), args)
             return 200, {"ok": True, "result": result}
         except NotPermitted as exc:
@@ -233,6 +234,19 @@ class AgentEndpoint:
                          "exit_code": 1}
         finally:
             self._release(conn, events)
+
+    def _take_back(self, agent: Session, events: sqlite3.Connection) -> None:
+        """Whatever the agent asks, ov first brings its commits so far out of its sandbox, so that what it
+        reports (worker_done, merge_ready) and what others then merge is its branch as it is now."""
+        from overstory import sandbox
+        from overstory.store import events as event_store
+
+        took = sandbox.take_back(self.project, agent)
+        if took.status not in ("none", "unchanged"):
+            event_store.record(events, "branch_take_back" if took.status == "moved" else "branch_refused",
+                               agent=agent.name, generation=agent.generation,
+                               summary=f"branch {agent.branch}: {took.status} (on a request)"
+                                       + (f": {took.detail}" if took.detail else ""))
 
     def _connections(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         """A state.db and an events.db connection for one request, from the pool (opening costs milliseconds)."""

@@ -1,22 +1,26 @@
 """Who is asking and where it may write: capabilities and the agent's path model.
 
-An ``_Agent`` is built from the ``OVERSTORY_*`` environment of the hook. It resolves shell
-words to real paths (``~``, known ``$VARS``, ``..``, symlinks) and says why a write to a
-path is refused, if it is. The refusal texts are shown to the model, so they say what to
-do instead.
+An ``_Agent`` is built from the ``OVERSTORY_*`` environment of the hook. It resolves
+paths to real paths (``~``, ``..``, symlinks, globs) and says why a write to a path is
+refused, if it is. The words it gets are already expanded by the shell walker, so a
+``$`` here is a literal character; a value that cannot be known before the command runs
+holds the ``_SUBST`` marker. The refusal texts are shown to the model, so they say what
+to do instead.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from overstory.guards.shell import _SUBST
 
 WRITE_CAPABILITIES = frozenset({"builder", "merger"})
 READ_ONLY_CAPABILITIES = frozenset({"coordinator", "lead", "scout", "reviewer", "monitor"})
+
+_MAX_GLOB_MATCHES = 2000
+_PATH_MAX = 4096  # the kernel refuses longer paths: a `cd` there fails
+_CACHE_SIZE = 8192
 
 
 def _real(path: str) -> str:
@@ -27,15 +31,33 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-@dataclass(frozen=True)
 class _Agent:
-    name: str
-    capability: str
-    writable: bool
-    worktree: str | None
-    project_root: str | None
-    env: Mapping[str, str]
-    temp_dirs: tuple[str, ...]
+    """The agent asking: name, capability, its worktree and project, its environment."""
+
+    __slots__ = (
+        "capability",
+        "env",
+        "name",
+        "project_root",
+        "real_dirs",
+        "temp_dirs",
+        "worktree",
+        "writable",
+    )
+
+    def __init__(self, name: str, capability: str, writable: bool, worktree: str | None,
+                 project_root: str | None, env: Mapping[str, str], temp_dirs: tuple[str, ...]) -> None:
+        self.name = name
+        self.capability = capability
+        self.writable = writable
+        self.worktree = worktree
+        self.project_root = project_root
+        self.env = env
+        self.temp_dirs = temp_dirs
+        self.real_dirs: dict[str, str] = {}  # realpath answers for this one hook call
+
+    def __repr__(self) -> str:
+        return f"_Agent({self.name!r}, {self.capability!r}, worktree={self.worktree!r})"
 
     @classmethod
     def from_env(cls, name: str, env: Mapping[str, str]) -> _Agent:
@@ -75,6 +97,11 @@ class _Agent:
     def overstory_dir(self) -> str | None:
         return os.path.join(self.project_root, ".overstory") if self.project_root else None
 
+    @property
+    def home_area(self) -> str | None:
+        """Where this agent works: its worktree, or the project root when it has none."""
+        return self.worktree or self.project_root
+
     def start_dir(self, hook_input: Mapping[str, object]) -> str | None:
         cwd = hook_input.get("cwd")
         if isinstance(cwd, str) and os.path.isabs(cwd):
@@ -98,32 +125,57 @@ class _Agent:
     # ---- paths
 
     def expand(self, word: str, cwd: str | None) -> str | None:
-        """Resolve a shell word to a real absolute path, or None when it cannot be known."""
-        if _SUBST in word or "`" in word:
+        """Resolve a path to a real absolute path, or None when it cannot be known.
+
+        ``word`` is literal (the walker has expanded it): only a leading ``~``/``~/`` is
+        read as the home directory, for paths from file tools.
+        """
+        if _SUBST in word or not word:
             return None
         if word == "~" or word.startswith("~/"):
             home = self.env.get("HOME")
             if not home:
                 return None
             word = home + word[1:]
-        elif word.startswith("~"):
-            return None
-        if "$" in word:
-            word = _VAR_RE.sub(lambda m: self._var(m), word)
-            if "$" in word:
-                return None
-        if not word:
-            return None
         if not os.path.isabs(word):
             if cwd is None:
                 return None
             word = os.path.join(cwd, word)
-        return _real(word)
+        return self._realpath(word)
 
-    def _var(self, match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        value = self.env.get(name)
-        return value if value is not None else match.group(0)
+    def _realpath(self, path: str) -> str:
+        """``os.path.realpath``, with what is already resolved remembered: a long command
+        naming many files in a few directories (or ``cd a && cd a && …``) costs one
+        ``lstat`` per new name instead of one per path component."""
+        if len(path) > _PATH_MAX:
+            return _real(path)
+        head, tail = os.path.split(path)
+        if not tail or tail in (".", "..") or not head:
+            return _real(path)
+        joined = os.path.join(self._real_dir(head), tail)
+        real = _real(joined) if os.path.islink(joined) else joined
+        if len(self.real_dirs) < _CACHE_SIZE:
+            self.real_dirs[path] = real
+        return real
+
+    def _real_dir(self, head: str) -> str:
+        cached = self.real_dirs.get(head)
+        if cached is not None:
+            return cached
+        parent, name = os.path.split(head)
+        known = self.real_dirs.get(parent)
+        if known is not None and name not in ("", ".", ".."):
+            joined = os.path.join(known, name)
+            cached = _real(joined) if os.path.islink(joined) else joined
+        else:
+            cached = _real(head)
+        if len(self.real_dirs) < _CACHE_SIZE:
+            self.real_dirs[head] = cached
+        return cached
+
+    @staticmethod
+    def is_relative(word: str) -> bool:
+        return bool(word) and not word.startswith(("/", "~")) and _SUBST not in word
 
     def _in_own_worktree(self, path: str) -> bool:
         """Inside our own worktree, when that worktree is one of ov's (not the project root)."""
@@ -143,19 +195,75 @@ class _Agent:
             return None
         return path[len(worktrees) + 1 :].split(os.sep, 1)[0]
 
+    def place(self, path: str) -> str | None:
+        """Why ``path`` is not this agent's to touch (a phrase), or None when it is."""
+        other = self.other_worktree(path)
+        if other is not None:
+            return f"inside {other}'s worktree"
+        if self.overstory_dir and _inside(path, self.overstory_dir) and not self._in_own_worktree(path):
+            return f"in ov's own state under {self.overstory_dir}"
+        if self.worktree and _inside(path, self.worktree):
+            return None
+        if self.project_root and _inside(path, self.project_root):
+            if self.worktree is None:
+                return None  # an agent without a worktree (the coordinator) works at the root
+            return f"in the project checkout {self.project_root}"
+        return "outside its worktree"
+
     def write_denial(self, word: str, cwd: str | None, *, removes: bool = False) -> str | None:
         """Why a write to ``word`` is refused, or None when it is allowed (or unknowable)."""
         if word in _NULL_SINKS or word.startswith("/dev/fd/"):
             return None
+        if cwd is None and self.is_relative(word):
+            return (
+                f"ov guard cannot tell which directory `{word}` is relative to: an earlier `cd` "
+                "in this command may or may not have taken effect (inside `( )`, after `||`, "
+                "a loop, `cd -`, a computed directory …). Use an absolute path, or run the "
+                "`cd` as a command of its own first."
+            )
+        if any(c in word for c in "*?[") and _SUBST not in word:
+            reason = self._glob_denial(word, cwd, removes=removes)
+            if reason:
+                return reason
         path = self.expand(word, cwd)
         if path is None:
             return None
+        return self.path_denial(word, path, removes=removes)
+
+    def _glob_denial(self, word: str, cwd: str | None, *, removes: bool) -> str | None:
+        """A write through a glob writes what it matches now: check every match."""
+        import glob
+
+        pattern = word if os.path.isabs(word) or cwd is None else os.path.join(cwd, word)
+        if word.startswith("~"):
+            home = self.env.get("HOME")
+            if not home:
+                return None
+            pattern = home + word[1:]
+        matches = []
+        for match in glob.iglob(pattern, include_hidden=True):
+            matches.append(match)
+            if len(matches) > _MAX_GLOB_MATCHES:
+                return (f"`{word}` matches more than {_MAX_GLOB_MATCHES} files, too many to check; "
+                        "narrow the pattern.")
+        for match in matches:
+            reason = self.path_denial(word, self._realpath(match), removes=removes)
+            if reason:
+                return reason
+        return None
+
+    def path_denial(self, word: str, path: str, *, removes: bool = False) -> str | None:
         shown = word if word == path else f"`{word}` ({path})"
         parent, base = os.path.split(path)
         if os.path.basename(parent) == ".claude" and base in _HOOK_SETTINGS:
             return (
                 f"{shown} holds the Claude hook settings that run `ov guard`; ov manages "
                 "them and no agent may change them."
+            )
+        if removes and self.hook_settings_inside(path):
+            return (
+                f"removing or moving {shown} would delete the Claude hook settings that run "
+                "`ov guard` (.claude/settings*.json); ov manages them and no agent may change them."
             )
         if self.overstory_dir and _inside(path, self.overstory_dir) and not self._in_own_worktree(path):
             other = self.other_worktree(path)
@@ -188,6 +296,12 @@ class _Agent:
             return None
         return f"{self.who} may only write inside {self._own()}; {shown} is outside it."
 
+    def hook_settings_inside(self, path: str) -> bool:
+        """Does ``path`` (a directory about to be removed) hold this worktree's hook settings?"""
+        if not self.worktree or not _inside(os.path.join(self.worktree, ".claude"), path):
+            return False
+        return any(os.path.lexists(os.path.join(self.worktree, ".claude", f)) for f in _HOOK_SETTINGS)
+
     def _own(self) -> str:
         return f"its worktree {self.worktree}" if self.worktree else (
             "its worktree (none is set: OVERSTORY_WORKTREE is missing, so only the temp dir "
@@ -195,22 +309,25 @@ class _Agent:
         )
 
     def protected_zone_denial(self, words: Iterable[str], cwd: str | None) -> str | None:
-        """For commands we cannot model: refuse arguments that name other agents' files."""
-        if not self.overstory_dir:
+        """For commands we cannot model: refuse arguments that name places it does not own
+        (other worktrees, ov's state, the project checkout), since the command may write there.
+        """
+        if not self.project_root:
             return None
         for word in words:
             value = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
             if "/" not in value and not value.startswith((".", "~")):
                 continue
             path = self.expand(value, cwd)
-            if path is None or not _inside(path, self.overstory_dir):
+            if path is None or not _inside(path, self.project_root):
                 continue
-            if self._in_own_worktree(path):
+            if self._in_own_worktree(path) or (self.worktree and _inside(path, self.worktree)):
                 continue
-            return self.write_denial(value, cwd)
+            reason = self.path_denial(value, path)
+            if reason:
+                return f"ov cannot tell whether this command writes to its arguments: {reason}"
         return None
 
 
-_VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _NULL_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
 _HOOK_SETTINGS = frozenset({"settings.json", "settings.local.json"})

@@ -9,35 +9,79 @@ has to import the other to name them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 
 from overstory.guards.agent import _Agent
 
 
-@dataclass
 class _ShellState:
-    """The working directory as the policy walks a command line; None once it is unknown."""
+    """The working directory a command runs in; None when it cannot be known."""
 
-    cwd: str | None
+    __slots__ = ("cwd",)
+
+    def __init__(self, cwd: str | None) -> None:
+        self.cwd = cwd
 
 
-@dataclass
 class _Effect:
     """What one simple command does, as far as the policy cares.
 
     kind: read | test (test runners/linters) | write | code (unknowable code) | install
           (global package install) | unknown | deny (refused for everyone, see reason).
+    unsafe: why a read-only agent may not run it even though its kind is read or test
+          (an option ov does not know to be read-only, an output file …).
+    env / env_unset / env_clear: what a wrapper (``env``) does to the inner command's
+          environment, checked like assignments.
+    sets_vars: shell variables the command sets to values ov cannot know (``read x``).
+    opaque: the command may change anything in the current shell (``eval``, ``source``).
+
+    A plain class, not a dataclass: ``ov guard`` runs once per tool call, and importing
+    ``dataclasses`` costs more than everything the guard does for a usual command.
     """
 
-    kind: str
-    what: str = ""
-    targets: list[str] = field(default_factory=list)
-    writes_cwd: bool = False
-    removes: bool = False
-    inner: list[list[str]] = field(default_factory=list)
-    scripts: list[str] = field(default_factory=list)
-    chdir: str | None = None
-    reason: str = ""
+    __slots__ = (
+        "chdir",
+        "env",
+        "env_clear",
+        "env_unset",
+        "inner",
+        "kind",
+        "opaque",
+        "reason",
+        "removes",
+        "scripts",
+        "sets_vars",
+        "targets",
+        "unsafe",
+        "what",
+        "writes_cwd",
+    )
+
+    def __init__(self, kind: str, what: str = "", targets: list[str] | None = None, *,
+                 writes_cwd: bool = False, removes: bool = False,
+                 inner: list[list[str]] | None = None, scripts: list[str] | None = None,
+                 chdir: str | None = None, reason: str = "", unsafe: str = "",
+                 env: list[tuple[str, str]] | None = None, env_unset: list[str] | None = None,
+                 env_clear: bool = False, sets_vars: list[str] | None = None,
+                 opaque: bool = False) -> None:
+        self.kind = kind
+        self.what = what
+        self.targets = targets if targets is not None else []
+        self.writes_cwd = writes_cwd
+        self.removes = removes
+        self.inner = inner if inner is not None else []
+        self.scripts = scripts if scripts is not None else []
+        self.chdir = chdir
+        self.reason = reason
+        self.unsafe = unsafe
+        self.env = env if env is not None else []
+        self.env_unset = env_unset if env_unset is not None else []
+        self.env_clear = env_clear
+        self.sets_vars = sets_vars if sets_vars is not None else []
+        self.opaque = opaque
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if getattr(self, k))
+        return f"_Effect({fields})"
 
 
 _READ = _Effect("read")

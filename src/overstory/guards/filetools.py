@@ -1,8 +1,8 @@
 """Handlers for file and text tools: which of their arguments they write, if any.
 
-Coreutils-style commands (tee, sort, cp, mv, rm, chmod, dd …), editors that work in
-place (sed, awk, perl, yq), find, archivers and downloaders (tar, unzip, gzip, curl,
-wget). Each handler reads the argument list the way the tool does, just far enough to
+Coreutils-style commands (tee, cp, mv, rm, chmod, dd …), editors that work in place
+(perl, yq), find, archivers and downloaders (unzip, gzip, curl, wget). sed, awk, sort
+and tar are in ``textproc``. Each handler reads the argument list the way the tool does, just far enough to
 find output files and in-place edits.
 """
 
@@ -24,27 +24,15 @@ from overstory.guards.effects import (
 
 
 def _tee(argv: list[str], *_: object) -> _Effect:
-    options, files = _parse_options(argv[1:], ("--output-error",))
+    _, files = _parse_options(argv[1:], ("--output-error",))
     files = [f for f in files if f not in _NULL_SINKS]
     if not files:
         return _READ
     return _Effect("write", what=f"write files with tee ({' '.join(files)})", targets=files)
 
 
-def _sort(argv: list[str], *_: object) -> _Effect:
-    options, _ = _parse_options(
-        argv[1:],
-        ("-o", "--output", "-k", "--key", "-t", "--field-separator", "-S", "--buffer-size",
-         "-T", "--temporary-directory", "--parallel", "--files0-from", "--batch-size"),
-    )
-    outputs = _values(options, "-o", "--output")
-    if outputs:
-        return _Effect("write", what="write a file with `sort -o`", targets=outputs)
-    return _READ
-
-
 def _uniq(argv: list[str], *_: object) -> _Effect:
-    options, positionals = _parse_options(argv[1:], ("-f", "-s", "-w", "--skip-fields",
+    _, positionals = _parse_options(argv[1:], ("-f", "-s", "-w", "--skip-fields",
                                                      "--skip-chars", "--check-chars"))
     if len(positionals) >= 2:
         return _Effect("write", what="write a file with `uniq IN OUT`", targets=positionals[1:2])
@@ -63,7 +51,7 @@ def _output_option(*flags: str, label: str) -> _Handler:
 
 
 def _xxd(argv: list[str], *_: object) -> _Effect:
-    options, positionals = _parse_options(argv[1:], ("-c", "-g", "-l", "-s", "-o", "-n", "-C"))
+    _, positionals = _parse_options(argv[1:], ("-c", "-g", "-l", "-s", "-o", "-n", "-C"))
     if len(positionals) >= 2:
         return _Effect("write", what="write a file with `xxd IN OUT`", targets=positionals[1:2])
     return _READ
@@ -82,57 +70,7 @@ def _hostname(argv: list[str], *_: object) -> _Effect:
     return _Effect("write", what="set the host name") if positionals else _READ
 
 
-_SED_ADDRESS = r"(?:\d+|\$|/(?:[^/\\]|\\.)*/)?(?:\s*,\s*(?:\d+|\$|/(?:[^/\\]|\\.)*/|[+~]\d+))?\s*!?\s*"
-_SED_WRITE_COMMAND = re.compile(_SED_ADDRESS + r"[wWe](\s|$)")
-_SED_SUBSTITUTE = re.compile(
-    _SED_ADDRESS + r"s(.)(?:(?!\1)[^\\]|\\.)*\1(?:(?!\1)[^\\]|\\.)*\1([A-Za-z0-9]*)"
-)
-
-
-def _sed(argv: list[str], *_: object) -> _Effect:
-    options, positionals = _parse_options(
-        argv[1:], ("-e", "--expression", "-f", "--file", "-l", "--line-length")
-    )
-    scripts = _values(options, "-e", "--expression")
-    files = positionals
-    if not scripts and not _values(options, "-f", "--file") and positionals:
-        scripts, files = positionals[:1], positionals[1:]
-    if _names(options) & {"-i", "--in-place"}:
-        return _Effect("write", what="edit files in place (`sed -i`)", targets=files)
-    if _values(options, "-f", "--file"):
-        return _Effect("code", what="a sed script file (it cannot be checked for writes)")
-    if any(_sed_script_writes(s) for s in scripts):
-        return _Effect("code", what="a sed script with `w`/`e` commands (they write files or run commands)")
-    return _READ
-
-
-def _sed_script_writes(script: str) -> bool:
-    """Best effort: does a sed script use `w`, `W` or `e`, or an `s///w`/`s///e` flag?"""
-    for piece in re.split(r"[;\n]", script):
-        piece = piece.strip().lstrip("{").strip()
-        if _SED_WRITE_COMMAND.match(piece):
-            return True
-        substitute = _SED_SUBSTITUTE.match(piece)
-        if substitute and set(substitute.group(2)) & {"w", "e"}:
-            return True
-    return False
-
-
-_AWK_WRITES = re.compile(r"system\s*\(|\|\s*getline|\bprintf?\b[^;}]*?(>|\|)")
-
-
-def _awk(argv: list[str], *_: object) -> _Effect:
-    options, positionals = _parse_options(argv[1:], ("-F", "-v", "-f", "-i", "--include",
-                                                     "--file", "--assign", "--field-separator"))
-    if "inplace" in _values(options, "-i", "--include"):
-        return _Effect("write", what="edit files in place (`awk -i inplace`)",
-                       targets=positionals[1:])
-    if _values(options, "-f", "--file"):
-        return _Effect("code", what="an awk program file (it cannot be checked for writes)")
-    program = positionals[0] if positionals else ""
-    if _AWK_WRITES.search(program):
-        return _Effect("code", what="an awk program that writes files or runs commands")
-    return _READ
+_MAX_FIND_COMMANDS = 256
 
 
 def _find(argv: list[str], *_: object) -> _Effect:
@@ -153,6 +91,10 @@ def _find(argv: list[str], *_: object) -> _Effect:
             while end < len(args) and args[end] not in (";", "+"):
                 end += 1
             template = args[i + 1 : end]
+            if len(effect.inner) + len(roots) > _MAX_FIND_COMMANDS:
+                return _Effect("deny", reason=(
+                    f"this `find` runs commands for {len(roots)} start points and several `-exec`s: "
+                    "too many combinations to check; use fewer start points."))
             for root in roots:
                 found = os.path.join(root, "{}")
                 effect.inner.append([found if word == "{}" else word for word in template])
@@ -180,7 +122,9 @@ def _targets_all(label: str, value_options: tuple[str, ...] = (), *, removes: bo
     return handler
 
 
-_MODE_RE = re.compile(r"^([ugoa]*[-+=][rwxXstugo]*,?)+$|^[0-7]{3,4}$|^-[rwxXst]+$")
+# One clause per comma; each operator starts its own group, so matching stays linear.
+_MODE_CLAUSE = r"[ugoa]*(?:[-+=](?:[rwxXst]*|[ugo]))+"
+_MODE_RE = re.compile(rf"^{_MODE_CLAUSE}(?:,{_MODE_CLAUSE})*$|^[0-7]{{3,4}}$|^-[rwxXst]+$")
 
 
 def _chmod_like(label: str, *, has_mode: bool) -> _Handler:
@@ -244,28 +188,6 @@ def _patch(argv: list[str], *_: object) -> _Effect:
         return _READ
     return _Effect("write", what="patch files", targets=outputs or positionals[:1],
                    writes_cwd=not (outputs or positionals), chdir=directory[0] if directory else None)
-
-
-def _tar(argv: list[str], *_: object) -> _Effect:
-    args = argv[1:]
-    if args and not args[0].startswith("-"):
-        args = ["-" + args[0]] + args[1:]  # `tar xzf a.tgz`
-    options, _ = _parse_options(args, ("-f", "--file", "-C", "--directory", "-T",
-                                       "--files-from", "-X", "--exclude-from", "-b", "-H",
-                                       "--format", "-I", "--use-compress-program"))
-    names = _names(options)
-    archive = _values(options, "-f", "--file")
-    directory = _values(options, "-C", "--directory")
-    if names & {"-c", "--create", "-r", "--append", "-u", "--update", "-A", "--concatenate",
-                "--delete"}:
-        return _Effect("write", what="write an archive with tar", targets=archive,
-                       writes_cwd=not archive)
-    if names & {"-x", "--extract", "--get"}:
-        if names & {"-O", "--to-stdout"}:
-            return _READ
-        return _Effect("write", what="extract files with tar", targets=directory,
-                       writes_cwd=not directory)
-    return _READ
 
 
 def _unzip(argv: list[str], *_: object) -> _Effect:
@@ -362,35 +284,21 @@ def _perl(argv: list[str], *_: object) -> _Effect:
     return _Effect("code", what="`perl` code")
 
 
-def _ripgrep(argv: list[str], *_: object) -> _Effect:
-    if any(a.startswith("--pre") and not a.startswith("--pre-glob") for a in argv[1:]):
-        return _Effect("code", what="`rg --pre` (it runs a preprocessor program)")
-    return _READ
-
-
 def _split(argv: list[str], *_: object) -> _Effect:
     return _Effect("write", what=f"write files with {argv[0]}", writes_cwd=True)
 
 
-FILE_TOOL_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "tee": _tee,
-    "sort": _sort,
     "uniq": _uniq,
     "shuf": _output_option("-o", "--output", label="shuf -o"),
     "iconv": _output_option("-o", "--output", label="iconv -o"),
     "xxd": _xxd,
     "tree": _output_option("-o", label="tree -o"),
-    "rg": _ripgrep,
     "split": _split,
     "csplit": _split,
     "date": _date,
     "hostname": _hostname,
-    "sed": _sed,
-    "gsed": _sed,
-    "awk": _awk,
-    "gawk": _awk,
-    "mawk": _awk,
-    "nawk": _awk,
     "find": _find,
     "rm": _targets_all("delete files", removes=True),
     "rmdir": _targets_all("delete directories", removes=True),
@@ -413,7 +321,6 @@ FILE_TOOL_HANDLERS: dict[str, _Handler] = {
     "mv": _copy_like("move files", moves=True),
     "dd": _dd,
     "patch": _patch,
-    "tar": _tar,
     "unzip": _unzip,
     "gzip": _compressor,
     "gunzip": _compressor,

@@ -1,10 +1,17 @@
 """The git rules, and gh's.
 
-Some git commands are refused for every agent whatever its capability (push, hard
+Before anything else, whatever changes what git reads, writes or runs is refused for
+every agent: the global options ``--exec-path=``, ``--git-dir``, ``--work-tree``,
+``-c``, ``--config-env`` …, any option ov does not know, a subcommand that is not a
+git command (it may be an alias, and ``alias.x = !cmd`` runs anything), and git run
+outside the agent's own worktree (``-C`` or ``cd`` elsewhere: that repository's config
+and hooks would run). ``GIT_*`` variables are refused by the shell walker.
+
+Then some git commands are refused for every agent whatever its capability (push, hard
 reset, rewriting or deleting other branches and tags, worktree management, shared
-config and remotes, ``stash clear``). Read-only agents get the read-only forms; writers
-may change their own worktree and branch, but not switch it to another branch. ``gh``
-may only read.
+config and remotes, ``stash clear``, options that run programs). Read-only agents get
+the read-only forms; writers may change their own worktree and branch, but not switch
+it to another branch. ``gh`` may only read.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from overstory.guards.agent import _Agent
+from overstory.guards.agent import _Agent, _inside
 from overstory.guards.effects import (
     _READ,
     _VERSION_FLAGS,
@@ -21,10 +28,32 @@ from overstory.guards.effects import (
     _names,
     _parse_options,
     _ShellState,
+    _values,
 )
 
-_GIT_GLOBAL_VALUE = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace",
-                               "--config-env", "--super-prefix", "--list-cmds"})
+_GIT_COMMANDS = frozenset(
+    """
+    add am annotate apply archive bisect blame branch bundle cat-file check-attr check-ignore
+    check-mailmap check-ref-format checkout checkout-index cherry cherry-pick clean clone
+    column commit commit-graph commit-tree config count-objects describe diff diff-files
+    diff-index diff-tree difftool fast-export fast-import fetch filter-branch fmt-merge-msg
+    for-each-ref for-each-repo format-patch fsck gc get-tar-commit-id grep hash-object help
+    hook index-pack init interpret-trailers log ls-files ls-remote ls-tree mailinfo mailsplit
+    maintenance merge merge-base merge-file merge-tree mergetool mktag mktree
+    multi-pack-index mv name-rev notes pack-objects pack-refs patch-id prune pull push
+    range-diff read-tree rebase reflog remote repack replace rerere reset restore rev-list
+    rev-parse revert rm shortlog show show-branch show-ref sparse-checkout stash status
+    stripspace submodule switch symbolic-ref tag unpack-objects update-index update-ref var
+    verify-commit verify-tag version whatchanged worktree write-tree credential
+    """.split()
+)
+_GIT_GLOBAL_FLAGS = frozenset({"-p", "--paginate", "-P", "--no-pager", "--no-replace-objects",
+                               "--literal-pathspecs", "--glob-pathspecs", "--noglob-pathspecs",
+                               "--icase-pathspecs", "--no-optional-locks", "--no-advice",
+                               "--no-lazy-fetch"})
+_GIT_GLOBAL_REFUSED = frozenset({"-c", "--config-env", "--exec-path", "--git-dir", "--work-tree",
+                                 "--namespace", "--super-prefix", "--bare", "--attr-source",
+                                 "--list-cmds"})
 _GIT_READ = frozenset(
     """
     status log diff show rev-parse blame annotate grep ls-files ls-tree ls-remote cat-file
@@ -34,66 +63,112 @@ _GIT_READ = frozenset(
     check-mailmap get-tar-commit-id
     """.split()
 )
-_GIT_RISKY_CONFIG = ("pager", "editor", "alias.", "sshcommand", "external", "textconv",
-                     "fsmonitor", "hookspath", "askpass", "credential", "filter.", "program",
-                     "command", "proxy", "exec")
 _BRANCH_CHANGES = frozenset({"-d", "-D", "--delete", "-f", "--force", "-m", "-M", "--move",
                              "-C", "--copy", "-u", "--set-upstream-to", "--unset-upstream",
                              "--edit-description", "-c"})
+#: Config keys a writer may set with `git config --worktree`: none of them runs a program.
+_SAFE_CONFIG_PREFIXES = ("user.", "color.", "column.", "advice.", "i18n.", "status.", "log.",
+                         "format.", "commit.", "pull.", "rebase.", "merge.conflictstyle",
+                         "diff.renames", "diff.algorithm", "init.")
+_RISKY_CONFIG = ("pager", "editor", "sshcommand", "external", "textconv", "fsmonitor", "hook",
+                 "askpass", "credential", "filter", "program", "command", "cmd", "proxy", "exec",
+                 "driver", "helper", "path", "include")
+_RUNS_PROGRAMS = frozenset({"--upload-pack", "--receive-pack", "--exec"})
 
 
-def _git(argv: list[str], agent: _Agent, state: _ShellState, assignments: Mapping[str, str]) -> _Effect:
+def _git(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
     args = argv[1:]
     directory = state.cwd
-    work_tree = assignments.get("GIT_WORK_TREE")
-    configs: list[str] = []
     i = 0
     while i < len(args) and args[i].startswith("-"):
         key, eq, value = args[i].partition("=")
-        if key in _GIT_GLOBAL_VALUE and not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
-            i += 1
+        if key in ("--version", "--help", "-h", "--html-path", "--man-path", "--info-path") or (
+                key == "--exec-path" and not eq and i == len(args) - 1):
+            return _READ  # prints something and exits
+        if key in _GIT_GLOBAL_REFUSED:
+            if key in ("-c", "--config-env") and not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            shown = f"{key} {value}".strip() if key in ("-c", "--config-env") else args[i]
+            return _deny(
+                f"`git {shown}` changes which repository, config or programs git uses and is "
+                "refused for every agent, before anything else is checked. Run plain `git ...` "
+                "inside your worktree."
+            )
         if key == "-C":
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
             directory = agent.expand(value, directory)
-        elif key == "-c":
-            configs.append(value)
-        elif key == "--work-tree":
-            work_tree = value
-        elif key in ("--version", "--help", "-h", "--exec-path", "--html-path", "--man-path",
-                     "--info-path"):
-            return _READ
+        elif key not in _GIT_GLOBAL_FLAGS:
+            return _deny(f"`git {args[i]}` is not a git option ov guard knows; refused for every agent.")
         i += 1
-    if work_tree:
-        directory = agent.expand(work_tree, directory)
     if i >= len(args):
         return _READ
     sub, sub_args = args[i], args[i + 1 :]
+    if sub not in _GIT_COMMANDS:
+        return _deny(
+            f"`git {sub}` is not a git command ov guard knows. It may be an alias, and aliases "
+            "can run any program; refused for every agent. Spell out the git command."
+        )
+    if sub in ("version", "help"):
+        return _READ
+    refusal = _directory_refusal(directory, agent, sub)
+    if refusal:
+        return _deny(refusal)
+
     options, positionals = _parse_options(sub_args, _GIT_SUB_VALUE)
     flags = _names(options)
-
-    refusal = _git_refusal(sub, sub_args, positionals, flags, agent)
+    refusal = _git_refusal(sub, positionals, flags, agent) or _program_refusal(sub, sub_args, flags)
     if refusal:
-        return _Effect("deny", reason=refusal)
+        return _deny(refusal)
 
-    if _git_reads(sub, positionals, flags):
-        if not agent.writable:
-            risky = [c for c in configs
-                     if any(r in c.split("=", 1)[0].lower() for r in _GIT_RISKY_CONFIG)]
-            if risky:
-                return _Effect("code", what=f"`git -c {risky[0]}` (it can run programs)")
-            if flags & {"--output", "-o"} and sub in ("diff", "log", "show"):
-                return _Effect("write", what=f"write a file with `git {sub} --output`")
-            if sub == "grep" and flags & {"-O", "--open-files-in-pager"}:
-                return _Effect("code", what="`git grep -O` (it runs a pager program)")
-        return _READ
+    outputs = _output_targets(sub, options, positionals, flags)
+    scripts, inner = _commands_run(sub, sub_args, options, positionals)
+    if _git_reads(sub, positionals, flags) and not outputs:
+        if not agent.writable and sub == "grep" and flags & {"-O", "--open-files-in-pager"}:
+            return _Effect("code", what="`git grep -O` (it runs a pager program)")
+        return _Effect("read", scripts=scripts) if scripts else _READ
 
     if not agent.writable:
+        if outputs:
+            return _Effect("write", what=f"write a file with `git {sub} {outputs[0][0]}`")
         return _Effect("write", what=f"run `git {sub}`, which changes the repository")
     if sub in ("checkout", "switch"):
         reason = _git_branch_switch(sub, sub_args, positionals, flags, directory, agent)
         if reason:
-            return _Effect("deny", reason=reason)
-    return _Effect("write", what=f"git {sub}", targets=[directory] if directory else [])
+            return _deny(reason)
+    if sub in ("clean", "stash") and _removes_untracked(sub, positionals, flags) and (
+            agent.hook_settings_inside(agent.worktree or "")):
+        return _deny(
+            f"`git {sub}` here would delete .claude/settings*.json, the hook settings that run "
+            "`ov guard`; no agent may remove them. Remove the files you mean with `rm`."
+        )
+    targets = [directory] if directory else []
+    return _Effect("write", what=f"git {sub}", targets=targets + [t for _, t in outputs],
+                   chdir=directory, scripts=scripts, inner=inner)
+
+
+def _deny(reason: str) -> _Effect:
+    return _Effect("deny", reason=reason)
+
+
+def _directory_refusal(directory: str | None, agent: _Agent, sub: str) -> str | None:
+    """Git reads the config and runs the hooks of the repository it runs in: only our own."""
+    if directory is None:
+        return (
+            f"ov guard cannot tell which directory `git {sub}` would run in (an earlier `cd` or "
+            "`-C` it cannot follow); run git in your worktree without them."
+        )
+    place = agent.place(directory)
+    if place is None or (agent.writable and not _inside(directory, agent.project_root or "\0")
+                         and any(_inside(directory, t) for t in agent.temp_dirs)):
+        return None
+    return (
+        f"`git {sub}` would run in {directory}, {place}; {agent.who} runs git only in "
+        f"{agent.home_area or 'its worktree'}, because git reads the config and runs the hooks of "
+        "the repository it runs in. Look at other work from your own worktree with "
+        "`git log <branch>` or `git show <branch>:<path>`."
+    )
 
 
 _GIT_SUB_VALUE = (
@@ -101,7 +176,8 @@ _GIT_SUB_VALUE = (
     "--contains", "--no-contains", "--merged", "--no-merged", "-u", "--set-upstream-to", "-X",
     "--strategy-option", "-s", "--strategy", "--author", "--date", "-S", "--gpg-sign", "--onto",
     "-x", "--exec", "-t", "--track", "--pretty", "-n", "--max-count", "--since", "--until",
-    "--grep", "-G", "--depth", "--shallow-since",
+    "--grep", "-G", "--depth", "--shallow-since", "--output-directory", "--prefix",
+    "--export-marks", "--extcmd", "--upload-pack", "--receive-pack", "--template",
 )
 
 
@@ -127,9 +203,74 @@ _GIT_READ_FORMS = frozenset({
 })
 
 
-def _git_refusal(
-    sub: str, sub_args: list[str], positionals: list[str], flags: set[str], agent: _Agent
-) -> str | None:
+def _output_targets(sub: str, options: list[tuple[str, str | None]], positionals: list[str],
+                    flags: set[str]) -> list[tuple[str, str]]:
+    """Files git writes outside the repository: ``(how, path)``."""
+    keys = ["--output", "--output-directory", "--export-marks"]
+    if sub in ("format-patch", "archive", "index-pack", "mailsplit"):
+        keys.append("-o")
+    if sub == "checkout-index":
+        keys.append("--prefix")
+    found = [(key, value) for key, value in options if key in keys and value]
+    if sub == "bundle" and positionals[:1] == ["create"] and len(positionals) > 1:
+        found.append(("create", positionals[1]))
+    if sub == "merge-file" and positionals and not flags & {"-p", "--stdout"}:
+        found.append(("merge-file", positionals[0]))
+    if sub in ("clone", "init") and positionals:
+        found.append((sub, positionals[-1] if sub == "init" or len(positionals) > 1 else
+                      os.path.basename(positionals[0].rstrip("/")).removesuffix(".git") or "."))
+    if sub == "interpret-trailers" and "--in-place" in flags:
+        found.extend(("--in-place", p) for p in positionals)
+    return found
+
+
+def _commands_run(sub: str, sub_args: list[str], options: list[tuple[str, str | None]],
+                  positionals: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Shell commands and programs a git subcommand runs itself."""
+    if sub == "rebase":
+        return _values(options, "-x", "--exec"), []
+    if sub in ("difftool", "mergetool"):
+        return _values(options, "-x", "--extcmd"), []
+    if sub == "grep":  # -O<pager> takes its value attached, or none
+        return [a[2:] for a in sub_args if a.startswith("-O") and len(a) > 2] + [
+            a.split("=", 1)[1] for a in sub_args if a.startswith("--open-files-in-pager=")], []
+    if sub == "bisect" and positionals[:1] == ["run"]:
+        start = sub_args.index("run") + 1
+        return [], [sub_args[start:]]
+    if sub == "submodule" and positionals[:1] == ["foreach"]:
+        start = sub_args.index("foreach") + 1
+        rest = [a for a in sub_args[start:] if a != "--recursive"]
+        return [" ".join(rest)] if rest else [], []
+    return [], []
+
+
+def _program_refusal(sub: str, sub_args: list[str], flags: set[str]) -> str | None:
+    """Options that make git run a program named on the command line, or act outside."""
+    runs = flags & _RUNS_PROGRAMS
+    if sub in ("ls-remote", "clone") and "-u" in flags:
+        runs = runs | {"-u"}
+    if sub in ("rebase", "difftool", "mergetool", "grep"):
+        runs = runs - {"--exec"}
+    if runs:
+        return (f"`git {sub} {min(runs)}` makes git run a program named on the command line; "
+                "refused for every agent.")
+    if sub == "apply" and "--unsafe-paths" in flags:
+        return "`git apply --unsafe-paths` writes outside the repository; refused for every agent."
+    if sub == "for-each-repo" or (sub == "maintenance" and sub_args[:1] != ["run"]):
+        return f"`git {sub}` acts on other repositories or the machine's schedule; refused."
+    if sub == "credential":
+        return "`git credential` talks to the operator's credential store; refused for every agent."
+    return None
+
+
+def _removes_untracked(sub: str, positionals: list[str], flags: set[str]) -> bool:
+    if sub == "clean":
+        return not flags & {"-n", "--dry-run"}
+    return positionals[:1] in ([], ["push"], ["save"]) and bool(
+        flags & {"-u", "--include-untracked", "-a", "--all"})
+
+
+def _git_refusal(sub: str, positionals: list[str], flags: set[str], agent: _Agent) -> str | None:
     """Git commands refused for every agent, whatever its capability."""
     own = agent.own_branch
     if sub == "push":
@@ -151,7 +292,7 @@ def _git_refusal(
             f"refused for every agent. Your work belongs on {own}."
         )
     if (
-        sub in ("update-ref", "filter-branch", "filter-repo")
+        sub in ("update-ref", "filter-branch")
         or (sub == "symbolic-ref" and (len(positionals) >= 2 or flags & {"-d", "--delete"}))
         or (sub == "replace" and not flags & {"-l", "--list"} and (positionals or flags))
     ):
@@ -179,10 +320,15 @@ def _git_refusal(
     if sub == "stash" and positionals[:1] == ["clear"]:
         return "`git stash clear` drops the stash shared by every worktree; refused."
     if sub == "config" and _git_config_writes(positionals, flags):
-        if not (agent.writable and "--worktree" in flags):
+        key = positionals[1] if positionals[:1] in (["set"], ["unset"]) and len(positionals) > 1 else (
+            positionals[0] if positionals else "")
+        if not (agent.writable and "--worktree" in flags and _safe_config_key(key)
+                and not flags & {"-f", "--file", "--global", "--system", "--blob", "-e", "--edit"}):
             return (
                 "the repository's git config is shared by every agent and the operator; "
-                "agents may not change it (writers may use `git config --worktree`)."
+                "agents may not change it (writers may set user.*, color.* and similar display "
+                "settings with `git config --worktree`; never core.*, alias.*, include.* or "
+                "anything that runs a program)."
             )
     if sub == "remote" and positionals[:1] not in ([], ["show"], ["get-url"]):
         return "git remotes are shared by every agent and the operator; agents may not change them."
@@ -195,6 +341,11 @@ def _git_refusal(
                     f"agents only update their own branch {own}. Fetch without `:dst`."
                 )
     return None
+
+
+def _safe_config_key(key: str) -> bool:
+    lowered = key.lower()
+    return lowered.startswith(_SAFE_CONFIG_PREFIXES) and not any(r in lowered for r in _RISKY_CONFIG)
 
 
 def _git_config_writes(positionals: list[str], flags: set[str]) -> bool:
@@ -241,7 +392,7 @@ def _git_branch_switch(
     return reason
 
 
-def _gh(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _gh(argv: list[str], *_: object) -> _Effect:
     args = argv[1:]
     words = [a for a in args if not a.startswith("-")]
     reads = {("pr", "view"), ("pr", "list"), ("pr", "diff"), ("pr", "status"), ("pr", "checks"),
@@ -260,7 +411,7 @@ def _gh(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     ))
 
 
-GIT_HANDLERS: dict[str, _Handler] = {
+HANDLERS: dict[str, _Handler] = {
     "git": _git,
     "gh": _gh,
 }

@@ -1,32 +1,20 @@
 """The decision for one PreToolUse call, and the reply `ov guard` prints.
 
 ``decide`` looks at the tool: blocked tools are refused, file-writing tools are checked
-against the agent's writable places, and shell commands are split into simple commands,
-each described by its handler and then judged here (``check_shell``). Anything that
-fails inside an agent is denied, never let through.
+against the agent's writable places, and shell commands go to ``walk.check_shell``,
+which splits them into simple commands, each described by its handler and then judged.
+Anything that fails inside an agent is denied, never let through.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from overstory.guards.agent import _NULL_SINKS, _Agent, _real
-from overstory.guards.effects import _ShellState
-from overstory.guards.programs import _analyze
-from overstory.guards.shell import (
-    _ASSIGNMENT,
-    _HEADERS,
-    _KEYWORDS,
-    _SUBST,
-    _WRITE_REDIRECTS,
-    ShellCommand,
-    _scan,
-    _Unparseable,
-    _words,
-)
+from overstory.guards.agent import _Agent
+from overstory.guards.runtimes import as_claude_input, patch_paths, reply, unreadable
+from overstory.guards.shell import _SUBST
+from overstory.guards.walk import check_shell
 
 _DELEGATE = (
     "ov agents delegate with `ov sling <capability> <task-id>` and talk to other agents "
@@ -73,10 +61,26 @@ SHELL_TOOLS = frozenset({"Bash", "Monitor"})
 CODE_TOOLS = frozenset({"REPL", "PowerShell"})
 
 
-@dataclass(frozen=True)
 class Decision:
-    allow: bool
-    reason: str = ""
+    """Allowed, or denied with the reason shown to the model. Immutable."""
+
+    __slots__ = ("allow", "reason")
+
+    def __init__(self, allow: bool, reason: str = "") -> None:
+        object.__setattr__(self, "allow", allow)
+        object.__setattr__(self, "reason", reason)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Decision is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Decision) and (self.allow, self.reason) == (other.allow, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.allow, self.reason))
+
+    def __repr__(self) -> str:
+        return f"Decision(allow={self.allow!r}, reason={self.reason!r})"
 
     @classmethod
     def deny(cls, reason: str) -> Decision:
@@ -121,6 +125,22 @@ def decide_hook_text(text: str | None, env: Mapping[str, str]) -> Decision:
     return decide(data, env)
 
 
+def guard_reply(text: str | None, env: Mapping[str, str]) -> tuple[str, str, int]:
+    """`ov guard`'s whole answer to one hook call, in the dialect of the CLI that asked:
+    (stdout, stderr, exit status). See ``guards.runtimes``."""
+    if not env.get("OVERSTORY_AGENT_NAME"):
+        return "", "", 0
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return unreadable(decide_hook_text(text, env).reason)
+    dialect, claude_input = as_claude_input(data)
+    decision = decide(claude_input, env)
+    return reply(dialect, decision.allow, decision.reason, hook_response(decision))
+
+
 def hook_response(decision: Decision) -> str:
     """What `ov guard` prints: Claude's PreToolUse deny object, or nothing when allowed."""
     if decision.allow:
@@ -159,8 +179,8 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
             return Decision.deny(agent.read_only(f"write files (the {tool} tool)"))
         key = FILE_WRITE_TOOLS[tool]
         path = tool_input.get(key)
-        if not isinstance(path, str) or not path:
-            return Decision.deny(f"{tool} call without a {key}; nothing to check, call blocked.")
+        if not isinstance(path, str) or not path or _SUBST in path or "\x00" in path:
+            return Decision.deny(f"{tool} call without a usable {key}; nothing to check, call blocked.")
         reason = agent.write_denial(path, agent.start_dir(hook_input))
         return Decision.deny(reason) if reason else ALLOW
 
@@ -170,6 +190,9 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
             return ALLOW  # e.g. Monitor watching a websocket
         if not isinstance(command, str):
             return Decision.deny(f"{tool} call without a command string; call blocked.")
+        patched = patch_paths(command)
+        if patched is not None:  # codex edits files by running apply_patch
+            return _check_patch(patched, agent, agent.start_dir(hook_input))
         reason = check_shell(command, agent, agent.start_dir(hook_input))
         return Decision.deny(reason) if reason else ALLOW
 
@@ -180,142 +203,11 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
     return ALLOW
 
 
-# --------------------------------------------------------------------------- shell policy
-
-_MAX_DEPTH = 8
-
-
-def check_shell(script: str, agent: _Agent, cwd: str | None, depth: int = 0) -> str | None:
-    """Why ``script`` is refused for ``agent``, or None when it may run."""
-    if depth > _MAX_DEPTH:
-        return "this command nests shells or substitutions too deeply to check; simplify it."
-    try:
-        segments, _ = _scan(script, 0, inside=False)
-        commands = [_words(segment) for segment in segments]
-    except _Unparseable as exc:
-        return (
-            f"ov guard could not parse this shell command ({exc}), so it cannot check it. "
-            "Split it into simpler commands."
-        )
-    state = _ShellState(cwd)
-    for command in commands:
-        reason = _check_command(command, agent, state, depth)
-        if reason:
-            return reason
-    return None
-
-
-def _check_command(
-    command: ShellCommand, agent: _Agent, state: _ShellState, depth: int
-) -> str | None:
-    for op, target in command.redirects:
-        writes = op in _WRITE_REDIRECTS or (
-            op == ">&" and not (target.isdigit() or target == "-")
-        )
-        if not writes:
-            continue
-        if not agent.writable:
-            if target in _NULL_SINKS or target.startswith("/dev/fd/"):
-                continue
-            return agent.read_only(
-                f"redirect output into a file (`{op} {target}`); only `>/dev/null`, "
-                "`2>/dev/null` and `2>&1` are allowed"
-            )
-        reason = agent.write_denial(target, state.cwd)
-        if reason:
-            return reason
-    argv = list(command.argv)
-    while argv and argv[0] in _KEYWORDS:
-        argv.pop(0)
-    if argv and argv[0] in _HEADERS:
-        return None
-    assignments: dict[str, str] = {}
-    while argv and _ASSIGNMENT.match(argv[0]):
-        key, _, value = argv.pop(0).partition("=")
-        assignments[key.rstrip("+")] = value
-    if not argv:
-        return None
-    return _check_argv(argv, agent, state, depth, assignments)
-
-
-def _check_argv(
-    argv: list[str],
-    agent: _Agent,
-    state: _ShellState,
-    depth: int,
-    assignments: Mapping[str, str] | None = None,
-) -> str | None:
-    if depth > _MAX_DEPTH:
-        return "this command nests wrappers too deeply to check; simplify it."
-    program = argv[0]
-    if _SUBST in program or program.startswith("$") or "`" in program:
-        if agent.writable:
-            return None
-        return agent.read_only(f"run a command whose name is computed at run time (`{program}`)")
-    name = os.path.basename(program)
-    if name in ("cd", "pushd"):
-        _change_dir(argv, agent, state)
-        return None
-    if name == "popd":
-        state.cwd = None
-        return None
-
-    effect = _analyze(name, argv, agent, state, assignments or {})
-    if effect.kind == "deny":
-        return effect.reason
-
-    inner_state = state
-    if effect.chdir is not None:
-        inner_state = _ShellState(agent.expand(effect.chdir, state.cwd))
-    for inner in effect.inner:
-        if inner:
-            reason = _check_argv(inner, agent, _ShellState(inner_state.cwd), depth + 1)
-            if reason:
-                return reason
-    for script in effect.scripts:
-        reason = check_shell(script, agent, inner_state.cwd, depth + 1)
-        if reason:
-            return reason
-
+def _check_patch(paths: list[str], agent: _Agent, cwd: str | None) -> Decision:
     if not agent.writable:
-        if effect.kind in ("read", "test"):
-            return None
-        if effect.kind in ("write", "install"):
-            return agent.read_only(effect.what or f"run `{name}`, which writes files")
-        if effect.kind == "code":
-            return agent.read_only(
-                f"run {effect.what or name}: code that cannot be checked for writes"
-            )
-        return agent.read_only(
-            f"run `{name}`, which is not on its list of read-only commands (cat, ls, grep, rg, "
-            "find, head, tail, wc, git status/log/diff/show, ov, pytest …)"
-        )
-
-    if effect.kind == "install":
-        return (
-            f"{agent.who} may not install packages outside its worktree: {effect.what}. Use a "
-            f"virtualenv or local node_modules inside {agent.worktree}, or ask your parent "
-            "with `ov mail send`."
-        )
-    for target in effect.targets:
-        reason = agent.write_denial(target, inner_state.cwd, removes=effect.removes)
+        return Decision.deny(agent.read_only("edit files (apply_patch)"))
+    for path in paths:
+        reason = agent.write_denial(path, cwd)
         if reason:
-            return reason
-    if effect.writes_cwd and inner_state.cwd is not None:
-        reason = agent.write_denial(inner_state.cwd, None)
-        if reason:
-            return reason
-    if effect.kind in ("unknown", "code"):
-        return agent.protected_zone_denial(argv[1:], state.cwd)
-    return None
-
-
-def _change_dir(argv: list[str], agent: _Agent, state: _ShellState) -> None:
-    args = [a for a in argv[1:] if not (a.startswith("-") and a != "-")]
-    if not args:
-        home = agent.env.get("HOME")
-        state.cwd = _real(home) if home else None
-    elif args[0] == "-":
-        state.cwd = None
-    else:
-        state.cwd = agent.expand(args[0], state.cwd)
+            return Decision.deny(reason)
+    return ALLOW

@@ -1,42 +1,74 @@
 """From a program name to what it does: the handler table and ``_analyze``.
 
-Plain readers (cat, grep, ls …) need no handler. Every other known program has one in
-the family modules (file tools, wrappers, toolchains, git), merged into ``_HANDLERS``
-here. Any python/pip version and the other language runtimes are matched by name; a
-program nobody knows is ``unknown``.
+Plain readers (cat, grep, ls …) need no handler: no option of theirs writes a file or
+runs a program, whatever their arguments. Every other known program has a handler in a
+family module (file tools, text processors, builtins, wrappers, Python, toolchains, git,
+ov). ``_FAMILIES`` says which module handles which name, and a module is imported the
+first time one of its programs is seen, so `ov guard` compiles only what a command
+needs (tests check the table against the modules). Any python/pip version and the other
+language runtimes are matched by name; a program nobody knows is ``unknown``.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping
 
 from overstory.guards.agent import _Agent
-from overstory.guards.effects import (
-    _READ,
-    _VERSION_FLAGS,
-    _Effect,
-    _Handler,
-    _ShellState,
-)
-from overstory.guards.filetools import FILE_TOOL_HANDLERS
-from overstory.guards.git import GIT_HANDLERS
-from overstory.guards.toolchains import TOOLCHAIN_HANDLERS, _pip, _python
-from overstory.guards.wrappers import WRAPPER_HANDLERS
+from overstory.guards.effects import _READ, _VERSION_FLAGS, _Effect, _Handler, _ShellState
 
-_READ_COMMANDS = frozenset(
+#: Read-only whatever their arguments (even ones computed at run time).
+_PLAIN_READERS = frozenset(
     """
-    cat ls ll dir vdir grep egrep fgrep rg ag ack head tail wc echo printf pwd which whereis
-    type file stat du df diff cmp comm cut tr nl od hexdump strings basename dirname
+    cat ls ll dir vdir grep egrep fgrep head tail wc echo pwd which whereis
+    type stat du df diff cmp comm cut tr nl od hexdump strings basename dirname
     realpath readlink jq column fold fmt paste join expand unexpand rev tac seq whoami id
-    groups uname true false test [ [[ ]] sleep md5sum sha1sum sha224sum sha256sum sha384sum
-    sha512sum b2sum cksum sum base32 base64 less more ps pgrep pidof lsof free uptime nproc
-    printenv locale getconf arch lscpu cal bc expr yes look numfmt zcat zgrep zless bzcat
-    xzcat zstdcat export unset set shopt read wait jobs exit return break continue : let
-    local declare typeset readonly alias unalias hash history umask ulimit help man
-    tput tty stty clear ov
+    groups uname true false test [ sleep md5sum sha1sum sha224sum sha256sum sha384sum
+    sha512sum b2sum cksum sum base32 base64 ps pgrep pidof lsof free uptime nproc
+    printenv locale getconf arch lscpu cal bc expr yes look numfmt zcat zgrep bzcat
+    xzcat set wait jobs exit return break continue : help printf
+    tput tty stty clear umask ulimit unalias
     """.split()
 )
+#: Shell builtins that only set variables (the walker checks the names): read otherwise.
+_VARIABLE_BUILTINS = frozenset(
+    "export declare typeset local readonly unset read mapfile readarray getopts let".split()
+)
+
+#: family module -> the programs its HANDLERS table describes
+_FAMILIES: dict[str, str] = {
+    "builtins": """
+        [[ ack ag alias file hash history less man more rg shopt zless zstdcat
+    """,
+    "filetools": """
+        bunzip2 bzip2 chgrp chmod chown cp csplit curl date dd find gunzip gzip hostname
+        iconv install ln mkdir mkfifo mknod mv patch perl rm rmdir rsync scp shred shuf
+        split tee touch tree truncate uniq unlink unxz unzip wget xxd xz yq zstd
+    """,
+    "git": """
+        gh git
+    """,
+    "python": """
+        pip pip3 py.test pytest python
+    """,
+    "textproc": """
+        awk gawk gsed mawk nawk sed sort tar
+    """,
+    "toolchains": """
+        apk apt apt-cache apt-get aptitude black brew cargo conda dnf dpkg eslint flake8
+        gem go isort make mamba micromamba mypy nox npm pacman pipx pnpm port prettier
+        pyflakes pylint pyright ruff shellcheck snap tox tsc uv yarn yum zypper
+    """,
+    "wrappers": """
+        . ash at bash batch builtin capsh catchsegv chronic chroot chrt command coproc
+        crontab dash doas env eval exec fakeroot faketime fish flock ifne ionice killall
+        ksh ltrace mksh newgrp nice nohup nsenter pkexec pkill prlimit runuser screen
+        script setpriv setsid sg sh source stdbuf strace su sudo systemd-run taskset
+        time timeout tmux trap unbuffer unshare valgrind watch xargs yash zsh
+    """,
+}
+_MODULE_OF = {name: module for module, names in _FAMILIES.items() for name in names.split()}
 
 _INTERPRETERS = frozenset(
     "node nodejs deno bun ruby irb php lua luajit Rscript julia java scala kotlin osascript "
@@ -46,26 +78,28 @@ _PYTHON_RE = re.compile(r"^(python(\d+(\.\d+)?)?|py|pypy3?|ipython3?)$")
 _PIP_RE = re.compile(r"^pip(\d+(\.\d+)?)?$")
 
 
-_HANDLERS: dict[str, _Handler] = {
-    **FILE_TOOL_HANDLERS,
-    **WRAPPER_HANDLERS,
-    **TOOLCHAIN_HANDLERS,
-    **GIT_HANDLERS,
-}
+def _handler(name: str) -> _Handler | None:
+    if name == "ov":
+        from overstory.guards.ov import ov_command
+
+        return ov_command
+    module = _MODULE_OF.get(name)
+    if module is None:
+        return None
+    table: dict[str, _Handler] = importlib.import_module(f"overstory.guards.{module}").HANDLERS
+    return table[name]
 
 
 def _analyze(
     name: str, argv: list[str], agent: _Agent, state: _ShellState, assignments: Mapping[str, str]
 ) -> _Effect:
-    if name in _READ_COMMANDS:
+    if name in _PLAIN_READERS or name in _VARIABLE_BUILTINS:
         return _READ
-    handler = _HANDLERS.get(name)
+    handler = _handler(name)
+    if handler is None and (_PYTHON_RE.match(name) or _PIP_RE.match(name)):
+        handler = _handler("python" if _PYTHON_RE.match(name) else "pip")
     if handler is not None:
         return handler(argv, agent, state, assignments)
-    if _PYTHON_RE.match(name):
-        return _python(argv, agent, state, assignments)
-    if _PIP_RE.match(name):
-        return _pip(argv, agent, state, assignments)
     if name in _INTERPRETERS:
         if all(a in _VERSION_FLAGS for a in argv[1:]) and argv[1:]:
             return _READ

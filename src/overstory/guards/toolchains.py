@@ -1,18 +1,16 @@
-"""Handlers for language toolchains: test runners, linters, build tools, package managers.
+"""Handlers for language toolchains other than Python's: linters, build tools, package
+managers.
 
-Running tests and type checkers is allowed for read-only agents (reviewers need it);
+Running linters and type checkers is allowed for read-only agents (reviewers need it);
 rewriting files (``--fix``, formatters without ``--check``) is a write, and installing
-outside the worktree (global npm, ``pip`` into the shared environment, system packages)
-is refused for writers too. ``python`` runs code that cannot be checked, unless it runs
-a module we know (``-m pytest``, ``-m pip``, ``-m venv``, the linters …).
+outside the worktree (global npm, system packages) is refused for writers too.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
-from overstory.guards.agent import _Agent, _inside
+from overstory.guards.agent import _Agent
 from overstory.guards.effects import (
     _READ,
     _VERSION_FLAGS,
@@ -20,82 +18,72 @@ from overstory.guards.effects import (
     _Handler,
     _names,
     _parse_options,
-    _ShellState,
     _values,
 )
-from overstory.guards.filetools import _uniq
+from overstory.guards.python import _PIP_READ, _first_word, _test_args
 
-# ---- test runners, linters, build tools
-
-_REPORT_FILE_OPTIONS = ("--junitxml", "--junit-xml", "--junit-prefix", "--result-log",
-                        "--report-log", "--html", "--json-report-file", "--resultlog")
-
-
-def _pytest(argv: list[str], *_: object) -> _Effect:
-    return _test_args(argv[1:], "pytest")
-
-
-def _test_args(args: list[str], label: str) -> _Effect:
-    if any(a.split("=", 1)[0] in _REPORT_FILE_OPTIONS for a in args):
-        return _Effect("write", what=f"write a report file with {label}")
-    return _Effect("test", what=label)
+# ---- linters, build tools
 
 
 def _fixable(check_flags: frozenset[str], fix_flags: frozenset[str] = frozenset()) -> _Handler:
     """Formatters/linters: read-only with a check flag and without a fix flag."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
-        args = set(a.split("=", 1)[0] for a in argv[1:])
+    def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+        tool = os.path.basename(argv[0])
+        args = {a.split("=", 1)[0] for a in argv[1:]}
         if not check_flags or args & check_flags:
             if not args & fix_flags:
-                return _Effect("test", what=argv[0])
+                return _test_args(argv[1:], tool, agent, tool)
         paths = [a for a in argv[1:] if not a.startswith("-")]
-        return _Effect("write", what=f"rewrite files with `{os.path.basename(argv[0])}`",
-                       targets=paths, writes_cwd=not paths)
+        return _Effect("write", what=f"rewrite files with `{tool}`", targets=paths,
+                       writes_cwd=not paths)
 
     return handler
 
 
-def _ruff(argv: list[str], *_: object) -> _Effect:
+def _ruff(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     args = argv[1:]
     fix = {"--fix", "--unsafe-fixes", "--add-noqa", "--fix-only"}
     sub = next((a for a in args if not a.startswith("-")), "check")
     if any(a in _VERSION_FLAGS for a in args) or sub in ("version", "rule", "config", "linter",
                                                         "help"):
         return _READ
+    rest = [a for a in args if a != sub]
     if sub == "check" and not fix & {a.split("=", 1)[0] for a in args}:
-        return _Effect("test", what="ruff check")
+        return _test_args(rest, "ruff check", agent, "ruff")
     if sub == "format" and {"--check", "--diff"} & set(args):
-        return _Effect("test", what="ruff format --check")
+        return _test_args(rest, "ruff format --check", agent, "ruff")
     return _Effect("write", what=f"rewrite files with `ruff {sub}`", writes_cwd=True)
 
 
-def _tsc(argv: list[str], *_: object) -> _Effect:
+def _tsc(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     if {"--noEmit", "--version", "-v", "--help", "-h"} & set(argv[1:]):
-        return _Effect("test", what="tsc --noEmit")
+        return _test_args(argv[1:], "tsc --noEmit", agent, "tsc")
     return _Effect("write", what="emit compiled files with `tsc`", writes_cwd=True)
 
 
-def _make(argv: list[str], *_: object) -> _Effect:
+def _make(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-C", "--directory", "-f", "--file",
                                                      "--makefile", "-j", "--jobs", "-l",
                                                      "-o", "-W", "-I"))
     names = _names(options)
     directory = _values(options, "-C", "--directory")
+    chdir = directory[0] if directory else None
     if names & {"-n", "--dry-run", "--just-print", "-q", "--question", "-p",
                 "--print-data-base", "--version", "-v", "-h", "--help"}:
         return _READ
     goals = [p for p in positionals if "=" not in p]
     if goals and all(g in ("test", "tests", "check", "lint", "typecheck") for g in goals):
-        return _Effect("test", what=f"make {' '.join(goals)}")
-    return _Effect("unknown", what="make", writes_cwd=True,
-                   chdir=directory[0] if directory else None)
+        effect = _test_args(argv[1:], f"make {' '.join(goals)}", agent, "make")
+        effect.writes_cwd, effect.chdir = True, chdir
+        if len(goals) < len(positionals) and not agent.writable:
+            effect.unsafe = effect.unsafe or "override make variables (they can change the commands make runs)"
+        return effect
+    return _Effect("unknown", what="make", writes_cwd=True, chdir=chdir)
 
 
 # ---- package managers
 
-_PIP_READ = frozenset({"list", "show", "freeze", "check", "help", "index", "inspect", "debug",
-                       "search", "hash", "cache"})
 _NODE_READ = frozenset({"ls", "list", "ll", "la", "view", "v", "info", "show", "outdated",
                         "why", "explain", "help", "search", "root", "prefix", "bin", "doctor",
                         "whoami", "licenses"})
@@ -108,43 +96,7 @@ _SYSTEM_PACKAGE_READ = frozenset({"list", "show", "search", "policy", "info", "d
                                   "help", "outdated", "deps", "desc", "leaves", "query"})
 
 
-def _first_word(args: list[str]) -> tuple[str, list[str]]:
-    for i, arg in enumerate(args):
-        if not arg.startswith("-"):
-            return arg, args[i + 1 :]
-    return "", []
-
-
-def _pip(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
-    return _pip_args(argv[0], argv[1:], agent, state)
-
-
-def _pip_args(program: str, args: list[str], agent: _Agent, state: _ShellState) -> _Effect:
-    sub, rest = _first_word(args)
-    if not sub or sub in _PIP_READ or any(a in _VERSION_FLAGS for a in args[:1]):
-        return _READ
-    if sub not in ("install", "uninstall", "download", "wheel"):
-        return _Effect("unknown", what=f"pip {sub}")
-    options, _ = _parse_options(rest, ("-t", "--target", "--prefix", "--root", "-d", "--dest",
-                                       "-w", "--wheel-dir", "-r", "--requirement", "-c",
-                                       "--constraint", "-e", "--editable", "-i", "--index-url",
-                                       "--extra-index-url", "-f", "--find-links"))
-    if sub in ("download", "wheel"):
-        dest = _values(options, "-d", "--dest", "-w", "--wheel-dir")
-        return _Effect("write", what=f"pip {sub}", targets=dest, writes_cwd=not dest)
-    local = _values(options, "-t", "--target", "--prefix", "--root")
-    if "--user" not in _names(options) and agent.worktree:
-        places = local + [agent.env.get("VIRTUAL_ENV", "")]
-        if "/" in program:
-            places.append(program)
-        for place in places:
-            path = agent.expand(place, state.cwd) if place else None
-            if path and _inside(path, agent.worktree):
-                return _Effect("write", what=f"pip {sub}", targets=[place])
-    return _Effect("install", what=f"`pip {sub}` writes to the shared Python environment")
-
-
-def _node_pm(argv: list[str], *_: object) -> _Effect:
+def _node_pm(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     tool = os.path.basename(argv[0])
     args = argv[1:]
     sub, rest = _first_word(args)
@@ -156,7 +108,8 @@ def _node_pm(argv: list[str], *_: object) -> _Effect:
         return _READ
     if sub in _NODE_TEST or (sub == "run" and rest[:1] and rest[0] in ("test", "lint",
                                                                          "typecheck")):
-        return _Effect("test", what=f"{tool} {sub}")
+        extra = rest[1:] if sub == "run" else rest
+        return _test_args(extra, f"{tool} {sub}", agent, "npm")
     if sub in _NODE_INSTALL:
         if sub == "global" or {"-g", "--global", "--location=global"} & set(args):
             shown = f"{tool} global" if sub == "global" else f"{tool} {sub} -g"
@@ -165,26 +118,26 @@ def _node_pm(argv: list[str], *_: object) -> _Effect:
     return _Effect("unknown", what=f"{tool} {sub}", writes_cwd=True)
 
 
-def _cargo(argv: list[str], *_: object) -> _Effect:
-    sub, _ = _first_word(argv[1:])
+def _cargo(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    sub, rest = _first_word(argv[1:])
     if not sub or sub in ("tree", "metadata", "version", "help", "search", "locate-project",
                           "pkgid", "verify-project") or argv[1:2] == ["--version"]:
         return _READ
     if sub in ("test", "t", "check", "c", "clippy", "bench", "fmt") and (
         sub != "fmt" or "--check" in argv
     ):
-        return _Effect("test", what=f"cargo {sub}")
+        return _test_args(rest, f"cargo {sub}", agent, "cargo")
     if sub in ("install", "uninstall"):
         return _Effect("install", what=f"`cargo {sub}` writes to ~/.cargo")
     return _Effect("unknown", what=f"cargo {sub}", writes_cwd=True)
 
 
-def _go(argv: list[str], *_: object) -> _Effect:
+def _go(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if sub in ("version", "list", "doc", "help") or (sub == "env" and "-w" not in rest):
         return _READ
     if sub in ("test", "vet"):
-        return _Effect("test", what=f"go {sub}")
+        return _test_args(rest, f"go {sub}", agent, "go")
     if sub == "install":
         return _Effect("install", what="`go install` writes to GOPATH/bin")
     return _Effect("unknown", what=f"go {sub}", writes_cwd=True)
@@ -193,7 +146,7 @@ def _go(argv: list[str], *_: object) -> _Effect:
 def _system_packages(argv: list[str], *_: object) -> _Effect:
     tool = os.path.basename(argv[0])
     sub, _ = _first_word(argv[1:])
-    if tool in ("apt-cache", "dpkg-query", "rpm") or not sub or sub in _SYSTEM_PACKAGE_READ:
+    if tool == "apt-cache" or not sub or sub in _SYSTEM_PACKAGE_READ:
         return _READ
     return _Effect("install", what=f"`{tool} {sub}` changes the system's packages")
 
@@ -208,12 +161,12 @@ def _global_installer(argv: list[str], *_: object) -> _Effect:
     return _Effect("install", what=f"`{tool} {sub}` installs outside the worktree")
 
 
-def _uv(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
+def _uv(argv: list[str], *_: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if not sub or sub in ("tree", "version", "help") or argv[1:2] == ["--version"]:
         return _READ
     if sub == "pip":
-        inner, inner_rest = _first_word(rest)
+        inner, _ = _first_word(rest)
         if inner in _PIP_READ or not inner:
             return _READ
         if "--system" in rest:
@@ -227,12 +180,12 @@ def _uv(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str
             return _Effect("code", what="`uv tool run`")
         return _Effect("install", what=f"`uv tool {inner}` installs outside the worktree")
     if sub == "run":
-        return _python_like_run(rest, agent, state, "uv run")
+        return _python_like_run(rest, "uv run")
     return _Effect("write" if sub in ("add", "remove", "sync", "lock", "venv", "init") else
                    "unknown", what=f"uv {sub}", writes_cwd=True)
 
 
-def _python_like_run(rest: list[str], agent: _Agent, state: _ShellState, label: str) -> _Effect:
+def _python_like_run(rest: list[str], label: str) -> _Effect:
     _, command = _parse_options(rest, ("--with", "--python", "-p", "--project", "--directory",
                                        "--extra", "--group"), stop_at_positional=True)
     if not command:
@@ -243,59 +196,7 @@ def _python_like_run(rest: list[str], agent: _Agent, state: _ShellState, label: 
 # ---- python
 
 
-def _python(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, str]) -> _Effect:
-    args = argv[1:]
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("--version", "-V", "-VV", "--help", "-h"):
-            return _READ
-        if arg == "-" or not arg.startswith("-"):
-            return _Effect("code", what=f"a Python script (`{arg}`)")
-        if not arg.startswith("--"):
-            cluster = arg[1:]
-            for j, flag in enumerate(cluster):
-                if flag == "c":
-                    return _Effect("code", what="`python -c` (inline code)")
-                if flag == "m":
-                    attached = cluster[j + 1 :]
-                    if attached:
-                        return _python_module(attached, args[i + 1 :], argv[0], agent, state)
-                    module = args[i + 1] if i + 1 < len(args) else ""
-                    return _python_module(module, args[i + 2 :], argv[0], agent, state)
-                if flag in "WX":
-                    if not cluster[j + 1 :]:
-                        i += 1
-                    break
-        i += 1
-    return _Effect("code", what="Python reading code from stdin")
-
-
-def _python_module(
-    module: str, rest: list[str], program: str, agent: _Agent, state: _ShellState
-) -> _Effect:
-    if module in ("pytest", "unittest", "doctest"):
-        return _test_args(rest, f"python -m {module}")
-    if module == "pip":
-        return _pip_args(program, rest, agent, state)
-    if module in ("overstory",):
-        return _READ
-    if module == "json.tool":
-        return _uniq(["json.tool", *rest]) if len(rest) >= 2 else _READ
-    if module in ("mypy", "pyright", "pyflakes", "flake8", "pylint", "compileall"):
-        return _Effect("test", what=f"python -m {module}")
-    if module in ("ruff", "black", "isort"):
-        return TOOLCHAIN_HANDLERS[module]([module, *rest], agent, state, {})
-    if module in ("venv", "virtualenv"):
-        _, positionals = _parse_options(rest, ("--prompt",))
-        return _Effect("write", what=f"create a virtualenv with `python -m {module}`",
-                       targets=positionals)
-    return _Effect("code", what=f"`python -m {module}`")
-
-
-TOOLCHAIN_HANDLERS: dict[str, _Handler] = {
-    "pytest": _pytest,
-    "py.test": _pytest,
+HANDLERS: dict[str, _Handler] = {
     "tox": _fixable(frozenset()),
     "nox": _fixable(frozenset()),
     "mypy": _fixable(frozenset()),
@@ -312,8 +213,6 @@ TOOLCHAIN_HANDLERS: dict[str, _Handler] = {
     "ruff": _ruff,
     "tsc": _tsc,
     "make": _make,
-    "pip": _pip,
-    "pip3": _pip,
     "npm": _node_pm,
     "pnpm": _node_pm,
     "yarn": _node_pm,

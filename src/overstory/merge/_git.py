@@ -61,7 +61,7 @@ class Git:
         self._env = git_env(extra)
 
     def run(
-        self, *args: str, check: bool = True, input: bytes | None = None
+        self, *args: str, check: bool = True, input: bytes | None = None, pass_fds: t.Sequence[int] = ()
     ) -> subprocess.CompletedProcess[bytes]:
         proc = subprocess.run(
             ["git", *args],
@@ -71,6 +71,7 @@ class Git:
             stdin=None if input is not None else subprocess.DEVNULL,
             capture_output=True,
             check=False,
+            pass_fds=tuple(pass_fds),
         )
         if check and proc.returncode != 0:
             raise MergeError(

@@ -2,20 +2,24 @@
 
 The flow, all under the target's ``TargetLock``:
 
-1. Where: if the target is checked out at the repository root, merge there; if it is
-   checked out in another worktree, refuse; otherwise check it out in a temporary
-   worktree under ``.overstory/tmp/merge-<random>``, removed afterwards whatever happens.
-2. Refuse (MergeError, nothing touched) when the root's working tree has uncommitted
-   changes the merge would overwrite, staged changes, or an unfinished merge/rebase.
-   Changes under ``.overstory/`` never count.
-3. ``git merge --no-ff --no-commit`` (tier 1). Conflicts are resolved per file by the
-   lowest tier allowed that works: tier 2 (``threeway``; git's own ``merge=union`` counts
-   here), tier 3 (a ``ModelResolver``). Every resolution must pass ``lost_lines``.
-   Model calls are only made once every other conflict is known to be resolvable.
-4. Quality gates run in the merged working tree; then the merge commit is made.
-5. Any failure (or exception) before the commit: ``git merge --abort`` in the worktree we
-   merged in (a ``git reset --merge`` to the recorded HEAD only if that did not restore it),
-   then a snapshot comparison proves HEAD, index and working tree are as before.
+1. Recover: a merge into this target that was killed left a journal (``merge.publish``);
+   its scratch worktree is removed and a half-done publish rolled back first.
+2. Where: the target may be checked out at the repository root or nowhere; checked out
+   in another worktree, the merge is refused. At the root, refuse (MergeError, nothing
+   touched) when the working tree has uncommitted changes the merge would overwrite,
+   staged changes, or an unfinished merge/rebase. Changes under ``.overstory/`` never count.
+3. The merge itself always happens in a scratch worktree, detached at the target's
+   commit, under ``.overstory/tmp/merge-<random>`` (removed afterwards whatever happens):
+   the operator's checkout never holds MERGE_HEAD or a half-resolved index, even if
+   ``ov merge`` is killed. ``git merge --no-ff --no-commit`` (tier 1); conflicts are
+   resolved per file by the lowest tier allowed that works: tier 2 (``threeway``; git's
+   own ``merge=union`` counts here), tier 3 (a ``ModelResolver``). Every resolution must
+   pass ``lost_lines``. Model calls are only made once every other conflict is known
+   to be resolvable.
+4. Quality gates run in the merged scratch tree; then the merge commit is made there.
+5. Publish (``merge.publish``): the target moves to the merge commit by compare-and-swap,
+   and a checkout of it at the root is fast-forwarded by one git process. A failure
+   before this leaves the target exactly as it was.
 """
 
 from __future__ import annotations
@@ -23,12 +27,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import typing as t
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from overstory.errors import MergeError
@@ -37,23 +40,21 @@ from overstory.merge._git import OVERSTORY_DIR, Git, describe, parse_stage_entri
 from overstory.merge.conflicts import MECHANICAL, NEEDS_MODEL, ConflictPlan, plan_conflict, union_saved_files
 from overstory.merge.lock import TargetLock
 from overstory.merge.model import ModelResolver, accept_model_reply
+from overstory.merge.publish import clear_journal, journal_path, publish, recover, remove_worktree, write_journal
 from overstory.merge.results import MergeResult
 from overstory.merge.threeway import lost_lines
 from overstory.merge.worktree_state import (
     TEMP_WORKTREE_PREFIX,
-    WorktreeSnapshot,
     branch_head,
     checkout_location,
     find_blockers,
-    is_temporary_merge_worktree,
     normalize_branch,
     operation_in_progress,
     resolve_commit,
-    snapshot_differences,
-    take_snapshot,
     toplevel,
     touched_paths,
 )
+from overstory.procs import kill_point
 
 DEFAULT_LOCK_WAIT = 60.0
 DEFAULT_GATE_TIMEOUT = 1800.0
@@ -99,6 +100,7 @@ def merge_branch(
     lock_wait: float = DEFAULT_LOCK_WAIT,
     on_lock_wait: t.Callable[[int | None], None] | None = None,
     gate_timeout: float | None = DEFAULT_GATE_TIMEOUT,
+    source_name: str | None = None,
 ) -> MergeResult:
     """Merge ``source`` (any commit-ish) into branch ``target`` of the repository at ``repo_root``.
 
@@ -106,7 +108,8 @@ def merge_branch(
     target is exactly as before. Raises MergeError when the merge cannot even be tried
     (unknown branch, uncommitted work in the way, git failing) and LockHeld when another
     merge into the same target holds the lock for longer than ``lock_wait`` seconds.
-    ``lock_dir`` defaults to ``<repo_root>/.overstory/locks``.
+    ``lock_dir`` defaults to ``<repo_root>/.overstory/locks``. ``source_name`` is how messages
+    name the source when ``source`` is a commit id (the branch it was read from).
     """
     if tier_max not in (1, 2, 3):
         raise MergeError(f"tier_max must be 1, 2 or 3, not {tier_max!r}")
@@ -114,36 +117,61 @@ def merge_branch(
     root = Git(root_path)
     target = normalize_branch(target)
     source_sha = resolve_commit(root, source, "source")
+    source = source_name or source
     _require_identity(root)
     lock_dir = Path(lock_dir) if lock_dir is not None else root_path / OVERSTORY_DIR / "locks"
-    with TargetLock(lock_dir, target, lock_wait, on_wait=on_lock_wait):
+    with TargetLock(lock_dir, target, lock_wait, on_wait=on_lock_wait) as lock:
+        recover(root, root_path, lock_dir, target)
         target_sha = branch_head(root, target)
         if root.ok("merge-base", "--is-ancestor", source_sha, target_sha):
             return MergeResult(
                 merged=True, tier=1, commit=target_sha, conflicts=[],
                 reason=f"{source} is already merged into {target}; nothing to do",
-                source_commit=source_sha, target_before=target_sha,
+                source_commit=source_sha, target_before=target_sha, already_merged=True,
             )
         if not root.out("merge-base", target_sha, source_sha, check=False):
             raise MergeError(f"{source} and {target} share no history; ov does not merge unrelated histories")
         job = _Job(source, source_sha, target, target_sha, tier_max, model_resolver, tuple(gates), message,
                    gate_timeout)
         location = checkout_location(root, target)
-        if location is not None and is_temporary_merge_worktree(location, root_path):
-            # Only a merge into this target creates such a worktree, under the lock we now hold:
-            # this one was left by a merge that died. It holds nobody's work.
-            with worktree_admin_lock(root_path):
-                _remove_worktree(root, location)
-            location = None
-        if location == root_path:
-            return _merge_in(root, job, at_root=True)
-        if location is not None:
+        at_root = location == root_path
+        if location is not None and not at_root:
             raise MergeError(
                 f"target branch {target!r} is checked out in another worktree ({location}); "
                 "merge there, or switch that worktree to another branch first"
             )
-        with _temporary_worktree(root, root_path, target) as worktree:
-            return _merge_in(Git(worktree), job, at_root=False)
+        if at_root:
+            _check_root(root, job)
+        journal = journal_path(lock_dir, target)
+        scratch = root_path / OVERSTORY_DIR / "tmp" / f"{TEMP_WORKTREE_PREFIX}{secrets.token_hex(6)}"
+        state = {"target": target, "source": source_sha, "old": target_sha, "worktree": str(scratch),
+                 "at_root": at_root, "phase": "merging", "pid": os.getpid()}
+        write_journal(journal, state)
+        try:
+            with _temporary_worktree(root, root_path, target_sha, scratch) as worktree:
+                result = _merge_in(Git(worktree), job)
+                if not result.merged:
+                    return result
+                kill_point("merge:committed")
+                write_journal(journal, {**state, "phase": "publishing", "new": result.commit})
+                kill_point("merge:publishing")
+                publish(root, target=target, source=source, old=target_sha, new=t.cast(str, result.commit),
+                        at_root=at_root, lock=lock)
+        finally:
+            clear_journal(journal)
+        if branch_head(root, target) != result.commit:
+            raise MergeError(f"{target} does not point at the merge commit {result.commit} after publishing it")
+        return result
+
+
+def _check_root(root: Git, job: _Job) -> None:
+    """The operator's checkout of the target: nothing unfinished, nothing staged, nothing the merge would overwrite."""
+    busy = operation_in_progress(root)
+    if busy:
+        raise MergeError(f"{busy} is in progress in {root.cwd}; finish or abort it before merging")
+    blockers = find_blockers(root, touched_paths(root, job.target_sha, job.source_sha))
+    if blockers.any:
+        raise MergeError(blockers.message(root.cwd))
 
 
 def _require_identity(git: Git) -> None:
@@ -154,84 +182,33 @@ def _require_identity(git: Git) -> None:
 
 
 @contextlib.contextmanager
-def _temporary_worktree(root: Git, root_path: Path, target: str) -> t.Iterator[Path]:
-    parent = root_path / OVERSTORY_DIR / "tmp"
-    parent.mkdir(parents=True, exist_ok=True)
-    path = parent / f"{TEMP_WORKTREE_PREFIX}{secrets.token_hex(6)}"
+def _temporary_worktree(root: Git, root_path: Path, commit: str, path: Path) -> t.Iterator[Path]:
+    """A scratch worktree detached at ``commit`` (so the target may stay checked out at the root)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with worktree_admin_lock(root_path):
-            root.run("worktree", "add", "--quiet", str(path), target)
+            root.run("worktree", "add", "--quiet", "--detach", str(path), commit)
         yield path
     finally:
-        with worktree_admin_lock(root_path):
-            _remove_worktree(root, path)
+        remove_worktree(root, root_path, path)
 
 
-def _remove_worktree(root: Git, path: Path) -> None:
-    root.run("worktree", "remove", "--force", "--force", str(path), check=False)
-    if path.exists():
-        shutil.rmtree(path, ignore_errors=True)
-    root.run("worktree", "prune", check=False)
-    if path.exists():
-        raise MergeError(f"could not remove the temporary merge worktree {path}")
-
-
-def _merge_in(git: Git, job: _Job, *, at_root: bool) -> MergeResult:
-    if at_root:
-        busy = operation_in_progress(git)
-        if busy:
-            raise MergeError(f"{busy} is in progress in {git.cwd}; finish or abort it before merging")
+def _merge_in(git: Git, job: _Job) -> MergeResult:
+    """The merge in the scratch worktree: nobody's work is here, so any failure just leaves it to be removed."""
     if git.rev("HEAD") != job.target_sha:
-        raise MergeError(f"{job.target} moved while the merge was being prepared; try again")
-    if at_root:
-        blockers = find_blockers(git, touched_paths(git, job.target_sha, job.source_sha))
-        if blockers.any:
-            raise MergeError(blockers.message(git.cwd))
+        raise MergeError(f"the scratch worktree is not at {job.target}'s commit {job.target_sha}")
     base = git.out("merge-base", job.target_sha, job.source_sha)
     union_files = union_saved_files(git, git, base, job.target_sha, job.source_sha)
-
-    before = take_snapshot(git)
     # rerere could replay a recorded resolution that nobody verified: off for our merges.
     proc = git.run("-c", "rerere.enabled=false", "merge", "--no-ff", "--no-commit", "--no-edit", job.source_sha,
                    check=False)
     if git.rev("MERGE_HEAD") is None:
-        problems, _ = snapshot_differences(before, take_snapshot(git))
-        changed = f"; and the working tree changed: {'; '.join(problems)}" if problems else ""
-        raise MergeError(f"git merge did not start in {git.cwd}: {describe(proc)}{changed}")
-    try:
-        result = _resolve_and_commit(git, job, base, union_files)
-    except BaseException as exc:
-        _abort(git, job, before, at_root=at_root, why=f"{type(exc).__name__}: {exc}")
-        raise
+        raise MergeError(f"git merge did not start: {describe(proc)}")
+    kill_point("merge:merging")
+    result = _resolve_and_commit(git, job, base, union_files)
     if not result.merged:
-        leftovers = _abort(git, job, before, at_root=at_root, why=result.reason)
-        if leftovers and at_root:
-            result = replace(result, reason=f"{result.reason} (left behind, untracked: {', '.join(leftovers)})")
-    return result
-
-
-def _abort(git: Git, job: _Job, before: WorktreeSnapshot, *, at_root: bool, why: str) -> list[str]:
-    """Undo our uncommitted merge in this worktree; return new untracked files (not deleted).
-
-    At the root only git's careful undo is used (``merge --abort``, then ``reset --merge``),
-    which refuses rather than overwrite changes it did not make. Our temporary worktree
-    holds nobody's work, so there it is reset hard to the recorded HEAD.
-    """
-    if git.rev("MERGE_HEAD") is not None:
         git.run("merge", "--abort", check=False)
-    problems, leftovers = snapshot_differences(before, take_snapshot(git))
-    if problems and before.head is not None:
-        git.run("reset", "--merge" if at_root else "--hard", before.head, check=False)
-        problems, leftovers = snapshot_differences(before, take_snapshot(git))
-    if branch_head(git, job.target) != job.target_sha:
-        problems.append(f"branch {job.target} no longer points at {job.target_sha}")
-    if problems:
-        raise MergeError(
-            f"the merge of {job.source} into {job.target} stopped ({why.splitlines()[0] if why else 'error'}) "
-            f"and was aborted, but {git.cwd} is not as it was: " + "; ".join(problems)
-            + ". Nothing was deleted; inspect it by hand."
-        )
-    return leftovers
+    return result
 
 
 def _why_not(plan: ConflictPlan, job: _Job) -> str:
@@ -321,10 +298,12 @@ def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str]) 
         return job.failed([], f"git commit failed: {describe(proc)}", tier=tier, resolutions=resolutions)
     commit = t.cast(str, git.rev("HEAD"))
     parents = git.out("rev-list", "--parents", "-n", "1", commit).split()[1:]
-    if parents != [job.target_sha, job.source_sha] or branch_head(git, job.target) != commit:
+    if parents != [job.target_sha, job.source_sha]:
         raise MergeError(f"the merge commit {commit} is not what was expected (parents {parents})")
     files = git.paths("diff", "--name-only", "-z", job.target_sha, commit)
+    brought_in = git.out("rev-list", "--reverse", f"{job.target_sha}..{job.source_sha}").split()
     return MergeResult(
+        commits=brought_in,
         merged=True,
         tier=tier,
         commit=commit,

@@ -94,6 +94,10 @@ class TargetLock:
             time.sleep(min(delay, max(0.0, deadline - now)))
             delay = min(delay * 2, _POLL_MAX)
 
+    def fds(self) -> tuple[int, ...]:
+        """The lock's descriptor, for a child that must keep the lock held even if we die (``pass_fds``)."""
+        return (self._fd,) if self._fd is not None else ()
+
     def holder_pid(self) -> int | None:
         """The pid the current holder wrote, if any (read without taking the lock)."""
         try:

@@ -3,9 +3,9 @@ index or ref.
 
 ``git merge-tree --write-tree`` runs the same merge machinery as ``git merge`` but only
 writes objects. It reads ``.gitattributes`` (``merge=union`` ...) from the working tree it
-runs in, like ``git merge`` does: so when the target is checked out at the repository
-root it runs there, and otherwise in a scratch directory holding only the target
-branch's ``.gitattributes`` files, which is what a merge in a fresh worktree would see.
+runs in, like ``git merge`` does: so it runs in a scratch directory holding only the target
+commit's ``.gitattributes`` files, which is what the merge (always made in a fresh scratch
+worktree of the target's commit) sees.
 """
 
 from __future__ import annotations
@@ -68,17 +68,15 @@ def predict_merge(repo_root: Path, source: str, target: str) -> MergePrediction:
     notes: list[str] = []
     blocked_by: list[str] = []
     if checked_out == root_path:
-        view: t.ContextManager[Git] = contextlib.nullcontext(root)
         blockers = find_blockers(root, touched_paths(root, target_sha, source_sha))
         if blockers.any:
             blocked_by = sorted(set(blockers.staged) | set(blockers.touched))
             notes.append(blockers.message(root_path))
-    else:
-        view = _attributes_view(root, target_sha)
-        if checked_out is not None:
-            notes.append(f"{target} is checked out in another worktree ({checked_out}); the merge would refuse")
+    elif checked_out is not None:
+        notes.append(f"{target} is checked out in another worktree ({checked_out}); the merge would refuse")
 
-    with view as attr_git:
+    # The merge runs in a scratch checkout of the target's commit: its committed .gitattributes count.
+    with _attributes_view(root, target_sha) as attr_git:
         proc = attr_git.run("merge-tree", "--write-tree", "--no-messages", "-z", target_sha, source_sha, check=False)
         if proc.returncode not in (0, 1):
             raise MergeError(f"git merge-tree failed: {describe(proc)}")

@@ -1,8 +1,15 @@
-"""`ov merge`: the merge queue, target choice, and the mail that reports each result.
+"""`ov merge`: choosing what to merge, refusing what is not ready, and reporting each result.
 
 Agents announce finished work with ``merge_ready`` mail; ``sync_queue`` turns each such
 message into one queue row (the mail id is unique in the queue, so syncing twice adds
-nothing), and ``merge --all`` works through pending rows in arrival order.
+nothing). ``merge --all`` merges those and every builder that finished with commits
+(``merge.candidates``), in the order they became ready.
+
+``merge_one`` refuses an agent that is still working (it has not sent its terminal mail)
+unless forced, reports a branch without commits of its own as "nothing to merge", and
+writes a record of intent (``merge.intents``) before merging, so that a killed run is
+finished or rolled back by the next one or by the watchdog. The ``merged`` mail names
+the commits it brought in and is sent once per merge however many runs race.
 """
 
 from __future__ import annotations
@@ -15,14 +22,21 @@ from dataclasses import dataclass, field
 
 from overstory.clock import iso
 from overstory.errors import AgentNotFound, MergeError, UsageError
-from overstory.gitutil import branch_exists
+from overstory.gitutil import branch_exists, current_branch, git
+from overstory.merge import intents as merge_intents
+from overstory.merge.announce import announce, merge_commit_of
 from overstory.merge.branch_merge import merge_branch
+from overstory.merge.candidates import Skipped, agent_commits, gather, target_for, unmerged_commits
 from overstory.merge.predict import predict_merge
 from overstory.paths import ProjectPaths
-from overstory.store import merge_queue, sessions
+from overstory.procs import kill_point
+from overstory.store import intents, merge_queue, sessions
+from overstory.store.lifecycle import promised
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
+
+__all__ = ["MergeReport", "merge_all", "merge_one", "queue_view", "sync_queue", "target_for"]
 
 
 @dataclass
@@ -40,9 +54,23 @@ class MergeReport:
     commit: str | None = None
     resolutions: dict[str, str] = field(default_factory=dict)
     queue_id: int | None = None
+    commits: list[str] = field(default_factory=list)  # brought in (or, for a dry run, that would be)
+    nothing_to_merge: bool = False
+    already_merged: bool = False
+    next_step: str = ""
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
+
+    @property
+    def failed(self) -> bool:
+        return not self.merged and not self.nothing_to_merge
+
+
+@dataclass
+class MergeRun:
+    reports: list[MergeReport]
+    skipped: list[Skipped] = field(default_factory=list)
 
 
 def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
@@ -87,17 +115,24 @@ def queue_view(conn: sqlite3.Connection, config: Config, *, limit: int = 20) -> 
     return entries
 
 
-def target_for(agent: sessions.Session | None, config: Config, into: str | None) -> str:
-    return into or (agent.base_branch if agent and agent.base_branch else None) or config.project.canonical_branch
-
-
 def _resolver(config: Config, tier_max: int) -> t.Any:
+    """Tier 3's model client, or one clear error when it has no key (never a library's TypeError later)."""
     if tier_max < 3:
         return None
     from overstory.merge.model import AnthropicResolver
 
-    return AnthropicResolver(model=config.merge.model, base_url=os.environ.get("ANTHROPIC_BASE_URL"),
-                             api_key=os.environ.get("ANTHROPIC_API_KEY"))
+    model, base_url, key = config.merge.model, os.environ.get("ANTHROPIC_BASE_URL"), os.environ.get("ANTHROPIC_API_KEY")
+    if "/" in model:
+        name, _, model = model.partition("/")
+        provider = config.providers.get(name)
+        if provider is None:
+            raise MergeError(f"tier 3: merge.model {config.merge.model!r} names provider {name!r}, which is not in "
+                             "config `providers`")
+        base_url, key = provider.base_url, os.environ.get(provider.api_key_env)
+    if not key:
+        raise MergeError("tier 3 needs ANTHROPIC_API_KEY or a provider (merge.model: provider/model, with the key in "
+                         "the provider's api_key_env); nothing was merged")
+    return AnthropicResolver(model=model, base_url=base_url, api_key=key)
 
 
 def effective_tier_max(config: Config, requested: int | None) -> int:
@@ -112,9 +147,8 @@ def effective_tier_max(config: Config, requested: int | None) -> int:
 
 def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, agent_name: str | None = None,
               branch: str | None = None, into: str | None = None, dry_run: bool = False,
-              tier_max: int | None = None, queue_id: int | None = None,
+              tier_max: int | None = None, queue_id: int | None = None, force: bool = False,
               on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None) -> MergeReport:
-    """Merge one agent's (or one) branch; ``sender`` signs the result mail (default: the environment's agent)."""
     agent = None
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
@@ -132,74 +166,139 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     target = target_for(agent, config, into)
     if not branch_exists(project.root, target):
         raise MergeError(f"target branch {target} does not exist (use --into)")
+    if agent is not None and not (force or dry_run) and not agent.is_terminal and not promised(conn, agent):
+        raise MergeError(f"{agent.name} is still working (state {agent.state}; it has not sent its terminal mail): "
+                         "merging now could miss the commits it is about to make; wait for its worker_done, "
+                         f"or pass --force")
     levels = effective_tier_max(config, tier_max)
+    label = agent.name if agent else branch
+    report = MergeReport(branch=branch, target=target, agent=agent.name if agent else None, merged=False,
+                         dry_run=dry_run, tier=None, queue_id=queue_id)
+    if not dry_run:
+        merge_intents.settle_all(project, conn)  # an earlier run of ours that was killed: finish or undo it first
+    unmerged = unmerged_commits(project.root, branch, target)
+    if not unmerged:
+        return _nothing_new(project, conn, agent, report, queue_id, sender)
     if dry_run:
-        prediction = predict_merge(project.root, branch, target)
-        needs = prediction.tier
-        verdict = ("clean merge" if prediction.clean else
-                   f"needs tier {needs}" if needs is not None else "cannot be resolved by any tier")
-        fits = needs is not None and needs <= levels
-        return MergeReport(branch=branch, target=target, agent=agent.name if agent else None, merged=fits,
-                           dry_run=True, tier=needs, conflicts=list(prediction.conflicts),
-                           reason=f"{verdict} ({prediction.reason})" if prediction.reason else verdict,
-                           resolutions=dict(prediction.resolutions))
-    result = merge_branch(project.root, branch, target, tier_max=levels, model_resolver=_resolver(config, levels),
-                          gates=config.merge.gates, lock_dir=project.locks_dir, lock_wait=config.merge.lock_wait,
-                          on_lock_wait=on_lock_wait)
-    report = MergeReport(branch=branch, target=target, agent=agent.name if agent else None, merged=result.merged,
-                         dry_run=False, tier=result.tier, conflicts=list(result.conflicts), reason=result.reason,
-                         commit=result.commit, resolutions=dict(result.resolutions), queue_id=queue_id)
-    _announce(project, conn, agent, report, sender)
+        return _predict(project, config, report, levels, unmerged, label)
+    resolver = _resolver(config, levels)
+    source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()
+    target_sha = git(project.root, "rev-parse", f"refs/heads/{target}").stdout.strip()
+    intent_id = merge_intents.begin(conn, agent=agent, branch=branch, target=target, source_commit=source_sha,
+                                    target_before=target_sha, queue_id=queue_id)
+    kill_point("merge:intent")
+    try:
+        result = merge_branch(project.root, source_sha, target, tier_max=levels, model_resolver=resolver,
+                              gates=config.merge.gates, lock_dir=project.locks_dir, lock_wait=config.merge.lock_wait,
+                              on_lock_wait=on_lock_wait, source_name=branch)
+    except BaseException:
+        # Usually nothing was merged; if it was (interrupted while publishing), this announces it.
+        row = next((r for r in intents.list_merges(conn) if r["id"] == intent_id), None)
+        if row is not None:
+            merge_intents.finish(project, conn, row)
+        raise
+    kill_point("merge:published")
+    report.merged, report.tier, report.conflicts = result.merged, result.tier, list(result.conflicts)
+    report.reason, report.resolutions = result.reason, dict(result.resolutions)
+    report.already_merged = result.already_merged
+    report.commit = result.commit if not result.already_merged else merge_commit_of(project.root, source_sha, target)
+    report.commits = result.commits if not result.already_merged else unmerged
+    if not result.merged:
+        needs = predict_merge(project.root, source_sha, target).tier if report.conflicts else None
+        report.next_step = _next_step(project, config, report, levels, label, needs)
+    announce(conn, project.root, agent, merged=report.merged, branch=branch, target=target, source_commit=source_sha,
+             reason=report.reason, tier=report.tier, commit=report.commit, commits=report.commits,
+             conflicts=report.conflicts, target_before=target_sha, next_step=report.next_step, sender=sender)
     if queue_id is not None:
         merge_queue.settle(conn, queue_id, merged=report.merged, tier=report.tier, result=report.reason)
+    intents.end_merge(conn, intent_id)
     return report
+
+
+def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session | None,
+                 report: MergeReport, queue_id: int | None, sender: str | None = None) -> MergeReport:
+    """The target already has every commit of the branch: nothing to merge, or merged already."""
+    own = agent_commits(project.root, agent) if agent is not None else []
+    if not own:
+        report.nothing_to_merge = True
+        since = (f"since it was slung from {agent.base_branch}" if agent and agent.base_branch
+                 else f"that {report.target} lacks")
+        report.reason = f"nothing to merge: {report.branch} has no commits {since}"
+        if queue_id is not None:
+            merge_queue.settle(conn, queue_id, merged=False, tier=None, result=report.reason)
+        return report
+    source = git(project.root, "rev-parse", f"refs/heads/{report.branch}").stdout.strip()
+    report.merged = report.already_merged = True
+    report.commit = merge_commit_of(project.root, source, report.target)
+    report.tier = merge_intents.tier_of(project, report.commit)
+    report.commits = own
+    report.reason = f"already merged into {report.target}" + (f" by {report.commit[:12]}" if report.commit else "")
+    if not report.dry_run:
+        # Merged by another run, by hand, or by a run killed before it reported: report it once.
+        announce(conn, project.root, agent, merged=True, branch=report.branch, target=report.target,
+                 source_commit=source, reason=report.reason, tier=report.tier, commit=report.commit, commits=own,
+                 sender=sender)
+        if queue_id is not None:
+            merge_queue.settle(conn, queue_id, merged=True, tier=report.tier, result=report.reason)
+    return report
+
+
+def _predict(project: ProjectPaths, config: Config, report: MergeReport, levels: int, unmerged: list[str],
+             label: str) -> MergeReport:
+    prediction = predict_merge(project.root, report.branch, report.target)
+    needs = prediction.tier
+    report.tier, report.conflicts, report.commits = needs, list(prediction.conflicts), unmerged
+    report.resolutions = dict(prediction.resolutions)
+    report.merged = needs is not None and needs <= levels and not prediction.blocked_by
+    if needs is None:
+        verdict = "would NOT merge: no tier can resolve its conflicts"
+    elif needs > levels:
+        verdict = f"would NOT merge: it needs tier {needs} but tier_max is {levels}"
+    else:
+        verdict = f"would merge with tier {needs}"
+    report.reason = f"{verdict}; {prediction.reason}"
+    if not report.merged:
+        report.next_step = _next_step(project, config, report, levels, label, needs)
+    return report
+
+
+def _next_step(project: ProjectPaths, config: Config, report: MergeReport, levels: int, label: str,
+               needs: int | None) -> str:
+    """What the operator can do about a merge that failed (or would fail) needing tier ``needs``."""
+    steps = []
+    if needs is not None and needs > levels:
+        if needs < 3 or config.merge.ai_resolve:
+            steps.append(f"`ov merge {label} --tier-max {needs}`")
+        else:
+            steps.append("tier 3 (model-assisted) could resolve it: set merge.ai_resolve: true")
+    if report.conflicts:
+        switch = "" if current_branch(project.root) == report.target else f"git switch {report.target} && "
+        steps.append(f"resolve by hand in {project.root}: `{switch}git merge --no-ff {report.branch}`, fix "
+                     f"{', '.join(report.conflicts)}, `git add` them, `git commit`; then `ov merge {label}` "
+                     "reports it merged")
+    elif "quality gate" in report.reason:
+        steps.append(f"fix what the gate reports on {report.branch}, then `ov merge {label}` again")
+    return "; or ".join(steps)
 
 
 def merge_all(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, into: str | None = None,
               dry_run: bool = False, tier_max: int | None = None,
-              on_lock_wait: t.Callable[[int | None], None] | None = None) -> list[MergeReport]:
+              on_lock_wait: t.Callable[[int | None], None] | None = None) -> MergeRun:
     sync_queue(conn, config)
-    pending = merge_queue.pending(conn)
+    candidates, skipped = gather(project.root, config, conn, into)
     reports = []
-    for row in pending:
-        agent_name = row["agent"] if row["agent"] and sessions.get(conn, row["agent"]) else None
+    for candidate in candidates:
+        agent_name = candidate.agent if candidate.agent and sessions.get(conn, candidate.agent) else None
+        queue_id = None if dry_run else candidate.queue_id
         try:
             reports.append(merge_one(project, config, conn, agent_name=agent_name,
-                                     branch=None if agent_name else row["branch"], into=into or row["target"],
-                                     dry_run=dry_run, tier_max=tier_max, queue_id=None if dry_run else row["id"],
+                                     branch=None if agent_name else candidate.branch, into=into or candidate.target,
+                                     dry_run=dry_run, tier_max=tier_max, queue_id=queue_id, force=True,
                                      on_lock_wait=on_lock_wait))
         except MergeError as exc:
-            if not dry_run:
-                merge_queue.settle(conn, row["id"], merged=False, tier=None, result=str(exc))
-            reports.append(MergeReport(branch=row["branch"], target=into or row["target"] or "", agent=row["agent"],
-                                       merged=False, dry_run=dry_run, tier=None, reason=str(exc), queue_id=row["id"]))
-    return reports
-
-
-def _announce(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session | None, report: MergeReport,
-              sender: str | None = None) -> None:
-    """Mail the result to the agent's parent and, if it still runs, the agent."""
-    from overstory.store import mail
-
-    if agent is None:
-        return
-    if report.merged:
-        mail_type, subject = "merged", f"merged {report.branch} into {report.target} (tier {report.tier})"
-        payload: dict[str, t.Any] = {"branch": report.branch, "tier": report.tier or 1, "agent": agent.name,
-                                     "task_id": agent.task_id, "target_branch": report.target, "commit": report.commit}
-    else:
-        mail_type, subject = "merge_failed", f"could not merge {report.branch} into {report.target}"
-        payload = {"branch": report.branch, "reason": report.reason or "merge failed", "agent": agent.name,
-                   "task_id": agent.task_id, "target_branch": report.target,
-                   "conflict_files": report.conflicts}
-        if report.tier:
-            payload["tier"] = report.tier
-    body = report.reason + (("\nConflicting files:\n" + "\n".join(f"- {f}" for f in report.conflicts))
-                            if report.conflicts and not report.merged else "")
-    recipients = [agent.parent or "operator"]
-    if not agent.is_terminal and agent.name not in recipients:
-        recipients.append(agent.name)
-    sender = sender or os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
-    ids = [mid for mid in (mail.insert_message(conn, sender=sender, recipient=to, type=mail_type, priority="high",
-                                               subject=subject, body=body, payload=payload) for to in recipients) if mid]
-    mail.record_sent(conn, ids)
+            if queue_id is not None:
+                merge_queue.settle(conn, queue_id, merged=False, tier=None, result=str(exc))
+            reports.append(MergeReport(branch=candidate.branch, target=into or candidate.target or "",
+                                       agent=candidate.agent, merged=False, dry_run=dry_run, tier=None,
+                                       reason=str(exc), queue_id=candidate.queue_id))
+    return MergeRun(reports, skipped)

@@ -49,3 +49,5 @@ class MergeResult:
     resolutions: dict[str, str] = field(default_factory=dict)
     source_commit: str | None = None
     target_before: str | None = None
+    commits: list[str] = field(default_factory=list)  # the commits the merge brought into the target, oldest first
+    already_merged: bool = False  # the target already contained the source: nothing was done

@@ -18,6 +18,9 @@ if t.TYPE_CHECKING:
 REGISTRY: dict[str, tuple[str, str]] = {
     "claude": ("overstory.runtimes.claude", "ClaudeRuntime"),
     "scripted": ("overstory.runtimes.scripted", "ScriptedRuntime"),
+    "codex": ("overstory.runtimes.codex", "CodexRuntime"),
+    "gemini": ("overstory.runtimes.gemini", "GeminiRuntime"),
+    "opencode": ("overstory.runtimes.opencode", "OpenCodeRuntime"),
 }
 RUNTIME_NAMES: tuple[str, ...] = tuple(REGISTRY)
 

@@ -12,9 +12,13 @@ A runtime answers five questions:
 - which settings make it call ov's guard hooks (``hook_settings``), or None where the
   runtime has no hooks. ov keeps them, and the agent's instructions, in the agent's run
   dir (``.overstory/run/<agent>/``), out of the agent's reach, and hands both to the
-  runtime on every command line;
+  runtime on every command line; a runtime that reads them from an ov-owned home of its
+  own (``state_dir``) has ov write them there (``state_files``) at sling, and sees them
+  read-only in its sandbox;
 - where it keeps one agent's state (``state_dir``, writable inside the sandbox), how to
-  seed it (``prepare_state``) and which temp-dir variables it reads (``tmp_env_vars``);
+  seed it before a turn (``prepare_state``), which temp-dir variables it reads
+  (``tmp_env_vars``), and what of ov's environment a turn starts from (``inherited_env``,
+  ``turn_env``);
 - how to run its interactive TUI in tmux (``tui``), or None;
 - whether it is installed and has credentials (``probe``, for ``ov doctor``).
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 import abc
 import shutil
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if t.TYPE_CHECKING:
@@ -72,6 +76,7 @@ class TurnParser(abc.ABC):
     """What one turn's stdout has said so far. Pure: no I/O, so it is tested on captured output."""
 
     session_id: str | None = None
+    model: str | None = None       # the model the runtime reported, when it does (for the price table)
     events_seen: int = 0
     tool_calls: int = 0
     current_tool: str | None = None
@@ -96,7 +101,12 @@ class TurnParser(abc.ABC):
 
     @abc.abstractmethod
     def usage(self) -> Usage:
-        """Tokens and dollars of the turn as reported so far."""
+        """Tokens and dollars of the turn as reported so far (dollars 0.0 when the runtime does not say)."""
+
+    def finish(self, exit_code: int | None, stderr_tail: str) -> None:
+        """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
+        are asked. For runtimes that report some outcomes only there (an unknown session to resume, a
+        broken config, a turn that has no closing event)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,25 @@ class TurnRequest:
     run_dir: Path              # .overstory/run/<agent>/: ov's instructions and hook settings, runtime state
     at_project_root: bool = False  # no worktree (the coordinator)
     scenario: Path | None = None
+    # What ``provider_env`` returned for this turn's provider (empty without one): a runtime whose CLI
+    # takes the endpoint on its command line, not from the environment, reads it here.
+    provider_env: t.Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """What ``ov sling`` knows of a new agent when a runtime writes the files of its state dir."""
+
+    name: str
+    capability: str
+    writable: bool             # a writer (builder, merger); everyone else is read-only
+    project_root: Path
+    worktree: Path | None      # None: the agent works at the project root (the coordinator)
+    run_dir: Path              # .overstory/run/<agent>/
+    instructions: str          # the rendered overlay
+    ov_command: list[str]      # how hooks call ov
+    tmux_mode: bool = False
+    model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
 @dataclass(frozen=True)
@@ -204,25 +233,38 @@ class Runtime(abc.ABC):
     def new_parser(self) -> TurnParser:
         """A parser for one turn's stdout."""
 
+    # The wire protocols this runtime can speak to a provider (config ``providers.<name>.protocol``).
+    protocols: t.ClassVar[tuple[str, ...]] = ()
+
     def provider_env(self, base_url: str, api_key: str) -> dict[str, str]:
         """Environment that routes this runtime to a configured provider endpoint."""
         return {}
+
+    def inherited_env(self, environ: t.Mapping[str, str]) -> dict[str, str]:
+        """The part of ov's environment a turn starts from: a runtime drops what would make it read the
+        user's own config or account, or change its behaviour (all of it by default)."""
+        return dict(environ)
 
     def turn_env(self, run_dir: Path) -> dict[str, str]:
         """Environment every turn of this agent needs (e.g. where its state dir is)."""
         return {}
 
     def state_dir(self, run_dir: Path) -> Path | None:
-        """Where the runtime keeps this agent's own state (sessions, transcripts), under its run dir.
-
-        The only place besides the worktree and /tmp the runtime may write inside the sandbox;
-        None when it keeps no state.
-        """
+        """Where the runtime keeps this agent's own state and config (CLAUDE_CONFIG_DIR, CODEX_HOME...), under
+        its run dir: besides the worktree and /tmp, the only place it may write inside the sandbox. None when
+        it keeps them where it always does."""
         return None
 
     def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
         """Create (and seed) the state dir before a turn, outside the sandbox; ``cwd`` is where the agent works."""
         state_dir.mkdir(parents=True, exist_ok=True)
+
+    def state_files(self, setup: AgentSetup) -> dict[str, str] | None:
+        """Files ``ov sling`` writes into ``state_dir`` ({relative path: text}): the agent's instructions and
+        the config that makes the runtime call ``ov guard`` (read-only inside the sandbox). None: ov writes
+        them into the run dir (``run_instructions_file``, ``run_settings_file``) and passes them on the
+        command line."""
+        return None
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         """The settings that make the runtime call ``ov guard`` before each tool call; None: no hooks."""

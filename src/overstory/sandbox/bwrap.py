@@ -79,6 +79,8 @@ def build_argv(bwrap: str, layout: Layout, command: t.Sequence[str], *, network:
     argv += ["--tmpfs", str(layout.runs), *_bind("--ro-bind", layout.run)]
     if layout.state_dir is not None:
         argv += _bind("--bind", layout.state_dir)
+        for pinned in layout.pinned:  # the runtime's hook config and instructions ov wrote there
+            argv += _bind("--ro-bind", pinned)
     argv += ["--remount-ro", str(layout.runs)]
     if layout.writer and layout.worktree is not None:
         # Other agents' worktrees are hidden; the own one is writable, its gitdir pointer is not.

@@ -6,6 +6,7 @@ symlink in a bind destination would be followed inside the sandbox.
 
 from __future__ import annotations
 
+import json
 import typing as t
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,10 @@ if t.TYPE_CHECKING:
     from overstory.store.sessions import Session
 
 WRITER_CAPABILITIES = frozenset({"builder", "merger"})
-PRIVATE_DIR = "sandbox"  # under the agent's run dir: what ov hands into (and reads back from) its sandbox
+PRIVATE_DIR = "sandbox"
+# In the run dir: the files `ov sling` wrote into a runtime's own home (its instructions, the config that
+# calls ov's guard). The home is writable in the sandbox; these files are bound read-only over themselves.
+PINNED_FILES = "pinned-files.json"  # under the agent's run dir: what ov hands into (and reads back from) its sandbox
 OWN_REFS = "refs/heads/ov"  # where every agent's branch ov/<agent> lives in the common git dir
 OWN_LOGS = "logs/refs/heads/ov"
 
@@ -38,6 +42,7 @@ class Layout:
     admin_dir: Path | None     # <git>/worktrees/<adm> of this agent's worktree
     branch: str | None         # ov/<agent>
     serve_token: Path | None = None  # `ov serve`'s secret, masked inside the sandbox
+    pinned: tuple[Path, ...] = ()    # files in the state dir that ov wrote: read-only inside
 
     @property
     def private(self) -> Path:
@@ -98,4 +103,17 @@ def layout_for(project: ProjectPaths, agent: Session, runtime: Runtime) -> Layou
                   worktree=worktree, cwd=worktree or root,
                   writer=worktree is not None and agent.capability in WRITER_CAPABILITIES,
                   state_dir=state.resolve() if state is not None else None, git_dir=git_dir, admin_dir=admin_dir,
-                  branch=agent.branch, serve_token=ov_dir / project.serve_token_file.name)
+                  branch=agent.branch, serve_token=ov_dir / project.serve_token_file.name,
+                  pinned=_pinned(run, state.resolve() if state is not None else None))
+
+
+def _pinned(run: Path, state_dir: Path | None) -> tuple[Path, ...]:
+    """The files ov wrote into the runtime's home at sling (only those inside it, only real files)."""
+    if state_dir is None:
+        return ()
+    try:
+        names = json.loads((run / PINNED_FILES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    files = [Path(name).resolve() for name in names if isinstance(name, str)]
+    return tuple(f for f in files if state_dir in f.parents and f.is_file())

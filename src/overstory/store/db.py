@@ -14,7 +14,7 @@ import typing as t
 from contextlib import contextmanager
 from pathlib import Path
 
-from overstory.errors import StoreError
+from overstory.errors import DiskFull, StoreError
 from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS, Migration
 
 BUSY_TIMEOUT_MS = 10_000
@@ -38,6 +38,8 @@ def connect(path: Path, migrations: t.Sequence[Migration], *, shared: bool = Fal
         migrate(conn, migrations, label=path.name)
     except sqlite3.DatabaseError as exc:
         conn.close()
+        if _no_space_left(path):
+            raise DiskFull(f"no space left on device for {path}: it cannot even be opened; nothing was written")
         raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
     except BaseException:
         conn.close()
@@ -98,10 +100,38 @@ def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # SQLite already rolled back (it does so itself on some errors)
+        if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc):
+            raise DiskFull(f"no space left on device for {_file_of(conn)}: the change was rolled back, "
+                           "nothing was written") from exc
         raise
-    conn.execute("COMMIT")
+
+
+def _no_space_left(path: Path) -> bool:
+    """Whether the file system holding ``path`` is full (SQLite then reports only "disk I/O error")."""
+    import os
+
+    try:
+        stats = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 64 * 1024
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    try:
+        for row in conn.execute("PRAGMA database_list"):
+            if row[1] == "main" and row[2]:
+                return str(row[2])
+    except sqlite3.Error:
+        pass
+    return "ov's database"
 
 
 def open_state(path: Path, *, shared: bool = False) -> sqlite3.Connection:

@@ -2,7 +2,9 @@
 
 Whoever makes an agent zombie (turn runner, retry policy, watchdog) goes through
 ``declare_zombie``: the parent's ``worker_died`` mail is inserted inside the same
-compare-and-swap transaction, so exactly one is ever sent for a generation.
+compare-and-swap transaction, so exactly one is ever sent for a generation. An agent
+whose terminal mail is committed is never retried or made zombie: whatever its process
+did afterwards, it settles ``completed`` through ``complete_promised``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,35 @@ def terminal_mail_sent(conn: sqlite3.Connection, agent: Session, since_ms: int) 
         (agent.name, *sorted(types), since_ms),
     ).fetchone()
     return row is not None
+
+
+def promised(conn: sqlite3.Connection, agent: Session) -> bool:
+    """Whether this generation of ``agent`` has committed its terminal mail: its promise that the task is done."""
+    return agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(conn, agent, agent.created_at)
+
+
+def complete_promised(conn: sqlite3.Connection, agent: Session, what_happened: str, *, actor: str,
+                      expect: frozenset[str] | None = None) -> Outcome:
+    """Settle an agent whose terminal mail is committed as ``completed``, whatever its turn did afterwards.
+
+    Retrying would redo the task and send the parent a second terminal mail. The mail its
+    last turn had claimed was acted on, so it is marked read; the turn rows are closed.
+    """
+
+    def bookkeeping(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
+        now = now_ms()
+        tx.execute("UPDATE mail SET read_at = ? WHERE recipient = ? AND claimed_by IS NOT NULL AND read_at IS NULL",
+                   (now, agent.name))
+        tx.execute("UPDATE turns SET status = 'interrupted', ended_at = ?, error = ? WHERE agent = ? "
+                   "AND generation = ? AND status IN ('starting', 'running')",
+                   (now, what_happened[:300], agent.name, agent.generation))
+
+    return sessions.transition(
+        conn, agent.name, agent.generation, "completed", actor=actor,
+        reason=f"terminal mail sent; then {what_happened}"[:300], expect=expect,
+        fields={"turn_pgid": None, "turn_start_ticks": None, "current_turn_id": None, "current_tool": None},
+        then=bookkeeping,
+    )
 
 
 def mail_sent_since(conn: sqlite3.Connection, agent: Session, since_ms: int) -> int:

@@ -133,7 +133,10 @@ def check_body(body: str) -> None:
 
 
 def _encode_payload(payload: t.Mapping[str, t.Any] | None) -> str | None:
-    return None if payload is None else json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    if payload is None:
+        return None
+    from overstory.store.payload_shape import encode  # refuses a payload too deep or too big
+    return encode(payload, MAX_BODY_BYTES)
 
 
 _COLUMNS = "id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, " \

@@ -79,6 +79,7 @@ class MergedPayload(Payload):
     task_id: str | None = None
     target_branch: str | None = None
     commit: str | None = None
+    commits: list[str] = Field(default_factory=list)  # what the merge brought in, oldest first
 
 
 class MergeFailedPayload(Payload):

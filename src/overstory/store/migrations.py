@@ -171,7 +171,51 @@ def _state_m002_pending_mail_index(conn: sqlite3.Connection) -> None:
     )
 
 
-STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index]
+def _state_m003_intents(conn: sqlite3.Connection) -> None:
+    """Records of intent for the two commands that change git and the database together.
+
+    ``spawn_intents``: written before `ov sling` creates anything, deleted when the spawn is
+    complete. A row whose spawner is dead is a half-done spawn that a retry, `ov stop` or
+    the watchdog undoes. ``merge_intents``: written before `ov merge` starts, deleted once
+    its result is announced; a dead merger's row is finished (mail) or rolled back.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE spawn_intents (
+            name         TEXT PRIMARY KEY,
+            pid          INTEGER,
+            pid_ticks    INTEGER,
+            step         TEXT NOT NULL,
+            branch       TEXT,
+            base_commit  TEXT,
+            worktree     TEXT,
+            run_dir      TEXT NOT NULL,
+            tmux_session TEXT,
+            generation   INTEGER,
+            dispatch_id  INTEGER,
+            started_at   INTEGER NOT NULL
+        );
+
+        CREATE TABLE merge_intents (
+            id            INTEGER PRIMARY KEY,
+            agent         TEXT,
+            generation    INTEGER,
+            branch        TEXT NOT NULL,
+            target        TEXT NOT NULL,
+            source_commit TEXT NOT NULL,
+            target_before TEXT NOT NULL,
+            queue_id      INTEGER,
+            sender        TEXT NOT NULL,
+            pid           INTEGER,
+            pid_ticks     INTEGER,
+            started_at    INTEGER NOT NULL
+        );
+        CREATE INDEX merge_intents_branch ON merge_intents(branch, target);
+        """
+    )
+
+
+STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents]
 
 
 # ---------------------------------------------------------------------------

@@ -125,6 +125,7 @@ class ClaudeRuntime(Runtime):
     run_instructions_file = "CLAUDE.md"
     run_settings_file = "settings.json"
     tmp_env_vars = ("CLAUDE_CODE_TMPDIR",)
+    protocols = ("anthropic",)
 
     def program(self, config: Config) -> list[str]:
         claude_bin = config.runtime.claude_bin

@@ -1,0 +1,117 @@
+"""Other CLIs' pre-tool hook input, read as Claude's (which ``decide`` understands), and their replies.
+
+One ``ov guard`` serves every runtime; it tells them apart by the input's shape:
+
+- Claude Code and Codex: ``{hook_event_name: "PreToolUse", tool_name, tool_input, cwd}``.
+  Codex reports every shell command, ``apply_patch`` edits included, as ``Bash``; the
+  patch is in the command's heredoc, so its file paths are read here (``patch_paths``).
+- Gemini CLI (``BeforeTool`` hook): ``{hook_event_name: "BeforeTool", tool_name, tool_input,
+  cwd}`` with Gemini's tool names (``run_shell_command``, ``write_file``, ``replace``...).
+  It denies on ``{"decision": "deny", "reason": ...}``.
+- OpenCode (ov's plugin, ``tool.execute.before``): ``{tool, args, sessionID, callID, cwd}``
+  with OpenCode's tool names (``bash``, ``write``, ``edit``...). The plugin blocks the
+  call when ``ov guard`` exits non-zero, with stderr as the reason.
+
+An input that cannot be read at all is denied with exit 2 and the reason on stderr,
+which every one of these CLIs treats as a refusal. Standard library only (hot path).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+
+CLAUDE = "claude"
+GEMINI = "gemini"
+OPENCODE = "opencode"
+
+# Their tool -> (Claude's tool, {their argument: Claude's argument}).
+GEMINI_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
+    "run_shell_command": ("Bash", {"command": "command"}),
+    "write_file": ("Write", {"file_path": "file_path"}),
+    "replace": ("Edit", {"file_path": "file_path"}),
+    "invoke_agent": ("Agent", {}),
+}
+OPENCODE_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
+    "bash": ("Bash", {"command": "command"}),
+    "write": ("Write", {"filePath": "file_path"}),
+    "edit": ("Edit", {"filePath": "file_path"}),
+    "multiedit": ("MultiEdit", {"filePath": "file_path"}),
+    "task": ("Task", {}),
+}
+
+
+def dialect_of(hook_input: Mapping[str, object]) -> str:
+    if hook_input.get("hook_event_name") == "BeforeTool":
+        return GEMINI
+    if "tool_name" not in hook_input and isinstance(hook_input.get("tool"), str):
+        return OPENCODE
+    return CLAUDE
+
+
+def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, object]]:
+    """(dialect, the same call in Claude's PreToolUse shape)."""
+    dialect = dialect_of(hook_input)
+    if dialect == CLAUDE:
+        return dialect, dict(hook_input)
+    if dialect == GEMINI:
+        tool, args, table = hook_input.get("tool_name"), hook_input.get("tool_input"), GEMINI_TOOLS
+    else:
+        tool, args, table = hook_input.get("tool"), hook_input.get("args"), OPENCODE_TOOLS
+    mapped: dict[str, object] = {"hook_event_name": "PreToolUse", "tool_name": tool, "tool_input": args}
+    if isinstance(hook_input.get("cwd"), str):
+        mapped["cwd"] = hook_input["cwd"]
+    if isinstance(tool, str) and tool in table:
+        claude_tool, keys = table[tool]
+        mapped["tool_name"] = claude_tool
+        if isinstance(args, dict):
+            mapped["tool_input"] = {keys.get(key, key): value for key, value in args.items()}
+    return dialect, mapped
+
+
+def reply(dialect: str, allow: bool, reason: str, claude_response: str) -> tuple[str, str, int]:
+    """(stdout, stderr, exit status) of ``ov guard`` for one decision."""
+    if allow:
+        return "", "", 0
+    if dialect == GEMINI:
+        return json.dumps({"decision": "deny", "reason": reason}), "", 0
+    if dialect == OPENCODE:
+        return "", reason, 2
+    return claude_response, "", 0
+
+
+def unreadable(reason: str) -> tuple[str, str, int]:
+    """The reply to an input whose dialect is unknown: exit 2 and the reason, a refusal for every CLI."""
+    return "", reason, 2
+
+
+# ---- codex's apply_patch ---------------------------------------------------------
+
+_PATCH_PROGRAMS = ("apply_patch", "applypatch")
+_HEREDOC = re.compile(r"^\s*(?:apply_patch|applypatch)\s+<<-?\s*(['\"]?)([A-Za-z_]\w*)\1[ \t]*\n(.*)\n[ \t]*\2\s*$",
+                      re.DOTALL)
+_FILE_LINE = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
+
+
+def patch_paths(command: str) -> list[str] | None:
+    """The files an ``apply_patch`` command (codex's editing tool, run as a shell command) writes; None
+    when ``command`` is not one. Handles the two forms codex models use: a heredoc and one argument."""
+    match = _HEREDOC.match(command)
+    if match:
+        body = match.group(3)
+    else:
+        stripped = command.lstrip()
+        if not stripped.startswith(_PATCH_PROGRAMS):
+            return None
+        try:
+            words = shlex.split(stripped)
+        except ValueError:
+            return None
+        if len(words) != 2 or words[0] not in _PATCH_PROGRAMS:
+            return None
+        body = words[1]
+    if "*** Begin Patch" not in body:
+        return None
+    return _FILE_LINE.findall(body)

@@ -1,0 +1,63 @@
+"""Helpers for the e2e tests that run codex, gemini and opencode agents through the real `ov sling`.
+
+Each test starts its runtime's mock model on 127.0.0.1 and points the project at it the way
+a user would: a `providers` entry (base URL, key variable, protocol) and `models`/`runtimes`
+per capability in `.overstory/config.local.yaml`.
+"""
+
+from __future__ import annotations
+
+import json
+import typing as t
+
+import yaml
+
+from conftest import run_ov
+from overstory.paths import ProjectPaths
+from overstory.store.db import open_events, open_state
+
+# Every request that is not to a mock on 127.0.0.1 goes to a dead proxy.
+DEAD_PROXY = "http://127.0.0.1:9"
+OFFLINE_ENV = {
+    "HTTPS_PROXY": DEAD_PROXY, "HTTP_PROXY": DEAD_PROXY, "https_proxy": DEAD_PROXY, "http_proxy": DEAD_PROXY,
+    "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+}
+MOCK_PRICE = {"input_per_mtok": 2.0, "output_per_mtok": 8.0}
+
+
+def configure(project: ProjectPaths, *, runtimes: dict[str, str], providers: dict[str, dict[str, str]],
+              models: dict[str, str], prices: dict[str, dict[str, float]] | None = None,
+              runtime: dict[str, t.Any] | None = None, turns: dict[str, t.Any] | None = None) -> None:
+    """Write the project's config.local.yaml (the layer a user keeps per machine)."""
+    project.local_config_file.write_text(yaml.safe_dump({
+        "runtime": runtime or {},
+        "turns": {"retry_backoff": 0.2, **(turns or {})},
+        "providers": providers,
+        "models": models,
+        "runtimes": runtimes,
+        "prices": prices or {},
+    }))
+
+
+def sling(project: ProjectPaths, capability: str, task: str, prompt: str, env: dict[str, str], *extra: str) -> str:
+    result = run_ov("sling", capability, task, "--prompt", prompt, *extra, cwd=project.root, env=env)
+    assert result.returncode == 0, result.stderr
+    return f"{capability}-{task}"
+
+
+def events(project: ProjectPaths, agent: str, kind: str) -> list[tuple[str | None, dict[str, t.Any] | None]]:
+    conn = open_events(project.events_db)
+    try:
+        rows = conn.execute("SELECT tool, data FROM events WHERE agent = ? AND kind = ? ORDER BY id", (agent, kind))
+        return [(r[0], json.loads(r[1]) if r[1] else None) for r in rows]
+    finally:
+        conn.close()
+
+
+def turn_rows(project: ProjectPaths, agent: str) -> list[dict[str, t.Any]]:
+    conn = open_state(project.state_db)
+    try:
+        rows = conn.execute("SELECT * FROM turns WHERE agent = ? ORDER BY started_at", (agent,)).fetchall()
+        return [dict(r) for r in rows]
+    finally:
+        conn.close()

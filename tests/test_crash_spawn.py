@@ -1,0 +1,211 @@
+"""`ov sling` killed (SIGKILL) between any two of its steps, then settled three ways.
+
+Each case runs the real `ov sling` as a subprocess with ``OV_TEST_KILL_AT=spawn:<step>``,
+which makes it SIGKILL itself right after that step's act (the kill -9 an operator's
+terminal or an OOM killer would deliver). Then one of: the same `ov sling` again (it must
+work), `ov stop NAME --clean` (it must undo the half-done spawn), or `ov watchdog --once`
+(it must undo it). Afterwards nothing of the killed attempt may be left: no branch,
+worktree, session row, mail, intent row, run dir or process.
+
+Also: an unusable events.db makes `ov sling` refuse before creating anything, and a
+booting agent whose loop cannot start (its events.db broke after the spawn) is settled
+by the watchdog instead of being restarted forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from agent_helpers import loop_processes, mail_rows, wait_terminal, write_scenario
+from conftest import ov_command, run_git, run_ov
+from overstory.store import sessions
+from overstory.store.db import open_state
+
+KILL_STEPS = ["intent", "branch", "worktree", "instructions", "session", "dispatch", "start"]
+NAME = "builder-t1"
+
+
+def leftovers(project, name=NAME):
+    """Everything a spawn of ``name`` can create, as plain values."""
+    conn = open_state(project.state_db)
+    try:
+        rows = conn.execute("SELECT count(*) FROM sessions WHERE name = ?", (name,)).fetchone()[0]
+        history = conn.execute("SELECT count(*) FROM transitions WHERE name = ?", (name,)).fetchone()[0]
+        mail = conn.execute("SELECT count(*) FROM mail WHERE recipient = ? OR sender = ?", (name, name)).fetchone()[0]
+        intents = conn.execute("SELECT count(*) FROM spawn_intents").fetchone()[0]
+    finally:
+        conn.close()
+    worktrees = run_git(project.root, "worktree", "list", "--porcelain")
+    return {
+        "session_rows": rows, "transitions": history, "mail": mail, "intents": intents,
+        "branch": run_git(project.root, "for-each-ref", "--format=%(refname:short)", f"refs/heads/ov/{name}").strip(),
+        "worktree_registered": str(project.worktree(name)) in worktrees,
+        "worktree_dir": project.worktree(name).exists(), "run_dir": (project.run_dir / name).exists(),
+        "loops": loop_processes(name, project.root),
+    }
+
+
+NOTHING = {"session_rows": 0, "transitions": 0, "mail": 0, "intents": 0, "branch": "", "worktree_registered": False,
+           "worktree_dir": False, "run_dir": False, "loops": []}
+
+
+def scenario(tmp_path):
+    # The pause keeps a loop started just before the kill from committing before the undo stops it.
+    return write_scenario(tmp_path / "builder.json", [{"actions": [
+        {"sleep": 2},
+        {"write": {"path": "work.txt", "content": "done\n"}},
+        {"bash": "git add work.txt && git commit -q -m work"},
+        {"bash": 'ov mail send --type worker_done --subject done --body "committed"'},
+    ]}])
+
+
+def sling(project, tmp_path, **env):
+    return run_ov("sling", "builder", "t1", "--runtime", "scripted", "--scenario", str(scenario(tmp_path)),
+                  cwd=project.root, env=env)
+
+
+@pytest.mark.parametrize("step", KILL_STEPS)
+def test_killed_sling_then_retry_works(project, tmp_path, step):
+    killed = sling(project, tmp_path, OV_TEST_KILL_AT=f"spawn:{step}")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    retry = sling(project, tmp_path)
+    assert retry.returncode == 0, retry.stderr
+    agent = wait_terminal(project, NAME)
+    assert agent.state == "completed", agent.state_reason
+    state = leftovers(project)
+    assert state["session_rows"] == 1 and state["intents"] == 0 and state["branch"] == "ov/builder-t1"
+    assert [m["type"] for m in mail_rows(project, recipient=NAME)] == ["dispatch"]  # the killed one's is gone
+    assert [m["type"] for m in mail_rows(project, sender=NAME)] == ["worker_done"]
+    assert run_git(project.root, "log", "--format=%s", "main..ov/builder-t1").split("\n")[0] == "work"
+    listed = [ln for ln in run_git(project.root, "worktree", "list", "--porcelain").splitlines()
+              if ln.startswith("worktree ")]
+    assert len(listed) == 2  # the root and this agent's: nothing left by the killed attempt
+
+
+@pytest.mark.parametrize("step", KILL_STEPS)
+def test_killed_sling_then_stop_clean_undoes_it(project, tmp_path, step):
+    killed = sling(project, tmp_path, OV_TEST_KILL_AT=f"spawn:{step}")
+    assert killed.returncode == -signal.SIGKILL
+    stopped = run_ov("stop", NAME, "--clean", cwd=project.root)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "undid the unfinished spawn" in stopped.stdout
+    assert leftovers(project) == NOTHING
+
+
+@pytest.mark.parametrize("step", KILL_STEPS)
+def test_killed_sling_is_undone_by_the_watchdog(project, tmp_path, step):
+    killed = sling(project, tmp_path, OV_TEST_KILL_AT=f"spawn:{step}")
+    assert killed.returncode == -signal.SIGKILL
+    dog = run_ov("watchdog", "--once", "--json", cwd=project.root)
+    assert dog.returncode == 0, dog.stderr
+    lines = [json.loads(line) for line in dog.stdout.splitlines()]
+    actions = [a for a in lines if a["kind"] not in ("reconcile", "tick")]
+    assert [(a["agent"], a["kind"]) for a in actions] == [(NAME, "spawn_undone")]
+    assert leftovers(project) == NOTHING
+
+
+def test_a_spawn_in_progress_is_left_alone(project, tmp_path):
+    """A live spawner's intent is not undone by anyone; a second `ov sling` of the name is refused."""
+    from overstory.agents.spawn_journal import begin, settle_abandoned, settle_all
+
+    conn = open_state(project.state_db)
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        from overstory import procs
+
+        begin(conn, {"name": NAME, "pid": holder.pid, "pid_ticks": procs.start_ticks(holder.pid), "branch": None,
+                     "base_commit": None, "worktree": None, "run_dir": str(project.run_dir / NAME),
+                     "tmux_session": None})
+        assert settle_all(project, conn) == {}
+        from overstory.errors import SpawnError
+
+        with pytest.raises(SpawnError, match=f"being spawned right now by pid {holder.pid}"):
+            settle_abandoned(project, conn, NAME)
+        again = sling(project, tmp_path)
+        assert again.returncode == 1 and "being spawned right now" in again.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        conn.close()
+    assert settle_all(project, open_state(project.state_db)) == {NAME: []}  # its spawner died: undone
+
+
+# ---- the event store -------------------------------------------------------------------
+
+
+def _break_events(project, how):
+    path = project.events_db
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    if how == "corrupt":
+        path.write_bytes(b"this is not a database " * 200)
+    elif how == "missing table":
+        import sqlite3
+
+        conn = sqlite3.connect(path)
+        conn.execute("DROP TABLE events")
+        conn.commit()
+        conn.close()
+
+
+@pytest.mark.parametrize("how", ["corrupt", "missing table"])
+def test_sling_with_an_unusable_event_store_creates_nothing(project, tmp_path, how):
+    saved = project.events_db.read_bytes()
+    _break_events(project, how)
+    refused = sling(project, tmp_path)
+    assert refused.returncode == 1
+    assert "events.db" in refused.stderr and "nothing was created" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert leftovers(project) == NOTHING
+    if how == "missing table":
+        assert run_ov("doctor", "--repair", cwd=project.root).returncode == 0
+    else:
+        project.events_db.write_bytes(saved)
+    assert sling(project, tmp_path).returncode == 0
+    assert wait_terminal(project, NAME).state == "completed"
+
+
+def test_watchdog_settles_a_booting_agent_whose_loop_cannot_start(project, tmp_path):
+    from overstory.agents.spawn import SlingRequest
+    from overstory.agents.spawn import sling as do_sling
+    from overstory.config import load_config
+
+    conn = open_state(project.state_db)
+    try:
+        do_sling(project, load_config(project.config_file), conn,
+                 SlingRequest(capability="builder", task_id="t1", runtime="scripted", scenario=scenario(tmp_path)),
+                 environ=dict(os.environ), start=False)
+        # The spawn happened a while ago (past the watchdog's grace for a loop to appear).
+        conn.execute("UPDATE sessions SET created_at = created_at - 60000 WHERE name = ?", (NAME,))
+    finally:
+        conn.close()
+    saved = project.events_db.read_bytes()
+    _break_events(project, "corrupt")
+    watchdog = subprocess.Popen([*ov_command(), "watchdog", "--interval", "0.3"], cwd=project.root,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        agent = wait_terminal(project, NAME, timeout=60)
+        assert watchdog.poll() is None, watchdog.stderr.read() if watchdog.stderr else ""
+    finally:
+        watchdog.send_signal(signal.SIGTERM)
+        _, err = watchdog.communicate(timeout=20)
+        project.events_db.write_bytes(saved)
+    assert watchdog.returncode == 0, err
+    assert agent.state == "zombie"
+    assert "could not start" in (agent.state_reason or "") and "events.db" in (agent.state_reason or "")
+    died = mail_rows(project, type="worker_died")
+    assert len(died) == 1 and died[0]["recipient"] == "operator"
+    assert loop_processes(NAME, project.root) == []
+    time.sleep(0.5)
+    conn = open_state(project.state_db)
+    try:
+        transitions = [h["to_state"] for h in sessions.history(conn, NAME)]
+    finally:
+        conn.close()
+    assert transitions == ["booting", "zombie"]
