@@ -219,23 +219,30 @@ def test_escapes_of_a_scripted_builder_change_nothing_outside_its_own(project: P
 
 @requires_bwrap
 def test_a_reader_cannot_write_even_its_own_worktree(project: ProjectPaths) -> None:
-    """The guard denies readers `python3 -c`; GIT_EXTERNAL_DIFF is one of the forms it lets through."""
-    me = "scout-look"
-    (project.root / "second.txt").write_text("2\n")
-    run_git(project.root, "add", "second.txt")
-    run_git(project.root, "commit", "-q", "-m", "second")
-    sneaky = (f"GIT_EXTERNAL_DIFF='sh -c \"echo x > notes.md; touch {project.root}/scouted; "
-              "git commit -q --allow-empty -m x\"' git diff --ext-diff HEAD~1")
-    name = sling_scripted(project, "look", [{"actions": [
-        {"bash": sneaky}, {"bash": "env > /tmp/env && grep -q GIT_OPTIONAL_LOCKS=0 /tmp/env"}, REPORT]}],
-        capability="scout")
-    assert name == me
-    before = run_git(project.root, "rev-parse", f"ov/{me}").strip()
-    assert wait_terminal(project, me).state == "completed"
-    assert not (project.worktree(me) / "notes.md").exists() and not (project.root / "scouted").exists()
-    assert run_git(project.root, "rev-parse", f"ov/{me}").strip() == before
-    outputs = "\n".join(p.read_text() for p in (project.logs_dir / me).glob("*/stdout.ndjson"))
-    assert "Read-only file system" in outputs
+    """The guard refuses these for a scout before they run; here they run in the scout's sandbox without
+    it (the command line ov gives its turn, around a shell), to show the kernel refuses them too."""
+    from overstory.agents.spawn import SlingRequest, sling
+    from overstory.sandbox import prepare_turn
+    from overstory.store import sessions
+    from overstory.store.db import open_state
+
+    conn = open_state(project.state_db)
+    config = load_config(project.config_file, environ={})
+    try:
+        sling(project, config, conn, SlingRequest(capability="scout", task_id="look", runtime="scripted"),
+              dict(os.environ), start=False)
+        agent = sessions.get(conn, "scout-look")
+    finally:
+        conn.close()
+    before = run_git(project.root, "rev-parse", "ov/scout-look").strip()
+    attempts = (f"echo x > notes.md; touch {project.root}/scouted; git commit -q --allow-empty -m x; "
+                "env | grep -q '^GIT_OPTIONAL_LOCKS=0$' && echo LOCKS-OFF")
+    boxed = prepare_turn(project, config, agent, ["sh", "-c", attempts], dict(os.environ), launch_env=os.environ)
+    done = subprocess.run(boxed.argv, env=boxed.env, capture_output=True, text=True, timeout=60)
+    assert boxed.sandboxed and not boxed.layout.writer
+    assert not (project.worktree("scout-look") / "notes.md").exists() and not (project.root / "scouted").exists()
+    assert run_git(project.root, "rev-parse", "ov/scout-look").strip() == before
+    assert "Read-only file system" in done.stderr and "LOCKS-OFF" in done.stdout
 
 
 # ---- taking a branch back -------------------------------------------------------------------------

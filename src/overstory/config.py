@@ -348,6 +348,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "OV_CLAUDE_BIN": "the claude binary the test suite's e2e tests use",
     "OV_CAPTURE_STREAM_FIXTURES": "1 makes the e2e tests save stream fixtures",
     "OV_SCREENSHOTS": "where the browser tests save the dashboard's screenshots",
+    "OV_BWRAP": "the bubblewrap binary to use instead of `bwrap` on PATH",
+    "OV_CONTAINMENT_MEASURE": "where the containment e2e test writes its guard-only measurement",
 }
 OTHER_PREFIXES = ("OV_TEST_",)  # fault-injection hooks used by the tests
 

@@ -307,6 +307,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                          "file_scope": list(request.files)},
             )
             spawn_journal.step(conn, intent, "dispatch", generation=generation, dispatch_id=dispatch_id)
+        spawn_journal.kill_point("dispatch", environ)
         loop_pid = None
         if start:
             _fault("start", environ)

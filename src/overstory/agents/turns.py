@@ -45,6 +45,7 @@ if t.TYPE_CHECKING:
 # Variables a parent coding-agent session exports; a nested session would react to them.
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
 ACTIVITY_WRITE_INTERVAL = 1.0
+PERIODIC_SECONDS = 1.0
 # How the loop treats each kind of failed turn, for now: rate limits are retried like any
 # transient failure, and auth failures end the agent like any permanent one.
 LOOP_FAILURE_STATUS = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
@@ -213,7 +214,9 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         reader = _LineReader(proc.stdout)
         status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id,
                                stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
-                               price=lambda data: _price_result(data, stream.model or model, config))
+                               price=lambda data: _price_result(data, stream.model or model, config),
+                               periodic=lambda: _record_take_back(events, agent, turn_id,
+                                                                  sandbox.take_back(project, agent)))
         reader.close()
         if status == "running":
             try:
@@ -266,9 +269,15 @@ def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, 
 def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
           stall_timeout: float, should_stop: t.Callable[[], bool],
-          price: t.Callable[[dict[str, t.Any]], None] = lambda data: None) -> tuple[str, str]:
-    """Read the stream until EOF; returns ('running', '') normally, or a stop status."""
+          price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
+          periodic: t.Callable[[], None] = lambda: None) -> tuple[str, str]:
+    """Read the stream until EOF; returns ('running', '') normally, or a stop status.
+
+    ``periodic`` runs about every ``PERIODIC_SECONDS`` (bringing a writer's commits out of its
+    sandbox as they happen, so its branch is current while the turn runs).
+    """
     last_event = time.monotonic()
+    last_periodic = last_event
     last_write = 0.0
     entered_turn = False
     exited_at: float | None = None
@@ -300,6 +309,9 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                 if not written:
                     return "aborted", "agent was replaced by a newer generation"
                 _revive_if_stalled(state, agent)
+        if now - last_periodic >= PERIODIC_SECONDS:
+            last_periodic = now
+            periodic()
         if should_stop():
             return "aborted", "the agent was stopped"
         if now - last_event > stall_timeout:
