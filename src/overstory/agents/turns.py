@@ -175,7 +175,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
                                                     run_dir=project.run_dir / agent.name,
                                                     at_project_root=not agent.worktree, scenario=scenario,
-                                                    provider_env=provider_env), config)
+                                                    provider_env=provider_env,
+                                                    sandboxed=sandbox.effective_mode(config).name == "bwrap"), config)
         env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
         prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=base_env)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help

@@ -13,6 +13,7 @@ say so.
 
 from __future__ import annotations
 
+import os
 import typing as t
 from dataclasses import dataclass
 
@@ -89,7 +90,12 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
     except (OrchestratorError, OSError):
         pass  # an unusable token file is still masked; `ov serve` reports it
     inside = dict(env)
-    inside["TMPDIR"] = "/tmp"  # a host temp dir would be read-only (or shared) in here
+    writable = list(config.sandbox.writable)
+    own_tmp = _own_tmpdir(env.get("TMPDIR"), layout)
+    if own_tmp is not None:  # the runtime keeps a temp dir of its own in the agent's run dir: writable
+        writable.append(own_tmp)
+    else:
+        inside["TMPDIR"] = "/tmp"  # a host temp dir would be read-only (or shared) in here
     for name in runtime.tmp_env_vars:
         if name in inside:
             inside[name] = "/tmp"
@@ -99,8 +105,16 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
     found = probe_bwrap()
     assert found.path is not None
     wrapped = build_argv(found.path, layout, argv, network=config.sandbox.network_for(agent.capability), tty=tty,
-                         tmp_size_mb=config.sandbox.tmp_size_mb, writable=config.sandbox.writable)
+                         tmp_size_mb=config.sandbox.tmp_size_mb, writable=writable)
     return Prepared(wrapped, inside, layout, True, took_back)
+
+
+def _own_tmpdir(tmpdir: str | None, layout: Layout) -> str | None:
+    """TMPDIR when the runtime put it in the agent's own run dir (codex beside its home), else None."""
+    if not tmpdir:
+        return None
+    real = os.path.realpath(tmpdir)
+    return real if os.path.isdir(real) and real.startswith(str(layout.run) + os.sep) else None
 
 
 def take_back(project: ProjectPaths, agent: Session) -> gitrefs.TakeBack:
