@@ -55,7 +55,7 @@ def _guard_input(worktree: Path) -> bytes:
 
 def _setup(ctx: Context) -> dict[str, t.Any]:
     from overstory.paths import ProjectPaths
-    from overstory.store import sessions
+    from overstory.store import budgets, sessions
     from overstory.store.db import open_events, open_state
 
     root = make_repo(ctx.scratch / "fig1-project", files=20)
@@ -75,6 +75,8 @@ def _setup(ctx: Context) -> dict[str, t.Any]:
         generation = sessions.create_session(state, name=AGENT, capability="builder", task_id="hot", runtime="scripted",
                                              actor="bench", worktree=str(worktree), branch=f"ov/{AGENT}",
                                              base_branch="main")
+        # As `ov sling` does: a budget row, with a tool-call limit the bench never reaches.
+        budgets.create_agent(state, AGENT, generation, run_id=None, limits={"max_tool_calls": 10**9})
         sessions.transition(state, AGENT, generation, "in_turn", actor="bench")
         sessions.update_fields(state, AGENT, generation, loop_pid=sleeper.pid, loop_start_ticks=sleeper.ticks)
         names.append(AGENT)
@@ -83,7 +85,11 @@ def _setup(ctx: Context) -> dict[str, t.Any]:
     finally:
         state.close()
         events.close()
-    return {"root": root, "project": project, "worktree": worktree, "names": names}
+    # The agent's loop holds state.db open for its whole life, so a guard's connection is never the last one
+    # to close (the last one to close checkpoints the WAL, an fsync): keep one open as the loop would.
+    loop_connection = open_state(project.state_db)
+    return {"root": root, "project": project, "worktree": worktree, "names": names, "generation": generation,
+            "loop_connection": loop_connection}
 
 
 def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dict[str, Command]:
@@ -92,7 +98,10 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
     root, worktree, project = setup["root"], setup["worktree"], setup["project"]
     agent_env = {**env, "OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder",
                  "OVERSTORY_PROJECT_ROOT": str(root), "OVERSTORY_WORKTREE": str(worktree),
-                 "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_TASK_ID": "hot"}
+                 "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_TASK_ID": "hot",
+                 "OVERSTORY_GENERATION": str(setup["generation"])}
+    # Without the generation the guard skips its budget count: the guard as it was before budgets.
+    uncounted_env = {k: v for k, v in agent_env.items() if k != "OVERSTORY_GENERATION"}
     py = ctx.python
 
     def one_new_message() -> None:
@@ -131,9 +140,62 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
                                          before=one_new_message),
         "ov guard (Bash PreToolUse)": Command([ctx.ov, "guard"], agent_env, cwd=worktree,
                                               stdin=_guard_input(worktree), check=allowed),
+        "ov guard, no budget count": Command([ctx.ov, "guard"], uncounted_env, cwd=worktree,
+                                             stdin=_guard_input(worktree), check=allowed),
         "ov status --json (50 agents)": Command([ctx.ov, "status", "--json"], env, cwd=root,
                                                 check=fifty_agents),
     }
+
+
+def _guard_cpu_rows(commands: dict[str, Command], label: str, *, rounds: int) -> list[dict[str, t.Any]]:
+    """CPU time (user + system) of each guard process, alternating the two: unlike wall time, CPU time does
+    not include waiting for a core, so other sessions' load on this shared machine hardly moves it."""
+    import resource
+
+    names = ("ov guard (Bash PreToolUse)", "ov guard, no budget count")
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds + 2):
+        for name in (names if index % 2 == 0 else names[::-1]):
+            command = commands[name]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run(command.argv, input=command.stdin, capture_output=True, env=command.env, cwd=command.cwd,
+                           check=False)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if index >= 2:
+                cpu[name].append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000)
+    counted, uncounted = (Stats(cpu[name]) for name in names)
+    return [
+        row(1, f"ov guard CPU time [{label}]", "ms", counted),
+        row(1, f"ov guard, no budget count, CPU time [{label}]", "ms", uncounted),
+        row(1, f"ov guard: CPU the budget count adds [{label}]", "ms",
+            Stats([a - b for a, b in zip(counted.samples, uncounted.samples)]),
+            note="per-pair differences of user+system CPU time (getrusage of each finished child)"),
+    ]
+
+
+def _budget_count_rows(setup: dict[str, t.Any]) -> list[dict[str, t.Any]]:
+    """The guard's budget count alone, in-process: one UPDATE (and its roll-up trigger) per call."""
+    import time
+
+    from overstory.store.budgets import get_agent
+    from overstory.store.db import open_state
+    from overstory.store.tool_count import count_tool_call
+
+    db = str(setup["project"].state_db)
+    samples = []
+    for _ in range(1000):
+        started = time.perf_counter()
+        refusal = count_tool_call(db, AGENT, setup["generation"])
+        samples.append((time.perf_counter() - started) * 1000)
+        assert refusal is None
+    conn = open_state(setup["project"].state_db)
+    try:
+        counted = get_agent(conn, AGENT, setup["generation"]).tool_calls
+    finally:
+        conn.close()
+
+    return [row(1, "guard budget count in-process (connect + one UPDATE)", "ms", Stats(samples), digits=3,
+                note=f"1000 calls; the agent's tool_calls counter reached {counted}")]
 
 
 _IMPORT_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
@@ -197,6 +259,12 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                             over_click_floor_ms=round(measured.median - click_floor.median, 1),
                             ratio_of_minimums=round(measured.min / click_floor.min, 3),
                             ratio_without_startup_pth=round((measured.median - pth_ms) / (click_floor.median - pth_ms), 3)))
+        rows.extend(_guard_cpu_rows(commands, label, rounds=ctx.p("fig1_rounds")))
+        counted, uncounted = stats["ov guard (Bash PreToolUse)"], stats["ov guard, no budget count"]
+        paired = Stats([a - b for a, b in zip(counted.samples, uncounted.samples)])
+        rows.append(row(1, f"ov guard: time the budget count adds [{label}]", "ms", paired,
+                        note="per-round differences (the two guards run back to back in every round), median and "
+                             f"range; medians alone: {counted.median - uncounted.median:+.1f} ms"))
         for name, command in commands.items():
             if name.startswith("floor"):
                 continue
@@ -204,6 +272,8 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                 command.before()
             details["import_profiles"].setdefault(mode, {})[name] = import_profile(
                 [ctx.python, *command.argv], command.env, Path(command.cwd or setup["root"]), command.stdin)
+    rows.extend(_budget_count_rows(setup))
+    setup["loop_connection"].close()
     for mode, pth_ms in details.get("startup_pth_ms", {}).items():
         if pth_ms:
             adjusted = ", ".join(f"{r['name'].split(' [')[0]} {r['ratio_without_startup_pth']:.2f}x" for r in rows

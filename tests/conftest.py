@@ -20,10 +20,20 @@ _LEAKY_ENV = [name for name in os.environ if name.startswith(("OVERSTORY_", "OV_
 ]
 
 
+@pytest.fixture(scope="session")
+def _test_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
 @pytest.fixture(autouse=True)
-def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _hermetic_env(monkeypatch: pytest.MonkeyPatch, _test_home: Path) -> None:
     for name in _LEAKY_ENV:
         monkeypatch.delenv(name, raising=False)
+    # An empty HOME: the agent CLIs start login shells, and the machine's own profile
+    # must not run in them. Measured: root's ~/.bashrc runs `pyenv rehash`; a test that
+    # kills a turn's process group mid-rehash leaves pyenv's lock behind, and from then
+    # on every login shell (so every Bash tool call) waits 60 s for it.
+    monkeypatch.setenv("HOME", str(_test_home))
     monkeypatch.setenv("GIT_AUTHOR_NAME", "ov tests")
     monkeypatch.setenv("GIT_AUTHOR_EMAIL", "tests@ov.invalid")
     monkeypatch.setenv("GIT_COMMITTER_NAME", "ov tests")

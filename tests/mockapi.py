@@ -40,6 +40,7 @@ __all__ = [
     "tool_reply",
     "tools_reply",
     "with_headers",
+    "with_usage",
 ]
 
 _ids = itertools.count(1)
@@ -70,6 +71,9 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     output_tokens: int | None = None
     delay_seconds: float = 0.0
+    input_tokens: int | None = None
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
     @property
     def is_error(self) -> bool:
@@ -131,6 +135,18 @@ def with_headers(reply: Reply, **headers: str) -> Reply:
     """The same reply with extra response headers (``retry_after="2"`` -> ``retry-after: 2``)."""
     extra = tuple((name.replace("_", "-"), value) for name, value in headers.items())
     return dataclasses.replace(reply, headers=reply.headers + extra)
+
+
+def with_usage(reply: Reply, *, input_tokens: int | None = None, output_tokens: int | None = None,
+               cache_read: int = 0, cache_write: int = 0) -> Reply:
+    """The same reply reporting these token counts (a big bill without a big conversation).
+
+    The input and cache counts go out in ``message_start`` (the CLI copies them into each
+    streamed ``assistant`` event); the output count only in the final ``message_delta``.
+    """
+    return dataclasses.replace(reply, input_tokens=input_tokens,
+                               output_tokens=output_tokens if output_tokens is not None else reply.output_tokens,
+                               cache_read_input_tokens=cache_read, cache_creation_input_tokens=cache_write)
 
 
 # --------------------------------------------------------------------------- requests
@@ -274,10 +290,10 @@ def _message_json(reply: Reply, model: str, input_tokens: int) -> dict[str, t.An
         "stop_reason": reply.stop_reason,
         "stop_sequence": None,
         "usage": {
-            "input_tokens": input_tokens,
+            "input_tokens": reply.input_tokens if reply.input_tokens is not None else input_tokens,
             "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": reply.cache_creation_input_tokens,
+            "cache_read_input_tokens": reply.cache_read_input_tokens,
         },
     }
 
@@ -440,6 +456,9 @@ class MockMessagesAPI:
     (played by ``ScriptedConversation``). Side requests (``is_side_request``) go to
     ``side_responder`` or get a harmless default and never reach ``responder``.
 
+    ``authorize`` sees each request's headers (lower-case names) first; a Reply it returns
+    (a 401, say) answers the request instead of the script.
+
     ``requests`` holds every POST /v1/messages body in arrival order, each with a
     ``_headers`` dict (lower-case names), a ``_side`` flag and ``_agent_id`` (the
     sub-agent's id, else None); ``main_requests`` / ``side_requests`` split them.
@@ -450,7 +469,9 @@ class MockMessagesAPI:
         responder: t.Callable[[dict[str, t.Any]], Reply] | t.Sequence[Reply | t.Sequence[Reply]],
         *,
         side_responder: t.Callable[[dict[str, t.Any]], Reply] | None = None,
+        authorize: t.Callable[[dict[str, str]], Reply | None] | None = None,
     ) -> None:
+        self._authorize = authorize
         if callable(responder):
             self._responder: t.Callable[[dict[str, t.Any]], Reply] = responder
         else:
@@ -536,6 +557,10 @@ class MockMessagesAPI:
         record["_agent_id"] = record["_headers"].get("x-claude-code-agent-id")
         with self._lock:
             self.requests.append(record)
+        if self._authorize is not None:
+            refused = self._authorize(record["_headers"])
+            if refused is not None:
+                return refused
         try:
             reply = (self._side_responder if side else self._responder)(body)
         except Exception as exc:  # a broken script must show up, not hang the CLI

@@ -7,7 +7,9 @@ through `main`, which owns the error boundary) and as a real `ov` subprocess.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import typing as t
 from contextlib import closing
 from pathlib import Path
@@ -16,7 +18,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_repo, run_git, run_ov
+from conftest import make_repo, ov_command, run_git, run_ov
 from overstory import __version__
 from overstory.cli.main import COMMANDS, cli, main
 from overstory.config import DEFAULT_CONFIG_YAML
@@ -299,12 +301,32 @@ def test_doctor_warns_about_a_claude_older_than_ov_supports(project: ProjectPath
     fake = tmp_path / "claude"
     fake.write_text(f"#!/bin/sh\necho '{version}'\n")
     fake.chmod(0o755)
-    result = run_ov("doctor", "--json", cwd=project.root, env={"OV_RUNTIME_CLAUDE_BIN": str(fake)})
+    result = run_ov("doctor", "--json", cwd=project.root,
+                    env={"OV_RUNTIME_CLAUDE_BIN": str(fake), "ANTHROPIC_API_KEY": "sk-ant-test"})
     (claude,) = [check for check in json.loads(result.stdout)["checks"] if check["name"] == "claude"]
     assert claude["status"] == status, claude
     if status == "warn":
         assert "older than 2.1.295" in claude["detail"] and "HTTP hooks" in claude["detail"]
         assert "2.1.295" in claude["hint"]
+
+
+def test_doctor_says_whether_claude_has_a_key_or_a_login(project: ProjectPaths, tmp_path: Path) -> None:
+    fake = tmp_path / "claude"
+    fake.write_text("#!/bin/sh\necho '2.1.330 (Claude Code)'\n")
+    fake.chmod(0o755)
+    bare = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN",
+                                                            "CLAUDE_CODE_OAUTH_TOKEN")}
+    bare.update({"OV_RUNTIME_CLAUDE_BIN": str(fake), "CLAUDE_CONFIG_DIR": str(tmp_path / "no-login")})
+    done = subprocess.run([*ov_command(), "doctor", "--json"], cwd=project.root, env=bare, capture_output=True,
+                          text=True, timeout=60)
+    (claude,) = [check for check in json.loads(done.stdout)["checks"] if check["name"] == "claude"]
+    assert claude["status"] == "warn" and "no login found" in claude["detail"] and "ANTHROPIC_API_KEY" in claude["hint"]
+    (tmp_path / "login").mkdir()
+    (tmp_path / "login" / ".credentials.json").write_text("{}")
+    done = subprocess.run([*ov_command(), "doctor", "--json"], cwd=project.root, capture_output=True, text=True,
+                          env={**bare, "CLAUDE_CONFIG_DIR": str(tmp_path / "login")}, timeout=60)
+    (claude,) = [check for check in json.loads(done.stdout)["checks"] if check["name"] == "claude"]
+    assert claude["status"] == "ok" and "logged in" in claude["detail"]
 
 
 def test_doctor_text_has_a_line_per_check(project: ProjectPaths) -> None:

@@ -217,9 +217,19 @@ def test_ask_times_out_with_a_clear_message(team: ProjectPaths, tmp_path: Path) 
     path = scenario(tmp_path / "s.json", {"coordinator": [*READY, {"actions": [], "result": "not answering"}]})
     assert run_ov("coordinator", "start", "--scenario", str(path), cwd=team.root).returncode == 0
     asked = run_ov("coordinator", "ask", "ping", "--timeout", "1", cwd=team.root)
-    assert asked.returncode == 1
+    assert asked.returncode == 124, "`ov wait`'s exit code for a timeout"
     assert "no answer from the coordinator within 1s" in asked.stderr and "stays in its inbox" in asked.stderr
     assert asked.stdout == ""
+
+
+def test_ask_of_a_coordinator_out_of_budget_exits_4(team: ProjectPaths, tmp_path: Path) -> None:
+    path = scenario(tmp_path / "s.json", {"coordinator": [*READY, {"actions": [], "result": "pong"}]})
+    started = run_ov("coordinator", "start", "--scenario", str(path), "--budget-turns", "1", cwd=team.root)
+    assert started.returncode == 0, started.stderr
+    wait_idle(team, "coordinator", 1)
+    asked = run_ov("coordinator", "ask", "ping", "--timeout", "60", cwd=team.root)
+    assert asked.returncode == 4, asked.stderr
+    assert "the coordinator is parked: budget: " in asked.stderr and "max_turns 1 reached" in asked.stderr
 
 
 def test_ask_without_a_coordinator_fails_at_once(project: ProjectPaths) -> None:
@@ -245,8 +255,9 @@ def test_ask_gives_up_when_the_coordinator_stops(team: ProjectPaths, tmp_path: P
         def stop_now(_question_id: int) -> None:
             stop_agent(team, conn, "coordinator", force=True, kill_grace=0.5)
 
-        with pytest.raises(coordinator.NoReply, match="stopped"):
+        with pytest.raises(coordinator.NoReply, match="stopped") as raised:
             coordinator.ask(conn, "ping", timeout=30, env={}, on_sent=stop_now)
+        assert raised.value.exit_code == 1
     finally:
         conn.close()
 

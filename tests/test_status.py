@@ -16,7 +16,8 @@ from overstory.store.lifecycle import declare_zombie
 
 AGENT_KEYS = {"name", "capability", "state", "state_reason", "task_id", "parent", "depth", "turns", "last_activity",
               "idle_seconds", "input_tokens", "output_tokens", "cost_usd", "current_tool", "runtime", "mode",
-              "branch", "generation", "retries", "pending_mail", "loop_alive", "run_id"}
+              "branch", "generation", "retries", "pending_mail", "loop_alive", "run_id", "park_kind", "park_until",
+              "budget"}
 TOTAL_KEYS = {"agents", "active", "by_state", "turns", "input_tokens", "output_tokens", "cost_usd"}
 
 
@@ -80,7 +81,7 @@ def test_runs_are_listed(project: ProjectPaths, state_db: t.Any) -> None:
     state_db.execute("UPDATE sessions SET run_id = 'run-1'")
     runs = json.loads(_invoke(project, "--json"))["runs"]
     assert runs == [{"id": "run-1", "coordinator": "coordinator", "status": "open",
-                     "started_at": "1970-01-01T00:00:00.001Z", "completed_at": None, "agents": 1}]
+                     "started_at": "1970-01-01T00:00:00.001Z", "completed_at": None, "agents": 1, "budget": None}]
     assert "run run-1: open, 1 agents" in _invoke(project)
 
 

@@ -112,7 +112,7 @@ def test_stalled_turn_becomes_zombie_with_one_worker_died(project, tmp_path):
 
 
 def test_permanent_api_error_gives_up_at_once(project, tmp_path):
-    start(project, tmp_path, [{"actions": [{"api_error": "authentication"}]}])
+    start(project, tmp_path, [{"actions": [{"api_error": "invalid_request"}]}])
     agent = wait_terminal(project, "builder-t1")
     assert agent.state == "zombie"
     assert len(turn_rows(project, "builder-t1")) == 1

@@ -205,6 +205,23 @@ def test_keys_for_commands_this_version_lacks_say_so(project: ProjectPaths, stat
     pane.wait(lambda s: "WATCH-EXITED-0" in s, "quit")
 
 
+def test_r_resumes_a_parked_agent(project: ProjectPaths, state_db: sqlite3.Connection,
+                                  pane_factory: t.Callable[..., Pane]) -> None:
+    """`r` runs `ov resume` on the selected agent: an agent parked by a quota goes back to work."""
+    from overstory.store import lifecycle
+
+    fake_agent(state_db, "agent-parked", "between_turns")
+    parked = sessions.get(state_db, "agent-parked")
+    assert lifecycle.park(state_db, parked, "quota", "quota: claude limited", actor="test", escalate=False).ok
+    pane = pane_factory(project.root)
+    pane.wait(lambda s: "agent-parked" in s and "parked:quota" in s, "the parked agent and why")
+    pane.keys("r")
+    pane.wait(lambda s: "resumed agent-parked" in s, "the resume result", timeout=60)
+    assert sessions.get(state_db, "agent-parked").state == "between_turns"
+    pane.keys("q")
+    pane.wait(lambda s: "WATCH-EXITED-0" in s, "quit")
+
+
 @pytest.mark.skip(reason="TODO(gates): fill in when `ov approve`/`ov reject` and the approvals table land")
 def test_watch_approves_a_pending_gate_in_tmux(project: ProjectPaths, pane_factory: t.Callable[..., Pane]) -> None:
     """Park an agent on a gate, select it, press y, and see the approval recorded and the agent resume."""

@@ -50,6 +50,54 @@ class TurnsSection(_Section):
     max_concurrent: int = Field(4, ge=1)
     retry_backoff: float = Field(2.0, ge=0)
     kill_grace: float = Field(5.0, ge=0)
+    idle_nudge: float = Field(60, gt=0)
+    max_nudges: int = Field(2, ge=0)
+
+
+def _seconds(value: t.Any) -> t.Any:
+    """A duration as seconds: a number, or text such as "90m", "4h"."""
+    if isinstance(value, str):
+        from overstory.clock import parse_duration
+
+        return parse_duration(value)
+    return value
+
+
+class BudgetLimits(_Section):
+    """The four optional limits of an agent or a run; null means no limit."""
+
+    max_usd: float | None = Field(None, ge=0)
+    max_turns: int | None = Field(None, ge=0)
+    max_tool_calls: int | None = Field(None, ge=0)
+    max_wallclock: float | None = Field(None, ge=0)
+
+    @field_validator("max_wallclock", mode="before")
+    @classmethod
+    def _duration(cls, value: t.Any) -> t.Any:
+        return _seconds(value)
+
+    def as_limits(self) -> dict[str, float | int | None]:
+        return self.model_dump()
+
+
+class BudgetsSection(_Section):
+    agent: BudgetLimits = Field(default_factory=BudgetLimits)
+    run: BudgetLimits = Field(default_factory=BudgetLimits)
+
+
+class QuotaSection(_Section):
+    backoff_initial: float = Field(60, gt=0)
+    backoff_max: float = Field(1800, gt=0)
+    stagger: float = Field(5, ge=0)
+
+
+class ModelPrice(_Section):
+    """US dollars per million tokens (``overstory.prices``): live estimates, and CLIs that report no cost."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cache_read_per_mtok: float | None = Field(None, ge=0)
+    cache_write_per_mtok: float | None = Field(None, ge=0)
 
 
 class WatchdogSection(_Section):
@@ -136,13 +184,6 @@ class Provider(_Section):
         return value
 
 
-class ModelPrice(_Section):
-    """US dollars per million tokens, for runtimes whose CLI reports tokens but not cost."""
-
-    input_per_mtok: float = Field(ge=0)
-    output_per_mtok: float = Field(ge=0)
-
-
 # Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
 # capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
 DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
@@ -157,6 +198,8 @@ class Config(_Section):
     merge: MergeSection = Field(default_factory=MergeSection)
     sandbox: SandboxSection = Field(default_factory=SandboxSection)
     logs: LogsSection = Field(default_factory=LogsSection)
+    budgets: BudgetsSection = Field(default_factory=BudgetsSection)
+    quota: QuotaSection = Field(default_factory=QuotaSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)
@@ -219,6 +262,11 @@ turns:
   retry_backoff: 2.0
   # Seconds between SIGTERM and SIGKILL when a turn's process group is stopped.
   kill_grace: 5.0
+  # A turn that ended without the agent's report (worker_done...) and with no mail waiting
+  # gets an automatic follow-up turn (a nudge) after this many seconds...
+  idle_nudge: 60
+  # ...at most this many times; then its parent gets one escalation and it is `stalled` (no report).
+  max_nudges: 2
 
 watchdog:
   # Seconds between watchdog ticks.
@@ -264,6 +312,40 @@ logs:
   # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
   keep_days: 14
 
+budgets:
+  # Spending limits of each agent (`ov sling --max-usd ...` overrides them). null: no limit.
+  # Crossing one parks the agent (`ov resume NAME --add-usd 5` goes on); a child's limits
+  # never exceed what is left of its run's.
+  agent:
+    # Dollars: the runtime's own figure after each turn, a live estimate (`prices`) during it.
+    max_usd: null
+    # Turns started.
+    max_turns: null
+    # Tool calls, counted by `ov guard` (the call past the limit is denied).
+    max_tool_calls: null
+    # Wall-clock time since the agent was slung: seconds or 90m, 4h.
+    max_wallclock: null
+  # The same limits for a whole run (`ov coordinator start --budget-usd ...` overrides them);
+  # wall clock counts from the run's start. Crossing one parks every agent of the run.
+  run:
+    # Dollars spent by all of the run's agents together.
+    max_usd: null
+    # Turns started by all of them.
+    max_turns: null
+    # Tool calls made by all of them.
+    max_tool_calls: null
+    # Wall-clock time since the run started.
+    max_wallclock: null
+
+quota:
+  # A rate or usage limit with no reset time parks every agent of that provider for this long
+  # (seconds), doubling on each further limit in a row...
+  backoff_initial: 60
+  # ...up to this many seconds.
+  backoff_max: 1800
+  # Seconds between the agents of one provider un-parking after a reset (no stampede).
+  stagger: 5
+
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
 # openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
@@ -282,9 +364,11 @@ models:
 # (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
 runtimes: {}
 
-# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...}},
-# for runtimes whose CLI reports tokens but no cost (codex, gemini, opencode). Entries here override
-# ov's built-in list (`ov config --defaults` does not show it; see src/overstory/prices.py).
+# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...,
+# cache_read_per_mtok: ..., cache_write_per_mtok: ...}} (the cache prices are optional). They price the
+# live estimate of a turn (budgets) and the turns of CLIs that report tokens but no cost (codex, gemini,
+# opencode). Entries here add to or override ov's built-in list (`ov costs --prices` prints it); a model
+# in neither is priced as the most expensive known one, and `ov costs` says so.
 prices: {}
 """
 

@@ -38,7 +38,7 @@ class DemoOutcome:
             if agent.state == "completed":
                 continue
             why = agent.state_reason or "no reason recorded"
-            if not agent.is_terminal:
+            if not agent.is_terminal and agent.state != "parked":
                 why = f"still {agent.state} after {self.timeout:g}s ({why})"
             found[agent.name] = why
         return found
@@ -46,6 +46,15 @@ class DemoOutcome:
     @property
     def all_completed(self) -> bool:
         return all(agent.state == "completed" for agent in self.agents)
+
+    @property
+    def exit_code(self) -> int:
+        """`ov wait`'s contract: 0 all completed, 3 zombie, 4/5/6 parked, 124 still running at the timeout."""
+        from overstory.waiting import EXIT_TIMEOUT, is_settled, outcome_code
+
+        if not all(is_settled(agent) for agent in self.agents):
+            return EXIT_TIMEOUT
+        return outcome_code(self.agents)
 
 
 def make_demo_repo(directory: Path | None) -> Path:
@@ -113,7 +122,7 @@ def run_demo(*, runtime: str, directory: Path | None, timeout: float,
                 if seen.get(agent.name) != agent.state:
                     seen[agent.name] = agent.state
                     on_change(agent)
-            if all(a.is_terminal for a in agents) or time.monotonic() > deadline:
+            if all(a.is_terminal or a.state == "parked" for a in agents) or time.monotonic() > deadline:
                 break
             time.sleep(0.25)
         return DemoOutcome(project=root, agents=agents, seconds=time.monotonic() - started, timeout=timeout)

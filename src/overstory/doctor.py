@@ -66,6 +66,8 @@ def check_runtimes(config: Config | None) -> list[Check]:
     for name in RUNTIME_NAMES:
         probe = get_runtime(name).probe(config)
         status = {"ok": OK, "missing": WARN, "outdated": WARN}.get(probe.status, FAIL)
+        if status == OK and probe.has_credentials is False:
+            status = WARN  # installed, but every turn would fail with "Not logged in"
         detail = probe.detail if probe.credentials == "not needed" else f"{probe.detail}; {probe.credentials}"
         checks.append(Check(name, status, detail, probe.hint))
     return checks
@@ -84,6 +86,27 @@ def check_sandbox(config: Config) -> Check:
         return Check("sandbox", WARN, f"{OFF_WARNING} ({mode.reason})",
                      "" if config.sandbox.mode == "off" else INSTALL_HINT)
     return Check("sandbox", OK, f"every turn runs in bubblewrap ({mode.reason})")
+
+
+def check_parked_for_auth(state_db: Path) -> Check | None:
+    """Agents parked because their runtime's key or login was rejected (the key on record is bad)."""
+    if not state_db.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute("SELECT name, runtime, state_reason FROM sessions WHERE state = 'parked' "
+                                "AND park_kind = 'auth' ORDER BY name").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None  # an older schema: nothing can be parked for auth there
+    if not rows:
+        return Check("auth", OK, "no agent is parked by an authentication failure")
+    names = ", ".join(f"{name} ({runtime})" for name, runtime, _ in rows)
+    return Check("auth", FAIL, f"{len(rows)} agent(s) parked because the API rejected their key or login: {names}; "
+                               f"{rows[0][2]}",
+                 f"fix the key (e.g. export ANTHROPIC_API_KEY=...), then `ov resume {rows[0][0]}`")
 
 
 def check_database(path: Path, expected_version: int, migrations: t.Sequence[t.Any] = (),
@@ -181,4 +204,7 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
         checks.append(check_sandbox(config))
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
+    auth = check_parked_for_auth(project.state_db)
+    if auth is not None:
+        checks.append(auth)
     return checks

@@ -13,12 +13,26 @@ import typing as t
 
 from overstory import procs
 from overstory.clock import iso, now_ms
+from overstory.store import budgets
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
 
 RUNS_LIMIT = 20
 
 
-def agent_entry(agent: Session, now: int, pending: int = 0) -> dict[str, t.Any]:
+def budget_entry(budget: budgets.Budget | None, now: int) -> dict[str, t.Any] | None:
+    """Limit and used of each of the four (null limit: none); None when nothing is recorded."""
+    if budget is None:
+        return None
+    entry = {}
+    for limit in budgets.LIMITS:
+        used = budget.used(limit, now)
+        entry[limit.removeprefix("max_")] = {"limit": budget.limit(limit),
+                                             "used": round(used, 6 if limit == "max_usd" else 1)}
+    entry["usd"]["live_estimate"] = round(budget.live_usd, 6)
+    return entry
+
+
+def agent_entry(agent: Session, now: int, pending: int = 0, budget: budgets.Budget | None = None) -> dict[str, t.Any]:
     """One agent as the stable JSON shape documented on `ov status`."""
     loop_alive: bool | None = None
     if agent.mode == "headless" and not agent.is_terminal:
@@ -46,6 +60,9 @@ def agent_entry(agent: Session, now: int, pending: int = 0) -> dict[str, t.Any]:
         "pending_mail": pending,
         "loop_alive": loop_alive,
         "run_id": agent.run_id,
+        "park_kind": agent.park_kind,
+        "park_until": iso(agent.park_until),
+        "budget": budget_entry(budget, now),
     }
 
 
@@ -62,13 +79,16 @@ def pending_by_agent(conn: sqlite3.Connection) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in rows}
 
 
-def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT) -> list[dict[str, t.Any]]:
+def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT, now: int | None = None) -> list[dict[str, t.Any]]:
+    now = now_ms() if now is None else now
     rows = conn.execute(
         "SELECT r.id, r.coordinator, r.status, r.started_at, r.completed_at, "
         "(SELECT count(*) FROM sessions s WHERE s.run_id = r.id) AS agents "
         "FROM runs r ORDER BY r.started_at DESC LIMIT ?", (limit,)).fetchall()
+    found = budgets.runs(conn, [r["id"] for r in rows])
     return [{"id": r["id"], "coordinator": r["coordinator"], "status": r["status"],
-             "started_at": iso(r["started_at"]), "completed_at": iso(r["completed_at"]), "agents": r["agents"]}
+             "started_at": iso(r["started_at"]), "completed_at": iso(r["completed_at"]), "agents": r["agents"],
+             "budget": budget_entry(found.get(r["id"]), now)}
             for r in rows]
 
 
@@ -78,14 +98,15 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
     every = list_sessions(conn)
     shown = [a for a in every if include_completed or a.state != "completed"]
     pending = pending_by_agent(conn)
+    spending = budgets.current_agents(conn)
     by_state: dict[str, int] = {}
     for agent in every:
         by_state[agent.state] = by_state.get(agent.state, 0) + 1
     return {
         "generated_at": iso(now),
-        "agents": [agent_entry(a, now, pending.get(a.name, 0)) for a in shown],
+        "agents": [agent_entry(a, now, pending.get(a.name, 0), spending.get(a.name)) for a in shown],
         "mail": {"pending": sum(pending.values()), "by_agent": dict(sorted(pending.items()))},
-        "runs": recent_runs(conn),
+        "runs": recent_runs(conn, now=now),
         "totals": {
             "agents": len(every),
             "active": sum(1 for a in every if a.state not in TERMINAL_STATES),
@@ -128,7 +149,8 @@ def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.A
 
 
 ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "watchdog_zombie", "watchdog_readopt",
-               "contract_violation", "resume_fallback", "malformed_line", "api_retry")
+               "contract_violation", "resume_fallback", "malformed_line", "api_retry", "budget_crossed",
+               "budget_parked", "quota_parked", "auth_parked", "auth_failed", "idle_nudge", "no_report")
 
 
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None
@@ -175,6 +197,32 @@ def format_idle(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
+def spend_text(cost_usd: float, budget: dict[str, t.Any] | None) -> str:
+    """Dollars spent, and against the limit when there is one: ``$0.5300/2.00``."""
+    if budget is None:
+        return f"${cost_usd:.4f}"
+    usd = budget["usd"]
+    text = f"${usd['used']:.4f}"
+    return text + (f"/{usd['limit']:.2f}" if usd["limit"] is not None else "")
+
+
+def state_text(agent: dict[str, t.Any]) -> str:
+    """The state, with why for the states that need a reason (parked, stalled, zombie, completed)."""
+    state = agent["state"]
+    if state == "parked" and agent.get("park_kind"):
+        state = f"parked:{agent['park_kind']}"
+    return state + ("!" if agent["loop_alive"] is False else "")
+
+
+def reason_text(agent: dict[str, t.Any], limit: int = 70) -> str:
+    reason = agent.get("state_reason") or ""
+    if agent["state"] not in ("parked", "stalled", "zombie", "completed") or not reason:
+        return "-"
+    if agent["state"] == "parked" and agent.get("park_until"):
+        reason += f" (until {agent['park_until'][11:19]}Z)"
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"
+
+
 def render_text(document: dict[str, t.Any]) -> str:
     """A plain-text table of the status document (no rich: this is a hot command)."""
     agents = document["agents"]
@@ -185,13 +233,12 @@ def render_text(document: dict[str, t.Any]) -> str:
     elif not agents:
         lines.append("no agents (start one with `ov sling CAPABILITY TASK_ID`)")
     else:
-        header = ("NAME", "CAPABILITY", "STATE", "TASK", "PARENT", "TURNS", "IDLE", "TOKENS", "COST", "TOOL")
+        header = ("NAME", "CAPABILITY", "STATE", "TASK", "PARENT", "TURNS", "IDLE", "TOKENS", "COST", "TOOL", "WHY")
         rows = [header]
         for a in agents:
-            state = a["state"] + ("!" if a["loop_alive"] is False else "")
-            rows.append((a["name"], a["capability"], state, a["task_id"], a["parent"], str(a["turns"]),
+            rows.append((a["name"], a["capability"], state_text(a), a["task_id"], a["parent"], str(a["turns"]),
                          format_idle(a["idle_seconds"]), f"{a['input_tokens'] + a['output_tokens']}",
-                         f"${a['cost_usd']:.4f}", a["current_tool"] or "-"))
+                         spend_text(a["cost_usd"], a.get("budget")), a["current_tool"] or "-", reason_text(a)))
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
         for row in rows:
             lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -207,5 +254,8 @@ def render_text(document: dict[str, t.Any]) -> str:
     lines.append(f"totals: {totals['agents']} agents ({states or 'none'}), {totals['turns']} turns, "
                  f"{totals['input_tokens'] + totals['output_tokens']} tokens, ${totals['cost_usd']:.4f}")
     for run in document["runs"][:5]:
-        lines.append(f"run {run['id']}: {run['status']}, {run['agents']} agents, started {run['started_at']}")
+        spent = ""
+        if run.get("budget"):
+            spent = f", spent {spend_text(0.0, run['budget'])}"
+        lines.append(f"run {run['id']}: {run['status']}, {run['agents']} agents{spent}, started {run['started_at']}")
     return "\n".join(lines)

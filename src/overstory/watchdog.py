@@ -13,7 +13,11 @@ with the generation it observed:
   ``watchdog.stale_after`` becomes ``stalled`` and gets one ``nudge`` mail;
 - ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie
   (``lifecycle.declare_zombie``: the parent gets exactly one ``worker_died``) and
-  its turn's process group is killed.
+  its turn's process group is killed; an agent stalled for ``no report`` (it ended its
+  turns without reporting, and its parent was told) runs nothing and is left alone;
+- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the
+  parks of one provider end a few seconds apart (``quota.stagger``), so they do not
+  call the API again all at once.
 
 ``between_turns`` agents waiting for mail are never stale: idling is legitimate.
 Nothing is ever killed unless ov recorded it with matching start ticks.
@@ -35,6 +39,7 @@ import typing as t
 from dataclasses import asdict, dataclass, field
 
 from overstory import procs
+from overstory.agents.idle import NO_REPORT
 from overstory.agents.loop_starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
 from overstory.errors import LockHeld, OrchestratorError
@@ -80,7 +85,7 @@ class Action:
     """One thing a tick did (or tried and lost a race on)."""
 
     agent: str
-    kind: str  # readopted | stalled | zombie | recovered | lost_race | error
+    kind: str  # readopted | stalled | zombie | recovered | unparked | lost_race | error
     detail: str
     at: int = field(default_factory=now_ms)
 
@@ -266,13 +271,26 @@ class Watchdog:
             actions = self._check_tmux(agent, now)
             if actions:
                 return actions
+        if agent.state == "parked":
+            return self._unpark_if_due(agent, now)
         idle_ms = now - agent.last_activity
         speaking = agent.state in SPEAKING_STATES or (agent.state == "booting" and agent.turn_pgid is not None)
         if speaking and idle_ms >= self.settings.stale_after * 1000:
             return self._stall(agent, idle_ms)
-        if agent.state == "stalled" and idle_ms >= self.settings.zombie_after * 1000:
+        if agent.state == "stalled" and agent.state_reason != NO_REPORT and idle_ms >= self.settings.zombie_after * 1000:
             return self._zombify(agent)
         return []
+
+    def _unpark_if_due(self, agent: Session, now: int) -> list[Action]:
+        from overstory.store.lifecycle import unpark
+
+        if agent.park_until is None or agent.park_until > now:
+            return []
+        outcome = unpark(self.state, agent, actor=ACTOR, reason=f"{agent.park_kind} park ended", due_at=now)
+        if outcome is None or not outcome.ok:
+            return []
+        self._event("agent_unparked", agent, f"{agent.park_kind} park ended; back to work")
+        return [Action(agent.name, "unparked", f"{agent.park_kind} park ended")]
 
     def _loop_alive(self, agent: Session, now: int) -> bool:
         if procs.is_alive(agent.loop_pid, agent.loop_start_ticks):
@@ -328,7 +346,8 @@ class Watchdog:
                 action = self._settle_finished_turn(agent, latest["id"], latest["started_at"])
             elif promised(self.state, agent):
                 action = self._complete_promised(agent, "its loop died" + killed)
-            elif (agent.state in ("in_turn", "stalled") or agent.current_turn_id or agent.turn_pgid or claimed
+            elif ((agent.state == "in_turn" or (agent.state == "stalled" and agent.state_reason != NO_REPORT))
+                  or agent.current_turn_id or agent.turn_pgid or claimed
                   or (latest is not None and latest["status"] in turns.LIVE_TURN_STATUSES)):
                 action = self._fail_interrupted_turn(agent, killed)
             elif agent.retries > self.settings.max_retries:
@@ -375,8 +394,11 @@ class Watchdog:
                        "turn_start_ticks": None, "current_turn_id": None, "current_tool": None}
 
         def bookkeeping(tx: sqlite3.Connection, _ok: sessions.Ok | None = None) -> None:
+            from overstory.store import budgets
+
             self._fence(tx, agent)
             mail.release_agent(tx, agent.name)
+            budgets.settle_interrupted(tx, agent.name, agent.generation)
             turns.end_live_turns(tx, agent.name, agent.generation, status="failed",
                                  error="the agent loop died during the turn")
 

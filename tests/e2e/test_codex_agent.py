@@ -124,30 +124,32 @@ def test_mail_between_turns_resumes_the_same_codex_session(project: ProjectPaths
 @requires_codex
 def test_a_5xx_is_retried_and_a_429_retries_the_turn(project: ProjectPaths) -> None:
     """Two 500s are retried inside codex (silently, same turn); a 429 without retry-after ends the
-    turn at once (codex does not retry it), classified rate_limit, and ov's loop retries the turn."""
+    turn at once (codex does not retry it), classified rate_limit: the provider's quota window
+    closes for a backoff (2 s here), the agent parks without using a retry, and goes on after it."""
     first = [[error_reply(500, "mock overloaded"), error_reply(500, "mock overloaded"),
               error_reply(429, "mock rate limit"), sh("true")]]
     with MockResponsesAPI(builder_script(first=first)) as api:
-        name = sling(project, "builder", "task-42", PROMPT, setup(project, api))
+        name = sling(project, "builder", "task-42", PROMPT, {**setup(project, api), "OV_QUOTA_BACKOFF_INITIAL": "2"})
         agent = wait_terminal(project, name, timeout=120)
         at_start = [r for r in api.requests if conversation_position(r) == 0]
     assert agent.state == "completed", agent.state_reason
-    assert len(at_start) == 4  # 500, 500 (retried by codex), 429 (ends the turn), the retried turn's request
-    assert [t["status"] for t in turn_rows(project, name)] == ["transient", "ok"]
+    assert len(at_start) == 4  # 500, 500 (retried by codex), 429 (ends the turn), the next turn's request
+    assert [t["status"] for t in turn_rows(project, name)] == ["rate_limit", "ok"]
     assert events(project, name, "turn_end")[0][1]["failure"] == "rate_limit"
+    assert [e[1] for e in events(project, name, "quota_parked")] and agent.retries == 0
 
 
 @requires_codex
 def test_401_is_classified_auth(project: ProjectPaths) -> None:
-    """A bad key: codex gives up after its stream retries; the turn is classified `auth`. Until the
-    loop parks auth failures (issue 14), it treats them as permanent: the agent is a zombie."""
+    """A bad key: codex gives up after its stream retries; the turn is classified `auth` and the
+    agent parks until a person fixes the key and runs `ov resume` (issue 14)."""
     with MockResponsesAPI([error_reply(401, "Incorrect API key provided")]) as api:
         name = sling(project, "builder", "task-42", PROMPT, setup(project, api))
-        agent = wait_terminal(project, name, timeout=90)
+        agent = wait_for(lambda: (a := agent_state(project, name)) and a.state == "parked" and a, 90, message="parked")
     ended = events(project, name, "turn_end")
     assert ended and ended[-1][1]["failure"] == "auth" and "401" in ended[-1][1]["reason"]
-    assert agent.state == "zombie" and "401" in agent.state_reason
-    assert len(mail_rows(project, type="worker_died")) == 1
+    assert agent.park_kind == "auth" and agent.state_reason.startswith("auth: ") and "401" in agent.state_reason
+    assert len(mail_rows(project, type="escalation")) == 1 and mail_rows(project, type="worker_died") == []
 
 
 @requires_codex

@@ -39,7 +39,7 @@ def test_demo_uses_claude_bin_from_config_and_prints_each_agents_reason(project:
             stop_project_processes(ProjectPaths(demo_dir))
         reached = len(api.requests)
     out = result.stdout
-    assert result.returncode == 1, out + result.stderr
+    assert result.returncode == 6, out + result.stderr  # every agent parked by an auth failure (`ov wait`'s codes)
     assert reached == 0
     assert "NOT every agent completed" in out
     reasons = {}
@@ -49,7 +49,7 @@ def test_demo_uses_claude_bin_from_config_and_prints_each_agents_reason(project:
                 reasons[name] = line.split(": ", 1)[1]
     assert set(reasons) == {"scout-survey", "builder-docs", "builder-api"}, out
     for reason in reasons.values():
-        assert "Not logged in" in reason and "retries" not in reason, "an auth failure is not retried"
+        assert reason.startswith("auth: Not logged in") and "retries" not in reason, "an auth failure is not retried"
     assert "claude_bin" in (demo_dir / ".overstory" / "config.local.yaml").read_text()
 
 

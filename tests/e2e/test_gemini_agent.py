@@ -124,15 +124,15 @@ def test_a_5xx_is_retried(project: ProjectPaths) -> None:
 
 @requires_gemini
 def test_401_is_classified_auth(project: ProjectPaths) -> None:
-    """A bad key is not retried by gemini; the turn is classified `auth`. Until the loop parks auth
-    failures (issue 14), it treats them as permanent: the agent is a zombie."""
+    """A bad key is not retried by gemini; the turn is classified `auth` and the agent parks until a
+    person fixes the key and runs `ov resume` (issue 14)."""
     with MockGeminiAPI([error_reply(401, "API key not valid. Please pass a valid API key.")]) as api:
         name = sling(project, "builder", "task-42", PROMPT, setup(project, api))
-        agent = wait_terminal(project, name, timeout=90)
+        agent = wait_for(lambda: (a := agent_state(project, name)) and a.state == "parked" and a, 90, message="parked")
     ended = events(project, name, "turn_end")
     assert ended and ended[-1][1]["failure"] == "auth" and "401" in ended[-1][1]["reason"]
-    assert agent.state == "zombie"
-    assert len(mail_rows(project, type="worker_died")) == 1
+    assert agent.park_kind == "auth" and agent.state_reason.startswith("auth: ")
+    assert len(mail_rows(project, type="escalation")) == 1 and mail_rows(project, type="worker_died") == []
 
 
 @requires_gemini

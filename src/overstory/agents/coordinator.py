@@ -56,7 +56,14 @@ class CoordinatorRunning(AgentExists):
 
 
 class NoReply(OrchestratorError):
-    """`ov coordinator ask` gave up: timeout, or the coordinator stopped first."""
+    """`ov coordinator ask` gave up: timeout, or the coordinator stopped first.
+
+    Its exit code follows `ov wait`'s contract (``overstory.waiting``).
+    """
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def active_coordinator(conn: sqlite3.Connection) -> Session | None:
@@ -88,6 +95,7 @@ class StartResult:
     loop_pid: int | None
     instructions: str
     settings: str
+    run_budget: dict[str, t.Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
@@ -95,10 +103,12 @@ class StartResult:
 
 def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, runtime: str | None = None,
           model: str | None = None, scenario: Path | None = None,
-          environ: t.Mapping[str, str] | None = None) -> StartResult:
-    """Open (or rejoin) the run and sling the coordinator at the project root."""
+          environ: t.Mapping[str, str] | None = None, budget: t.Mapping[str, t.Any] | None = None) -> StartResult:
+    """Open (or rejoin) the run, set its budget, and sling the coordinator at the project root."""
+    from overstory.agents.budgeting import open_run_budget
     from overstory.agents.spawn import SlingRequest, sling
     from overstory.runtimes import get_runtime
+    from overstory.store import budgets
 
     environ = dict(os.environ if environ is None else environ)
     caller = environ.get("OVERSTORY_AGENT_NAME")
@@ -110,14 +120,20 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
                                  f"{running.run_id or '-'}); mail it with `ov coordinator send`, or stop it first "
                                  "with `ov coordinator stop`")
     run, created = runs.open_or_join(conn, COORDINATOR)
+    try:
+        run_budget = open_run_budget(conn, config, run, budget)
+    except BaseException:
+        if created:
+            runs.discard_if_unused(conn, run.id)
+        raise
     request = SlingRequest(capability="coordinator", task_id=COORDINATION_TASK, name=COORDINATOR,
                            prompt=START_PROMPT, parent="operator", runtime=runtime, model=model, scenario=scenario,
                            at_project_root=True, tmux=False)  # always headless spawn-per-turn
     try:
         result = sling(project, config, conn, request, environ)
     except BaseException:
-        if created:
-            runs.discard_if_unused(conn, run.id)
+        if created and runs.discard_if_unused(conn, run.id):
+            budgets.discard_run(conn, run.id)
         raise
     run_dir = project.run_dir / COORDINATOR
     adapter = get_runtime(result.runtime)
@@ -127,7 +143,8 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
         instructions = settings = home  # the runtime reads both from its own ov-owned home
     return StartResult(name=result.name, generation=result.generation, run_id=result.run_id or run.id,
                        run_created=created, runtime=result.runtime, loop_pid=result.loop_pid,
-                       instructions=str(instructions), settings=str(settings))
+                       instructions=str(instructions), settings=str(settings),
+                       run_budget={k: run_budget.limit(k) for k in budgets.LIMITS})
 
 
 # ---- mail ----------------------------------------------------------------------------
@@ -191,12 +208,21 @@ def ask(conn: sqlite3.Connection, question: str, *, timeout: float, subject: str
             reply = mail.read_message(conn, row["id"], reader=asker)
             return Answer(question_id, reply, time.monotonic() - started)
         current = sessions.get(conn, agent.name)
-        if current is None or current.generation != agent.generation or current.is_terminal:
+        if current is None or current.generation != agent.generation or current.is_terminal \
+                or current.state == "parked":
+            from overstory.waiting import EXIT_ERROR, code_of
+
             state = current.state if current is not None else "gone"
-            raise NoReply(f"the coordinator stopped ({state}) before answering question #{question_id}")
+            why = f": {current.state_reason}" if current is not None and current.state_reason else ""
+            code = code_of(current) if current is not None and current.state != "completed" else EXIT_ERROR
+            raise NoReply(f"the coordinator is {state}{why}; question #{question_id} is not answered yet",
+                          exit_code=code or EXIT_ERROR)
         if time.monotonic() >= deadline:
+            from overstory.waiting import EXIT_TIMEOUT
+
             raise NoReply(f"no answer from the coordinator within {timeout:g}s; question #{question_id} stays in its "
-                          f"inbox and a later answer will arrive in yours (`ov mail list --to {asker}`)")
+                          f"inbox and a later answer will arrive in yours (`ov mail list --to {asker}`)",
+                          exit_code=EXIT_TIMEOUT)
         time.sleep(min(poll, max(deadline - time.monotonic(), 0.01)))
 
 

@@ -44,6 +44,9 @@ if t.TYPE_CHECKING:
     from overstory.endpoint.server import AgentEndpoint
 
 SUMMARY_CHECK_SECONDS = 1.0
+FAULT_ENV = "OV_TEST_DIE_AT"  # test hook: a point at which the loop kills itself (crash-safety tests)
+# Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult).
+PARKING_STATUSES = frozenset({"budget", "rate_limit", "auth", "parked"})
 
 
 class _Interrupted:
@@ -62,6 +65,7 @@ class AgentLoop(AgentProcess):
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
         self.endpoint: AgentEndpoint | None = None
+        self._next_idle_check = 0
 
     def _serve_endpoint(self) -> None:
         """The agent's channel to ov (see overstory.endpoint): served for the loop's whole life."""
@@ -98,8 +102,15 @@ class AgentLoop(AgentProcess):
                 break
             if agent.capability == "coordinator" and agent.run_id:
                 self._check_run_summary(agent.run_id)
-            if agent.state == "parked" or not self._has_pending_mail():
+            if agent.state == "parked":
+                self._wake_if_due(agent)
                 time.sleep(POLL_SECONDS)
+                continue
+            if not self._has_pending_mail():
+                self._check_idle(agent)
+                time.sleep(POLL_SECONDS)
+                continue
+            if self._wait_for_quota(agent):
                 continue
             slot = acquire_turn_slot(self.project, self.config.turns.max_concurrent, self.should_stop)
             if slot is None:
@@ -119,11 +130,17 @@ class AgentLoop(AgentProcess):
         from overstory.store import events as event_store
         from overstory.store import mail
 
+        from overstory.agents.idle import NO_REPORT
+        from overstory.store import budgets
+
         agent = self.current()
         if agent is None or agent.state not in ("in_turn", "stalled") or agent.mode != "headless":
             return
+        if agent.state_reason == NO_REPORT and not agent.current_turn_id:
+            return  # stalled between turns for want of a report: no turn was running
         procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
                         grace=self.config.turns.kill_grace)
+        budgets.settle_interrupted(self.state, self.name, self.generation)  # its spend so far counts
         if promised(self.state, agent):
             complete_promised(self.state, agent, "its loop died during the turn", actor="turn-runner",
                               expect=frozenset({"in_turn", "stalled"}))
@@ -148,6 +165,56 @@ class AgentLoop(AgentProcess):
         except sqlite3.Error:
             pass  # a busy database: the next check tries again
 
+    def _wake_if_due(self, agent: Session) -> None:
+        """A timed park (a quota window) whose time has come goes back to work; the watchdog does the same."""
+        from overstory.store import events as event_store
+        from overstory.store.lifecycle import unpark
+
+        if agent.park_until is None or agent.park_until > now_ms():
+            return
+        outcome = unpark(self.state, agent, actor="agent-loop", reason=f"{agent.park_kind} park ended",
+                         due_at=now_ms())
+        if outcome is not None and outcome.ok:
+            event_store.record(self.events, "agent_unparked", agent=self.name, generation=self.generation,
+                               summary=f"{agent.park_kind} park ended; back to work")
+
+    def _check_idle(self, agent: Session) -> None:
+        from overstory.agents import idle
+        from overstory.store import events as event_store
+
+        now = now_ms()
+        if now < self._next_idle_check:
+            return
+        self._next_idle_check = now + int(SUMMARY_CHECK_SECONDS * 1000)
+        try:
+            done = idle.check(self.state, agent, idle_nudge=self.config.turns.idle_nudge,
+                              max_nudges=self.config.turns.max_nudges, now=now)
+        except sqlite3.OperationalError:
+            return  # a busy database: the next check tries again
+        if done == "nudged":
+            event_store.record(self.events, "idle_nudge", agent=self.name, generation=self.generation,
+                               summary=f"turn ended without a report: nudge {agent.nudges + 1}/"
+                                       f"{self.config.turns.max_nudges}")
+        elif done == "escalated":
+            event_store.record(self.events, "no_report", agent=self.name, generation=self.generation,
+                               summary=f"no report after {agent.nudges} nudge(s): stalled, parent told")
+
+    def _wait_for_quota(self, agent: Session) -> bool:
+        """Its provider's quota window is closed: park until it opens instead of starting a turn."""
+        from overstory.store import events as event_store
+        from overstory.store import quota
+
+        window = quota.current(self.state, agent.provider)
+        if window is None:
+            return False
+        outcome = quota.park_agent(self.state, agent, window, actor="agent-loop", stagger=self.config.quota.stagger,
+                                   detail="its provider's quota window is closed",
+                                   expect={"booting", "between_turns", "stalled"})
+        if outcome.ok:
+            event_store.record(self.events, "quota_parked", agent=self.name, generation=self.generation,
+                               summary=window.describe()[:300])
+        return True
+
     def _has_pending_mail(self) -> bool:
         row = self.state.execute(
             "SELECT 1 FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL LIMIT 1", (self.name,)
@@ -158,10 +225,25 @@ class AgentLoop(AgentProcess):
         from overstory.store import events as event_store
         from overstory.store import mail
 
+        from overstory.agents import idle
+        from overstory.agents.budgeting import park_for_crossing
+        from overstory.store import budgets
+
+        crossing = budgets.begin_turn(self.state, self.name, self.generation)
+        if crossing is not None:  # no turn past a limit: park before spending anything
+            parked = park_for_crossing(self.state, agent, crossing, actor="agent-loop",
+                                       expect={"booting", "between_turns", "stalled"})
+            event_store.record(self.events, "budget_parked", agent=self.name, generation=self.generation,
+                               summary=f"{crossing.reason} (before a turn); parked: {', '.join(parked) or 'none'}"[:300],
+                               data={"crossing": crossing.as_dict(), "parked": parked})
+            return
+        self.base_env = load_launch_env(self.project, self.name)  # `ov resume` may have brought a fixed key
         turn_id = f"{now_ms():x}-{uuid.uuid4().hex[:6]}"
         claimed = mail.claim(self.state, self.name, turn_id)
         if not claimed:
+            budgets.refund_turn(self.state, self.name, self.generation)
             return
+        idle.reset_if_spoken_to(self.state, agent, (m.sender for m in claimed))
         prompt = mail.render_for_prompt(claimed)
         resume = agent.runtime_session_id
         result = self._turn(agent, prompt, turn_id, resume)
@@ -190,7 +272,18 @@ class AgentLoop(AgentProcess):
         from overstory.store import mail
 
         actor = "turn-runner"
+        if result.status in PARKING_STATUSES:
+            fresh = self.current()
+            if fresh is not None and promised(self.state, fresh):  # its report is in: done, not parked
+                complete_promised(self.state, fresh, f"the turn was stopped ({result.reason})", actor=actor,
+                                  expect=frozenset({"booting", "in_turn", "stalled", "between_turns", "parked"}))
+                return
+            self._park_after_turn(agent, turn_id, result)
+            return
         if result.status == "ok":
+            from overstory.store import quota
+
+            quota.forget(self.state, agent.provider)
             mail.mark_read(self.state, turn_id)
             done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(
                 self.state, agent, result.started_ms)
@@ -212,6 +305,11 @@ class AgentLoop(AgentProcess):
         mail.release(self.state, turn_id)
         if fresh is None or (result.status == "aborted" and self.stopping):
             return
+        if fresh.state == "parked":  # parked (a run's budget, a quota window) as this turn started
+            from overstory.store import budgets
+
+            budgets.refund_turn(self.state, self.name, self.generation)  # it did nothing: no turn, no retry
+            return
         if result.status in ("permanent", "stalled"):
             declare_zombie(self.state, fresh, result.reason, actor=actor)
             return
@@ -228,6 +326,51 @@ class AgentLoop(AgentProcess):
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(min(POLL_SECONDS, delay))
+
+    def _park_after_turn(self, agent: Session, turn_id: str, result: t.Any) -> None:
+        """A turn stopped by a budget, a quota or an auth failure: park (retries are not consumed)."""
+        from overstory.agents.budgeting import park_for_crossing
+        from overstory.store import budgets, lifecycle, mail, quota
+        from overstory.store import events as event_store
+
+        if os.environ.get(FAULT_ENV) == "park":
+            os._exit(9)  # dies after the turn, before the park: the watchdog and the budget check recover
+        mail.release(self.state, turn_id)
+        fresh = self.current()
+        if fresh is None or result.status == "parked":
+            return  # parked (or stopped) by someone else, who released the mail and told whom it concerns
+        expect = {"booting", "in_turn", "between_turns", "stalled"}
+        if result.status == "budget":
+            crossing = result.crossing or budgets.check(self.state, self.name, self.generation, starting_turn=True)
+            if crossing is None:  # the limit was raised meanwhile: its next turn gets the mail again
+                sessions.transition(self.state, self.name, self.generation, "between_turns", actor="turn-runner",
+                                    reason="budget raised during the turn", expect={"booting", "in_turn", "stalled"})
+                return
+            parked = park_for_crossing(self.state, fresh, crossing, actor="turn-runner", expect=expect)
+            event_store.record(self.events, "budget_parked", agent=self.name, generation=self.generation,
+                               turn_id=turn_id, summary=f"{crossing.reason}; parked: {', '.join(parked) or 'none'}"[:300],
+                               data={"crossing": crossing.as_dict(), "parked": parked,
+                                     "turn_cost_usd": round(result.cost_usd, 6)})
+            return
+        budgets.refund_turn(self.state, self.name, self.generation)  # the turn did no work
+        if result.status == "rate_limit":
+            window = quota.close_window(self.state, fresh.provider or fresh.runtime, reset_at_ms=result.reset_at_ms,
+                                        reason=result.reason, backoff_initial=self.config.quota.backoff_initial,
+                                        backoff_max=self.config.quota.backoff_max)
+            quota.park_agent(self.state, fresh, window, actor="turn-runner", stagger=self.config.quota.stagger,
+                             detail=result.reason, expect=expect)
+            others = quota.park_provider(self.state, window, actor="turn-runner", stagger=self.config.quota.stagger,
+                                         except_agent=self.name)
+            event_store.record(self.events, "quota_parked", agent=self.name, generation=self.generation,
+                               turn_id=turn_id, summary=f"{window.describe()}: {result.reason}"[:300],
+                               data={"provider": window.provider, "until": window.until_ms, "level": window.level,
+                                     "reset_known": window.reset_known, "also_parked": others})
+            return
+        reason = f"auth: {result.reason}"
+        lifecycle.park(self.state, fresh, "auth", reason[:300], actor="turn-runner", expect=expect,
+                       details={"runtime": fresh.runtime, "message": result.reason})
+        event_store.record(self.events, "auth_parked", agent=self.name, generation=self.generation, turn_id=turn_id,
+                           summary=f"{reason} -- fix the key or login (`ov doctor`), then `ov resume {self.name}`"[:300])
 
     def _fresh_session_summary(self, agent: Session) -> str:
         rows = self.state.execute(

@@ -64,6 +64,7 @@ class SlingRequest:
     scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
+    budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
 
 
 @dataclass
@@ -82,6 +83,8 @@ class SlingResult:
     dispatch_mail_id: int | None = None
     mode: str = "headless"
     tmux_session: str | None = None
+    budget: dict[str, t.Any] = field(default_factory=dict)
+    budget_notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
@@ -215,6 +218,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
 
     _require_events_db(project, name)
     run_id = _open_run_id(conn)
+    from overstory.agents.budgeting import agent_limits
+    from overstory.agents.turns import provider_of
+
+    limits, budget_notes = agent_limits(conn, config, run_id, request.budget)
     ov_command, ov_bin_dir = ov_executable()
     run_dir = project.run_dir / name
     base_commit = None if at_root else _commit_of(project, base_branch)  # type: ignore[arg-type]
@@ -291,8 +298,12 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
             worktree=str(worktree) if worktree else None, branch=branch, base_branch=base_branch, spec=spec,
             run_id=run_id, mode="tmux" if tmux else "headless",
-            tmux_session=_tmux_session_name(name) if tmux else None)
+            tmux_session=_tmux_session_name(name) if tmux else None,
+            provider=provider_of(request.model, capability, config, runtime))
         intent["generation"] = generation
+        from overstory.store import budgets
+
+        budgets.create_agent(conn, name, generation, run_id=run_id, limits=limits)  # the journal's undo removes it
         spawn_journal.kill_point("session", environ)
         _fault("dispatch", environ)
         from overstory.store import mail
@@ -344,7 +355,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     return SlingResult(name=name, capability=capability, task_id=task_id, generation=generation, branch=branch,
                        worktree=str(worktree) if worktree else None, parent=parent, depth=depth, runtime=runtime,
                        loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id,
-                       mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None)
+                       mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None,
+                       budget=limits, budget_notes=budget_notes)
 
 
 def _spawn_failure(name: str, exc: Exception, problems: list[str]) -> OrchestratorError:

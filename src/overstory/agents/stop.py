@@ -5,7 +5,9 @@ turn runner see a terminal agent and stop starting work; then the loop is
 signalled and waited for; then whatever turn group the row still records is
 killed. Only processes ov recorded, verified by their start ticks, are signalled.
 Unclaimed mail stays where it is; mail claimed by the killed turn is released so
-it stays readable.
+it stays readable. The agent's parent gets one ``status`` mail ("stopped by the
+operator") inside the same compare-and-swap, so a lead or coordinator waiting for
+the agent's report does not wait forever.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from overstory.errors import AgentNotFound, CleanRefused, OrchestratorError
 from overstory.gitutil import branch_exists, git, worktree_admin_lock
 from overstory.paths import ProjectPaths
 from overstory.store import sessions, turns
+from overstory.store.lifecycle import tell_parent_stopped
 from overstory.store.sessions import Session
 
 ACTOR = "operator"
-
-
+STOPPED_REASON = "stopped by the operator"
 
 
 @dataclass
@@ -77,8 +79,24 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
                         already_completed=agent.state == "completed")
     if not result.already_completed:
         who = "the operator" if actor == ACTOR else actor
-        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=actor,
-                                      reason=f"stopped by {who}" + (" (--force)" if force else ""))
+        reason = f"stopped by {who}" + (" (--force)" if force else "")
+        notified: list[int] = []
+
+        def tell_parent(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
+            # The parent (a lead or coordinator waiting for the agent's report) hears it once, with the
+            # state change; a zombie's parent already had its worker_died, the operator stopped it themself,
+            # and a parent that stopped it through its endpoint knows.
+            if ok.prev != "zombie" and agent.parent and agent.parent not in ("operator", actor):
+                message_id = tell_parent_stopped(tx, agent, reason, ok.prev)
+                if message_id is not None:
+                    notified.append(message_id)
+
+        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=actor, reason=reason,
+                                      then=tell_parent)
+        if notified:
+            from overstory.store import mail
+
+            mail.record_sent(conn, notified)
         if isinstance(outcome, sessions.StaleGeneration):
             raise OrchestratorError(f"{name} was just replaced by generation {outcome.current}; "
                                     "run `ov stop` again to stop the new one")
@@ -122,7 +140,7 @@ def _stop_processes(conn: sqlite3.Connection, agent: Session, result: StopResult
         sessions.update_fields(conn, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
                                current_turn_id=None, current_tool=None)
         result.released_mail = mail.release_agent(conn, agent.name)
-        turns.end_live_turns(conn, agent.name, agent.generation, status="aborted", error="stopped by the operator")
+        turns.end_live_turns(conn, agent.name, agent.generation, status="aborted", error=STOPPED_REASON)
 
 
 def _stop_loop(pid: int, ticks: int | None, *, force: bool, grace: float) -> str:

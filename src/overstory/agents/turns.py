@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory import procs, sandbox
+from overstory.agents.spending import TurnMeter
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
@@ -27,16 +28,17 @@ from overstory.runtimes.base import (
     AUTH,
     PERMANENT,
     RATE_LIMIT,
-    TRANSIENT,
     ParsedEvent,
     TurnFailure,
     TurnParser,
     TurnRequest,
     Usage,
 )
+from overstory.store import budgets
 from overstory.store import events as event_store
 from overstory.store import sessions
 from overstory.store import turns as turn_rows
+from overstory.store.budgets import Crossing
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
@@ -46,18 +48,22 @@ if t.TYPE_CHECKING:
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
 ACTIVITY_WRITE_INTERVAL = 1.0
 PERIODIC_SECONDS = 1.0
-# How the loop treats each kind of failed turn, for now: rate limits are retried like any
-# transient failure, and auth failures end the agent like any permanent one.
-LOOP_FAILURE_STATUS = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
+# The turn statuses of failure kinds the loop parks for instead of retrying.
+PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth"}
 
 
 @dataclass
 class TurnResult:
-    status: str  # ok | transient | permanent | resume_failed | stalled | aborted
+    # ok | transient | permanent | resume_failed | stalled | aborted, or what parks the agent:
+    # budget (a limit crossed), rate_limit (quota), auth, parked (parked by someone else)
+    status: str
     reason: str
     session_id: str | None
     started_ms: int
     stream: TurnParser
+    crossing: Crossing | None = None
+    reset_at_ms: int | None = None
+    cost_usd: float = 0.0
 
 
 def resolve_model_and_provider(agent: Session, config: Config, environ: t.Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
@@ -104,6 +110,14 @@ def model_choice(model: str | None, capability: str, config: Config,
         extra.update(adapter.provider_env(provider.base_url, key))
         return model_name or None, extra
     return choice, extra
+
+
+def provider_of(model: str | None, capability: str, config: Config, runtime: str | None = None) -> str:
+    """The quota window an agent shares: its config provider's name, else its runtime's own endpoint."""
+    choice = model or config.models.get(capability) or config.runtime.model
+    if choice and "/" in choice:
+        return choice.partition("/")[0]
+    return runtime or config.runtime.default
 
 
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
@@ -187,6 +201,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     argv, env = prepared.argv, prepared.env
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
+    turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)
+    meter = TurnMeter(state, agent, config)
     (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
     cwd = agent.worktree or str(project.root)
     with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
@@ -213,7 +229,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
             pass
         assert proc.stdout is not None
         reader = _LineReader(proc.stdout)
-        status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id,
+        status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id, meter,
                                stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
                                price=lambda data: _price_result(data, stream.model or model, config),
                                periodic=lambda: _record_take_back(events, agent, turn_id,
@@ -225,9 +241,15 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
             except subprocess.TimeoutExpired:
                 pass
         # Anything the turn left behind in its group (background shells…) goes with it.
+        stopping_at = time.monotonic()
         procs.kill_turn(pgid, ticks, turn_id, grace=config.turns.kill_grace if status == "running" else 0.5,
                         force=status != "running")
         exit_code = proc.wait()
+        if status in ("budget", "parked", "auth"):
+            event_store.record(events, "turn_stopped", agent=agent.name, generation=agent.generation,
+                               turn_id=turn_id, summary=f"{status}: process group {pgid} stopped"[:300],
+                               data={"status": status, "pgid": pgid,
+                                     "stop_seconds": round(time.monotonic() - stopping_at, 3)})
     _record_take_back(events, agent, turn_id, sandbox.take_back(project, agent))
     stream.finish(exit_code, _tail(log_dir / "stderr.txt"))
     failure: TurnFailure | None = None
@@ -236,23 +258,60 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
             status, reason = "ok", "turn finished"
         else:
             failure = stream.failure(resumed=bool(resume_session_id))
-            status = LOOP_FAILURE_STATUS.get(failure.kind, failure.kind)
+            status = PARKING_STATUS.get(failure.kind, failure.kind)
             reason = failure.reason + (f" (exit {exit_code})" if not stream.finished else "")
-    input_tokens, output_tokens, cost = usage = priced_usage(stream, model, config)
+    reported = stream.usage()
+    input_tokens, output_tokens, cost = priced_usage(stream, model, config)
+    # ov's figure, not the runtime's: the turn stopped before it reported one (our live estimate stands),
+    # or the runtime reports tokens only (priced with the same table).
+    estimated = not stream.finished or (not reported.cost_usd and cost > 0)
+    live = stream.live_usage()
+    if not stream.finished and live:
+        cost = meter.price(stream)
+        input_tokens = sum(tk.input + tk.cache_read + tk.cache_write for tk in live.values())
+        output_tokens = sum(tk.output for tk in live.values())
     sessions.update_fields(state, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
                            current_turn_id=None, current_tool=None, last_activity=now_ms(),
                            **({"runtime_session_id": stream.session_id} if stream.session_id else {}))
     sessions.add_usage(state, agent.name, agent.generation, input_tokens=input_tokens, output_tokens=output_tokens,
                        cost_usd=cost)
+    budgets.settle_turn(state, agent.name, agent.generation, cost)
     _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code,
-                     usage=usage)
+                     usage=(input_tokens, output_tokens, cost))
+    turn_rows.record_costs(state, turn_id, **_cost_detail(stream, meter, estimated, cost))
     event_store.record(events, "turn_end", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                        summary=f"{status}: {reason}"[:300],
                        data={"status": status, "reason": reason, "exit_code": exit_code, "cost_usd": cost,
-                             "input_tokens": input_tokens, "output_tokens": output_tokens,
+                             "cost_estimated": estimated, "input_tokens": input_tokens, "output_tokens": output_tokens,
                              "tool_calls": stream.tool_calls, "session_id": stream.session_id,
+                             **({"price_notes": meter.notes} if meter.notes else {}),
                              **({"failure": failure.kind, "reset_at_ms": failure.reset_at_ms} if failure else {})})
-    return TurnResult(status, reason, stream.session_id, started_ms, stream)
+    crossing = meter.stopped_by.crossing if meter.stopped_by is not None else None
+    return TurnResult(status, reason, stream.session_id, started_ms, stream, crossing=crossing,
+                      reset_at_ms=failure.reset_at_ms if failure else None, cost_usd=cost)
+
+
+def _cost_detail(stream: TurnParser, meter: TurnMeter, estimated: bool, cost: float) -> dict[str, t.Any]:
+    """Tokens by kind and by model for the turn row: the runtime's own figures, else the live ones."""
+    reported = {} if estimated else stream.model_costs()
+    known = [entry.cost_usd for entry in reported.values() if entry.cost_usd is not None]
+    if reported and abs(sum(known) - cost) > max(0.01 * cost, 1e-6):
+        reported = {}  # the per-model figures do not add up to the turn's cost: price the live usage instead
+    if reported:
+        by_model = {model: {**entry.tokens._asdict(), "cost_usd": entry.cost_usd} for model, entry in reported.items()}
+    else:
+        live = stream.live_usage()
+        by_model = {model: {**tokens._asdict(), "cost_usd": None} for model, tokens in live.items() if tokens.total}
+        if not estimated and len(by_model) == 1:
+            next(iter(by_model.values()))["cost_usd"] = cost
+    totals = {key: sum(int(entry[key]) for entry in by_model.values()) for key in ("cache_read", "cache_write")}
+    model = max(by_model, key=lambda m: by_model[m]["input"] + by_model[m]["output"]) if by_model else stream_model(stream)
+    return {"model": model, "cache_read_tokens": totals["cache_read"], "cache_write_tokens": totals["cache_write"],
+            "cost_estimated": estimated, "usage_by_model": by_model or None}
+
+
+def stream_model(stream: TurnParser) -> str | None:
+    return getattr(stream, "model", None)
 
 
 def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, took: sandbox.TakeBack, *,
@@ -268,7 +327,7 @@ def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, 
 
 
 def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
-          state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
+          state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, *,
           stall_timeout: float, should_stop: t.Callable[[], bool],
           price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
           periodic: t.Callable[[], None] = lambda: None) -> tuple[str, str]:
@@ -285,10 +344,12 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
     while not reader.eof:
         lines = reader.lines(timeout=0.5)
         now = time.monotonic()
+        batch: list[ParsedEvent] = []
         for raw in lines:
             raw_out.write(raw + b"\n")
             raw_out.flush()
             parsed = stream.feed(raw.decode("utf-8", errors="replace"), now=now)
+            batch.extend(parsed)
             last_event = now
             for item in parsed:
                 if item.kind == "turn_result" and item.data is not None:
@@ -310,6 +371,20 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                 if not written:
                     return "aborted", "agent was replaced by a newer generation"
                 _revive_if_stalled(state, agent)
+        early = stream.early_failure()
+        if early is not None:
+            event_store.record(events, "auth_failed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                               summary=f"auth: {early.reason}"[:300], data={"reason": early.reason})
+            return PARKING_STATUS.get(early.kind, early.kind), early.reason
+        stop = meter.poll(stream, batch, now)
+        if stop is not None:
+            meter.stopped_by = stop
+            event_store.record(events, "budget_crossed" if stop.status == "budget" else "turn_parked",
+                               agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                               summary=stop.reason[:300],
+                               data={"estimate_usd": round(meter.estimate, 6),
+                                     **({"crossing": stop.crossing.as_dict()} if stop.crossing else {})})
+            return stop.status, stop.reason
         if now - last_periodic >= PERIODIC_SECONDS:
             last_periodic = now
             periodic()
@@ -325,24 +400,30 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
 
 
 def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage:
-    """The turn's usage; dollars from the price table (``overstory.prices``) when the runtime reported none."""
+    """The turn's usage; dollars from the price table (``overstory.prices``) when the runtime reported none.
+
+    A model the table does not know is priced as the most expensive known one (as budgets
+    price it live), not as free: an unknown model must not make a budget blind.
+    """
     usage = stream.usage()
     if usage.cost_usd or not (usage.input_tokens or usage.output_tokens):
         return usage
-    from overstory.prices import cost_usd
+    return usage._replace(cost_usd=_table_cost(stream.model or model, usage.input_tokens, usage.output_tokens,
+                                               config))
 
-    return usage._replace(cost_usd=cost_usd(stream.model or model, usage.input_tokens, usage.output_tokens,
-                                            config.prices))
+
+def _table_cost(model: str | None, input_tokens: int, output_tokens: int, config: Config) -> float:
+    from overstory.prices import PriceTable, Tokens
+
+    return PriceTable(config.prices).lookup(model).price.cost(Tokens(input_tokens, output_tokens))
 
 
 def _price_result(data: dict[str, t.Any], model: str | None, config: Config) -> None:
     """Fill in a turn_result event's cost from the price table when the runtime did not report one."""
     if data.get("total_cost_usd"):
         return
-    from overstory.prices import cost_usd
-
-    data["total_cost_usd"] = cost_usd(model, int(data.get("input_tokens") or 0), int(data.get("output_tokens") or 0),
-                                      config.prices)
+    data["total_cost_usd"] = _table_cost(model, int(data.get("input_tokens") or 0),
+                                         int(data.get("output_tokens") or 0), config)
     data["cost_source"] = "price_table"
     data.setdefault("model", model)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli.budget import DURATION
 from overstory.runtimes import RUNTIME_NAMES
 
 
@@ -37,27 +38,42 @@ def _config(project: t.Any) -> t.Any:
 @click.option("--model", help="Model (default: config models.coordinator, then runtime.model).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
               help="Scenario file for the scripted runtime.")
+@click.option("--budget-usd", type=click.FloatRange(min=0), help="Run budget: dollars (default: config budgets.run).")
+@click.option("--budget-turns", type=click.IntRange(min=0), help="Run budget: turns of all its agents.")
+@click.option("--budget-tool-calls", type=click.IntRange(min=0), help="Run budget: tool calls of all its agents.")
+@click.option("--budget-wallclock", type=DURATION, help="Run budget: wall-clock time since the run started (4h).")
 @json_option
-def coordinator_start(runtime: str | None, model: str | None, scenario: Path | None, as_json: bool) -> None:
+def coordinator_start(runtime: str | None, model: str | None, scenario: Path | None, budget_usd: float | None,
+                      budget_turns: int | None, budget_tool_calls: int | None, budget_wallclock: float | None,
+                      as_json: bool) -> None:
     """Start the coordinator and open a run (or rejoin the open one).
 
     Only one coordinator runs at a time. Its instructions and hook settings are
-    written to .overstory/run/coordinator/, never into your .claude/.
+    written to .overstory/run/coordinator/, never into your .claude/. The run's
+    budget covers every agent of the run: crossing it parks them all (`ov run resume`).
 
     \b
     ov coordinator start
-    ov coordinator start --model sonnet
+    ov coordinator start --model sonnet --budget-usd 20 --budget-wallclock 4h
     ov coordinator start --runtime scripted --scenario demo.json
     """
     from overstory.agents.coordinator import start
 
     project = project_paths()
-    result = start(project, _config(project), state_conn(project), runtime=runtime, model=model, scenario=scenario)
+    budget = {"max_usd": budget_usd, "max_turns": budget_turns, "max_tool_calls": budget_tool_calls,
+              "max_wallclock": budget_wallclock}
+    result = start(project, _config(project), state_conn(project), runtime=runtime, model=model, scenario=scenario,
+                   budget=budget)
     if as_json:
         echo_json(result.as_dict())
         return
     click.echo(f"started {result.name} (runtime {result.runtime}, loop pid {result.loop_pid})")
     click.echo(f"  run: {result.run_id}" + ("" if result.run_created else " (rejoined the open run)"))
+    limits = {k: v for k, v in result.run_budget.items() if v is not None}
+    if limits:
+        from overstory.store.budgets import format_limit
+
+        click.echo("  run budget: " + ", ".join(f"{k} {format_limit(k, v)}" for k, v in limits.items()))
     click.echo(f"  instructions: {result.instructions}")
     click.echo('  give it an objective: ov coordinator send "..."')
 
@@ -91,9 +107,11 @@ def coordinator_send(objective: str, subject: str | None, priority: str, as_json
 @click.option("--subject", help="Subject line (default: the question's first line).")
 @json_option
 def coordinator_ask(question: str, timeout: float, subject: str | None, as_json: bool) -> None:
-    """Ask the coordinator a question and print its answer (exit 1 on timeout).
+    """Ask the coordinator a question and print its answer.
 
-    The answer is the coordinator's reply in the question's thread.
+    The answer is the coordinator's reply in the question's thread. Exit codes are
+    `ov wait`'s: 124 when no answer came in time, 3 when the coordinator died, 4/5/6
+    when it was parked (budget, quota, auth), 1 when it was stopped.
 
     \b
     ov coordinator ask "what is still open?"

@@ -23,6 +23,9 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
     asking a model; README.md, "The scripted runtime's scenarios", describes the
     format (for your own: `ov sling --runtime scripted --scenario FILE`).
 
+    Exit codes are `ov wait`'s: 0 every agent completed, 3 one died, 4/5/6 one was
+    parked (budget, quota, auth), 124 not settled within --timeout.
+
     \b
     ov demo                     # scripted runtime: no API key, no claude needed
     ov demo --runtime claude    # the real Claude Code CLI (a few cents)
@@ -48,7 +51,7 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
             for a in outcome.agents]
     if as_json:
         echo_json({"project": str(outcome.project), "all_completed": outcome.all_completed,
-                   "seconds": round(outcome.seconds, 2), "agents": rows})
+                   "exit_code": outcome.exit_code, "seconds": round(outcome.seconds, 2), "agents": rows})
     else:
         click.echo("")
         for row in rows:
@@ -67,8 +70,8 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
         click.echo("  ov feed              # every tool call and turn")
         click.echo("  ov diff builder-api  # what a builder changed")
         click.echo("  git log --all --oneline --graph")
-    if not outcome.all_completed:
-        raise click.exceptions.Exit(1)
+    if outcome.exit_code:
+        raise click.exceptions.Exit(outcome.exit_code)
 
 
 def _operator_config():  # type: ignore[no-untyped-def]

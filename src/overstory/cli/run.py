@@ -3,6 +3,7 @@ from __future__ import annotations
 import click
 
 from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli.budget import add_options, budget_lines
 
 
 @click.group(name="run")
@@ -14,6 +15,7 @@ def run() -> None:
     ov run show                 # the open run, else the newest
     ov run show run-20260101 --json
     ov run complete
+    ov run resume --add-usd 10     # after its budget parked its agents
     """
 
 
@@ -127,3 +129,34 @@ def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:
         echo_json({**done.as_dict(), "changed": changed})
         return
     click.echo(f"run {done.id} completed" if changed else f"run {done.id} was already {done.status}")
+
+
+@run.command(name="resume")
+@click.argument("run_ref", metavar="[RUN]", required=False)
+@add_options
+@json_option
+def run_resume(run_ref: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
+               as_json: bool) -> None:
+    """Raise a run's budget and un-park its agents that its budget (or theirs) had parked.
+
+    RUN is an id or a unique prefix; without it, the open run (else the newest).
+    Each agent checks its own limits again before its next turn.
+
+    \b
+    ov run resume --add-usd 10
+    ov run resume run-20260101-120000-ab12 --add-turns 20 --add-time 1h
+    """
+    from overstory.agents.budgeting import resume_run
+    from overstory.store import runs
+
+    project = project_paths()
+    conn = state_conn(project)
+    target = runs.resolve(conn, run_ref)
+    result = resume_run(project, conn, target.id, add_usd=add_usd, add_turns=add_turns,
+                        add_tool_calls=add_tool_calls, add_seconds=add_seconds)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    click.echo(f"run {result.run_id}: resumed {len(result.unparked)} agent(s)"
+               + (f": {', '.join(result.unparked)}" if result.unparked else ""))
+    click.echo("\n".join(budget_lines("  budget:", result.budget)[1:]))

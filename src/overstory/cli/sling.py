@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli.budget import DURATION
 from overstory.runtimes import RUNTIME_NAMES
 
 
@@ -24,10 +25,15 @@ from overstory.runtimes import RUNTIME_NAMES
               help="Scenario file for the scripted runtime (format: README.md, \"The scripted runtime's scenarios\").")
 @click.option("--tmux/--headless", "tmux", default=None,
               help="Run the interactive TUI in tmux (`ov attach NAME`), or headless turns (default: runtime.tmux).")
+@click.option("--max-usd", type=click.FloatRange(min=0), help="Budget: dollars (default: config budgets.agent).")
+@click.option("--max-turns", type=click.IntRange(min=0), help="Budget: turns.")
+@click.option("--max-tool-calls", type=click.IntRange(min=0), help="Budget: tool calls.")
+@click.option("--max-wallclock", type=DURATION, help="Budget: wall-clock time since the sling (90m, 4h).")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
           files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None,
-          base_branch: str | None, scenario: Path | None, tmux: bool | None, as_json: bool) -> None:
+          base_branch: str | None, scenario: Path | None, tmux: bool | None, max_usd: float | None,
+          max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
 
     \b
@@ -35,6 +41,11 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling scout survey --runtime scripted
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
+    ov sling builder task-9 --max-usd 2 --max-turns 30 --max-wallclock 90m
+
+    \b
+    Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
+    a child's budget never exceeds what is left of its run's.
     """
     from overstory.agents.spawn import SlingRequest
     from overstory.agents.spawn import sling as do_sling
@@ -43,19 +54,21 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")
+    budget = {"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
+              "max_wallclock": max_wallclock}
     remote = agent_channel()
     if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
         document = remote.call("sling", {
             "capability": capability, "task_id": task_id, "name": name, "prompt": _read(spec_file, "--spec") or prompt,
             "files": list(files), "parent": parent, "runtime": runtime, "model": model, "base_branch": base_branch,
-            "scenario_text": _read(scenario, "--scenario"), "tmux": tmux})
+            "scenario_text": _read(scenario, "--scenario"), "tmux": tmux, "budget": budget})
     else:
         project = project_paths()
         config = load_config(project.config_file, project.local_config_file)
         _warn_if_unsandboxed(config)
         request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
                                files=list(files), parent=parent, runtime=runtime, model=model,
-                               base_branch=base_branch, scenario=scenario, tmux=tmux)
+                               base_branch=base_branch, scenario=scenario, tmux=tmux, budget=budget)
         document = do_sling(project, config, state_conn(project), request).as_dict()
     if prompt is None and spec_file is None:
         click.echo(f"ov: warning: no --prompt or --spec: {document['name']} has only its role ({capability}) and the "
@@ -70,6 +83,13 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         click.echo(f"  branch:   {document['branch']}")
         click.echo(f"  worktree: {document['worktree']}")
     click.echo(f"  parent:   {document['parent']}")
+    limits = {k: v for k, v in (document.get("budget") or {}).items() if v is not None}
+    if limits:
+        from overstory.store.budgets import format_limit
+
+        click.echo("  budget:   " + ", ".join(f"{k} {format_limit(k, v)}" for k, v in limits.items()))
+    for note in document.get("budget_notes") or ():
+        click.echo(f"  note:     {note}")
     if document["mode"] == "tmux":
         click.echo(f"  tmux:     session {document['tmux_session']}; watch it with `ov attach {document['name']}`")
 

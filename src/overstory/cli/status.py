@@ -14,7 +14,9 @@ def status(include_completed: bool, as_json: bool) -> None:
     """Show agents, pending mail and runs. Never changes anything.
 
     Completed agents are hidden unless --all; zombies are always shown. A state
-    marked `!` has no running agent loop (`ov watchdog` re-adopts it).
+    marked `!` has no running agent loop (`ov watchdog` re-adopts it). COST shows
+    dollars spent against the agent's max_usd; WHY says why an agent is parked,
+    stalled, dead or completed (terminal mail sent, or stopped by the operator).
 
     \b
     ov status
@@ -28,9 +30,12 @@ def status(include_completed: bool, as_json: bool) -> None:
                  "depth", "turns", "last_activity" (ISO-8601 UTC with Z), "idle_seconds",
                  "input_tokens", "output_tokens", "cost_usd", "current_tool", "runtime",
                  "mode", "branch", "generation", "retries", "pending_mail",
-                 "loop_alive" (true/false; null for tmux or terminal agents), "run_id"}],
+                 "loop_alive" (true/false; null for tmux or terminal agents), "run_id",
+                 "park_kind" (budget/quota/auth when parked), "park_until" (ISO or null),
+                 "budget": {"usd"|"turns"|"tool_calls"|"wallclock": {"limit", "used"}} or null}],
      "mail": {"pending": N, "by_agent": {NAME: N}},
-     "runs": [{"id", "coordinator", "status", "started_at", "completed_at", "agents"}],
+     "runs": [{"id", "coordinator", "status", "started_at", "completed_at", "agents",
+               "budget" (as for agents, for the whole run)}],
      "totals": {"agents", "active", "by_state": {STATE: N}, "turns", "input_tokens",
                 "output_tokens", "cost_usd"}}
     """

@@ -9,7 +9,7 @@ Anything that fails inside an agent is denied, never let through.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from overstory.guards.agent import _Agent
 from overstory.guards.runtimes import as_claude_input, patch_paths, reply, unreadable
@@ -125,9 +125,14 @@ def decide_hook_text(text: str | None, env: Mapping[str, str]) -> Decision:
     return decide(data, env)
 
 
-def guard_reply(text: str | None, env: Mapping[str, str]) -> tuple[str, str, int]:
+def guard_reply(text: str | None, env: Mapping[str, str], *,
+                count_call: Callable[[], str | None] | None = None) -> tuple[str, str, int]:
     """`ov guard`'s whole answer to one hook call, in the dialect of the CLI that asked:
-    (stdout, stderr, exit status). See ``guards.runtimes``."""
+    (stdout, stderr, exit status). See ``guards.runtimes``.
+
+    ``count_call`` runs for a call the policy allows (the budget's tool-call count, kept
+    outside this standard-library-only package); a reason it returns denies the call.
+    """
     if not env.get("OVERSTORY_AGENT_NAME"):
         return "", "", 0
     try:
@@ -138,6 +143,10 @@ def guard_reply(text: str | None, env: Mapping[str, str]) -> tuple[str, str, int
         return unreadable(decide_hook_text(text, env).reason)
     dialect, claude_input = as_claude_input(data)
     decision = decide(claude_input, env)
+    if decision.allow and count_call is not None:
+        refusal = count_call()
+        if refusal:
+            decision = Decision.deny(refusal)
     return reply(dialect, decision.allow, decision.reason, hook_response(decision))
 
 

@@ -33,6 +33,8 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overstory.prices import Tokens
+
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
@@ -72,6 +74,14 @@ class Usage(t.NamedTuple):
     cost_usd: float = 0.0
 
 
+@dataclass(frozen=True)
+class ModelCost:
+    """One model's share of a finished turn, as the runtime reported it."""
+
+    tokens: Tokens
+    cost_usd: float | None  # None: the runtime gave no figure for this model
+
+
 class TurnParser(abc.ABC):
     """What one turn's stdout has said so far. Pure: no I/O, so it is tested on captured output."""
 
@@ -107,6 +117,23 @@ class TurnParser(abc.ABC):
         """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
         are asked. For runtimes that report some outcomes only there (an unknown session to resume, a
         broken config, a turn that has no closing event)."""
+
+    # ---- for budgets (optional: a runtime that reports none is only checked between turns)
+
+    def live_usage(self) -> dict[str, Tokens]:
+        """Tokens per model that the stream has reported so far in this turn (priced live by ov)."""
+        return {}
+
+    def model_costs(self) -> dict[str, ModelCost]:
+        """Per model, what the finished turn used and cost (empty when the runtime did not say)."""
+        return {}
+
+    def early_failure(self) -> TurnFailure | None:
+        """A failure the runtime is still retrying but that retrying cannot fix (a rejected key).
+
+        The turn runner stops the turn at once instead of waiting out the runtime's retries.
+        """
+        return None
 
 
 @dataclass(frozen=True)
@@ -200,6 +227,7 @@ class RuntimeProbe:
     detail: str          # version and path, or why it is missing
     credentials: str     # e.g. "ANTHROPIC_API_KEY set", "logged in", "none found", "not needed"
     hint: str = ""
+    has_credentials: bool | None = None  # None: the runtime needs none
 
     @property
     def installed(self) -> bool:
@@ -219,6 +247,9 @@ class Runtime(abc.ABC):
     # Environment variables naming a temp dir the runtime writes; inside the sandbox each points into
     # the sandbox's private /tmp instead (a host path there would be read-only or shared).
     tmp_env_vars: t.ClassVar[tuple[str, ...]] = ()
+    # Environment variables that carry its credentials (`ov resume` of an agent parked for
+    # auth brings fixed values from the operator's environment into the agent's).
+    credential_vars: t.ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def program(self, config: Config) -> list[str]:

@@ -53,13 +53,14 @@ def abandon_spawn(conn: sqlite3.Connection, name: str) -> None:
 
 
 def discard_spawn(conn: sqlite3.Connection, intent: t.Mapping[str, t.Any]) -> None:
-    """In one transaction: the rows a half-done spawn wrote (session, its history, turns, dispatch) and the intent."""
+    """In one transaction: the rows a half-done spawn wrote (session, its history, turns, budget, dispatch) and the intent."""
     name, generation = intent["name"], intent.get("generation")
     with write_transaction(conn):
         if generation is not None:
             conn.execute("DELETE FROM sessions WHERE name = ? AND generation = ?", (name, generation))
             conn.execute("DELETE FROM transitions WHERE name = ? AND generation = ?", (name, generation))
             conn.execute("DELETE FROM turns WHERE agent = ? AND generation = ?", (name, generation))
+            conn.execute("DELETE FROM budgets WHERE scope = 'agent' AND name = ? AND generation = ?", (name, generation))
         if intent.get("dispatch_id") is not None:
             conn.execute("DELETE FROM mail WHERE id = ?", (intent["dispatch_id"],))
         conn.execute("DELETE FROM spawn_intents WHERE name = ?", (name,))

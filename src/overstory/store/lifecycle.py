@@ -1,15 +1,23 @@
-"""Settling an agent's end: the transitions to zombie and completed, with their side effects.
+"""Settling an agent's end, and parking it: state changes that carry a side effect.
 
 Whoever makes an agent zombie (turn runner, retry policy, watchdog) goes through
 ``declare_zombie``: the parent's ``worker_died`` mail is inserted inside the same
 compare-and-swap transaction, so exactly one is ever sent for a generation. An agent
 whose terminal mail is committed is never retried or made zombie: whatever its process
 did afterwards, it settles ``completed`` through ``complete_promised``.
+
+``park`` is the one way into ``parked`` (waiting for something outside the agent: a
+budget decision, a quota reset, a fixed key, an approval) and ``unpark`` the one way
+out. Parking releases the mail its turn had claimed and, when asked, writes the
+parent's ``escalation`` in the same transaction, so each park sends exactly one. If
+the process dies halfway, the transaction is rolled back: the agent is not parked,
+no mail moved, nothing was sent.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import typing as t
 
 from overstory.clock import iso, now_ms
 from overstory.store import sessions
@@ -26,6 +34,7 @@ TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {
     "coordinator": frozenset(),
 }
 PERSISTENT_CAPABILITIES = frozenset({"coordinator"})
+PARK_KINDS = frozenset({"budget", "quota", "auth", "approval"})
 
 
 def declare_zombie(conn: sqlite3.Connection, agent: Session, reason: str, *, actor: str,
@@ -112,3 +121,115 @@ def mail_sent_since(conn: sqlite3.Connection, agent: Session, since_ms: int) -> 
 
 def touch(conn: sqlite3.Connection, agent: Session, **fields: object) -> bool:
     return sessions.update_fields(conn, agent.name, agent.generation, last_activity=now_ms(), **fields)
+
+
+# ---- parking ----------------------------------------------------------------------
+
+
+class _NotDue(Exception):
+    """Rolls back an unpark whose conditions no longer hold inside its transaction."""
+
+
+def park(conn: sqlite3.Connection, agent: Session, kind: str, reason: str, *, actor: str,
+         until_ms: int | None = None, escalate: bool = True, details: dict[str, object] | None = None,
+         expect: t.Collection[str] | None = None,
+         also: t.Callable[[sqlite3.Connection], None] | None = None) -> Outcome:
+    """Move ``agent`` to parked for ``kind`` (until ``until_ms``, or until a person resumes it).
+
+    In the same transaction: its claimed, unread mail is released (the next turn gets it
+    again) and, with ``escalate``, its parent gets one ``escalation`` mail whose payload
+    carries ``details`` (the figures); ``also`` adds another write to that transaction.
+    Turn fields are left alone: a turn still running in another process is stopped by
+    its own runner, which sees the agent parked.
+    """
+    if kind not in PARK_KINDS:
+        raise ValueError(f"unknown park kind {kind!r}")
+    sent: list[int] = []
+
+    def side_effects(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
+        from overstory.store import mail
+
+        mail.release_agent(tx, agent.name)
+        if escalate:
+            message_id = mail.insert_message(
+                tx, sender=agent.name, recipient=agent.parent or "operator", type="escalation", priority="high",
+                subject=f"{agent.name} parked: {reason[:120]}",
+                body=_park_body(agent, kind, reason, until_ms),
+                payload={"severity": "error", "agent": agent.name, "task_id": agent.task_id, "kind": kind,
+                         "reason": reason, "details": details or {}},
+                dedup_key=f"park:{agent.name}:{agent.generation}:{ok.version}")
+            if message_id is not None:
+                sent.append(message_id)
+        if also is not None:
+            also(tx)
+
+    outcome = sessions.transition(conn, agent.name, agent.generation, "parked", actor=actor, reason=reason,
+                                  fields={"park_kind": kind, "park_until": until_ms}, expect=expect,
+                                  then=side_effects)
+    if outcome.ok and sent:
+        from overstory.store import mail
+
+        mail.record_sent(conn, sent)
+    return outcome
+
+
+def _park_body(agent: Session, kind: str, reason: str, until_ms: int | None) -> str:
+    lines = [f"Agent {agent.name} (task {agent.task_id}) is parked: {reason}.",
+             "Its unread mail stays in its inbox; nothing it did is lost."]
+    if kind == "budget":
+        lines.append(f"To let it go on: `ov resume {agent.name} --add-usd 5` (or --add-turns, --add-tool-calls, "
+                     "--add-time); `ov budget " + agent.name + "` shows the figures.")
+    elif kind == "auth":
+        lines.append(f"Fix the runtime's key or login (`ov doctor`), then `ov resume {agent.name}`.")
+    elif until_ms is not None:
+        lines.append(f"It goes on by itself at {iso(until_ms)}.")
+    return "\n".join(lines)
+
+
+def unpark(conn: sqlite3.Connection, agent: Session, *, actor: str, reason: str,
+           kinds: t.Collection[str] | None = None, due_at: int | None = None) -> Outcome | None:
+    """Move a parked ``agent`` back to work (between_turns; working in tmux mode).
+
+    ``kinds`` limits it to those park kinds; ``due_at`` (a time) only un-parks an agent
+    whose ``park_until`` has passed by then. None when the agent is not parked that
+    way. The conditions are read first and the swap is undone if the agent was parked
+    again in between (its version moved on), so a fresh park is never cut short.
+    """
+    row = conn.execute("SELECT state, generation, version, park_kind, park_until FROM sessions WHERE name = ?",
+                       (agent.name,)).fetchone()
+    if row is None or row["generation"] != agent.generation or row["state"] != "parked":
+        return None
+    if kinds is not None and row["park_kind"] not in kinds:
+        return None
+    if due_at is not None and (row["park_until"] is None or row["park_until"] > due_at):
+        return None
+    seen_version = row["version"]
+
+    def same_park(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
+        if ok.version != seen_version + 1:
+            raise _NotDue()
+
+    try:
+        return sessions.transition(conn, agent.name, agent.generation,
+                                   "working" if agent.mode == "tmux" else "between_turns", actor=actor,
+                                   reason=reason, fields={"park_kind": None, "park_until": None}, expect={"parked"},
+                                   then=same_park)
+    except _NotDue:
+        return None
+
+
+def tell_parent_stopped(tx: sqlite3.Connection, agent: Session, reason: str, previous_state: str) -> int | None:
+    """Inside the transaction that completes a stopped agent: its parent's one ``status`` mail.
+
+    A lead or coordinator waiting for the agent's report would otherwise wait forever.
+    """
+    from overstory.store import mail
+
+    return mail.insert_message(
+        tx, sender=agent.name, recipient=agent.parent or "operator", type="status", priority="high",
+        subject=f"{agent.name} {reason.removesuffix(' (--force)')}",
+        body=f"Agent {agent.name} (task {agent.task_id}) was {reason}; it will not "
+             f"report. Its branch {agent.branch or '-'} keeps whatever it committed.",
+        payload={"kind": "stopped", "agent": agent.name, "task_id": agent.task_id, "branch": agent.branch,
+                 "reason": reason, "previous_state": previous_state, "generation": agent.generation},
+        dedup_key=f"stopped:{agent.name}:{agent.generation}")

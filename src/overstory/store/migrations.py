@@ -215,7 +215,75 @@ def _state_m003_intents(conn: sqlite3.Connection) -> None:
     )
 
 
-STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents]
+def _state_m005_budgets(conn: sqlite3.Connection) -> None:
+    """Budgets, parking, quota windows, idle nudges and per-turn cost detail (issue 14).
+
+    ``budgets`` holds one row per agent generation (scope 'agent') and per run (scope
+    'run', generation 0): the four limits and what was used against them. A trigger
+    rolls every change of an agent's counters up into its run's row in the same
+    statement, so `ov guard` counts a tool call against both with one UPDATE and a run
+    keeps what earlier generations of its agents spent.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE budgets (
+            scope              TEXT NOT NULL,
+            name               TEXT NOT NULL,
+            generation         INTEGER NOT NULL DEFAULT 0,
+            run_id             TEXT,
+            max_usd            REAL,
+            max_turns          INTEGER,
+            max_tool_calls     INTEGER,
+            max_wallclock      REAL,
+            started_at         INTEGER NOT NULL,
+            spent_usd          REAL NOT NULL DEFAULT 0,
+            live_usd           REAL NOT NULL DEFAULT 0,
+            turns              INTEGER NOT NULL DEFAULT 0,
+            tool_calls         INTEGER NOT NULL DEFAULT 0,
+            refused_tool_calls INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope, name, generation)
+        );
+        CREATE INDEX budgets_run ON budgets(run_id, scope);
+        CREATE TRIGGER budgets_roll_up AFTER UPDATE OF spent_usd, live_usd, turns, tool_calls ON budgets
+        WHEN NEW.scope = 'agent' AND NEW.run_id IS NOT NULL
+        BEGIN
+            UPDATE budgets SET spent_usd = spent_usd + NEW.spent_usd - OLD.spent_usd,
+                               live_usd = live_usd + NEW.live_usd - OLD.live_usd,
+                               turns = turns + NEW.turns - OLD.turns,
+                               tool_calls = tool_calls + NEW.tool_calls - OLD.tool_calls
+            WHERE scope = 'run' AND name = NEW.run_id AND generation = 0;
+        END;
+
+        CREATE TABLE quota_windows (
+            provider   TEXT PRIMARY KEY,
+            until_ms   INTEGER NOT NULL,
+            level      INTEGER NOT NULL DEFAULT 0,
+            reset_known INTEGER NOT NULL DEFAULT 0,
+            reason     TEXT,
+            opened_at  INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL
+        );
+
+        ALTER TABLE sessions ADD COLUMN provider TEXT;
+        ALTER TABLE sessions ADD COLUMN park_kind TEXT;
+        ALTER TABLE sessions ADD COLUMN park_until INTEGER;
+        ALTER TABLE sessions ADD COLUMN nudges INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX sessions_parked ON sessions(park_until) WHERE state = 'parked';
+
+        ALTER TABLE turns ADD COLUMN capability TEXT;
+        ALTER TABLE turns ADD COLUMN run_id TEXT;
+        ALTER TABLE turns ADD COLUMN model TEXT;
+        ALTER TABLE turns ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN cost_estimated INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN usage_by_model TEXT;
+        CREATE INDEX turns_started ON turns(started_at);
+        """
+    )
+
+
+STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
+                                     _state_m005_budgets]
 
 
 # ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     "in_turn": frozenset({"booting", "between_turns", "stalled", "parked"}),
     "between_turns": frozenset({"booting", "in_turn", "stalled", "parked"}),
     "working": frozenset({"booting", "stalled", "parked"}),
-    "stalled": frozenset({"booting", "in_turn", "working"}),
+    "stalled": frozenset({"booting", "in_turn", "between_turns", "working"}),  # between_turns: no report
     "parked": frozenset({"booting", "in_turn", "between_turns", "working", "stalled"}),
     "completed": frozenset({"booting", "in_turn", "between_turns", "working", "stalled", "parked", "zombie"}),
     "zombie": frozenset({"booting", "in_turn", "between_turns", "working", "stalled", "parked"}),
@@ -112,6 +112,10 @@ class Session:
     created_at: int
     updated_at: int
     last_activity: int
+    provider: str | None = None      # whose quota window the agent shares (store.quota)
+    park_kind: str | None = None     # why it is parked: budget | quota | auth | ... (store.lifecycle.park)
+    park_until: int | None = None    # when a parked agent may go on by itself (ms); None: a person decides
+    nudges: int = 0                  # idle nudges sent since the agent last reported (agents.idle)
     extra: dict[str, t.Any] = field(default_factory=dict)
 
     @property

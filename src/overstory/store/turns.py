@@ -8,7 +8,9 @@ turn whose runner died or was stopped.
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import typing as t
 
 from overstory.clock import now_ms
 
@@ -62,6 +64,23 @@ def abort_turns_of_ended_agents(conn: sqlite3.Connection) -> int:
         f"WHERE {_LIVE} AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.name = turns.agent "
         f"AND s.generation = turns.generation AND s.state NOT IN ('completed', 'zombie'))",
         (now_ms(),)).rowcount
+
+
+def label(conn: sqlite3.Connection, turn_id: str, *, capability: str | None, run_id: str | None,
+          model: str | None) -> None:
+    """Who the turn was for (kept with the turn, so costs survive the agent's later generations)."""
+    conn.execute("UPDATE turns SET capability = ?, run_id = ?, model = ? WHERE id = ?",
+                 (capability, run_id, model, turn_id))
+
+
+def record_costs(conn: sqlite3.Connection, turn_id: str, *, model: str | None, cache_read_tokens: int,
+                 cache_write_tokens: int, cost_estimated: bool, usage_by_model: dict[str, t.Any] | None) -> None:
+    """The turn's cost detail: cache tokens, whether the cost is ov's estimate, tokens per model."""
+    conn.execute(
+        "UPDATE turns SET model = COALESCE(?, model), cache_read_tokens = ?, cache_write_tokens = ?, "
+        "cost_estimated = ?, usage_by_model = ? WHERE id = ?",
+        (model, cache_read_tokens, cache_write_tokens, int(cost_estimated),
+         json.dumps(usage_by_model, sort_keys=True) if usage_by_model else None, turn_id))
 
 
 def recent(conn: sqlite3.Connection, agent: str, *, limit: int = 20) -> list[dict[str, object]]:

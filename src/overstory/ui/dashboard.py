@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from overstory.status import format_idle
+from overstory.status import format_idle, reason_text, spend_text
 
 STATE_STYLES = {
     "booting": "cyan",
@@ -26,7 +26,10 @@ STATE_STYLES = {
     "zombie": "bold red",
 }
 EVENT_STYLES = {"watchdog_zombie": "red", "watchdog_stalled": "yellow", "turn_failed": "yellow",
-                "turn_retry": "yellow", "contract_violation": "yellow", "watchdog_readopt": "cyan"}
+                "turn_retry": "yellow", "contract_violation": "yellow", "watchdog_readopt": "cyan",
+                "budget_crossed": "magenta", "budget_parked": "magenta", "quota_parked": "magenta",
+                "auth_parked": "bold red", "auth_failed": "red", "no_report": "yellow", "idle_nudge": "yellow",
+                "agent_unparked": "cyan", "agent_resumed": "cyan"}
 
 # Busy agents first, finished ones last, so an agent in a turn is never hidden behind completed ones.
 STATE_RANK = {"in_turn": 0, "working": 0, "stalled": 1, "booting": 2, "parked": 3, "between_turns": 4,
@@ -34,13 +37,15 @@ STATE_RANK = {"in_turn": 0, "working": 0, "stalled": 1, "booting": 2, "parked": 
 
 # (column, minimum console width at which it is shown)
 AGENT_COLUMNS: tuple[tuple[str, int], ...] = (
-    ("name", 0), ("state", 0), ("cost", 0), ("idle", 50), ("turns", 60), ("capability", 72),
-    ("tool", 90), ("task", 105), ("parent", 120), ("tokens", 135),
+    ("name", 0), ("state", 0), ("cost", 0), ("idle", 50), ("turns", 60), ("why", 80), ("capability", 95),
+    ("tool", 110), ("task", 125), ("parent", 140), ("tokens", 155),
 )
 
 
 def _state_text(agent: dict[str, t.Any]) -> Text:
     label = agent["state"]
+    if label == "parked" and agent.get("park_kind"):
+        label += f":{agent['park_kind']}"
     if agent.get("loop_alive") is False:
         label += " !"
     return Text(label, style=STATE_STYLES.get(agent["state"], ""))
@@ -50,7 +55,9 @@ def _cell(agent: dict[str, t.Any], column: str) -> RenderableType:
     if column == "state":
         return _state_text(agent)
     if column == "cost":
-        return f"${agent['cost_usd']:.4f}"
+        return spend_text(agent["cost_usd"], agent.get("budget"))
+    if column == "why":
+        return reason_text(agent, limit=60)
     if column == "idle":
         return format_idle(agent["idle_seconds"])
     if column == "turns":
@@ -79,7 +86,7 @@ def agents_table(agents: list[dict[str, t.Any]], width: int, max_rows: int | Non
     for name in columns:
         table.add_column(name.upper(), no_wrap=True, overflow="ellipsis",
                          justify="right" if name in ("cost", "idle", "turns", "tokens") else "left",
-                         ratio=2 if name in ("name", "tool", "task") else None)
+                         ratio=2 if name in ("name", "tool", "task", "why") else None)
     shown = agents[first:] if max_rows is None else agents[first:first + max_rows]
     for agent in shown:
         chosen = agent["name"] == selected
@@ -104,6 +111,9 @@ def header_lines(snapshot: dict[str, t.Any], watchdog_note: str, width: int) -> 
     first.append(f"  {moment}  {totals['active']}/{totals['agents']} active  mail {snapshot['mail']['pending']} "
                  f"pending  turns {totals['turns']}  ")
     first.append(f"cost ${totals['cost_usd']:.4f}", style="bold")
+    for run in snapshot.get("runs", [])[:1]:
+        if run["status"] == "open" and run.get("budget"):
+            first.append(f"  run {spend_text(0.0, run['budget'])}", style="bold")
     second = Text()
     for state, count in totals["by_state"].items():
         second.append(f"{count} {state}  ", style=STATE_STYLES.get(state, ""))

@@ -126,6 +126,7 @@ class ClaudeRuntime(Runtime):
     run_settings_file = "settings.json"
     tmp_env_vars = ("CLAUDE_CODE_TMPDIR",)
     protocols = ("anthropic",)
+    credential_vars = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 
     def program(self, config: Config) -> list[str]:
         claude_bin = config.runtime.claude_bin
@@ -182,27 +183,31 @@ class ClaudeRuntime(Runtime):
         claude_bin = config.runtime.claude_bin if config is not None else os.environ.get(
             "OV_RUNTIME_CLAUDE_BIN", "claude")
         path = find_program(claude_bin)
-        credentials = _credentials()
+        credentials, found = _credentials()
         if path is None:
             return RuntimeProbe(self.name, "missing", f"{claude_bin} not found on PATH (the scripted runtime still works)",
-                                credentials, "npm install -g @anthropic-ai/claude-code, or set runtime.claude_bin")
+                                credentials, "npm install -g @anthropic-ai/claude-code, or set runtime.claude_bin",
+                                has_credentials=found)
         version = _version_of([path, "--version"])
         if version is None:
             return RuntimeProbe(self.name, "broken", f"{path} did not report a version", credentials,
-                                "reinstall @anthropic-ai/claude-code")
+                                "reinstall @anthropic-ai/claude-code", has_credentials=found)
         parsed = parse_version(version)
         if parsed is not None and parsed < MIN_VERSION:
             minimum = ".".join(map(str, MIN_VERSION))
             return RuntimeProbe(self.name, "outdated", f"{version} at {path} is older than {minimum}, which HTTP "
                                 f"hooks with onFailure need", credentials,
-                                f"npm install -g @anthropic-ai/claude-code (>= {minimum})")
-        return RuntimeProbe(self.name, "ok", f"{version} at {path}", credentials)
+                                f"npm install -g @anthropic-ai/claude-code (>= {minimum})", has_credentials=found)
+        hint = "" if found else "export ANTHROPIC_API_KEY=... (or CLAUDE_CODE_OAUTH_TOKEN), or log in with `claude`"
+        return RuntimeProbe(self.name, "ok", f"{version} at {path}", credentials, hint, has_credentials=found)
 
 
-def _credentials() -> str:
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        return "ANTHROPIC_API_KEY set"
+def _credentials() -> tuple[str, bool]:
+    """Which key or login the CLI would use (it is not checked against the API: that would cost a request)."""
+    for name in ClaudeRuntime.credential_vars:
+        if os.environ.get(name):
+            return f"{name} set", True
     config_dir = Path(os.environ.get("CLAUDE_CONFIG_DIR") or Path.home() / ".claude")
     if (config_dir / ".credentials.json").is_file():
-        return f"logged in ({config_dir / '.credentials.json'})"
-    return "no ANTHROPIC_API_KEY and no login found"
+        return f"logged in ({config_dir / '.credentials.json'})", True
+    return "no ANTHROPIC_API_KEY, no OAuth token and no login found", False

@@ -17,12 +17,14 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.prices import Tokens
 from overstory.runtimes.base import (
     AUTH,
     PERMANENT,
     RATE_LIMIT,
     RESUME_FAILED,
     TRANSIENT,
+    ModelCost,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -41,6 +43,9 @@ RESUME_PATTERN = re.compile(r"no conversation found|session.*(not found|does not
                             re.IGNORECASE)
 # "Not logged in · Please run /login": no key and no login (measured on 2.1.197; no request is made).
 AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key|not logged in|run /login", re.IGNORECASE)
+# The assistant event's ``error`` when the CLI gave up on credentials (401, 403, no login; 2.1.330).
+AUTH_ERROR = "authentication_failed"
+USAGE_LIMIT = "usage_limit_reached"
 COARSE_KIND = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
 
 
@@ -57,7 +62,11 @@ class TurnStream(TurnParser):
     results: list[dict[str, t.Any]] = field(default_factory=list)
     api_retries: list[dict[str, t.Any]] = field(default_factory=list)
     malformed: int = 0
+    model: str | None = None
+    rate_limit: dict[str, t.Any] | None = None      # the last rejected rate_limit_info (OAuth logins)
+    api_error_event: dict[str, t.Any] | None = None  # the last synthetic assistant event of an API error
     _tool_started: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _message_usage: dict[str, tuple[str, Tokens]] = field(default_factory=dict)
 
     def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
         now = time.monotonic() if now is None else now
@@ -77,6 +86,7 @@ class TurnStream(TurnParser):
             self.session_id = event["session_id"]
         kind, subtype = event.get("type"), event.get("subtype")
         if kind == "system" and subtype == "init":
+            self.model = self.model or (str(event["model"]) if event.get("model") else None)
             return [ParsedEvent("turn_start", summary=f"model {event.get('model')}",
                                 data={k: event.get(k) for k in ("session_id", "model", "cwd", "permissionMode",
                                                                  "claude_code_version")})]
@@ -85,7 +95,14 @@ class TurnStream(TurnParser):
             self.api_retries.append(info)
             return [ParsedEvent("api_retry", summary=f"attempt {info['attempt']} after {info['error_status']}",
                                 data=info)]
+        if kind == "rate_limit_event":
+            info = event.get("rate_limit_info") if isinstance(event.get("rate_limit_info"), dict) else {}
+            if info.get("status") == "rejected":
+                self.rate_limit = info
+            return [ParsedEvent("rate_limit", summary=f"{info.get('status')} {info.get('rateLimitType') or ''}".strip(),
+                                data={k: info.get(k) for k in ("status", "resetsAt", "rateLimitType", "utilization")})]
         if kind == "assistant":
+            self._note_assistant(event)
             return self._assistant(event, now)
         if kind == "user":
             return self._tool_results(event, now)
@@ -150,6 +167,63 @@ class TurnStream(TurnParser):
                       "output": _trim(output, TEXT_LIMIT)}))
         return parsed
 
+    def _note_assistant(self, event: dict[str, t.Any]) -> None:
+        """Usage per API message (the CLI repeats one message's usage on each of its blocks) and API errors."""
+        if event.get("is_api_error_message") or event.get("error"):
+            self.api_error_event = event
+        message = event.get("message") or {}
+        usage = message.get("usage")
+        if not isinstance(usage, dict):
+            return
+        tokens = Tokens(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0),
+                        int(usage.get("cache_read_input_tokens") or 0), int(usage.get("cache_creation_input_tokens") or 0))
+        if not tokens.total:
+            return
+        key = str(message.get("id") or f"anonymous-{len(self._message_usage)}")
+        model = str(message.get("model") or self.model or "")
+        seen = self._message_usage.get(key)
+        if seen is not None:
+            tokens = Tokens(*(max(a, b) for a, b in zip(seen[1], tokens)))
+        self._message_usage[key] = (model, tokens)
+
+    def live_usage(self) -> dict[str, Tokens]:
+        by_model: dict[str, Tokens] = {}
+        for model, tokens in self._message_usage.values():
+            by_model[model] = by_model.get(model, Tokens()) + tokens
+        return by_model
+
+    def model_costs(self) -> dict[str, ModelCost]:
+        """Per model, from the last result's ``modelUsage`` (the turn runner checks it adds up to the cost)."""
+        if not self.result or not isinstance(self.result.get("modelUsage"), dict):
+            return {}
+        found = {}
+        for model, entry in self.result["modelUsage"].items():
+            if not isinstance(entry, dict):
+                continue
+            tokens = Tokens(int(entry.get("inputTokens") or 0), int(entry.get("outputTokens") or 0),
+                            int(entry.get("cacheReadInputTokens") or 0), int(entry.get("cacheCreationInputTokens") or 0))
+            cost = entry.get("costUSD")
+            found[str(model)] = ModelCost(tokens, float(cost) if isinstance(cost, (int, float)) else None)
+        return found
+
+    def early_failure(self) -> TurnFailure | None:
+        """The CLI retries a rejected API key (401) about ten times over three minutes: stop at the first."""
+        if self.result is None and self.api_retries and self.api_retries[-1].get("error") == AUTH_ERROR:
+            status = self.api_retries[-1].get("error_status")
+            return TurnFailure(AUTH, f"the API rejected the credentials ({status or 'no status'} authentication_failed)")
+        return None
+
+    def _reset_at_ms(self) -> int | None:
+        """When a usage limit ends: the rate_limit_event's ``resetsAt``, or the error event's copy of it."""
+        sources = [self.rate_limit]
+        if self.api_error_event:
+            params = self.api_error_event.get("api_error_params") or {}
+            sources.append(params.get("rate_limit_info") if isinstance(params, dict) else None)
+        for info in sources:
+            if isinstance(info, dict) and isinstance(info.get("resetsAt"), (int, float)):
+                return int(info["resetsAt"] * 1000)
+        return None
+
     # ---- after the turn -----------------------------------------------------
 
     @property
@@ -174,11 +248,19 @@ class TurnStream(TurnParser):
 
     def failure(self, *, resumed: bool) -> TurnFailure:
         """Classify a turn that did not succeed (see ``runtimes.base`` for the kinds)."""
-        return TurnFailure(self._failure_kind(resumed=resumed), self.failure_reason())
+        early = self.early_failure()
+        if early is not None:
+            return early
+        kind = self._failure_kind(resumed=resumed)
+        return TurnFailure(kind, self.failure_reason(), reset_at_ms=self._reset_at_ms() if kind == RATE_LIMIT else None)
 
     def _failure_kind(self, *, resumed: bool) -> str:
         if self.result is None:
             return TRANSIENT  # killed or crashed mid-turn: retry with the same mail
+        if self.result.get("api_error") == USAGE_LIMIT or (self.rate_limit and self.result.get("api_error_status") == 429):
+            return RATE_LIMIT
+        if self.api_error_event is not None and self.api_error_event.get("error") == AUTH_ERROR:
+            return AUTH
         text = " ".join(str(x) for x in (self.result.get("result"), self.result.get("subtype"),
                                          self.result.get("errors"), self.result.get("error")) if x)
         if resumed and (RESUME_PATTERN.search(text) or (self.assistant_blocks == 0 and not self.api_retries

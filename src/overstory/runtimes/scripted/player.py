@@ -17,9 +17,11 @@ Scenario (JSON, or YAML when the name ends in .yaml/.yml)::
      "agents": {"builder-*": {"turns": [...]}}}        # optional, by $OVERSTORY_AGENT_NAME
 
 Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do".
-Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt
-(see ``_Turn.perform``). Strings may hold ``${VAR}`` placeholders filled from the
-environment. Stdlib only: this process starts once per turn.
+Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
+usage (see ``_Turn.perform``). Any action may carry ``"once": PATH``: it is played only
+while PATH does not exist, and creates it (so a retried or resumed turn skips it).
+Strings may hold ``${VAR}`` placeholders filled from the environment. Stdlib only: this
+process starts once per turn.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ API_ERRORS: dict[str, tuple[int, str, str, bool]] = {
     "invalid_request": (400, "invalid_request", "API Error: 400 invalid request", False),
     "authentication": (401, "authentication_failed", "Invalid API key · Fix external API key", False),
 }
+USAGE_LIMIT_TEXT = "You've hit your 5-hour limit"
+NOT_LOGGED_IN_TEXT = "Not logged in · Please run /login"
 RETRIES_BEFORE_GIVING_UP = 2
 
 Event = dict[str, t.Any]
@@ -312,16 +316,18 @@ class _Turn:
         self.denials: list[dict[str, t.Any]] = []
         self.last_text = ""
         self.started = time.monotonic()
+        self.extra_cost = 0.0
 
     def _base(self) -> Event:
         return {"parent_tool_use_id": None, "session_id": self.session.id, "uuid": str(uuid.uuid4())}
 
-    def say(self, block: dict[str, t.Any], *, error: str | None = None) -> None:
+    def say(self, block: dict[str, t.Any], *, error: str | None = None, tokens: dict[str, int] | None = None,
+            extra: Event | None = None, model: str | None = None) -> None:
         self.steps += 1
         message = {"id": f"msg_scripted_{uuid.uuid4().hex[:20]}", "type": "message", "role": "assistant",
-                   "model": self.model, "content": [block], "stop_reason": None, "stop_sequence": None,
-                   "usage": usage(100 + len(self.prompt) // 4, 10)}
-        event: Event = {"type": "assistant", "message": message, **self._base()}
+                   "model": model or self.model, "content": [block], "stop_reason": None, "stop_sequence": None,
+                   "usage": tokens if tokens is not None else usage(100 + len(self.prompt) // 4, 10)}
+        event: Event = {"type": "assistant", "message": message, **self._base(), **(extra or {})}
         if error:
             event["error"] = error
         emit(event)
@@ -355,9 +361,9 @@ class _Turn:
         self.session.record("user", message)
 
     def finish(self, result: str, *, is_error: bool = False, subtype: str = "success",
-               api_error_status: int | None = None) -> bool:
+               api_error_status: int | None = None, extra: Event | None = None) -> bool:
         steps = max(self.steps, 1)
-        cost = round(COST_PER_STEP * steps, 6)
+        cost = round(COST_PER_STEP * steps + self.extra_cost, 6)
         total = usage((100 + len(self.prompt) // 4) * steps, 10 * steps)
         emit({"type": "result", "subtype": subtype, "is_error": is_error, "api_error_status": api_error_status,
               "duration_ms": int((time.monotonic() - self.started) * 1000), "duration_api_ms": 0,
@@ -366,9 +372,33 @@ class _Turn:
               "modelUsage": {self.model: {"inputTokens": total["input_tokens"], "outputTokens": total["output_tokens"],
                                           "cacheReadInputTokens": 0, "cacheCreationInputTokens": 0,
                                           "webSearchRequests": 0, "costUSD": cost}},
-              "permission_denials": self.denials, "uuid": str(uuid.uuid4())})
+              "permission_denials": self.denials, "uuid": str(uuid.uuid4()), **(extra or {})})
         self.session.record("result", {"is_error": is_error, "subtype": subtype})
         return is_error
+
+    def usage_limit(self, resets_in: float) -> bool:
+        """A subscription's usage limit, as claude 2.1.330 reports it with an OAuth login (no retries)."""
+        info = {"status": "rejected", "resetsAt": int(time.time() + resets_in), "rateLimitType": "five_hour",
+                "isUsingOverage": False}
+        emit({"type": "rate_limit_event", "rate_limit_info": info, **self._base()})
+        self.say({"type": "text", "text": USAGE_LIMIT_TEXT}, error="rate_limit", tokens=usage(0, 0),
+                 extra={"is_api_error_message": True, "api_error_status": 429, "api_error": "usage_limit_reached",
+                        "api_error_params": {"rate_limit_info": info}, "api_error_type": "rate_limit_error"})
+        return self.finish(USAGE_LIMIT_TEXT, is_error=True, api_error_status=429,
+                           extra={"api_error": "usage_limit_reached", "api_error_type": "rate_limit_error",
+                                  "terminal_reason": "api_error"})
+
+    def auth_retries(self, seconds: float) -> bool:
+        """A rejected API key: the CLI retries it for minutes (claude 2.1.330), then gives up."""
+        emit({"type": "system", "subtype": "api_retry", "attempt": 1, "max_retries": 10, "retry_delay_ms": 600,
+              "error_status": 401, "error": "authentication_failed", **self._base()})
+        time.sleep(seconds)
+        return self.api_error("authentication")
+
+    def not_logged_in(self) -> bool:
+        self.say({"type": "text", "text": NOT_LOGGED_IN_TEXT}, error="authentication_failed", tokens=usage(0, 0),
+                 extra={"is_api_error_message": True})
+        return self.finish(NOT_LOGGED_IN_TEXT, is_error=True, extra={"terminal_reason": "api_error"})
 
     def api_error(self, kind: str) -> bool:
         status, label, text, transient = API_ERRORS.get(kind, API_ERRORS["invalid_request"])
@@ -387,7 +417,20 @@ class _Turn:
         cwd = self.session.cwd
         for action in actions:
             action = expand(action)
-            if "text" in action:
+            once = action.pop("once", None) if isinstance(action, dict) else None
+            if once:
+                if Path(once).exists():
+                    continue
+                Path(once).touch()
+            if "usage" in action:
+                spec = action["usage"]
+                tokens = usage(int(spec.get("input_tokens", 0)), int(spec.get("output_tokens", 0)))
+                tokens["cache_read_input_tokens"] = int(spec.get("cache_read", 0))
+                tokens["cache_creation_input_tokens"] = int(spec.get("cache_write", 0))
+                self.extra_cost += float(spec.get("cost_usd", 0))
+                self.say({"type": "text", "text": str(spec.get("text", "working on it"))}, tokens=tokens,
+                         model=spec.get("model"))
+            elif "text" in action:
                 self.say({"type": "text", "text": str(action["text"])})
             elif "write" in action:
                 spec = action["write"]
@@ -406,6 +449,12 @@ class _Turn:
                 time.sleep(float(action["sleep"]))
             elif "crash" in action:
                 raise Crash(int(action["crash"]))
+            elif action.get("api_error") == "usage_limit":
+                return self.usage_limit(float(action.get("resets_in", 60)))
+            elif action.get("api_error") == "auth_retry":
+                return self.auth_retries(float(action.get("retry_seconds", 180)))
+            elif action.get("api_error") == "not_logged_in":
+                return self.not_logged_in()
             elif "api_error" in action:
                 return self.api_error(str(action["api_error"]))
             elif "expect_in_prompt" in action:

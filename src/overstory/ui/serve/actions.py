@@ -32,9 +32,9 @@ SEAMS: dict[str, tuple[str, str, str]] = {
     # (project, conn, *, by: str | None, since: str | None) -> dict
     "costs": ("overstory.costs", "costs_report", "`ov costs`"),
     # (project, config, conn, name, *, add_usd: float | None, add_turns: int | None, add_time: str | None) -> dict
-    "resume": ("overstory.agents.resume", "resume_agent", "`ov resume`"),
+    "resume": ("overstory.agents.budgeting", "resume_from_request", "`ov resume`"),
     # (conn, name) -> dict | None: the agent's limits, spent and left
-    "budget": ("overstory.budgets", "agent_budget", "budgets"),
+    "budget": ("overstory.store.budgets", "agent_budget", "budgets"),
 }
 
 

@@ -48,7 +48,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/api/agents", "agents", "Every agent, as in `ov status --json` (completed ones with ?all=1).",
              (ALL,)),
     Endpoint("GET", "/api/agents/{name}", "agent", "One agent: its status entry, task, turns, state history, "
-             "spend and budget (null until budgets exist).", (NAME,)),
+             "spend and budget (limit, used and left of each of the four; null when it has none).", (NAME,)),
     Endpoint("GET", "/api/agents/{name}/diff", "agent_diff", "The agent's changes against its base branch "
              "(committed, uncommitted and untracked), as text.",
              (NAME, Param("stat", "query", "boolean", "only the summary (`git diff --stat`)")), media="text/plain"),
@@ -58,8 +58,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "its processes.", (NAME,), body="StopBody"),
     Endpoint("POST", "/api/agents/{name}/nudge", "agent_nudge", "`ov nudge`: a high-priority nudge mail.", (NAME,),
              body="NudgeBody", status=201),
-    Endpoint("POST", "/api/agents/{name}/resume", "agent_resume", "`ov resume`: un-park the agent (501 until "
-             "budgets exist).", (NAME,), body="ResumeBody"),
+    Endpoint("POST", "/api/agents/{name}/resume", "agent_resume", "`ov resume`: raise the agent's limits and "
+             "un-park it; it continues the same runtime session.", (NAME,), body="ResumeBody"),
     Endpoint("POST", "/api/sling", "sling", "`ov sling`: spawn an agent (no --spec or --scenario files: "
              "the API reads no file).", body="SlingBody", status=201),
     Endpoint("GET", "/api/events", "events", "Events in id order after a cursor (`ov feed`).", (
@@ -107,7 +107,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "exist).", (Param("id", "path", "string", "approval id"),), body="ApproveBody"),
     Endpoint("POST", "/api/approvals/{id}/reject", "approval_reject", "`ov reject` (501 until approval gates "
              "exist).", (Param("id", "path", "string", "approval id"),), body="RejectBody"),
-    Endpoint("GET", "/api/costs", "costs", "`ov costs` (501 until budgets exist).", (
+    Endpoint("GET", "/api/costs", "costs", "`ov costs`: tokens, dollars (real and estimated), turns and tool "
+             "calls per group, with totals.", (
         Param("by", "query", "string", "agent, run, capability or model"),
         Param("since", "query", "string", "10m, 2h or an ISO time"))),
 )

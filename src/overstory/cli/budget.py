@@ -1,0 +1,152 @@
+"""`ov budget` (limits, spent, left) and `ov resume` (raise limits, un-park)."""
+
+from __future__ import annotations
+
+import typing as t
+
+import click
+
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+
+
+class Duration(click.ParamType):
+    """Seconds, or a number with a unit: 90, 90s, 30m, 4h."""
+
+    name = "duration"
+
+    def convert(self, value: t.Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        from overstory.clock import parse_duration
+
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+
+def _config(project: t.Any) -> t.Any:
+    from overstory.config import load_config
+
+    return load_config(project.config_file, project.local_config_file)
+
+
+def budget_lines(label: str, document: dict[str, t.Any] | None) -> list[str]:
+    from overstory.store.budgets import format_limit
+
+    if document is None:
+        return [f"{label}: no budget recorded"]
+    lines = [label]
+    for key, entry in document["limits"].items():
+        limit = f"max_{key}"
+        used = format_limit(limit, entry["used"]) if key != "usd" else f"{entry['used']:.4f}"
+        extra = ""
+        if key == "usd" and entry.get("live_estimate"):
+            extra = f" (${entry['live_estimate']:.4f} of it estimated, turn in progress)"
+        if key == "tool_calls" and entry.get("refused"):
+            extra = f" ({entry['refused']} refused past the limit)"
+        left = "-" if entry["limit"] is None else format_limit(limit, entry["left"])
+        lines.append(f"  {key:<11} limit {format_limit(limit, entry['limit']):>8}  used {used:>8}  left {left:>8}{extra}")
+    return lines
+
+
+@click.command(name="budget")
+@click.argument("agent", required=False)
+@click.option("--run", "run_ref", help="A run (id or unique prefix) instead of an agent.")
+@json_option
+def budget(agent: str | None, run_ref: str | None, as_json: bool) -> None:
+    """Show limit, used and left of max_usd, max_turns, max_tool_calls and max_wallclock.
+
+    With no argument: every active agent and the open run.
+
+    \b
+    ov budget
+    ov budget builder-task-42
+    ov budget --run run-20260101 --json
+    """
+    from overstory.errors import AgentNotFound, UsageError
+    from overstory.store import budgets, runs, sessions
+
+    if agent and run_ref:
+        raise UsageError("give an agent or --run, not both")
+    conn = state_conn(project_paths())
+    documents: list[tuple[str, dict[str, t.Any] | None]] = []
+    if run_ref:
+        run = runs.resolve(conn, run_ref)
+        found = budgets.get_run(conn, run.id)
+        documents.append((f"run {run.id}", found.as_dict() if found else None))
+        names = [r["name"] for r in conn.execute("SELECT name FROM sessions WHERE run_id = ? ORDER BY created_at",
+                                                  (run.id,)).fetchall()]
+    elif agent:
+        if sessions.get(conn, agent) is None:
+            raise AgentNotFound(f"no agent named {agent!r}; `ov status --all` lists them")
+        names = [agent]
+    else:
+        open_run = runs.open_run(conn)
+        if open_run is not None:
+            found = budgets.get_run(conn, open_run.id)
+            documents.append((f"run {open_run.id}", found.as_dict() if found else None))
+        names = [a.name for a in sessions.list_sessions(conn, include_terminal=False)]
+    current = budgets.current_agents(conn, names)
+    for name in names:
+        entry = current.get(name)
+        documents.append((name, entry.as_dict() if entry else None))
+    if as_json:
+        echo_json({"budgets": [doc if doc is not None else {"name": label, "limits": None}
+                               for label, doc in documents]})
+        return
+    if not documents:
+        click.echo("no active agents and no open run")
+    for label, document in documents:
+        click.echo("\n".join(budget_lines(label, document)))
+
+
+def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
+    for option in reversed((
+        click.option("--add-usd", type=click.FloatRange(min=0), default=0.0, help="Raise max_usd by this many dollars."),
+        click.option("--add-turns", type=click.IntRange(min=0), default=0, help="Raise max_turns."),
+        click.option("--add-tool-calls", type=click.IntRange(min=0), default=0, help="Raise max_tool_calls."),
+        click.option("--add-time", "add_seconds", type=DURATION, default=0.0,
+                     help="More wall-clock time from now: seconds or 30m, 2h."),
+    )):
+        command = option(command)
+    return command
+
+
+@click.command(name="resume")
+@click.argument("agent")
+@add_options
+@json_option
+def resume(agent: str, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float, as_json: bool) -> None:
+    """Un-park an agent, raising its limits first; it continues the same runtime session.
+
+    A budget park needs the limit it reached raised; an auth park needs the key or
+    login fixed first (the runtime's key variables are taken from your environment);
+    a quota park can be ended early.
+
+    \b
+    ov resume builder-task-42 --add-usd 5
+    ov resume builder-task-42 --add-turns 10 --add-time 30m
+    ov resume builder-task-42          # after fixing ANTHROPIC_API_KEY
+    """
+    from overstory.agents.budgeting import resume_agent
+
+    project = project_paths()
+    result = resume_agent(project, _config(project), state_conn(project), agent, add_usd=add_usd,
+                          add_turns=add_turns, add_tool_calls=add_tool_calls, add_seconds=add_seconds)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    if result.unparked:
+        click.echo(f"resumed {agent} (was parked: {result.park_kind}); its next turn continues the same session")
+    elif result.previous_state == "parked":
+        click.echo(f"{agent} was un-parked by someone else a moment ago")
+    else:
+        click.echo(f"{agent} is {result.previous_state}, not parked; its limits are raised")
+    if result.refreshed_credentials:
+        click.echo(f"  took {', '.join(result.refreshed_credentials)} from your environment")
+    if result.budget and not as_json:
+        click.echo("\n".join(budget_lines("  budget:", result.budget)[1:]))

@@ -1,0 +1,116 @@
+"""Waiting for agents to settle, and the exit codes of the commands that wait.
+
+`ov wait`, `ov demo` and `ov coordinator ask` share one contract:
+
+====  =================================================
+0     every agent completed
+1     an ov error (bad state, database trouble...)
+2     a usage error (bad arguments)
+3     an agent died (zombie)
+4     an agent is parked by a budget
+5     an agent is parked by a quota or rate limit
+6     an agent is parked by an authentication failure
+124   timeout (like coreutils' ``timeout``)
+====  =================================================
+
+When several agents end differently, the highest code wins (auth over quota over
+budget over a death): it names the thing a person must look at first.
+
+An agent has *settled* when it is terminal (completed, zombie) or parked; a run has
+settled when every agent of it has, except persistent ones (the coordinator) that
+are merely idle.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import typing as t
+from dataclasses import dataclass
+
+from overstory.store import runs, sessions
+from overstory.store.lifecycle import PERSISTENT_CAPABILITIES
+from overstory.store.sessions import Session
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_ZOMBIE = 3
+EXIT_BUDGET = 4
+EXIT_QUOTA = 5
+EXIT_AUTH = 6
+EXIT_TIMEOUT = 124
+PARK_EXIT = {"budget": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH}
+POLL_SECONDS = 0.25
+
+
+def is_settled(agent: Session) -> bool:
+    return agent.is_terminal or agent.state == "parked"
+
+
+def code_of(agent: Session) -> int | None:
+    """The exit code one settled agent stands for; None while it has not settled."""
+    if agent.state == "completed":
+        return EXIT_OK
+    if agent.state == "zombie":
+        return EXIT_ZOMBIE
+    if agent.state == "parked":
+        return PARK_EXIT.get(agent.park_kind or "", EXIT_ERROR)
+    return None
+
+
+def outcome_code(agents: t.Iterable[Session]) -> int:
+    """The highest code of the settled agents (0 when all completed, or there are none)."""
+    codes = [code for code in (code_of(agent) for agent in agents) if code is not None]
+    return max(codes, default=EXIT_OK)
+
+
+@dataclass
+class WaitResult:
+    code: int
+    agents: list[Session]
+    waited_seconds: float
+    timed_out: bool
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {"exit_code": self.code, "timed_out": self.timed_out, "waited_seconds": round(self.waited_seconds, 3),
+                "agents": [{"name": a.name, "state": a.state, "reason": a.state_reason, "park_kind": a.park_kind,
+                            "exit_code": code_of(a)} for a in self.agents]}
+
+
+def run_members(conn: sqlite3.Connection, run_id: str) -> list[Session]:
+    """The run's agents that a wait is about: all but idle persistent ones."""
+    rows = conn.execute("SELECT name FROM sessions WHERE run_id = ? ORDER BY depth, created_at, name",
+                        (run_id,)).fetchall()
+    found = [agent for agent in (sessions.get(conn, row["name"]) for row in rows) if agent is not None]
+    return [a for a in found if a.capability not in PERSISTENT_CAPABILITIES or is_settled(a)]
+
+
+def wait(conn: sqlite3.Connection, *, agent: str | None = None, run_id: str | None = None,
+         timeout: float | None = None, poll: float = POLL_SECONDS,
+         on_change: t.Callable[[Session], None] | None = None) -> WaitResult:
+    """Block until the agent (or every agent of the run) has settled, or ``timeout`` seconds pass."""
+    from overstory.errors import AgentNotFound
+
+    started = time.monotonic()
+    seen: dict[str, str] = {}
+    while True:
+        if agent is not None:
+            found = sessions.get(conn, agent)
+            if found is None:
+                raise AgentNotFound(f"no agent named {agent!r}; `ov status --all` lists them")
+            members = [found]
+        else:
+            assert run_id is not None
+            members = run_members(conn, run_id)
+        for member in members:
+            if on_change is not None and seen.get(member.name) != member.state:
+                on_change(member)
+            seen[member.name] = member.state
+        run_done = run_id is not None and (found_run := runs.get_run(conn, run_id)) is not None \
+            and not found_run.is_open
+        if run_done or all(is_settled(m) for m in members):
+            return WaitResult(outcome_code(members), members, time.monotonic() - started, False)
+        if timeout is not None and time.monotonic() - started >= timeout:
+            return WaitResult(EXIT_TIMEOUT, members, time.monotonic() - started, True)
+        time.sleep(poll if timeout is None else max(0.01, min(poll, timeout - (time.monotonic() - started))))
