@@ -105,8 +105,9 @@ def test_no_turn_starts_past_max_turns(project, tmp_path):
 
 
 def test_the_guard_refuses_the_tool_call_past_the_limit_and_the_agent_parks(project, tmp_path):
-    marker = tmp_path / "third-ran"
-    start(project, tmp_path, [{"actions": [{"bash": "true"}, {"bash": "true"}, {"bash": f"touch {marker}"},
+    # In the worktree: the sandbox's /tmp (where tmp_path is) is private to the turn.
+    marker = project.worktree("builder-t1") / "third-ran"
+    start(project, tmp_path, [{"actions": [{"bash": "true"}, {"bash": "true"}, {"bash": "touch third-ran"},
                                            {"sleep": 20}, REPORT]}], budget={"max_tool_calls": 2})
     agent = settled(project, "builder-t1")
     assert agent.state == "parked" and agent.state_reason == "budget: max_tool_calls 2 reached (2)"

@@ -226,3 +226,26 @@ def test_the_agent_side_of_mail_stays_light(team: ProjectPaths, serve: t.Any) ->
                           env=_agent_env(channel), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_guard_counts_tool_calls_through_the_endpoint_for_the_caller(team: ProjectPaths, serve: t.Any,
+                                                                        state_db: t.Any) -> None:
+    """`ov guard` inside a turn counts through the endpoint (state.db is read-only in the sandbox), always
+    against the caller's own budget, whatever its environment says; the call past the limit is denied."""
+    from overstory.store import budgets
+
+    budgets.create_agent(state_db, "builder-a", 1, run_id=None, limits={"max_tool_calls": 2})
+    budgets.create_agent(state_db, "builder-x", 1, run_id=None, limits={"max_tool_calls": 2})
+    channel = serve("builder-a")
+    hook = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Read", "tool_input": {"file_path": "README.md"},
+                       "session_id": "s", "cwd": str(team.root)})
+    lying = {"OVERSTORY_AGENT_NAME": "builder-x", "OVERSTORY_PROJECT_ROOT": str(team.root),
+             "OVERSTORY_GENERATION": "1", "OVERSTORY_CAPABILITY": "builder"}
+    replies = [subprocess.run([*ov_command(), "guard"], input=hook, cwd=team.root, env=_agent_env(channel, **lying),
+                              capture_output=True, text=True, timeout=60) for _ in range(3)]
+    assert [r.returncode for r in replies] == [0, 0, 0], [r.stderr for r in replies]
+    assert replies[0].stdout == replies[1].stdout == ""
+    assert "max_tool_calls reached" in replies[2].stdout and '"deny"' in replies[2].stdout
+    counted = {r["name"]: (r["tool_calls"], r["refused_tool_calls"])
+               for r in state_db.execute("SELECT name, tool_calls, refused_tool_calls FROM budgets")}
+    assert counted == {"builder-a": (2, 1), "builder-x": (0, 0)}

@@ -195,7 +195,7 @@ def test_escapes_of_a_scripted_builder_change_nothing_outside_its_own(project: P
         f"python3 -c \"import sqlite3;c=sqlite3.connect('{ov}/state.db');c.execute('delete from mail');c.commit()\"",
         f"echo x > {outside}",
         f"ls {project.run_dir / victim}/ > /tmp/seen",              # another agent's run dir is hidden
-        "env -u OVERSTORY_TURN_ID setsid sh -c 'exec -a ov-escape-token-1 sleep 300' >/dev/null 2>&1 &",
+        "env -u OVERSTORY_TURN_ID setsid bash -c 'exec -a ov-escape-token-1 sleep 300' >/dev/null 2>&1 &",
         f"printf 'ref: refs/heads/main\\n' > {git}/refs/heads/ov/{me}",  # a symbolic ref planted in its own copy
     ]
     name = sling_scripted(project, "evil", [{"actions": [{"bash": hidden(c)} for c in escapes] + [REPORT]}],

@@ -10,6 +10,8 @@ import click
 
 from overstory import guards
 
+GUARD_TIMEOUT_SECONDS = 30.0  # the endpoint's count is one UPDATE; a hung loop must not hold the tool call for long
+
 
 @click.command(name="guard")
 def guard() -> None:
@@ -44,11 +46,28 @@ def guard() -> None:
 
 
 def _count_tool_call(env: t.Mapping[str, str]) -> str | None:
-    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
+    """Count the call against the agent's budget; the reason to deny it, or None.
+
+    Inside an agent's turn the count goes through its endpoint (state.db is read-only in
+    its sandbox, and the endpoint knows who is calling); elsewhere it is one SQLite statement.
+    Either way a count that cannot be made allows the call (``store.tool_count``).
+    """
     agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
                                env.get("OVERSTORY_GENERATION", ""))
     if not agent or not root or not generation.isdigit():
         return None
+    from overstory.endpoint.client import channel
+
+    remote = channel(env)
+    if remote is not None:
+        from overstory.errors import EndpointError
+
+        try:
+            answer = remote.call("tool_call", {}, timeout=GUARD_TIMEOUT_SECONDS)
+        except EndpointError:
+            return None
+        deny = answer.get("deny") if isinstance(answer, dict) else None
+        return str(deny) if deny else None
     from overstory.store.tool_count import count_tool_call
 
     return count_tool_call(os.path.join(root, ".overstory", "state.db"), agent, int(generation))

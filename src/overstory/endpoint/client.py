@@ -43,7 +43,7 @@ class Channel:
         self.socket_path = socket_path
         self.token = token
 
-    def call(self, route: str, args: t.Mapping[str, t.Any]) -> t.Any:
+    def call(self, route: str, args: t.Mapping[str, t.Any], timeout: float = TIMEOUT_SECONDS) -> t.Any:
         """POST one request; the route's result, or EndpointError with the server's one-line reason."""
         import socket  # only agents pay for it: the operator's commands never get here
 
@@ -53,7 +53,7 @@ class Channel:
         address, fd = unix_address(self.socket_path)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(TIMEOUT_SECONDS)
+                conn.settimeout(timeout)
                 conn.connect(address)
                 conn.sendall(head.encode("latin-1") + body)
                 chunks = []

@@ -7,6 +7,7 @@ taken from its row, never from the request:
 - mail: the sender is always the caller (``--from`` another name is refused); reading and
   checking mail is for the caller's own mailbox;
 - ``status``: read-only, for everyone;
+- ``tool_call``: `ov guard` counting the caller's own tool call against its budget;
 - ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
 - ``stop``: only the caller's own descendants;
 - ``merge``: the coordinator (its role merges what its builders finish) and mergers; only
@@ -211,6 +212,20 @@ def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     return report.as_dict()
 
 
+def tool_call(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard` counts an allowed tool call against the caller's (and its run's) max_tool_calls.
+
+    The guard runs inside the sandbox, where state.db is read-only; the count is the same
+    statement the guard runs on the database outside one (``store.tool_count``).
+    """
+    from overstory.store.tool_count import count_tool_call
+
+    return {"deny": count_tool_call(str(caller.project.state_db), caller.name, caller.agent.generation)}
+
+
+tool_call.takes_back = False  # type: ignore[attr-defined]  # every tool call: no git work here
+
+
 ROUTES: dict[str, Route] = {
     "mail.send": mail_send,
     "mail.check": mail_check,
@@ -222,4 +237,5 @@ ROUTES: dict[str, Route] = {
     "sling": sling,
     "stop": stop,
     "merge": merge,
+    "tool_call": tool_call,
 }

@@ -219,7 +219,8 @@ class AgentEndpoint:
             if agent is None or agent.generation != self.generation or agent.is_terminal:
                 return 403, {"ok": False, "error": f"{self.name} (generation {self.generation}) is no longer active",
                              "exit_code": 1}
-            self._take_back(agent, events)
+            if getattr(handler, "takes_back", True):
+                self._take_back(agent, events)
             result = handler(Caller(self.project, agent, conn, self.launch_env, events), args)
             return 200, {"ok": True, "result": result}
         except NotPermitted as exc:
