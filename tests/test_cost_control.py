@@ -63,7 +63,7 @@ def settled(project, name, timeout=60):
 
 
 def test_crossing_max_usd_mid_turn_parks_and_resume_continues_the_session(project, tmp_path):
-    once = tmp_path / "spent-once"
+    once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
     start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
           budget={"max_usd": 0.5})
     agent = settled(project, "builder-t1")
@@ -135,7 +135,7 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
                      "--budget-usd", "2", cwd=project.root)
     assert started.returncode == 0, started.stderr
     for task in ("a", "b", "c"):
-        start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(tmp_path / f"once-{task}")},
+        start(project, tmp_path, [{"actions": [{"usage": BIG, "once": f"once-{task}"},
                                                {"sleep": 30}, REPORT]}], task=task)
     names = ["builder-a", "builder-b", "builder-c"]
     for name in names:
@@ -168,7 +168,7 @@ def test_a_usage_limit_parks_every_agent_of_the_provider_until_the_reset(project
                               {"actions": [REPORT]}], task="b", env=env)
     wait_for(lambda: (a := agent_state(project, "builder-b")) and a.state == "between_turns" and a.turns == 1, 30)
     start(project, tmp_path, [{"actions": [{"api_error": "usage_limit", "resets_in": 4,
-                                            "once": str(tmp_path / "limited-once")}, REPORT]}], task="a", env=env)
+                                            "once": "limited-once"}, REPORT]}], task="a", env=env)
     a = settled(project, "builder-a")
     b = wait_for(lambda: (x := agent_state(project, "builder-b")) and x.state == "parked" and x, 10)
     assert a.park_kind == b.park_kind == "quota" and a.retries == 0, "no retry was consumed"
@@ -186,7 +186,7 @@ def test_a_usage_limit_parks_every_agent_of_the_provider_until_the_reset(project
 
 
 def test_a_rate_limit_without_a_reset_time_backs_off(project, tmp_path):
-    start(project, tmp_path, [{"actions": [{"api_error": "rate_limit", "once": str(tmp_path / "once")}, REPORT]}],
+    start(project, tmp_path, [{"actions": [{"api_error": "rate_limit", "once": "once"}, REPORT]}],
           env={"OV_QUOTA_BACKOFF_INITIAL": "2"})
     agent = settled(project, "builder-t1")
     assert agent.park_kind == "quota" and 1500 <= agent.park_until - turns_of(project, "builder-t1")[0]["ended_at"] <= 3000
@@ -196,7 +196,7 @@ def test_a_rate_limit_without_a_reset_time_backs_off(project, tmp_path):
 
 def test_a_rejected_key_parks_at_the_first_retry_and_resume_brings_the_fixed_key(project, tmp_path):
     report_with_good_key = {"bash": 'test "$ANTHROPIC_API_KEY" = good && ' + REPORT["bash"]}
-    scenario = [{"actions": [{"api_error": "auth_retry", "retry_seconds": 120, "once": str(tmp_path / "auth-once")},
+    scenario = [{"actions": [{"api_error": "auth_retry", "retry_seconds": 120, "once": "auth-once"},
                              report_with_good_key]}]
     began = time.monotonic()
     start(project, tmp_path, scenario, env={"ANTHROPIC_API_KEY": "bad"})
@@ -270,7 +270,7 @@ def test_a_loop_that_dies_between_the_budget_stop_and_the_park_parks_once_after_
 
     from conftest import ov_command
 
-    once = tmp_path / "spent-once"
+    once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
     start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
           budget={"max_usd": 0.5}, env={"OV_TEST_DIE_AT": "park"})
     wait_for(lambda: (rows := turns_of(project, "builder-t1")) and rows[0]["status"] == "budget", 60)

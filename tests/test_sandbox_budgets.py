@@ -95,7 +95,7 @@ def test_a_budget_stop_of_a_sandboxed_turn_kills_every_process_it_started(projec
     spawn = (f"python3 -c 'import time; time.sleep(300)' {token}-group >/dev/null 2>&1 & "
              f"env -u OVERSTORY_TURN_ID setsid python3 -c 'import time; time.sleep(300)' {token}-setsid "
              ">/dev/null 2>&1 &")
-    once = tmp_path / "spent-once"
+    once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
     name = start(project, tmp_path, [{"bash": hidden(spawn)}, {"sleep": 4}, {"usage": BIG, "once": str(once)},
                                      {"sleep": 60}, REPORT], budget={"max_usd": 0.5})
     wait_for(lambda: len(processes_with(token)) == 2, 60, message="both leftovers to be running")

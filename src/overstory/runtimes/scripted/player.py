@@ -19,7 +19,9 @@ Scenario (JSON, or YAML when the name ends in .yaml/.yml)::
 Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do".
 Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
 usage (see ``_Turn.perform``). Any action may carry ``"once": PATH``: it is played only
-while PATH does not exist, and creates it (so a retried or resumed turn skips it).
+while PATH does not exist, and creates it (so a retried or resumed turn skips it); a
+relative PATH is in the agent's state dir (an absolute one under /tmp would be private
+to one turn inside ov's sandbox).
 Strings may hold ``${VAR}`` placeholders filled from the environment. Stdlib only: this
 process starts once per turn.
 """
@@ -136,6 +138,7 @@ class Session:
     def __init__(self, state_dir: Path, cwd: str, session_id: str) -> None:
         self.id = session_id
         self.cwd = cwd
+        self.state_dir = state_dir
         self.path = state_dir / "projects" / re.sub(r"[^A-Za-z0-9]", "-", cwd) / f"{session_id}.jsonl"
 
     def exists(self) -> bool:
@@ -419,9 +422,13 @@ class _Turn:
             action = expand(action)
             once = action.pop("once", None) if isinstance(action, dict) else None
             if once:
-                if Path(once).exists():
+                # A relative PATH is in the agent's state dir: kept across its turns, and writable inside
+                # ov's sandbox, where /tmp is private to each turn.
+                marker = self.session.state_dir / once
+                if marker.exists():
                     continue
-                Path(once).touch()
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
             if "usage" in action:
                 spec = action["usage"]
                 tokens = usage(int(spec.get("input_tokens", 0)), int(spec.get("output_tokens", 0)))
