@@ -26,7 +26,7 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig4_ticks": (30, 10),
     "fig5_files": (5000, 5000),
     "fig5_spawns": (5, 2),
-    "fig6_idle_agents": (3, 1),
+    "fig6_idle_agents": (50, 10),
     "fig6_watch_rounds": (10, 4),
     "fig7_agents": (50, 25),
     "fig7_runs": (3, 1),
@@ -38,7 +38,9 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig8_idle_seconds": (10, 3),
     "fig9_repeat": (7, 3),
     "fig9_rounds": (10, 4),
-    "fig10_rounds": (30, 8),
+    "fig10_calls": (200, 50),
+    "fig10_rounds": (2, 1),
+    "fig11_rounds": (30, 8),
 }
 
 

@@ -307,25 +307,25 @@ def _cpu_ticks(pid: int) -> int | None:
     return int(fields[11]) + int(fields[12])
 
 
-def run_memory(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from synthetic import add_agents, add_events, add_mail
+def _idle_loops(ctx: Context, count: int) -> dict[str, t.Any]:
+    """``count`` idle agent loops (scouts after one turn that did not finish, waiting for mail): memory, CPU."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from overstory.paths import ProjectPaths
     from overstory.store import sessions
-    from overstory.store.db import open_events, open_state
+    from overstory.store.db import open_state
 
-    rows: list[dict[str, t.Any]] = []
-    details: dict[str, t.Any] = {}
-    # -- idle per-agent loops: after one turn that did not finish the task, waiting for mail.
-    root = make_repo(ctx.scratch / "fig6-project")
+    root = make_repo(ctx.scratch / f"fig6-idle-{count}")
     init_project(root)
     project = ProjectPaths(root)
+    project.local_config_file.write_text(f"agents:\n  max_concurrent_agents: {count + 10}\n")
     scenario = ctx.scratch / "fig6-idle-scenario.json"
     scenario.write_text(json.dumps({"turns": [{"actions": [
         {"bash": "ov mail send --to operator --subject 'waiting for review' --body 'idle until you write'"}],
         "result": "waiting"}]}))
-    names = [_sling(ctx, root, "scout", f"idle{i}", "--scenario", str(scenario))["name"]
-             for i in range(ctx.p("fig6_idle_agents"))]
+    with ThreadPoolExecutor(SLINGERS) as pool:
+        names = [slung["name"] for slung in pool.map(
+            lambda i: _sling(ctx, root, "scout", f"idle{i:02d}", "--scenario", str(scenario)), range(count))]
 
     def all_idle() -> bool:
         conn = open_state(project.state_db)
@@ -335,48 +335,93 @@ def run_memory(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
             conn.close()
         return all(a is not None and a.state == "between_turns" and a.turns >= 1 for a in agents)
 
-    if not _wait(all_idle, timeout=60, interval=0.1):
-        raise RuntimeError("the idle agents did not finish their first turn within 60 s")
+    try:
+        if not _wait(all_idle, timeout=60 + 3 * count, interval=0.2):
+            raise RuntimeError(f"the {count} idle agents did not finish their first turn in time")
+        conn = open_state(project.state_db)
+        loops = [(a.loop_pid, a.loop_start_ticks) for a in (sessions.get(conn, n) for n in names) if a is not None]
+        conn.close()
+        time.sleep(1.0)
+        per_loop: dict[str, list[float]] = collections.defaultdict(list)
+        totals: dict[str, list[float]] = collections.defaultdict(list)
+        cpu_before = {pid: _cpu_ticks(pid) for pid, _ in loops}
+        window = 3.0 if ctx.quick else 6.0
+        window_start = time.monotonic()
+        for _ in range(6):
+            round_total: dict[str, float] = collections.defaultdict(float)
+            for pid, _ticks in loops:
+                memory = rss_kib(pid)  # type: ignore[arg-type]
+                if memory:
+                    for key in ("VmRSS", "Pss", "RssAnon"):
+                        per_loop[key].append(memory.get(key, 0) / 1024)
+                        round_total[key] += memory.get(key, 0) / 1024
+            for key, value in round_total.items():
+                totals[key].append(value)
+            time.sleep(window / 6)
+        elapsed = time.monotonic() - window_start
+        hz = os.sysconf("SC_CLK_TCK")
+        spent = sum((_cpu_ticks(pid) or 0) - (cpu_before[pid] or 0) for pid, _ in loops)
+        return {"loops": loops, "per_loop": per_loop, "totals": totals, "elapsed": elapsed, "hz": hz, "spent": spent,
+                "cpu_per_loop": spent / hz / elapsed / max(1, len(loops)) * 100}
+    finally:
+        _stop_agents(ctx, root, names)
+        stopped = _wait(lambda: not any(alive(pid, ticks) for pid, ticks in _loops_of(project, names)), timeout=30)
+        if not stopped:
+            print(f"figure 6: an agent loop of {root} was still alive 30 s after `ov stop`", flush=True)
+
+
+def _loops_of(project: t.Any, names: list[str]) -> list[tuple[int, int | None]]:
+    from overstory.store import sessions
+    from overstory.store.db import open_state
+
     conn = open_state(project.state_db)
-    loops = [(a.loop_pid, a.loop_start_ticks) for a in (sessions.get(conn, n) for n in names) if a is not None]
-    conn.close()
+    try:
+        return [(a.loop_pid, a.loop_start_ticks) for a in (sessions.get(conn, n) for n in names)
+                if a is not None and a.loop_pid]
+    finally:
+        conn.close()
+
+
+IDLE_50_TARGET_MIB = 1024.0
+
+
+def run_memory(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
+    from synthetic import add_agents, add_events, add_mail
+
+    from overstory.paths import ProjectPaths
+    from overstory.store.db import open_events, open_state
+
+    rows: list[dict[str, t.Any]] = []
+    details: dict[str, t.Any] = {}
+    # -- idle per-agent loops, 1 and 50 (quick: 1 and 10) at once
     floor = ctx.registry.start([ctx.python, "-c", "import sqlite3, time; time.sleep(600)"], env=ctx.env())
     time.sleep(1.0)
-    samples: dict[str, list[float]] = collections.defaultdict(list)
-    cpu_before = {pid: _cpu_ticks(pid) for pid, _ in loops}
-    window = 3.0 if ctx.quick else 6.0
-    window_start = time.monotonic()
-    for _ in range(6):
-        for pid, _ticks in loops:
-            memory = rss_kib(pid)  # type: ignore[arg-type]
-            if memory:
-                samples["loop VmRSS"].append(memory["VmRSS"] / 1024)
-                samples["loop Pss"].append(memory.get("Pss", 0) / 1024)
-                samples["loop RssAnon"].append(memory["RssAnon"] / 1024)
-        memory = rss_kib(floor.pid)
-        if memory:
-            samples["floor VmRSS"].append(memory["VmRSS"] / 1024)
-        time.sleep(window / 6)
-    elapsed = time.monotonic() - window_start
-    hz = os.sysconf("SC_CLK_TCK")
-    # Summed over the loops: one loop alone uses less than the clock-tick resolution.
-    spent = sum((_cpu_ticks(pid) or 0) - (cpu_before[pid] or 0) for pid, _ in loops)
-    cpu_per_loop = spent / hz / elapsed / len(loops) * 100
-    _stop_agents(ctx, root, names)
-    gone = _wait(lambda: not any(alive(pid, ticks) for pid, ticks in loops), timeout=15)
-    floor_rss = Stats(samples["floor VmRSS"])
-    rss = Stats(samples["loop VmRSS"])
-    rows.append(row(6, "idle agent loop, resident memory (VmRSS)", "MiB", rss, digits=1,
-                    ratio=rss.median / floor_rss.median, baseline="python -c 'import sqlite3; sleep'",
-                    note=f"{len(loops)} loop(s) after one scripted turn, {len(samples['loop VmRSS'])} samples"))
-    rows.append(row(6, "idle agent loop, proportional memory (Pss)", "MiB", Stats(samples["loop Pss"]), digits=1))
-    rows.append(row(6, "idle agent loop, private memory (RssAnon)", "MiB", Stats(samples["loop RssAnon"]), digits=1))
+    floor_rss = Stats([(rss_kib(floor.pid) or {}).get("VmRSS", 0) / 1024 for _ in range(3)])
+    floor_pss = Stats([(rss_kib(floor.pid) or {}).get("Pss", 0) / 1024 for _ in range(3)])
+    for count in (1, ctx.p("fig6_idle_agents")):
+        measured = _idle_loops(ctx, count)
+        label = f"{count} idle agent loop{'s' if count != 1 else ''}"
+        per_loop, totals = measured["per_loop"], measured["totals"]
+        note = f"{len(measured['loops'])} loop(s) after one scripted turn, 6 samples each"
+        rss = Stats(per_loop["VmRSS"])
+        rows.append(row(6, f"{label}: resident memory (VmRSS) per loop", "MiB", rss, digits=1,
+                        ratio=rss.median / floor_rss.median, baseline="python -c 'import sqlite3; sleep'", note=note))
+        rows.append(row(6, f"{label}: proportional memory (Pss) per loop", "MiB", Stats(per_loop["Pss"]), digits=1))
+        rows.append(row(6, f"{label}: private memory (RssAnon) per loop", "MiB", Stats(per_loop["RssAnon"]), digits=1))
+        if count > 1:
+            rows.append(row(6, f"{label}: VmRSS summed", "MiB", Stats(totals["VmRSS"]), digits=0))
+            pss_total = Stats(totals["Pss"])
+            scaled = pss_total.median * 50 / count
+            rows.append(row(6, f"{label}: Pss summed (what they cost together)", "MiB", pss_total, digits=0,
+                            target=f"50 agents < {IDLE_50_TARGET_MIB:g} MiB", met=scaled < IDLE_50_TARGET_MIB,
+                            note=None if count == 50 else f"x 50/{count} = {scaled:.0f} MiB for 50"))
+        rows.append(row(6, f"{label}: CPU while waiting for mail", "% of a core", value=measured["cpu_per_loop"],
+                        digits=3, note=f"each loop polls the database every 0.4 s; {measured['spent']} clock ticks "
+                                       f"(1/{measured['hz']} s) over {len(measured['loops'])} loop(s) x "
+                                       f"{measured['elapsed']:.1f} s"))
+        details[f"idle_{count}"] = {key: value for key, value in measured.items() if key != "loops"}
     rows.append(row(6, "floor: idle python with sqlite3 (VmRSS)", "MiB", floor_rss, digits=1))
-    rows.append(row(6, "idle agent loop, CPU while waiting for mail", "% of a core", value=cpu_per_loop, digits=3,
-                    note=f"the loop polls the database every 0.4 s; {spent} clock ticks (1/{hz} s) over "
-                         f"{len(loops)} loop(s) x {elapsed:.1f} s"))
-    if not gone:
-        add_note(rows, "an agent loop was still alive 15 s after `ov stop`", 6)
+    rows.append(row(6, "floor: idle python with sqlite3 (Pss)", "MiB", floor_pss, digits=1))
 
     # -- ov watch --once with 200 agents and 100,000 events
     root = make_repo(ctx.scratch / "fig6-watch")

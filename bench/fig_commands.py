@@ -1,7 +1,10 @@
 """Figure 1: whole-process latency of the hot commands against two Python floors.
 
 The floors are the least any Python CLI can cost: starting the interpreter
-(`python -c pass`) and starting it plus importing click. Each round runs every
+(`python -c pass`), starting it plus importing click, and starting it plus importing
+the standard modules every hot command needs (re, json, sqlite3). The hot commands do not
+import click (cli.fast parses them), so the target is set against the first floor:
+at most 2x `python -c pass`; the ratio to the click floor is given beside it. Each round runs every
 command once, in a rotating order, so the ratio of medians is taken under the same
 conditions. It is measured twice: with bytecode caching on (PYTHONPYCACHEPREFIX in
 a scratch folder, as an installed package would have .pyc files) and off
@@ -33,24 +36,30 @@ from harness import (
 )
 from synthetic import add_agents, add_events, add_mail
 
-TARGET_RATIO = 1.6
+TARGET_RATIO = 2.0  # x `python -c pass`
+CLICK_COMMANDS = {"ov --version"}
 HEAVY_MODULES = ("rich", "git", "libtmux", "anthropic", "pydantic", "yaml")
 AGENT = "builder-hot"
 
 
-def _guard_input(worktree: Path) -> bytes:
-    """What Claude Code sends a PreToolUse hook for an ordinary Bash call."""
-    return json.dumps({
+def _guard_input(worktree: Path, event: str = "PreToolUse") -> bytes:
+    """What Claude Code sends a PreToolUse (or PostToolUse) hook for an ordinary Bash call."""
+    payload: dict[str, t.Any] = {
         "session_id": "5b0c2c9e-8f0e-4f57-a7a4-3d0f5c1c9a11",
         "transcript_path": "/root/.claude/projects/-tmp-x/5b0c2c9e-8f0e-4f57-a7a4-3d0f5c1c9a11.jsonl",
         "cwd": str(worktree),
         "permission_mode": "bypassPermissions",
-        "hook_event_name": "PreToolUse",
+        "hook_event_name": event,
         "tool_name": "Bash",
         "tool_input": {"command": "python -m pytest -q tests/test_parser.py && git status --short",
                        "description": "Run the parser tests"},
         "tool_use_id": "toolu_01AbCdEfGhIjKlMnOpQrStUv",
-    }).encode()
+    }
+    if event == "PostToolUse":
+        payload["tool_response"] = {"stdout": "....\n4 passed in 0.31s\n M src/parser.py", "stderr": "",
+                                    "interrupted": False, "isImage": False, "noOutputExpected": False}
+        payload["duration_ms"] = 812
+    return json.dumps(payload).encode()
 
 
 def _setup(ctx: Context) -> dict[str, t.Any]:
@@ -96,10 +105,12 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
     from overstory.store.db import open_state
 
     root, worktree, project = setup["root"], setup["worktree"], setup["project"]
+    # As a turn's environment: its id, attempt and the mail it answers, which the ledger records.
     agent_env = {**env, "OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder",
                  "OVERSTORY_PROJECT_ROOT": str(root), "OVERSTORY_WORKTREE": str(worktree),
                  "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_TASK_ID": "hot",
-                 "OVERSTORY_GENERATION": str(setup["generation"])}
+                 "OVERSTORY_GENERATION": str(setup["generation"]), "OVERSTORY_TURN_ID": "bench-turn",
+                 "OVERSTORY_ATTEMPT": "0", "OVERSTORY_DISPATCH": "1"}
     # Without the generation the guard skips its budget count: the guard as it was before budgets.
     uncounted_env = {k: v for k, v in agent_env.items() if k != "OVERSTORY_GENERATION"}
     py = ctx.python
@@ -133,6 +144,8 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
     return {
         "floor: python -c pass": Command([py, "-c", "pass"], env),
         "floor: python -c 'import click'": Command([py, "-c", "import click"], env),
+        # What every hot command needs from the standard library (the `ov` script itself imports re).
+        "floor: python -c 'import re, json, sqlite3'": Command([py, "-c", "import re, json, sqlite3"], env),
         "ov --version": Command([ctx.ov, "--version"], env, cwd=root),
         "ov mail send": Command([ctx.ov, "mail", "send", "--to", "builder-002", "--subject", "status",
                                  "--body", "parser done; tests next"], env, cwd=root),
@@ -140,11 +153,29 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
                                          before=one_new_message),
         "ov guard (Bash PreToolUse)": Command([ctx.ov, "guard"], agent_env, cwd=worktree,
                                               stdin=_guard_input(worktree), check=allowed),
+        "ov guard --post (Bash PostToolUse)": Command([ctx.ov, "guard", "--post"], agent_env, cwd=worktree,
+                                                      stdin=_guard_input(worktree, "PostToolUse"), check=allowed),
         "ov guard, no budget count": Command([ctx.ov, "guard"], uncounted_env, cwd=worktree,
                                              stdin=_guard_input(worktree), check=allowed),
         "ov status --json (50 agents)": Command([ctx.ov, "status", "--json"], env, cwd=root,
                                                 check=fifty_agents),
     }
+
+
+def _cpu_rows(cpu: dict[str, list[float]], label: str) -> list[dict[str, t.Any]]:
+    """Each command's CPU time (user + system) against `python -c pass`'s, from the same interleaved runs.
+
+    On this shared machine other sessions' load stretches wall time (a core is not free when a
+    process wants it) far more than CPU time, so this ratio is the steadier view of the same target."""
+    floor = Stats(cpu["floor: python -c pass"])
+    rows = []
+    for name, samples in cpu.items():
+        if name.startswith("floor") and name != "floor: python -c pass" and "re, json" not in name:
+            continue
+        measured = Stats(samples)
+        rows.append(row(1, f"{name}, CPU time [{label}]", "ms", measured, ratio=measured.median / floor.median,
+                        baseline="python -c pass, CPU time"))
+    return rows
 
 
 def _guard_cpu_rows(commands: dict[str, Command], label: str, *, rounds: int) -> list[dict[str, t.Any]]:
@@ -238,9 +269,11 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         pycache = ctx.scratch / f"pycache-{mode}"
         env = clean_env(mode, pycache_dir=pycache)
         commands = _commands(ctx, env, setup)
-        stats, errors = time_interleaved(commands, rounds=ctx.p("fig1_rounds"), warmup=ctx.p("fig1_warmup"))
+        cpu: dict[str, list[float]] = {}
+        stats, errors = time_interleaved(commands, rounds=ctx.p("fig1_rounds"), warmup=ctx.p("fig1_warmup"), cpu=cpu)
         details["errors"] += [f"[bytecode {mode}] {e}" for e in errors]
         click_floor: Stats = stats["floor: python -c 'import click'"]
+        pass_floor: Stats = stats["floor: python -c pass"]
         label = "bytecode cache on" if mode == "on" else "bytecode cache off"
         # This sandbox has a site-packages .pth file that imports certifi in every Python
         # process, floors included; it flattens the ratios, so they are also given without it.
@@ -253,12 +286,17 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                 rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio_to_pass,
                                 baseline="python -c pass"))
                 continue
-            ratio = measured.median / click_floor.median
-            rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio, baseline="python -c 'import click'",
-                            target=f"<= {TARGET_RATIO}x click floor", met=ratio <= TARGET_RATIO,
-                            over_click_floor_ms=round(measured.median - click_floor.median, 1),
-                            ratio_of_minimums=round(measured.min / click_floor.min, 3),
-                            ratio_without_startup_pth=round((measured.median - pth_ms) / (click_floor.median - pth_ms), 3)))
+            ratio = measured.median / pass_floor.median
+            hot = name not in CLICK_COMMANDS  # `ov --version` goes through click: shown for comparison
+            rows.append(row(1, f"{name} [{label}]", "ms", measured, ratio=ratio, baseline="python -c pass",
+                            target=f"<= {TARGET_RATIO:g}x python -c pass" if hot else None,
+                            met=ratio <= TARGET_RATIO if hot else None,
+                            ratio_click=round(measured.median / click_floor.median, 3),
+                            baseline_click="python -c 'import click'",
+                            over_pass_floor_ms=round(measured.median - pass_floor.median, 1),
+                            ratio_of_minimums=round(measured.min / pass_floor.min, 3),
+                            ratio_without_startup_pth=round((measured.median - pth_ms) / (pass_floor.median - pth_ms), 3)))
+        rows.extend(_cpu_rows(cpu, label))
         rows.extend(_guard_cpu_rows(commands, label, rounds=ctx.p("fig1_rounds")))
         counted, uncounted = stats["ov guard (Bash PreToolUse)"], stats["ov guard, no budget count"]
         paired = Stats([a - b for a, b in zip(counted.samples, uncounted.samples)])

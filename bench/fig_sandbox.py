@@ -1,4 +1,4 @@
-"""Figure 10: what the sandbox and the endpoint cost (issue 12).
+"""Figure 11: what the sandbox and the endpoint cost (issue 12).
 
 - Sandbox start-up per turn: ov's housekeeping before a turn (``sandbox.prepare_turn``: the
   runtime's state dir, a writer's private refs, stale locks, the bwrap command line), and
@@ -48,7 +48,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
     found = probe()
     if not found.ok:
         return [not_available(10, "sandbox start-up per turn", found.detail)], {}
-    rounds, warmup = ctx.p("fig10_rounds"), 3
+    rounds, warmup = ctx.p("fig11_rounds"), 3
     root = make_repo(ctx.scratch / "fig8", files=50)
     init_project(root)
     project = ProjectPaths(root)

@@ -216,13 +216,20 @@ class Command:
     before: t.Callable[[], None] | None = None  # untimed preparation before each run
 
 
-def _run_once(command: Command) -> tuple[float, str | None]:
+def _run_once(command: Command, cpu: list[float] | None = None) -> tuple[float, str | None]:
+    """Wall time of one run; with ``cpu``, its user + system CPU time (ms) is appended there too."""
+    import resource
+
     if command.before is not None:
         command.before()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command.argv, input=command.stdin, capture_output=True, env=command.env,
                           cwd=command.cwd, check=False)
     elapsed_ms = (time.perf_counter() - started) * 1000
+    if cpu is not None:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000)
     if command.check is not None:
         problem = command.check(done)
     else:
@@ -230,10 +237,12 @@ def _run_once(command: Command) -> tuple[float, str | None]:
     return elapsed_ms, problem
 
 
-def time_interleaved(commands: dict[str, Command], *, rounds: int, warmup: int) -> tuple[dict[str, Stats], list[str]]:
+def time_interleaved(commands: dict[str, Command], *, rounds: int, warmup: int,
+                     cpu: dict[str, list[float]] | None = None) -> tuple[dict[str, Stats], list[str]]:
     """Run every command once per round, in a rotating order; returns ms stats and errors.
 
-    Warm-up rounds (page cache, .pyc files, SQLite pages) are run and discarded.
+    Warm-up rounds (page cache, .pyc files, SQLite pages) are run and discarded. With ``cpu``,
+    each command's CPU time per measured run (ms) is collected there, by name.
     """
     names = list(commands)
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -241,7 +250,10 @@ def time_interleaved(commands: dict[str, Command], *, rounds: int, warmup: int) 
     for index in range(warmup + rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            elapsed, problem = _run_once(commands[name])
+            spent: list[float] | None = [] if cpu is not None and index >= warmup else None
+            elapsed, problem = _run_once(commands[name], spent)
+            if cpu is not None and spent:
+                cpu.setdefault(name, []).extend(spent)
             if problem:
                 errors.append(f"{name}: {problem}")
             if index >= warmup:

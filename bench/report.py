@@ -53,6 +53,8 @@ def render(document: dict[str, t.Any]) -> str:
                 continue
             median = entry.get("median", entry.get("value"))
             ratio = f"{entry['ratio']:.2f}x ({entry['baseline']})" if "ratio" in entry else ""
+            if "ratio_click" in entry:
+                ratio += f"; {entry['ratio_click']:.2f}x ({entry['baseline_click']})"
             target = ""
             if "target" in entry:
                 target = f"{entry['target']}: **{'met' if entry['met'] else 'MISSED'}**"

@@ -29,6 +29,7 @@ __all__ = [
     "MockMessagesAPI",
     "Reply",
     "ScriptedConversation",
+    "TurnScript",
     "assistant_turns",
     "conversation_text",
     "default_side_reply",
@@ -227,7 +228,9 @@ class ScriptedConversation:
     may itself be a list of replies: successive requests at that same position get
     them in order and the last one repeats (``[error_reply(529, ...), text_reply("ok")]``
     answers the first attempt with 529 and the retry with text). Past the end of the
-    script the answer is ``text_reply("(script finished)")``.
+    script the answer is ``text_reply("(script finished)")``. A turn killed mid-call and
+    resumed moves the position on (Claude Code adds messages for the killed call): use
+    ``TurnScript`` for those.
     """
 
     FINISHED = "(script finished)"
@@ -257,6 +260,43 @@ class ScriptedConversation:
             seen = self._attempts.get(position, 0)
             self._attempts[position] = seen + 1
         return attempts[min(seen, len(attempts) - 1)]
+
+
+def _own_text(message: dict[str, t.Any]) -> str:
+    """The text a message itself says (its text blocks), without tool results."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(str(b.get("text", "")) for b in content or () if isinstance(b, dict) and b.get("type") == "text")
+
+
+class TurnScript:
+    """Replies by position within the current turn: for tests that kill a turn and let ov retry it.
+
+    ov retries a killed turn by resuming the same session and sending the same mail again as a
+    new user message. The resumed history also holds what Claude Code 2.1.330 adds for the
+    killed call: a synthetic ``tool_result`` ("[Tool call interrupted: the session ended before
+    this call's result was recorded, so its outcome is unknown. …]", ``is_error``) and an
+    assistant "No response requested.". So ``ScriptedConversation``'s whole-conversation
+    position would move on; here the position counts the assistant messages after the last
+    user message whose text holds ``marker`` (ov's rendered mail), so a retried turn plays the
+    same calls again, as a model answering the same mail would. Tool ids are made fresh on
+    every answer. Past the end: ``text_reply("(script finished)")``.
+    """
+
+    def __init__(self, replies: t.Sequence[Reply], marker: str = "=== BEGIN MESSAGE #") -> None:
+        self.replies = list(replies)
+        self.marker = marker
+
+    def __call__(self, request_body: dict[str, t.Any]) -> Reply:
+        messages = request_body.get("messages", []) or []
+        starts = [i for i, m in enumerate(messages) if m.get("role") == "user" and self.marker in _own_text(m)]
+        position = sum(1 for m in messages[starts[-1] if starts else 0:] if m.get("role") == "assistant")
+        if position >= len(self.replies):
+            return text_reply(ScriptedConversation.FINISHED)
+        reply = self.replies[position]
+        blocks = tuple({**b, "id": _next_id("toolu")} if b.get("type") == "tool_use" else b for b in reply.blocks)
+        return dataclasses.replace(reply, blocks=blocks)
 
 
 def default_side_reply(request_body: dict[str, t.Any]) -> Reply:

@@ -171,6 +171,24 @@ def test_sling_with_an_unusable_event_store_creates_nothing(project, tmp_path, h
     assert wait_terminal(project, NAME).state == "completed"
 
 
+def test_sling_with_a_read_only_event_store_creates_nothing(project, tmp_path):
+    """A read-only bind mount of events.db (root ignores permission bits, not mount flags):
+    the sling used to succeed and leave a booting agent whose loop died on its first event."""
+    from test_hostile_input import read_only
+
+    saved = project.events_db.read_bytes()
+    with read_only(project.events_db):
+        refused = sling(project, tmp_path)
+        assert project.events_db.read_bytes() == saved
+    assert refused.returncode == 1, refused.stderr
+    assert "events.db" in refused.stderr and "cannot be written" in refused.stderr
+    assert "nothing was created" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert leftovers(project) == NOTHING
+    assert sling(project, tmp_path).returncode == 0
+    assert wait_terminal(project, NAME).state == "completed"
+
+
 def test_watchdog_settles_a_booting_agent_whose_loop_cannot_start(project, tmp_path):
     from overstory.agents.spawn import SlingRequest
     from overstory.agents.spawn import sling as do_sling

@@ -413,7 +413,9 @@ def test_ov_nudge_types_into_an_idle_tmux_pane(tmux_project: TmuxProject) -> Non
                   env=tmux_project.env)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
-    assert answer["tmux_delivery"] in ("typed", "announced")  # the driver may have been a moment faster
+    # The driver may have been a moment faster: it typed the notice ("announced"), or the agent has
+    # even read the mail already ("no_mail", seen under heavy load). The notice must still come once.
+    assert answer["tmux_delivery"] in ("typed", "announced", "no_mail")
     wake = wait_for(lambda: [p for p in prompts(tmux_project.log) if "new message" in p["prompt"]], what="nudge")
     assert any("report your status" in text for text in wake[0]["context"])
     assert len(wake) == 1  # typed once, by whichever of nudge and the driver took the lock first

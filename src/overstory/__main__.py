@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from overstory.cli.main import main
+from overstory.cli.fast import main
 
 main()

@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from overstory.config_default import DEFAULT_CONFIG_YAML  # noqa: F401 - re-exported: `ov init` writes it
+from overstory.config_snapshot import DEFAULT_MODELS, network_for, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
 
@@ -75,9 +77,6 @@ class BudgetLimits(_Section):
     @classmethod
     def _duration(cls, value: t.Any) -> t.Any:
         return _seconds(value)
-
-    def as_limits(self) -> dict[str, float | int | None]:
-        return self.model_dump()
 
 
 class BudgetsSection(_Section):
@@ -158,9 +157,53 @@ class SandboxSection(_Section):
 
     def network_for(self, capability: str) -> bool:
         """Whether an agent of ``capability`` shares the host's network."""
-        if isinstance(self.network, bool):
-            return self.network
-        return self.network.get(capability, self.network.get("default", True))
+        return network_for(self, capability)
+
+
+class LoopSection(_Section):
+    max_iterations: int = Field(20, ge=1)
+    same_failure_limit: int = Field(3, ge=1)
+    check_timeout: float = Field(900, gt=0)
+    output_tail: int = Field(3000, ge=200)
+    critic_timeout: float = Field(1800, gt=0)
+
+
+class SchedulesSection(_Section):
+    catch_up: t.Literal["latest", "none"] = "latest"
+    timeout: float = Field(600, gt=0)
+
+
+class LedgerSection(_Section):
+    """The tool-call ledger: which calls are side effects, and what a retried turn may repeat."""
+
+    side_effects: list[str] = Field(default_factory=list)
+    read_only: list[str] = Field(default_factory=list)
+    replay: dict[str, str] = Field(default_factory=lambda: {"read": "rerun", "local_write": "rerun",
+                                                            "side_effect": "skip"})
+
+    @field_validator("side_effects", "read_only")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        from overstory.guards.patterns import parse_pattern
+
+        for text in value:
+            parse_pattern(text)  # a ValueError names the broken pattern
+        return value
+
+    @field_validator("replay")
+    @classmethod
+    def _replay(cls, value: dict[str, str]) -> dict[str, str]:
+        classes, policies = ("read", "local_write", "side_effect"), ("skip", "rerun", "ask")
+        for klass, policy in value.items():
+            if klass not in classes:
+                raise ValueError(f"unknown class {klass!r}; use {', '.join(classes)}")
+            if policy not in policies:
+                raise ValueError(f"unknown replay policy {policy!r} for {klass}; use {', '.join(policies)}")
+        return {"read": "rerun", "local_write": "rerun", "side_effect": "skip", **value}
+
+
+class GuardsSection(_Section):
+    push_remotes: list[str] = Field(default_factory=list)
 
 
 class LogsSection(_Section):
@@ -184,11 +227,6 @@ class Provider(_Section):
         return value
 
 
-# Cheaper than the Claude CLI's own default (its most capable, most expensive model) for the
-# capabilities that do the bulk of the turns; every other capability keeps the CLI's default.
-DEFAULT_MODELS = {"builder": "sonnet", "scout": "haiku"}
-
-
 class Config(_Section):
     project: ProjectSection = Field(default_factory=ProjectSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
@@ -197,9 +235,13 @@ class Config(_Section):
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
     sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    ledger: LedgerSection = Field(default_factory=LedgerSection)
+    guards: GuardsSection = Field(default_factory=GuardsSection)
     logs: LogsSection = Field(default_factory=LogsSection)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     quota: QuotaSection = Field(default_factory=QuotaSection)
+    loop: LoopSection = Field(default_factory=LoopSection)
+    schedules: SchedulesSection = Field(default_factory=SchedulesSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)
@@ -221,156 +263,7 @@ class Config(_Section):
 
     def runtime_for(self, capability: str) -> str:
         """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
-        return self.runtimes.get(capability) or self.runtime.default
-
-
-# Written by `ov init`. Every key is documented; tests check none is missing.
-DEFAULT_CONFIG_YAML = """\
-# ov project configuration. Precedence: built-in defaults < this file <
-# config.local.yaml (per machine, git-ignored) < environment variables named
-# OV_<SECTION>_<KEY>, e.g. OV_TURNS_STALL_TIMEOUT=30. Durations are seconds.
-
-project:
-  # Branch that merges target when an agent's own base branch is unknown.
-  canonical_branch: main
-
-runtime:
-  # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
-  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
-  default: claude
-  # Program started for the claude runtime (a name on PATH or an absolute path).
-  claude_bin: claude
-  # Program started for the codex runtime (npm package @openai/codex).
-  codex_bin: codex
-  # Program started for the gemini runtime (npm package @google/gemini-cli).
-  gemini_bin: gemini
-  # Program started for the opencode runtime (npm package opencode-ai).
-  opencode_bin: opencode
-  # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
-  model: null
-  # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
-  tmux: false
-
-turns:
-  # A turn with no output event for this long is killed and the agent becomes zombie.
-  stall_timeout: 600
-  # How many times a failed turn (crash, transient API error) is retried before giving up.
-  max_retries: 2
-  # Turns allowed to run at once across the project (one claude process takes ~300 MB).
-  max_concurrent: 4
-  # Seconds before the first retry; doubles on each further retry.
-  retry_backoff: 2.0
-  # Seconds between SIGTERM and SIGKILL when a turn's process group is stopped.
-  kill_grace: 5.0
-  # A turn that ended without the agent's report (worker_done...) and with no mail waiting
-  # gets an automatic follow-up turn (a nudge) after this many seconds...
-  idle_nudge: 60
-  # ...at most this many times; then its parent gets one escalation and it is `stalled` (no report).
-  max_nudges: 2
-
-watchdog:
-  # Seconds between watchdog ticks.
-  interval: 5
-  # No activity for this long: the agent is marked stalled and nudged.
-  stale_after: 300
-  # No activity for this long: the agent is declared zombie and its processes are killed.
-  zombie_after: 900
-
-agents:
-  # Deepest level of the hierarchy (operator = 0, coordinator's children = 1, ...).
-  max_depth: 2
-  # Children one lead (or the coordinator) may have active at once.
-  max_children_per_lead: 5
-  # Non-terminal agents allowed in the project at once.
-  max_concurrent_agents: 20
-
-merge:
-  # Highest resolution tier `ov merge` tries: 1 plain merge, 2 mechanical, 3 model-assisted.
-  tier_max: 2
-  # Allow tier 3 (model-assisted conflict resolution through the Messages API).
-  ai_resolve: false
-  # Model used by tier 3.
-  model: claude-sonnet-4-5
-  # Shell commands run on the merged tree before committing, e.g. ["python -m pytest -q"].
-  gates: []
-  # Seconds to wait for another merge into the same branch before giving up.
-  lock_wait: 30
-
-sandbox:
-  # Every turn runs inside bubblewrap (see README "Security"): auto (bwrap where a probe shows it
-  # works, else off with a warning), bwrap (required: an agent does not start without it) or off.
-  mode: auto
-  # Share the host's network: on or off for everyone, or per capability, e.g. {default: on, scout: off}.
-  # Off also cuts the model API: only for runtimes that need no network.
-  network: on
-  # Extra absolute paths bound writable into every agent's sandbox (a shared cache, ...): each is a hole.
-  writable: []
-  # Size limit of the sandbox's private /tmp (a tmpfs, so it uses memory), in MiB.
-  tmp_size_mb: 1024
-
-logs:
-  # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
-  keep_days: 14
-
-budgets:
-  # Spending limits of each agent (`ov sling --max-usd ...` overrides them). null: no limit.
-  # Crossing one parks the agent (`ov resume NAME --add-usd 5` goes on); a child's limits
-  # never exceed what is left of its run's.
-  agent:
-    # Dollars: the runtime's own figure after each turn, a live estimate (`prices`) during it.
-    max_usd: null
-    # Turns started.
-    max_turns: null
-    # Tool calls, counted by `ov guard` (the call past the limit is denied).
-    max_tool_calls: null
-    # Wall-clock time since the agent was slung: seconds or 90m, 4h.
-    max_wallclock: null
-  # The same limits for a whole run (`ov coordinator start --budget-usd ...` overrides them);
-  # wall clock counts from the run's start. Crossing one parks every agent of the run.
-  run:
-    # Dollars spent by all of the run's agents together.
-    max_usd: null
-    # Turns started by all of them.
-    max_turns: null
-    # Tool calls made by all of them.
-    max_tool_calls: null
-    # Wall-clock time since the run started.
-    max_wallclock: null
-
-quota:
-  # A rate or usage limit with no reset time parks every agent of that provider for this long
-  # (seconds), doubling on each further limit in a row...
-  backoff_initial: 60
-  # ...up to this many seconds.
-  backoff_max: 1800
-  # Seconds between the agents of one provider un-parking after a reset (no stampede).
-  stagger: 5
-
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
-# protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
-# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
-providers: {}
-
-# Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
-# A capability not listed uses runtime.model, else the CLI's default (its most capable and
-# most expensive model). `models: {}` gives every capability the CLI's default.
-models:
-  # Builders write the code: sonnet does it for a fraction of the default's price.
-  builder: sonnet
-  # Scouts only read and report: haiku is enough and cheaper still.
-  scout: haiku
-
-# Runtime per capability, e.g. {builder: codex, reviewer: gemini}; the rest use runtime.default.
-# (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
-runtimes: {}
-
-# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...,
-# cache_read_per_mtok: ..., cache_write_per_mtok: ...}} (the cache prices are optional). They price the
-# live estimate of a turn (budgets) and the turns of CLIs that report tokens but no cost (codex, gemini,
-# opencode). Entries here add to or override ov's built-in list (`ov costs --prices` prints it); a model
-# in neither is priced as the most expensive known one, and `ov costs` says so.
-prices: {}
-"""
+        return runtime_for(self, capability)
 
 
 def load_config(config_file: Path, local_file: Path | None = None,
@@ -544,3 +437,29 @@ def env_var_names() -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             names += [f"OV_{section_name.upper()}_{k.upper()}" for k in annotation.model_fields]
     return names
+
+
+def snapshot_shape(annotation: t.Any = None) -> t.Any:
+    """Where ``Config`` has models (see ``config_snapshot``): {field: shape} for a model, {"*": shape} for a
+    mapping of models, None for a plain value."""
+    annotation = Config if annotation is None else annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {name: snapshot_shape(field.annotation) for name, field in annotation.model_fields.items()}
+    origin = t.get_origin(annotation)
+    if origin is dict:
+        inner = snapshot_shape(t.get_args(annotation)[1])
+        return None if inner is None else {"*": inner}
+    if origin in (t.Union, types.UnionType):
+        return next((shape for arg in t.get_args(annotation) if (shape := snapshot_shape(arg)) is not None), None)
+    return None
+
+
+def write_agent_snapshot(config_file: Path, local_file: Path | None, environ: t.Mapping[str, str],
+                         run_dir: Path) -> Config:
+    """Validate the configuration as an agent's loop would see it (its launch environment) and hand it
+    over as ``run_dir/config.json``, so the loop needs no pydantic. ConfigError if it is invalid."""
+    from overstory import config_snapshot
+
+    config = load_config(config_file, local_file, environ=environ)
+    config_snapshot.write(config.model_dump(mode="json"), snapshot_shape(), config_snapshot.snapshot_path(run_dir))
+    return config

@@ -109,3 +109,11 @@ class EndpointError(OrchestratorError):
 
 class NotPermitted(EndpointError):
     """The calling agent may not do this (capability or hierarchy)."""
+
+
+class LoopError(OrchestratorError):
+    """An `ov loop` spec or request that cannot run (no objective, a bad gate, an unknown loop)."""
+
+
+class ScheduleError(OrchestratorError):
+    """An `ov schedule` that cannot be added or found (a bad cron expression, a taken name)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,3 +56,21 @@ def worktree_admin_lock(repo_root: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str]) -> None:
+    """Untracked files go into the repository's exclude list; tracked ones get skip-worktree."""
+    common = git(worktree, "rev-parse", "--git-common-dir").stdout.strip()
+    exclude = (worktree / common / "info" / "exclude").resolve() if not Path(common).is_absolute() else Path(common) / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    existing = exclude.read_text() if exclude.exists() else ""
+    missing = [p for p in relative_paths if f"/{p}" not in existing.splitlines()]
+    if missing:
+        with open(exclude, "a", encoding="utf-8") as handle:
+            if existing and not existing.endswith("\n"):
+                handle.write("\n")
+            handle.write("# added by ov: per-agent files (instructions, hook settings, progress)\n")
+            handle.writelines(f"/{p}\n" for p in missing)
+    for path in relative_paths:
+        if git(worktree, "ls-files", "--error-unmatch", path, check=False).returncode == 0:
+            git(worktree, "update-index", "--skip-worktree", path)

@@ -6,9 +6,11 @@ its memory. Standard library only: `ov mail send` imports this.
 
 from __future__ import annotations
 
-import typing as t
-
 from overstory.errors import UsageError
+
+TYPE_CHECKING = False  # typing costs milliseconds: `ov mail send` imports this module
+if TYPE_CHECKING:
+    import typing as t
 
 
 def read_at_most(source: str | t.BinaryIO, limit: int, what: str) -> bytes:

@@ -8,17 +8,22 @@ own, so discovery must climb out of them to the main repository.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 
 from overstory.errors import ProjectNotFound
+from overstory.records import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hot commands import this module)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 OV_DIR_NAME = ".overstory"
 PROJECT_ENV = "OVERSTORY_PROJECT_ROOT"
 
 
-@dataclass(frozen=True)
-class ProjectPaths:
+class ProjectPaths(Record):
+    """The files of one project, all under ``root``."""
+
+    __slots__ = ("root",)
     root: Path
 
     @property
@@ -87,27 +92,45 @@ def find_git_root(start: Path) -> Path | None:
     return None
 
 
-def _climb_out_of_agent_worktree(path: Path) -> Path:
+def _climb_out_of_agent_worktree(path: str) -> str:
     """``<root>/.overstory/worktrees/<agent>/...`` -> ``<root>``; anything else unchanged."""
-    parts = path.parts
+    parts = path.split(os.sep)
     for index in range(len(parts) - 2):
         if parts[index] == OV_DIR_NAME and parts[index + 1] == "worktrees":
-            return Path(*parts[:index])
+            return os.sep.join(parts[:index]) or os.sep
     return path
 
 
-def find_project(explicit: str | os.PathLike[str] | None = None, *, cwd: Path | None = None) -> ProjectPaths:
-    """Locate the project: ``explicit`` > $OVERSTORY_PROJECT_ROOT > walk up from ``cwd``."""
+def locate_project(explicit: str | os.PathLike[str] | None = None, *, cwd: str | os.PathLike[str] | None = None) -> str:
+    """The project root as a string: ``explicit`` > $OVERSTORY_PROJECT_ROOT > walk up from ``cwd``.
+
+    Plain ``os.path``, no pathlib: the hot commands call this directly.
+    """
     chosen = explicit or os.environ.get(PROJECT_ENV)
     if chosen:
-        root = Path(chosen).expanduser().resolve()
-        project = ProjectPaths(root)
-        if not project.is_initialized():
+        root = os.path.realpath(os.path.expanduser(os.fspath(chosen)))
+        ov_dir = os.path.join(root, OV_DIR_NAME)
+        if not (os.path.isdir(ov_dir) and os.path.isfile(os.path.join(ov_dir, "config.yaml"))):
             raise ProjectNotFound(f"{root} is not an ov project (no {OV_DIR_NAME}/config.yaml); run `ov init` there")
-        return project
-    start = (cwd or Path.cwd()).resolve()
-    start = _climb_out_of_agent_worktree(start)
-    for candidate in (start, *start.parents):
-        if (candidate / OV_DIR_NAME / "config.yaml").is_file():
-            return ProjectPaths(candidate)
+        return root
+    start = _climb_out_of_agent_worktree(os.path.realpath(os.fspath(cwd) if cwd is not None else os.getcwd()))
+    candidate = start
+    while True:
+        if os.path.isfile(os.path.join(candidate, OV_DIR_NAME, "config.yaml")):
+            return candidate
+        parent = os.path.dirname(candidate)
+        if parent == candidate:
+            break
+        candidate = parent
     raise ProjectNotFound(f"no ov project found at or above {start}; run `ov init` in a git repository first")
+
+
+def state_db_path(root: str) -> str:
+    return os.path.join(root, OV_DIR_NAME, "state.db")
+
+
+def find_project(explicit: str | os.PathLike[str] | None = None, *, cwd: Path | None = None) -> ProjectPaths:
+    """Locate the project (see ``locate_project``)."""
+    from pathlib import Path
+
+    return ProjectPaths(Path(locate_project(explicit, cwd=cwd)))

@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
-_PROC = Path("/proc")
+_PROC = "/proc"  # a string, not a pathlib.Path: `ov status` imports this module
 
 
 def _stat_fields(pid: int) -> list[str] | None:
     try:
-        raw = (_PROC / str(pid) / "stat").read_text()
+        with open(f"{_PROC}/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            raw = handle.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name (field 2) is parenthesised and may hold spaces: split after it.
@@ -43,7 +43,7 @@ def is_alive(pid: int | None, ticks: int | None = None) -> bool:
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``."""
     members = []
-    for entry in _PROC.iterdir():
+    for entry in os.scandir(_PROC):
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(int(entry.name))
@@ -74,7 +74,7 @@ def group_alive(pgid: int | None, leader_ticks: int | None = None) -> bool:
 def children(pid: int) -> list[int]:
     """Live children of ``pid`` (from /proc; pids in nested pid namespaces are seen by their outer pid)."""
     found = []
-    for entry in _PROC.iterdir():
+    for entry in os.scandir(_PROC):
         if entry.name.isdigit():
             fields = _stat_fields(int(entry.name))
             if fields and fields[0] not in ("Z", "X") and int(fields[1]) == pid:
@@ -84,7 +84,8 @@ def children(pid: int) -> list[int]:
 
 def _comm(pid: int) -> str:
     try:
-        return (_PROC / str(pid) / "comm").read_text().strip()
+        with open(f"{_PROC}/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
     except OSError:
         return ""
 
@@ -155,11 +156,12 @@ def tagged_processes(turn_id: str) -> list[int]:
     needle = f"{TURN_TAG}={turn_id}".encode()
     found = []
     me = os.getpid()
-    for entry in _PROC.iterdir():
+    for entry in os.scandir(_PROC):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            with open(f"{entry.path}/environ", "rb") as handle:
+                environ = handle.read()
         except OSError:
             continue
         if needle in environ.split(b"\0"):

@@ -9,12 +9,15 @@ agents and 100k events stays fast.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
 
 from overstory import procs
 from overstory.clock import iso, now_ms
 from overstory.store import budgets
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
+
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+if TYPE_CHECKING:
+    import typing as t
 
 RUNS_LIMIT = 20
 
@@ -150,7 +153,8 @@ def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.A
 
 ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "watchdog_zombie", "watchdog_readopt",
                "contract_violation", "resume_fallback", "malformed_line", "api_retry", "budget_crossed",
-               "budget_parked", "quota_parked", "auth_parked", "auth_failed", "idle_nudge", "no_report")
+               "budget_parked", "quota_parked", "auth_parked", "auth_failed", "idle_nudge", "no_report",
+               "loop_parked", "schedule_failed", "tool_call_flagged")
 
 
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None

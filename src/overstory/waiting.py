@@ -7,7 +7,7 @@
 1     an ov error (bad state, database trouble...)
 2     a usage error (bad arguments)
 3     an agent died (zombie)
-4     an agent is parked by a budget
+4     an agent is parked by a budget (or an `ov loop` by its limits, its check or its critic)
 5     an agent is parked by a quota or rate limit
 6     an agent is parked by an authentication failure
 124   timeout (like coreutils' ``timeout``)
@@ -40,7 +40,9 @@ EXIT_BUDGET = 4
 EXIT_QUOTA = 5
 EXIT_AUTH = 6
 EXIT_TIMEOUT = 124
-PARK_EXIT = {"budget": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH}
+# A parked `ov loop` (its iteration limit, the same failure again, its critic) asks a person whether to spend
+# more, as a budget does.
+PARK_EXIT = {"budget": EXIT_BUDGET, "loop": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH}
 POLL_SECONDS = 0.25
 
 

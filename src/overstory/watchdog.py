@@ -1,31 +1,25 @@
 """The mechanical watchdog: keeps every agent's state honest, one tick at a time.
 
-Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``
-holding the holder's pid). Each tick reads the non-terminal session rows and a few
-``/proc`` entries; only when a rule fires does it write, always by compare-and-swap
-with the generation it observed:
+Exactly one watchdog runs per project (an flock on ``.overstory/locks/watchdog.lock``). Each tick
+reads the non-terminal session rows and a few ``/proc`` entries; only when a rule fires does it
+write, always by compare-and-swap with the generation it observed:
 
-- a headless agent whose loop is gone is re-adopted: a turn it left in flight is
-  killed (its recorded process group, verified by start ticks) and counts as failed
-  (claimed mail released, ``retries`` bumped, zombie past ``turns.max_retries``),
-  then a new loop is started;
+- a headless agent whose loop is gone is re-adopted: a turn it left in flight is killed (its
+  recorded process group, verified by start ticks) and counts as failed (claimed mail released,
+  ``retries`` bumped, zombie past ``turns.max_retries``), then a new loop is started;
 - ``in_turn``/``working`` (or ``booting`` with a turn running) with no activity for
   ``watchdog.stale_after`` becomes ``stalled`` and gets one ``nudge`` mail;
-- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie
-  (``lifecycle.declare_zombie``: the parent gets exactly one ``worker_died``) and
-  its turn's process group is killed; an agent stalled for ``no report`` (it ended its
-  turns without reporting, and its parent was told) runs nothing and is left alone;
-- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the
-  parks of one provider end a few seconds apart (``quota.stagger``), so they do not
-  call the API again all at once.
+- ``stalled`` with no activity for ``watchdog.zombie_after`` is declared zombie (the parent gets
+  exactly one ``worker_died``) and its turn's process group is killed; an agent stalled for
+  ``no report`` (its parent was told) runs nothing and is left alone;
+- ``parked`` with a ``park_until`` that has passed (a quota window) is un-parked; the parks of
+  one provider end a few seconds apart (``quota.stagger``).
 
-``between_turns`` agents waiting for mail are never stale: idling is legitimate.
-Nothing is ever killed unless ov recorded it with matching start ticks.
+``between_turns`` agents waiting for mail are never stale. Nothing is ever killed unless ov recorded it.
 
-Also, each tick: a spawn or a merge whose command was killed half-way (its intent row
-names a dead pid) is undone or finished (``agents.spawn_journal``, ``merge.intents``);
-an agent whose terminal mail is committed is settled ``completed``, never retried; and a
-loop that crashes on start-up twice makes its agent zombie instead of being restarted forever.
+Also, each tick: due schedules are fired (``scheduler``); a spawn or merge killed half-way (its intent
+names a dead pid) is undone or finished; an agent whose terminal mail is committed is settled
+``completed``; a loop that crashes on start-up twice makes its agent zombie.
 """
 
 from __future__ import annotations
@@ -42,14 +36,14 @@ from overstory import procs
 from overstory.agents.idle import NO_REPORT
 from overstory.agents.loop_starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
-from overstory.errors import LockHeld, OrchestratorError
+from overstory.errors import ConfigError, LockHeld, OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import intents, sessions, turns
 from overstory.store.db import write_transaction
 from overstory.store.lifecycle import (
-    PERSISTENT_CAPABILITIES,
     complete_promised,
     declare_zombie,
+    ends_by_terminal_mail,
     promised,
     terminal_mail_sent,
 )
@@ -197,15 +191,17 @@ class Watchdog:
         self.state = state if state is not None else open_state(project.state_db)
         self._events: sqlite3.Connection | None = None
         self._spawn = spawn or _spawn_loop
-        # Loops this watchdog started, by agent: (generation, pid, ticks). While one is
-        # alive it counts as the agent's loop even before it has recorded itself.
+        # Loops this watchdog started, by agent: (generation, pid, ticks); alive = the agent's loop.
         self._started: dict[str, tuple[int, int, int | None]] = {}
         self._crashes = StartupCrashes(project.run_dir)  # loops of ours that crashed on start-up
         self._scanned = False
+        self._scheduler: t.Any = None  # scheduler.Scheduler, made on the first tick
 
     # -- plumbing
 
     def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.close()
         for conn, own in ((self._events, True), (self.state, self._own_state)):
             if conn is not None and own:
                 try:
@@ -237,6 +233,14 @@ class Watchdog:
             actions.extend(self._settle_intents())
         except (sqlite3.Error, OSError, OrchestratorError) as exc:  # never in the way of the rules below
             actions.append(Action("-", "error", f"settling interrupted commands: {exc}"))
+        try:  # `ov schedule`: due fires are claimed and launched (scheduler)
+            if self._scheduler is None:
+                from overstory.scheduler import Scheduler
+
+                self._scheduler = Scheduler(self.project, self.state, interval=self.settings.interval)
+            actions.extend(Action(*fired) for fired in self._scheduler.tick())
+        except (sqlite3.Error, OSError, OrchestratorError) as exc:
+            actions.append(Action("-", "error", f"schedules: {exc}"))
         try:
             spawning = {row["name"] for row in intents.list_spawns(self.state)}
             agents = sessions.list_sessions(self.state, include_terminal=False)
@@ -366,6 +370,9 @@ class Watchdog:
                 self._crashes.starting(agent.name, agent.generation)
                 pid, ticks = self._spawn(self.project, agent.name, agent.generation)
                 self._started[agent.name] = (agent.generation, pid, ticks)
+                # Recorded at once (the loop records itself too, a moment later): a one-shot recovery that
+                # runs right after this one (`ov resume --all`, `ov watchdog --once`) must see it alive.
+                sessions.update_fields(self.state, agent.name, agent.generation, loop_pid=pid, loop_start_ticks=ticks)
                 self._event("watchdog_readopt", agent, f"{action.detail}; new loop pid {pid}")
         return actions
 
@@ -424,9 +431,10 @@ class Watchdog:
 
     def _settle_finished_turn(self, agent: Session, turn_id: str, started_ms: int) -> Action:
         """The turn ended cleanly but the loop died before settling it: settle it as the loop would."""
-        from overstory.store import mail
+        from overstory.store import checkpoints, mail
 
-        done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, started_ms)
+        since = min(started_ms, checkpoints.dispatch_started(self.state, turn_id) or started_ms)
+        done = ends_by_terminal_mail(agent) and terminal_mail_sent(self.state, agent, since)
 
         def deliver(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
             self._fence(tx, agent)
@@ -582,5 +590,11 @@ class Watchdog:
 def _spawn_loop(project: ProjectPaths, agent: str, generation: int) -> tuple[int, int | None]:
     from overstory.agents.process import spawn_loop
     from overstory.agents.process import load_launch_env
+    from overstory.config import write_agent_snapshot
 
-    return spawn_loop(project, agent, generation, load_launch_env(project, agent))
+    launch_env = load_launch_env(project, agent)
+    try:  # the re-adopted loop sees the configuration as it is now, as one that loaded it itself would
+        write_agent_snapshot(project.config_file, project.local_config_file, launch_env, project.run_dir / agent)
+    except (ConfigError, OSError):
+        pass  # now invalid or unreadable: the loop keeps the one the agent was slung with
+    return spawn_loop(project, agent, generation, launch_env)

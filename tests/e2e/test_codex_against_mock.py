@@ -211,9 +211,11 @@ def test_shell_command_really_runs_and_its_output_reaches_the_model(codex: str, 
 
 @requires_codex
 def test_workspace_write_sandbox_blocks_writes_outside_the_worktree(codex: str, repo: Path, tmp_path: Path) -> None:
-    """The sandbox works as root here. A sandboxed command that exits non-zero with a
-    denial-looking output ("Read-only file system", "Operation not permitted") is taken
-    for a sandbox denial: codex emits no command_execution item for it at all."""
+    """The sandbox works as root here: writes outside the workspace and socket() are refused.
+
+    A sandboxed command that exits non-zero with a denial-looking output ("Operation not
+    permitted") is sometimes taken for a sandbox denial and then has no command_execution
+    item at all; measured with 0.169.0, about half the runs do emit one. Both are accepted."""
     outside = tmp_path / "outside.txt"
     write = f"touch inside.txt; touch {outside}; echo outside=$?"
     connect = f"{sys.executable} -c 'import socket; socket.socket()'"
@@ -224,6 +226,9 @@ def test_workspace_write_sandbox_blocks_writes_outside_the_worktree(codex: str, 
     assert (repo / "inside.txt").exists()
     assert not outside.exists()
     finished = items(result.events, "command_execution")
+    refused_socket = [i for i in finished if "socket.socket()" in i["command"]]
+    assert all(i["exit_code"] == 1 and "Operation not permitted" in i["aggregated_output"] for i in refused_socket)
+    finished = [i for i in finished if i not in refused_socket]
     assert [(i["command"].split()[-1], i["exit_code"]) for i in finished] == [("outside=$?'", 0), ("1'", 1)]
     assert "Read-only file system" in finished[0]["aggregated_output"]
     assert "outside=1" in finished[0]["aggregated_output"]

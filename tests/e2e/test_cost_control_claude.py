@@ -80,13 +80,15 @@ def per_agent(scripts: dict[str, t.Callable[[dict[str, t.Any]], Reply]],
     return respond
 
 
-def first_time(first: Reply, then: t.Callable[[dict[str, t.Any]], Reply]) -> t.Callable[[dict[str, t.Any]], Reply]:
+def first_time(first: Reply | t.Callable[[], Reply],
+               then: t.Callable[[dict[str, t.Any]], Reply]) -> t.Callable[[dict[str, t.Any]], Reply]:
+    """``first`` for the first request (built at that moment when it is a callable), ``then`` after."""
     used = threading.Event()
 
     def respond(body: dict[str, t.Any]) -> Reply:
         if not used.is_set():
             used.set()
-            return first
+            return first() if callable(first) else first
         return then(body)
 
     return respond
@@ -228,7 +230,8 @@ def asks_then_reports(body: dict[str, t.Any]) -> Reply:
     return reports_then_ends(body)
 
 
-def quota_scenario(project, tmp_path, refusal: Reply, env_extra: dict[str, str], *, oauth: bool = False):
+def quota_scenario(project, tmp_path, refusal: Reply | t.Callable[[], Reply], env_extra: dict[str, str], *,
+                   oauth: bool = False):
     """B waits for an answer (idle); A's first request is refused; both must park, then finish by themselves."""
     with MockMessagesAPI(per_agent({"builder-a": first_time(refusal, reports_then_ends),
                                     "builder-b": asks_then_reports})) as api:
@@ -269,8 +272,16 @@ def test_a_429_the_cli_will_not_retry_parks_the_provider_and_backs_off(project, 
 
 @requires_claude
 def test_a_usage_limit_parks_until_its_reset_time(project, tmp_path):
-    reset_at = int(time.time()) + 20
-    a, _ = quota_scenario(project, tmp_path, usage_limited(reset_at), {}, oauth=True)
+    resets: list[int] = []
+
+    def refusal() -> Reply:
+        # The reset time is set when the refusal is served: on a loaded machine the other
+        # agent's first turn can take longer than a fixed window would allow.
+        resets.append(int(time.time()) + 20)
+        return usage_limited(resets[0])
+
+    a, _ = quota_scenario(project, tmp_path, refusal, {}, oauth=True)
+    (reset_at,) = resets
     assert abs(a.park_until - reset_at * 1000) < 2000, (a.park_until, reset_at)
     assert "its reset time" in a.state_reason
     assert time.time() >= reset_at, "nobody went on before the reset"

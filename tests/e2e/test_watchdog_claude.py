@@ -15,7 +15,7 @@ import sys
 from agent_helpers import agent_state, mail_rows, shared_dir, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import ov_command, run_ov
-from mockapi import MockMessagesAPI, text_reply, tool_reply
+from mockapi import MockMessagesAPI, TurnScript, text_reply, tool_reply
 from overstory import procs
 from overstory.store.db import open_state
 
@@ -66,7 +66,9 @@ def test_killing_loop_and_turn_recovers_with_the_watchdog(project, tmp_path):
                               "--agent", "builder-fi"], cwd=project.root, start_new_session=True)
     watchdog = None
     try:
-        with MockMessagesAPI(script) as api:
+        # The retry resumes the killed turn's session (its id is saved as soon as it is known):
+        # TurnScript plays the same calls again there.
+        with MockMessagesAPI(TurnScript(script)) as api:
             name, env = sling(project, tmp_path, api, "fi", OV_TURNS_RETRY_BACKOFF="0.2", **shared)
             watchdog = subprocess.Popen([*ov_command(), "watchdog", "--interval", "0.5"], cwd=project.root,
                                         env={**env, "OV_WATCHDOG_INTERVAL": "0.5"}, stdout=subprocess.DEVNULL,

@@ -30,7 +30,7 @@ class BudgetExhausted(OrchestratorError):
 def agent_limits(conn: sqlite3.Connection, config: Config, run_id: str | None,
                  requested: t.Mapping[str, t.Any] | None) -> tuple[dict[str, t.Any], list[str]]:
     """A new agent's limits: config defaults, then the request, clamped to what its run has left."""
-    limits = dict(config.budgets.agent.as_limits())
+    limits = dict(config.budgets.agent.model_dump())
     limits.update({k: v for k, v in (requested or {}).items() if v is not None})
     if run_id is None:
         return limits, []
@@ -49,7 +49,7 @@ def open_run_budget(conn: sqlite3.Connection, config: Config, run: runs.Run,
                     requested: t.Mapping[str, t.Any] | None) -> budgets.Budget:
     """The run's budget row: config ``budgets.run`` for a new run, then the limits asked for."""
     existing = budgets.get_run(conn, run.id)
-    limits = {} if existing is not None else dict(config.budgets.run.as_limits())
+    limits = {} if existing is not None else dict(config.budgets.run.model_dump())
     limits.update({k: v for k, v in (requested or {}).items() if v is not None})
     return budgets.ensure_run(conn, run.id, started_at=run.started_at, limits=limits)
 
@@ -128,14 +128,24 @@ def _adds(add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: floa
 
 def resume_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection, name: str, *,
                  add_usd: float = 0, add_turns: int = 0, add_tool_calls: int = 0, add_seconds: float = 0,
-                 environ: t.Mapping[str, str] | None = None) -> ResumeResult:
-    """Raise ``name``'s limits and un-park it; its loop continues the same runtime session."""
+                 add_iterations: int = 0, environ: t.Mapping[str, str] | None = None) -> ResumeResult:
+    """Raise ``name``'s limits and un-park it; its loop continues the same runtime session.
+
+    An `ov loop` (which starts a fresh session per iteration) also takes ``add_iterations``
+    (its max_iterations and its current phase's); ``add_usd`` raises its phase's max_usd too.
+    """
     adds = _adds(add_usd, add_turns, add_tool_calls, add_seconds)
     agent = sessions.get(conn, name)
     if agent is None:
         raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
     if agent.is_terminal:
         raise OrchestratorError(f"{name} is {agent.state}: there is nothing to resume; sling it again")
+    if add_iterations and not agent.spec.get("loop"):
+        from overstory.errors import UsageError
+
+        raise UsageError(f"{name} is not an `ov loop`: --add-iterations is for loops")
+    if agent.spec.get("loop"):
+        _raise_loop_limits(conn, agent, add_iterations, add_usd)
     budget = budgets.raise_limits(conn, budgets.AGENT, name, agent.generation, **adds)
     result = ResumeResult(name, agent.state, agent.park_kind, False, budget.as_dict() if budget else None)
     if agent.state != "parked":
@@ -148,6 +158,8 @@ def resume_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection
         hint = {"max_usd": "--add-usd", "max_turns": "--add-turns", "max_tool_calls": "--add-tool-calls",
                 "max_wallclock": "--add-time"}[crossing.limit]
         raise BudgetExhausted(f"{name} stays parked: {crossing.reason}; give it more with `ov resume {name} {hint} ...`")
+    if agent.park_kind == "loop":
+        _check_loop_limits(conn, agent)
     if agent.park_kind == "auth":
         result.refreshed_credentials = refresh_credentials(project, config, agent, environ)
     outcome = lifecycle.unpark(conn, agent, actor="operator", reason="resumed by the operator")
@@ -155,6 +167,37 @@ def resume_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection
     if result.unparked:
         _event(project, agent, "agent_resumed", f"resumed by the operator (was parked: {agent.state_reason})")
     return result
+
+
+def _raise_loop_limits(conn: sqlite3.Connection, agent: Session, add_iterations: int, add_usd: float) -> None:
+    from overstory.store import loops
+
+    if add_iterations < 0:
+        from overstory.errors import UsageError
+
+        raise UsageError("--add-iterations must not be negative")
+    if add_iterations:
+        loops.add_iterations(conn, agent.name, agent.generation, add_iterations)
+    if add_usd:
+        loops.add_phase_usd(conn, agent.name, agent.generation, add_usd)
+
+
+def _check_loop_limits(conn: sqlite3.Connection, agent: Session) -> None:
+    """A loop parked at an iteration limit stays parked until that limit is raised."""
+    from overstory.agents.loop_spec import limit_reached
+    from overstory.store import loops
+
+    loop = loops.get(conn, agent.name, agent.generation)
+    if loop is None:
+        return
+    last = loops.last_attempt(conn, agent.name, agent.generation)
+    following = 1 if last is None else int(last["number"]) + (0 if last["status"] == "interrupted" else 1)
+    used, spent = loops.phase_usage(conn, loop)
+    reason = limit_reached(loop, following, used, spent)
+    if reason is not None:
+        hint = "--add-usd" if "max_usd" in reason else "--add-iterations"
+        raise BudgetExhausted(f"{agent.name} stays parked: {reason}; give it more with "
+                              f"`ov resume {agent.name} {hint} ...`")
 
 
 def resume_from_request(project: ProjectPaths, config: Config, conn: sqlite3.Connection, name: str, *,

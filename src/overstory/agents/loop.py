@@ -9,13 +9,11 @@ agent at once (a crashed holder's lock is released by the kernel).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sqlite3
 import sys
 import time
 import typing as t
-import uuid
 from pathlib import Path
 
 from overstory import procs
@@ -28,7 +26,7 @@ from overstory.agents.process import (
 )
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
-from overstory.store import sessions, turns
+from overstory.store import checkpoints, sessions, turns
 from overstory.store.db import open_events
 from overstory.store.lifecycle import (
     PERSISTENT_CAPABILITIES,
@@ -41,6 +39,7 @@ from overstory.store.lifecycle import (
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
+    from overstory.config import Config
     from overstory.endpoint.server import AgentEndpoint
 
 SUMMARY_CHECK_SECONDS = 1.0
@@ -57,11 +56,9 @@ class _Interrupted:
 
 class AgentLoop(AgentProcess):
     def __init__(self, project: ProjectPaths, name: str, generation: int) -> None:
-        from overstory.config import load_config
-
         super().__init__(project, name, generation)
         self.base_env = load_launch_env(project, name)
-        self.config = load_config(project.config_file, project.local_config_file, environ=self.base_env)
+        self.config = load_loop_config(project, name, self.base_env)
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
         self.endpoint: AgentEndpoint | None = None
@@ -72,16 +69,29 @@ class AgentLoop(AgentProcess):
         from overstory.endpoint.routes import ROUTES
         from overstory.endpoint.server import AgentEndpoint
 
-        self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env).start()
+        self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env,
+                                      config=self.config).start()
 
-    def _turn(self, agent: Session, prompt: str, turn_id: str, resume: str | None) -> t.Any:
-        """One turn with a fresh endpoint secret in its environment, revoked as soon as the turn is over."""
-        from overstory.agents.turns import run_turn
+    def _turn(self, agent: Session, prompt: str, turn_id: str, resume: str | None, *, attempt: int | None = None,
+              extra_env: t.Mapping[str, str] | None = None) -> t.Any:
+        """One turn with a fresh endpoint secret in its environment, revoked as soon as the turn is over.
 
-        extra = self.endpoint.open_turn() if self.endpoint is not None else {}
+        The endpoint is told the turn's own variables (its dispatch, attempt, ledger policy: what
+        `ov mail send` and `ov guard` read from the environment outside a sandbox), so requests
+        through it are idempotent per dispatch and reach the ledger as the turn's.
+        """
+        from overstory.agents.turns import durable_env, run_turn
+        from overstory.store.dispatch import claimed_ids
+
+        attempt = agent.retries if attempt is None else attempt
+        extra = dict(extra_env or {})
+        if self.endpoint is not None:
+            turn_vars = {**durable_env(self.config, agent, attempt, claimed_ids(self.state, turn_id)), **extra,
+                         "OVERSTORY_TURN_ID": turn_id}
+            extra.update(self.endpoint.open_turn(turn_env=turn_vars))
         try:
             return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
-                            resume_session_id=resume, base_env=self.base_env, attempt=agent.retries,
+                            resume_session_id=resume, base_env=self.base_env, attempt=attempt,
                             should_stop=self.should_stop, extra_env=extra)
         finally:
             if self.endpoint is not None:
@@ -96,6 +106,11 @@ class AgentLoop(AgentProcess):
                            summary=f"pid {os.getpid()}")
         self._serve_endpoint()
         self._recover_interrupted_turn()
+        first = self.current()
+        if first is not None and first.spec.get("loop"):  # an `ov loop`: iterations, not mail, drive its turns
+            from overstory.agents.iterations import IterationRunner
+
+            return IterationRunner(self).run()
         while not self.stopping:
             agent = self.current()
             if agent is None:
@@ -127,11 +142,9 @@ class AgentLoop(AgentProcess):
 
         We hold the agent lock, so no other loop can be running a turn of this agent.
         """
-        from overstory.store import events as event_store
-        from overstory.store import mail
-
         from overstory.agents.idle import NO_REPORT
-        from overstory.store import budgets
+        from overstory.store import budgets, mail
+        from overstory.store import events as event_store
 
         agent = self.current()
         if agent is None or agent.state not in ("in_turn", "stalled") or agent.mode != "headless":
@@ -222,12 +235,10 @@ class AgentLoop(AgentProcess):
         return row is not None
 
     def _one_turn(self, agent: Session) -> None:
-        from overstory.store import events as event_store
-        from overstory.store import mail
-
         from overstory.agents import idle
         from overstory.agents.budgeting import park_for_crossing
-        from overstory.store import budgets
+        from overstory.store import budgets, mail
+        from overstory.store import events as event_store
 
         crossing = budgets.begin_turn(self.state, self.name, self.generation)
         if crossing is not None:  # no turn past a limit: park before spending anything
@@ -238,7 +249,7 @@ class AgentLoop(AgentProcess):
                                data={"crossing": crossing.as_dict(), "parked": parked})
             return
         self.base_env = load_launch_env(self.project, self.name)  # `ov resume` may have brought a fixed key
-        turn_id = f"{now_ms():x}-{uuid.uuid4().hex[:6]}"
+        turn_id = f"{now_ms():x}-{os.urandom(3).hex()}"
         claimed = mail.claim(self.state, self.name, turn_id)
         if not claimed:
             budgets.refund_turn(self.state, self.name, self.generation)
@@ -285,9 +296,10 @@ class AgentLoop(AgentProcess):
 
             quota.forget(self.state, agent.provider)
             mail.mark_read(self.state, turn_id)
-            done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(
-                self.state, agent, result.started_ms)
-            if not done and mail_sent_since(self.state, agent, result.started_ms) == 0 \
+            # Mail an earlier, crashed attempt at this dispatch sent counts: its replay was not sent twice.
+            since = min(result.started_ms, checkpoints.dispatch_started(self.state, turn_id) or result.started_ms)
+            done = agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(self.state, agent, since)
+            if not done and mail_sent_since(self.state, agent, since) == 0 \
                     and agent.capability not in PERSISTENT_CAPABILITIES:
                 event_store.record(self.events, "contract_violation", agent=self.name, generation=self.generation,
                                    turn_id=turn_id, summary="turn ended cleanly without any mail: nobody knows what it did")
@@ -394,13 +406,30 @@ class AgentLoop(AgentProcess):
                 pass
 
 
+def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, str]) -> Config:
+    """The configuration `ov sling` validated for this agent (``config_snapshot``), without pydantic.
+
+    An agent slung before snapshots existed has none: then it is loaded and validated here.
+    """
+    from overstory import config_snapshot
+
+    try:
+        return config_snapshot.read(config_snapshot.snapshot_path(project.run_dir / name))
+    except (OSError, ValueError, KeyError, TypeError):
+        from overstory.config import load_config
+
+        return load_config(project.config_file, project.local_config_file, environ=environ)
+
+
 def main(argv: t.Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ov-agent-loop")
-    parser.add_argument("--project", required=True)
-    parser.add_argument("--agent", required=True)
-    parser.add_argument("--generation", required=True, type=int)
-    args = parser.parse_args(argv)
-    loop = AgentLoop(ProjectPaths(Path(args.project)), args.agent, args.generation)
+    # Started only by spawn_loop, always with the same three options: no argparse (memory, x 50 loops).
+    words = list(sys.argv[1:] if argv is None else argv)
+    options = dict(zip(words[::2], words[1::2]))
+    if len(words) != 6 or set(options) != {"--project", "--agent", "--generation"} \
+            or not options["--generation"].isdigit():
+        print("usage: python -m overstory.agents.loop --project ROOT --agent NAME --generation N", file=sys.stderr)
+        return 2
+    loop = AgentLoop(ProjectPaths(Path(options["--project"])), options["--agent"], int(options["--generation"]))
     try:
         return loop.run()
     finally:

@@ -1,11 +1,11 @@
 """`ov sling`: spawning an agent is a transaction.
 
-Its first durable act is a record of intent (``agents.spawn_journal``); each step notes
-itself there before acting. If a step fails, what was done is undone and the intent
-deleted, so no branch, worktree, session row, mail or process is left behind and the
-same command can simply be run again. If the spawner is killed instead, the intent
-remains with its dead pid, and a retry, `ov stop NAME` or the watchdog undoes it.
-The events database is checked before anything is created: the agent's loop needs it.
+Its first durable act is a record of intent (``agents.spawn_journal``); each step notes itself
+there before acting. If a step fails, what was done is undone and the intent deleted, so no
+branch, worktree, session row, mail or process is left behind and the same command can simply
+be run again. If the spawner is killed instead, the intent remains with its dead pid, and a
+retry, `ov stop NAME` or the watchdog undoes it. The events database is checked (readable,
+its tables, writable) first: the agent's loop needs it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from overstory.errors import (
     StoreError,
     UsageError,
 )
-from overstory.gitutil import branch_exists, current_branch, git, worktree_admin_lock
+from overstory.gitutil import branch_exists, current_branch, git, keep_out_of_commits, worktree_admin_lock
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
@@ -63,8 +63,10 @@ class SlingRequest:
     scenario: Path | None = None
     scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
+    start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
+    loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
 
 
 @dataclass
@@ -147,24 +149,6 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
     return parent, depth
 
 
-def _keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str]) -> None:
-    """Untracked files go into the repository's exclude list; tracked ones get skip-worktree."""
-    common = git(worktree, "rev-parse", "--git-common-dir").stdout.strip()
-    exclude = (worktree / common / "info" / "exclude").resolve() if not Path(common).is_absolute() else Path(common) / "info" / "exclude"
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    existing = exclude.read_text() if exclude.exists() else ""
-    missing = [p for p in relative_paths if f"/{p}" not in existing.splitlines()]
-    if missing:
-        with open(exclude, "a", encoding="utf-8") as handle:
-            if existing and not existing.endswith("\n"):
-                handle.write("\n")
-            handle.write("# added by ov: per-agent instructions and hook settings\n")
-            handle.writelines(f"/{p}\n" for p in missing)
-    for path in relative_paths:
-        if git(worktree, "ls-files", "--error-unmatch", path, check=False).returncode == 0:
-            git(worktree, "update-index", "--skip-worktree", path)
-
-
 def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, request: SlingRequest,
           environ: t.Mapping[str, str] | None = None, *, start: bool = True) -> SlingResult:
     environ = dict(os.environ if environ is None else environ)
@@ -177,7 +161,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     runtime = request.runtime or config.runtime_for(capability)
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
-    tmux = _tmux_mode(request, config, adapter)
+    tmux = _tmux_mode(request, config, adapter) if request.loop is None else False  # iterations are headless
     from overstory.agents.turns import model_choice
 
     model, _ = model_choice(request.model, capability, config, _launch_env(project, environ),
@@ -185,7 +169,13 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     prompt = request.prompt
     if request.spec_file is not None:
         prompt = _read_text_file(request.spec_file, "--spec")
+    from overstory.store.dispatch import agent_key
+
+    key = agent_key(environ, "sling", capability, task_id, name, prompt, list(request.files), request.parent,
+                    request.runtime, request.model, request.base_branch, request.at_project_root, request.start_point)
     existing = sessions.get(conn, name)
+    if key is not None and existing is not None and existing.spec.get("idempotency_key") == key:
+        return _result_of(conn, existing)  # a retried turn slinging again: the agent it already started
     if existing is not None and not existing.is_terminal:
         raise AgentExists(f"agent {name} is already active (state {existing.state}); stop it with `ov stop {name}` "
                           "or choose another --name")
@@ -224,7 +214,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     limits, budget_notes = agent_limits(conn, config, run_id, request.budget)
     ov_command, ov_bin_dir = ov_executable()
     run_dir = project.run_dir / name
-    base_commit = None if at_root else _commit_of(project, base_branch)  # type: ignore[arg-type]
+    # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.
+    base_commit = None if at_root else _commit_of(project, base_branch, request.start_point)  # type: ignore[arg-type]
     intent: dict[str, t.Any] = {
         "name": name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()), "branch": branch,
         "base_commit": base_commit, "worktree": str(worktree) if worktree else None, "run_dir": str(run_dir),
@@ -289,10 +280,15 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
 
         launch_env = _launch_env(project, environ)
         save_launch_env(project, name, launch_env)
+        if not tmux:  # the loop reads this instead of loading the configuration (and pydantic) itself
+            from overstory.config import write_agent_snapshot
+
+            write_agent_snapshot(project.config_file, project.local_config_file, launch_env, run_dir)
         _fault("session", environ)
         spawn_journal.step(conn, intent, "session")
         spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
-                "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit}
+                "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit,
+                "idempotency_key": key, **({"loop": request.loop} if request.loop else {})}
         generation = sessions.create_session(
             conn, name=name, capability=capability, task_id=task_id, runtime=runtime, actor=environ.get(
                 "OVERSTORY_AGENT_NAME", "operator"), parent=parent, depth=depth, model=request.model,
@@ -411,18 +407,55 @@ def _require_events_db(project: ProjectPaths, name: str) -> None:
                          "nothing was created") from None
     try:
         missing = [obj for kind, obj in missing_objects(conn, EVENTS_MIGRATIONS) if kind == "table"]
+        unwritable = None if missing else _write_refused(conn)
     finally:
         conn.close()
+    if unwritable:
+        raise SpawnError(f"cannot spawn {name}: {project.events_db} cannot be written ({unwritable}; the agent's "
+                         "loop needs it); nothing was created")
     if missing:
         raise SpawnError(f"cannot spawn {name}: {project.events_db} has no table {', '.join(missing)} (the agent's "
                          "loop needs it; `ov doctor --repair` recreates it); nothing was created")
 
 
-def _commit_of(project: ProjectPaths, branch: str) -> str:
-    done = git(project.root, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
+def _write_refused(conn) -> str | None:
+    """Why a rolled-back write to the events database fails (root ignores permission bits), or None."""
+    import sqlite3
+
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM events WHERE 0")
+        finally:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        return str(exc)
+    return None
+
+
+def _commit_of(project: ProjectPaths, branch: str, start_point: str | None = None) -> str:
+    ref = start_point or f"refs/heads/{branch}"
+    done = git(project.root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False)
     if done.returncode != 0 or not done.stdout.strip():
-        raise UsageError(f"base branch {branch!r} does not exist")
+        raise UsageError(f"start point {start_point!r} is not a commit" if start_point else
+                         f"base branch {branch!r} does not exist")
     return done.stdout.strip()
+
+
+def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult:
+    """What the first `ov sling` of this agent printed (a retried turn slings it again)."""
+    from overstory.store import budgets
+
+    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' ORDER BY id LIMIT 1",
+                       (agent.name,)).fetchone()
+    limits = budgets.get_agent(conn, agent.name, agent.generation)
+    budget = {k: getattr(limits, k) for k in ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")} \
+        if limits is not None else {}
+    return SlingResult(name=agent.name, capability=agent.capability, task_id=agent.task_id,
+                       generation=agent.generation, branch=agent.branch, worktree=agent.worktree, parent=agent.parent,
+                       depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
+                       dispatch_mail_id=row[0] if row else None, mode=agent.mode, tmux_session=agent.tmux_session,
+                       budget=budget)
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:
@@ -530,7 +563,7 @@ def _write_worktree_copy(worktree: Path, runtime: Runtime, instructions: str) ->
     copy = worktree / runtime.instructions_file
     copy.parent.mkdir(parents=True, exist_ok=True)
     copy.write_text(instructions, encoding="utf-8")
-    _keep_out_of_commits(worktree, [runtime.instructions_file])
+    keep_out_of_commits(worktree, [runtime.instructions_file])
 
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,

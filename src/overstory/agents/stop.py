@@ -215,4 +215,10 @@ def remove_worktree_and_branch(project: ProjectPaths, agent: Session) -> list[st
         if done.returncode != 0:
             raise OrchestratorError(f"could not delete branch {agent.branch}: {done.stderr.strip()}")
         removed.append(agent.branch)
+    marks = git(project.root, "for-each-ref", "--format=%(refname)", f"refs/ov/checkpoints/{agent.name}/",
+                check=False).stdout.split()
+    for ref in marks:  # an `ov loop`'s checkpoints go with its branch
+        git(project.root, "update-ref", "-d", ref, check=False)
+    if marks:
+        removed.append(f"{len(marks)} checkpoint ref(s) refs/ov/checkpoints/{agent.name}/")
     return removed

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory import procs, sandbox
+from overstory.agents import checkpoint, ledger
 from overstory.agents.spending import TurnMeter
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
@@ -34,11 +35,11 @@ from overstory.runtimes.base import (
     TurnRequest,
     Usage,
 )
-from overstory.store import budgets
+from overstory.store import budgets, checkpoints, sessions
 from overstory.store import events as event_store
-from overstory.store import sessions
 from overstory.store import turns as turn_rows
 from overstory.store.budgets import Crossing
+from overstory.store.dispatch import claimed_ids, scope_of
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
@@ -85,7 +86,7 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    from overstory.config import DEFAULT_MODELS
+    from overstory.config_snapshot import DEFAULT_MODELS  # not from config: no pydantic in the loop
 
     adapter = get_runtime(runtime or config.runtime_for(capability))
     configured = config.models.get(capability)
@@ -123,7 +124,10 @@ def provider_of(model: str | None, capability: str, config: Config, runtime: str
 def turn_environment(base: t.Mapping[str, str], agent: Session, project: ProjectPaths, turn_id: str,
                      extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
     runtime = get_runtime(agent.runtime)
-    env = {k: v for k, v in runtime.inherited_env(base).items() if k not in NESTED_SESSION_VARS}
+    # Every OVERSTORY_* variable of a turn is set here: one inherited from whoever launched ov (another
+    # agent's turn) would key the ledger by its attempt, dispatch or run, or lend it a push permission.
+    env = {k: v for k, v in runtime.inherited_env(base).items()
+           if k not in NESTED_SESSION_VARS and not k.startswith("OVERSTORY_")}
     env.update(runtime.turn_env(project.run_dir / agent.name))
     env.update(extra or {})
     env.update({
@@ -141,6 +145,16 @@ def turn_environment(base: t.Mapping[str, str], agent: Session, project: Project
     ov_bin_dir = agent.spec.get("ov_bin_dir")
     if ov_bin_dir:
         env["PATH"] = ov_bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def durable_env(config: Config, agent: Session, attempt: int, dispatch: t.Sequence[int]) -> dict[str, str]:
+    """What the turn's hooks and ``ov`` commands need for the ledger and idempotency, and the push rule."""
+    policy = ledger.LedgerPolicy(tuple(config.ledger.read_only), tuple(config.ledger.side_effects),
+                                 dict(config.ledger.replay))
+    env = ledger.turn_env(attempt=attempt, dispatch=dispatch, run_id=agent.run_id, policy=policy)
+    if config.guards.push_remotes:
+        env["OVERSTORY_PUSH_REMOTES"] = ",".join(config.guards.push_remotes)
     return env
 
 
@@ -176,7 +190,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
              base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
              extra_env: t.Mapping[str, str] | None = None) -> TurnResult:
-    """Run one turn of ``agent`` in its sandbox; ``extra_env`` (the endpoint's per-turn secret) joins its environment."""
+    """Run one turn of ``agent`` in its sandbox. ``extra_env``: variables for this turn only (the endpoint's
+    per-turn secret; an `ov loop` names its iteration and phase there)."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +206,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                                     at_project_root=not agent.worktree, scenario=scenario,
                                                     provider_env=provider_env,
                                                     sandboxed=sandbox.effective_mode(config).name == "bwrap"), config)
+        dispatch = claimed_ids(state, turn_id)
+        provider_env.update(durable_env(config, agent, attempt, dispatch))
         env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
         prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=base_env)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
@@ -205,6 +222,15 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     meter = TurnMeter(state, agent, config)
     (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
     cwd = agent.worktree or str(project.root)
+    stale = checkpoint.clear_stale_git_locks(agent.worktree, agent.branch)
+    if stale:
+        event_store.record(events, "git_lock_removed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                           summary=f"removed stale git lock(s) left by a killed process: {', '.join(stale)}"[:300])
+    checkpoint.save_start(state, agent, turn_id, attempt=attempt, scope=scope_of(dispatch), mail_ids=dispatch,
+                          resume_session_id=resume_session_id, cwd=cwd, started_ms=started_ms)
+    stream_ledger = None
+    if "pre" not in runtime.tool_hooks:  # `ov guard` never runs: the ledger is filled from the stream
+        stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(env) or ledger.LedgerContext(agent.name))
     with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -233,7 +259,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
                                price=lambda data: _price_result(data, stream.model or model, config),
                                periodic=lambda: _record_take_back(events, agent, turn_id,
-                                                                  sandbox.take_back(project, agent)))
+                                                                  sandbox.take_back(project, agent)),
+                               stream_ledger=stream_ledger)
         reader.close()
         if status == "running":
             try:
@@ -279,6 +306,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code,
                      usage=(input_tokens, output_tokens, cost))
     turn_rows.record_costs(state, turn_id, **_cost_detail(stream, meter, estimated, cost))
+    checkpoint.save_end(state, agent, turn_id, session_id=stream.session_id, cwd=cwd, turn_status=status)
     event_store.record(events, "turn_end", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                        summary=f"{status}: {reason}"[:300],
                        data={"status": status, "reason": reason, "exit_code": exit_code, "cost_usd": cost,
@@ -330,7 +358,8 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, *,
           stall_timeout: float, should_stop: t.Callable[[], bool],
           price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
-          periodic: t.Callable[[], None] = lambda: None) -> tuple[str, str]:
+          periodic: t.Callable[[], None] = lambda: None,
+          stream_ledger: ledger.StreamLedger | None = None) -> tuple[str, str]:
     """Read the stream until EOF; returns ('running', '') normally, or a stop status.
 
     ``periodic`` runs about every ``PERIODIC_SECONDS`` (bringing a writer's commits out of its
@@ -341,6 +370,7 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
     last_write = 0.0
     entered_turn = False
     exited_at: float | None = None
+    saved_session: str | None = None
     while not reader.eof:
         lines = reader.lines(timeout=0.5)
         now = time.monotonic()
@@ -356,14 +386,20 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                     price(item.data)
                 event_store.record(events, item.kind, agent=agent.name, generation=agent.generation, turn_id=turn_id,
                                    tool=item.tool, summary=item.summary, data=item.data)
+            if stream_ledger is not None:
+                stream_ledger.feed(parsed)
             if not entered_turn and stream.events_seen:
                 entered_turn = True
                 outcome = sessions.transition(state, agent.name, agent.generation, "in_turn", actor="turn-runner",
                                               reason=f"turn {turn_id}", expect={"booting", "between_turns", "stalled"})
                 if not outcome.ok:
                     return "aborted", f"agent can no longer take a turn ({_describe(outcome)})"
-                if stream.session_id:
-                    turn_rows.set_session_id(state, turn_id, stream.session_id)
+            if stream.session_id and stream.session_id != saved_session:
+                # Saved the moment it is known: a turn killed from here on is retried in this session.
+                saved_session = stream.session_id
+                turn_rows.set_session_id(state, turn_id, saved_session)
+                checkpoints.set_session(state, turn_id, saved_session)
+                sessions.update_fields(state, agent.name, agent.generation, runtime_session_id=saved_session)
             if parsed and now - last_write >= ACTIVITY_WRITE_INTERVAL or any(p.kind in ("tool_start", "tool_end") for p in parsed):
                 last_write = now
                 written = sessions.update_fields(state, agent.name, agent.generation, last_activity=now_ms(),

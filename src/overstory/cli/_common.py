@@ -5,16 +5,33 @@ from __future__ import annotations
 import json
 import sqlite3
 import typing as t
+from contextlib import contextmanager
 
 import click
 
+from overstory.cli.hot import BadUsage
 from overstory.paths import ProjectPaths, find_project
 
 
-def project_paths(ctx: click.Context | None = None) -> ProjectPaths:
+def project_option(ctx: click.Context | None = None) -> str | None:
+    """``ov --project`` (or $OVERSTORY_PROJECT_ROOT) as given, for the click-free hot command bodies."""
     ctx = ctx or click.get_current_context()
-    app = ctx.find_root().obj
-    return find_project(getattr(app, "project_option", None))
+    return getattr(ctx.find_root().obj, "project_option", None)
+
+
+def project_paths(ctx: click.Context | None = None) -> ProjectPaths:
+    return find_project(project_option(ctx))
+
+
+@contextmanager
+def usage_errors() -> t.Iterator[None]:
+    """Show a hot command body's ``BadUsage`` as click's own usage error."""
+    try:
+        yield
+    except BadUsage as exc:
+        if exc.param_hint is not None:
+            raise click.BadParameter(exc.message, param_hint=exc.param_hint) from None
+        raise click.UsageError(exc.message) from None
 
 
 def agent_channel() -> t.Any:
@@ -23,7 +40,7 @@ def agent_channel() -> t.Any:
     Commands that read or change ov's state go through it when it is there: the databases are
     read-only in the agent's sandbox, and the endpoint decides who the caller is.
     """
-    from overstory.endpoint.client import channel
+    from overstory.cli.hot import agent_channel as channel  # one rule for every command (imports the client lazily)
 
     return channel()
 

@@ -117,31 +117,72 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
 
 
 @click.command(name="resume")
-@click.argument("agent")
+@click.argument("agent", required=False)
 @add_options
+@click.option("--add-iterations", type=click.IntRange(min=0), default=0,
+              help="An `ov loop`: raise its max_iterations (and its current phase's).")
+@click.option("--all", "all_agents", is_flag=True,
+              help="Re-adopt or restart every active agent (after ov's processes died, e.g. a reboot).")
+@click.option("--fork", is_flag=True, help="Start a new agent from AGENT's checkpoint (same commit, new name).")
+@click.option("--name", help="With --fork: the new agent's name (default: AGENT-forkN).")
+@click.option("--prompt", help="With --fork: what the new agent should try differently.")
 @json_option
-def resume(agent: str, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float, as_json: bool) -> None:
+def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
+           add_iterations: int, all_agents: bool, fork: bool, name: str | None, prompt: str | None,
+           as_json: bool) -> None:
     """Un-park an agent, raising its limits first; it continues the same runtime session.
 
     A budget park needs the limit it reached raised; an auth park needs the key or
     login fixed first (the runtime's key variables are taken from your environment);
     a quota park can be ended early.
 
+    --all recovers after a crash or reboot: every active agent whose loop died is
+    re-adopted (its interrupted turn is retried, resuming its runtime session; side
+    effects that already happened are not repeated), claimed mail is released, and
+    agents that cannot go on are retired with one worker_died to their parent. `ov
+    watch` and `ov watchdog` do the same when they start; while one runs, this only
+    says so. --fork slings a new agent with AGENT's capability and task, on a new
+    branch that starts at the commit of AGENT's newest checkpoint.
+
     \b
     ov resume builder-task-42 --add-usd 5
     ov resume builder-task-42 --add-turns 10 --add-time 30m
     ov resume builder-task-42          # after fixing ANTHROPIC_API_KEY
+    ov resume builder-task-42 --add-iterations 3   # a parked `ov loop`
+    ov resume --all                    # after a reboot
+    ov resume builder-task-42 --fork --prompt "try a streaming parser instead"
     """
+    raised = add_usd or add_turns or add_tool_calls or add_seconds or add_iterations
+    if all_agents:
+        if agent or fork or name or prompt or raised:
+            raise click.UsageError("--all takes no AGENT, --fork, --name, --prompt or --add-* option")
+        from overstory.cli.resume import recover_all
+
+        recover_all(as_json)
+        return
+    if agent is None:
+        raise click.UsageError("give an AGENT (or --all)")
+    if fork:
+        if raised:
+            raise click.UsageError("--fork starts a new agent; raise its limits with --max-* in `ov sling`")
+        from overstory.cli.resume import fork as do_fork
+
+        do_fork(agent, name, prompt, as_json)
+        return
+    if name or prompt:
+        raise click.UsageError("--name and --prompt go with --fork")
     from overstory.agents.budgeting import resume_agent
 
     project = project_paths()
     result = resume_agent(project, _config(project), state_conn(project), agent, add_usd=add_usd,
-                          add_turns=add_turns, add_tool_calls=add_tool_calls, add_seconds=add_seconds)
+                          add_turns=add_turns, add_tool_calls=add_tool_calls, add_seconds=add_seconds,
+                          add_iterations=add_iterations)
     if as_json:
         echo_json(result.as_dict())
         return
     if result.unparked:
-        click.echo(f"resumed {agent} (was parked: {result.park_kind}); its next turn continues the same session")
+        goes_on = "its next iteration starts" if result.park_kind == "loop" else "its next turn continues the same session"
+        click.echo(f"resumed {agent} (was parked: {result.park_kind}); {goes_on}")
     elif result.previous_state == "parked":
         click.echo(f"{agent} was un-parked by someone else a moment ago")
     else:

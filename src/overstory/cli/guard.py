@@ -1,20 +1,18 @@
-"""`ov guard`: the PreToolUse hook command. HOT: imports only the stdlib, click and guards."""
+"""`ov guard`: the PreToolUse (and, with --post, PostToolUse) hook command.
+
+HOT: the body is cli.hot.guard, which cli.fast also calls without click.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
-import typing as t
-
 import click
 
-from overstory import guards
-
-GUARD_TIMEOUT_SECONDS = 30.0  # the endpoint's count is one UPDATE; a hung loop must not hold the tool call for long
+from overstory.cli import hot
 
 
 @click.command(name="guard")
-def guard() -> None:
+@click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure hook: record the call's result.")
+def guard(post: bool) -> None:
     """Decide one tool call for a runtime's pre-tool hook (Claude, Codex, Gemini CLI, OpenCode).
 
     Reads the hook JSON on stdin. When the call is blocked it prints the runtime's deny
@@ -23,51 +21,15 @@ def guard() -> None:
     Allowed calls get no output and exit 0. Outside an agent (no OVERSTORY_AGENT_NAME)
     every call is allowed.
     An allowed call is counted against the agent's and its run's max_tool_calls; the
-    call past either limit is denied.
+    call past either limit is denied. Every call is recorded in the tool-call ledger, and
+    one that repeats a side effect an earlier, crashed attempt of the same task already
+    had is denied with that attempt's result. With --post it reads Claude's PostToolUse
+    or PostToolUseFailure payload, stores the call's result, and prints nothing.
 
     \b
     Example hook in <worktree>/.claude/settings.local.json:
       {"hooks": {"PreToolUse": [{"matcher": ".*",
-        "hooks": [{"type": "command", "command": "ov guard"}]}]}}
+        "hooks": [{"type": "command", "command": "ov guard"}]}],
+        "PostToolUse": [{"hooks": [{"type": "command", "command": "ov guard --post"}]}]}}
     """
-    try:
-        stdin = getattr(sys.stdin, "buffer", None)
-        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
-        text: str | None = raw.decode("utf-8", errors="replace")
-    except OSError:
-        text = None
-    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: _count_tool_call(os.environ))
-    if stdout:
-        click.echo(stdout)
-    if stderr:
-        click.echo(stderr, err=True)
-    if status:
-        sys.exit(status)
-
-
-def _count_tool_call(env: t.Mapping[str, str]) -> str | None:
-    """Count the call against the agent's budget; the reason to deny it, or None.
-
-    Inside an agent's turn the count goes through its endpoint (state.db is read-only in
-    its sandbox, and the endpoint knows who is calling); elsewhere it is one SQLite statement.
-    Either way a count that cannot be made allows the call (``store.tool_count``).
-    """
-    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
-                               env.get("OVERSTORY_GENERATION", ""))
-    if not agent or not root or not generation.isdigit():
-        return None
-    from overstory.endpoint.client import channel
-
-    remote = channel(env)
-    if remote is not None:
-        from overstory.errors import EndpointError
-
-        try:
-            answer = remote.call("tool_call", {}, timeout=GUARD_TIMEOUT_SECONDS)
-        except EndpointError:
-            return None
-        deny = answer.get("deny") if isinstance(answer, dict) else None
-        return str(deny) if deny else None
-    from overstory.store.tool_count import count_tool_call
-
-    return count_tool_call(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
+    hot.guard(None, post=post)

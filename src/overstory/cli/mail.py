@@ -1,47 +1,28 @@
-"""`ov mail …` and `ov nudge`. Hot path: imports only click, sqlite3 and the stdlib-only mail store."""
+"""`ov mail …` and `ov nudge`.
+
+`mail send` and `mail check` are hot: their bodies live in ``cli.hot`` (no click), which
+`ov`'s fast entry point (``cli.fast``) calls directly after parsing the same options.
+"""
 
 from __future__ import annotations
 
-import json
-import typing as t
+import os
 
 import click
 
-from overstory.cli._common import ROW_ID, agent_channel, completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli import hot
+from overstory.cli._common import (
+    ROW_ID,
+    agent_channel,
+    completer,
+    echo_json,
+    json_option,
+    project_option,
+    project_paths,
+    state_conn,
+    usage_errors,
+)
 from overstory.store import mail as store
-
-
-def _read_body(body: str | None, body_file: str | None) -> str:
-    """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
-    if body is not None and body_file is not None:
-        raise click.UsageError("give either --body or --body-file, not both")
-    from overstory.limits import read_at_most
-
-    if body_file is not None:
-        raw = read_at_most(body_file, store.MAX_BODY_BYTES, f"the body file {body_file}")
-    elif body == "-":
-        raw = read_at_most(click.get_binary_stream("stdin"), store.MAX_BODY_BYTES, "the body on stdin")
-    else:
-        return body or ""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise click.UsageError(f"the body is not valid UTF-8 text ({exc.reason} at byte {exc.start})") from None
-
-
-def _parse_payload(text: str | None) -> t.Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
-    except RecursionError:
-        from overstory.store.payload_shape import MAX_DEPTH
-
-        raise click.BadParameter(f"nested too deeply (at most {MAX_DEPTH} levels of lists/objects)",
-                                 param_hint="--payload") from None
-
 
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
 body_file_option = click.option("--body-file", type=click.Path(exists=True, dir_okay=False),
@@ -103,39 +84,10 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
     ov mail send --type worker_done --subject done --body "what I did"
     git diff | ov mail send --to lead-1 --subject "my diff" --body -
     """
-    text = _read_body(body, body_file)
-    parsed = _parse_payload(payload)
-    remote = agent_channel()
-    if remote is not None:  # inside an agent: through its endpoint, which signs the mail with its name
-        sent = remote.call("mail.send", {"to": to, "subject": subject, "body": text, "type": type_,
-                                         "priority": priority, "payload": parsed, "reply_to": reply_to,
-                                         "from": from_, "allow_unknown": allow_unknown})
-        recipients = dict(zip(sent["ids"], sent["to"]))
-        ids = list(sent["ids"])
-    else:
-        project = project_paths()
-        conn = state_conn(project)
-        sender = from_ or store.default_sender()
-        if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
-            from overstory.agents.work_report import fill_worker_done
-
-            parsed = fill_worker_done(project, conn, sender, parsed)
-        ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                         payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
-        recipients = _recipients(conn, ids)
-    if as_json:
-        echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
-    else:
-        for message_id in ids:
-            click.echo(f"sent #{message_id} to {recipients[message_id]}")
-
-
-def _recipients(conn: t.Any, ids: list[int]) -> dict[int, str]:
-    """Message id -> recipient, for saying what was sent."""
-    if not ids:
-        return {}
-    rows = conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
-    return {int(r["id"]): r["recipient"] for r in rows}
+    with usage_errors():
+        hot.mail_send(project_option(), to=to, subject=subject, body=body, body_file=body_file, type_=type_,
+                      priority=priority, payload=payload, reply_to=reply_to, from_=from_,
+                      allow_unknown=allow_unknown, as_json=as_json)
 
 
 @mail.command(name="check")
@@ -152,25 +104,8 @@ def mail_check(agent: str | None, peek: bool, inject: bool, as_json: bool) -> No
     ov mail check --agent lead-1 --peek --json
     ov mail check --inject        # in a hook
     """
-    if inject and as_json:
-        raise click.UsageError("--inject and --json do not go together")
-    remote = agent_channel()
-    if remote is not None:
-        who = agent or store.default_sender()
-        messages = [store.Message(**m) for m in remote.call("mail.check", {"agent": agent, "peek": peek})]
-    else:
-        conn = state_conn(project_paths())
-        who = agent or store.default_sender()
-        messages = store.unread(conn, who, peek=peek)
-    if as_json:
-        echo_json([m.as_dict() for m in messages])
-    elif inject:
-        if messages:
-            click.echo(store.render_inject(messages))
-    elif not messages:
-        click.echo(f"No new mail for {who}.")
-    else:
-        click.echo("\n\n".join(store.render_message(m) for m in messages))
+    with usage_errors():
+        hot.mail_check(project_option(), agent=agent, peek=peek, inject=inject, as_json=as_json)
 
 
 @mail.command(name="list")
@@ -202,7 +137,9 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
             raise click.BadParameter(str(exc), param_hint="--since") from None
     remote = agent_channel()
     if remote is not None:
-        messages = [store.Message(**m) for m in remote.call("mail.list", {
+        from overstory.agents.outbox import message_from_dict
+
+        messages = [message_from_dict(m) for m in remote.call("mail.list", {
             "to": to, "from": from_, "type": type_, "unread": unread, "thread": thread, "since_ms": since_ms,
             "limit": limit})]
     else:
@@ -235,7 +172,9 @@ def mail_read(message_id: int, as_json: bool) -> None:
     """
     remote = agent_channel()
     if remote is not None:
-        message = store.Message(**remote.call("mail.read", {"id": message_id}))
+        from overstory.agents.outbox import message_from_dict
+
+        message = message_from_dict(remote.call("mail.read", {"id": message_id}))
     else:
         message = store.read_message(state_conn(project_paths()), message_id, reader=store.default_sender())
     if as_json:
@@ -258,15 +197,18 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
     """
     if body is None and body_file is None:
         raise click.UsageError("give the reply text with --body TEXT, --body - or --body-file F")
-    text = _read_body(body, body_file)
+    with usage_errors():
+        text = hot.read_body(body, body_file)
     remote = agent_channel()
-    if remote is not None:
+    if remote is not None:  # inside an agent's sandbox: its endpoint replies, as the agent itself
         sent = remote.call("mail.reply", {"id": message_id, "body": text, "from": from_})
         new_id, recipient = sent["id"], sent["to"]
     else:
-        conn = state_conn(project_paths())
-        new_id = store.reply(conn, message_id, sender=from_ or store.default_sender(), body=text)
-        recipient = _recipients(conn, [new_id]).get(new_id, "?")
+        from overstory.agents.outbox import reply_once
+
+        # From an agent's turn, idempotent per dispatch (agents.outbox).
+        new_id, recipient = reply_once(state_conn(project_paths()), os.environ, message_id,
+                                       sender=from_ or store.default_sender(), body=text)
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:

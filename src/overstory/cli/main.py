@@ -1,10 +1,13 @@
-"""The `ov` root group. Subcommands are imported only when invoked, so hot commands stay fast."""
+"""The `ov` root group. Subcommands are imported only when invoked.
+
+`ov` itself starts in ``cli.fast``, which runs the hot commands without click and hands
+everything else to ``main`` here.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 import typing as t
 
@@ -23,9 +26,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "nudge": ("overstory.cli.mail", "nudge", "Send an agent a high-priority nudge."),
     "guard": ("overstory.cli.guard", "guard", "PreToolUse hook: allow or deny one tool call."),
     "sling": ("overstory.cli.sling", "sling", "Spawn an agent on a task."),
+    "loop": ("overstory.cli.loop", "loop", "Run an agent in iterations until its check agrees it is done."),
+    "schedule": ("overstory.cli.schedule", "schedule", "Start work by itself: cron schedules and mail triggers."),
     "status": ("overstory.cli.status", "status", "Show agents, mail and runs."),
     "stop": ("overstory.cli.stop", "stop", "Stop an agent."),
-    "resume": ("overstory.cli.budget", "resume", "Un-park an agent (raising its limits)."),
+    "resume": ("overstory.cli.budget", "resume", "Un-park an agent; --all after a crash; --fork."),
     "budget": ("overstory.cli.budget", "budget", "Show budgets: limit, used and left."),
     "costs": ("overstory.cli.costs", "costs", "Show tokens, dollars, turns and tool calls."),
     "wait": ("overstory.cli.wait", "wait", "Wait until an agent or run settles (exit code says how)."),
@@ -38,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "coordinator": ("overstory.cli.coordinator", "coordinator", "Start, mail and stop the coordinator."),
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
+    "trace": ("overstory.cli.trace", "trace", "Show one agent's turns, tool calls and mail."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),
     "diff": ("overstory.cli.diff", "diff", "Show an agent's changes against its base."),
     "clean": ("overstory.cli.clean", "clean", "Remove what finished agents left behind."),
@@ -95,11 +101,9 @@ def cli(ctx: click.Context, project: str | None, verbose: bool) -> None:
     ctx.obj = AppContext(project, verbose)
 
 
-def _debug_requested(argv: t.Sequence[str]) -> bool:
-    return os.environ.get("OV_DEBUG", "") not in ("", "0") or any(a in ("-v", "--verbose") for a in argv[:3])
-
-
 def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
+    from overstory.cli.hot import debug_requested, echo, one_line
+
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         # Without standalone mode click *returns* ctx.exit()'s code instead of exiting.
@@ -112,31 +116,29 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
     except click.Abort:
         click.echo("ov: aborted", err=True)
         sys.exit(1)
+    # The same messages as cli.fast.run, through the same echo.
     except OrchestratorError as exc:
-        if _debug_requested(args):
+        if debug_requested(args):
             import traceback
 
             traceback.print_exc()
-        click.echo(f"ov: error: {_one_line(str(exc))}", err=True)
+        echo(f"ov: error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("ov: interrupted", err=True)
+        echo("ov: interrupted", err=True)
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:  # a bug in ov: still one line unless asked for more
-        if _debug_requested(args):
+        if debug_requested(args):
             raise
         from overstory.cli.failures import describe
 
         known = describe(exc, args)
         if known is not None:
-            click.echo(f"ov: error: {_one_line(known)}", err=True)
+            echo(f"ov: error: {one_line(known)}", err=True)
             sys.exit(1)
-        click.echo(f"ov: internal error: {type(exc).__name__}: {_one_line(str(exc))} (run with -v or OV_DEBUG=1 for the traceback)", err=True)
+        echo(f"ov: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+             "(run with -v or OV_DEBUG=1 for the traceback)", err=True)
         sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split()) if "\n" in text else text

@@ -95,8 +95,12 @@ def run_show(run_ref: str | None, show_turns: bool, as_json: bool) -> None:
                f"${totals['cost_usd']:.4f}, {totals['mail']} mail")
     if show_turns:
         for turn in document["turns"]:
-            click.echo(f"  turn {turn['id']} {turn['agent']} #{turn['number']} {turn['status']} "
-                       f"${turn['cost_usd']:.4f} {_duration(turn['duration_seconds'])}"
+            ledger = turn["ledger"]
+            calls = ", ".join(f"{n} {status}" for status, n in sorted(ledger["by_status"].items())) or "no tool calls"
+            flagged = f", {ledger['flagged']} FLAGGED (ov trace {turn['agent']})" if ledger["flagged"] else ""
+            click.echo(f"  turn {turn['id']} {turn['agent']} #{turn['number']} attempt {turn['attempt']} "
+                       f"{turn['status']} ${turn['cost_usd']:.4f} {_duration(turn['duration_seconds'])}"
+                       f" [{turn['dispatch'] or 'no dispatch'}; {calls}{flagged}]"
                        + (f" ({turn['error']})" if turn["error"] else ""))
 
 

@@ -1,10 +1,11 @@
-"""`ov status`. Hot path (agents call `ov status --json`): stdlib, click and stdlib-only core modules."""
+"""`ov status`. Hot (agents call `ov status --json`): the body is ``cli.hot.status``, shared with ``cli.fast``."""
 
 from __future__ import annotations
 
 import click
 
-from overstory.cli._common import agent_channel, echo_json, json_option, project_paths
+from overstory.cli import hot
+from overstory.cli._common import json_option, project_option
 
 
 @click.command(name="status")
@@ -39,27 +40,4 @@ def status(include_completed: bool, as_json: bool) -> None:
      "totals": {"agents", "active", "by_state": {STATE: N}, "turns", "input_tokens",
                 "output_tokens", "cost_usd"}}
     """
-    from overstory import status as core
-    from overstory.store.db import open_state
-
-    remote = agent_channel()
-    if remote is not None:
-        document = remote.call("status", {"all": include_completed})
-        if as_json:
-            echo_json(document)
-        else:
-            click.echo(core.render_text(document))
-        return
-    project = project_paths()
-    if not project.state_db.exists():
-        document = core.collect_empty()
-    else:
-        conn = open_state(project.state_db)
-        try:
-            document = core.collect(conn, include_completed=include_completed)
-        finally:
-            conn.close()
-    if as_json:
-        echo_json(document)
-    else:
-        click.echo(core.render_text(document))
+    hot.status(project_option(), include_completed=include_completed, as_json=as_json)

@@ -1,4 +1,5 @@
-"""The agent's side of its channel to ov. HOT: `ov mail send/check` import this; standard library only.
+"""The agent's side of its channel to ov. HOT: inside a sandboxed turn `ov guard`, `ov mail send/check` and
+`ov status` import this (``cli.hot.agent_channel``); standard library only, no typing at run time.
 
 Inside an agent's turn two variables are set: ``OVERSTORY_ENDPOINT`` (the unix socket its
 own loop, or tmux driver, serves) and ``OVERSTORY_ENDPOINT_TOKEN`` (the secret of this
@@ -14,9 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import typing as t
 
 from overstory.errors import EndpointError
+
+TYPE_CHECKING = False  # typing costs milliseconds: `ov guard` imports this on every tool call of a sandboxed turn
+if TYPE_CHECKING:
+    import typing as t
 
 ENDPOINT_ENV = "OVERSTORY_ENDPOINT"
 TOKEN_ENV = "OVERSTORY_ENDPOINT_TOKEN"

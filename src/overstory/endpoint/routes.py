@@ -8,6 +8,8 @@ taken from its row, never from the request:
   checking mail is for the caller's own mailbox;
 - ``status``: read-only, for everyone;
 - ``tool_call``: `ov guard` counting the caller's own tool call against its budget;
+- ``ledger.pre``/``ledger.post``: `ov guard` (and ``--post``) writing the caller's own tool-call
+  ledger rows, with its current turn's dispatch and policy;
 - ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
 - ``stop``: only the caller's own descendants;
 - ``merge``: the coordinator (its role merges what its builders finish) and mergers; only
@@ -21,7 +23,6 @@ them starts light.
 
 from __future__ import annotations
 
-import dataclasses
 import typing as t
 
 from overstory.endpoint.server import Caller, Route
@@ -34,9 +35,17 @@ if t.TYPE_CHECKING:
 
 
 def _config(caller: Caller) -> Config:
-    from overstory.config import load_config
+    """The configuration the agent's loop runs with (its snapshot, no pydantic); read the same way without one."""
+    if caller.config is not None:
+        return caller.config
+    from overstory import config_snapshot
 
-    return load_config(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
+    try:  # as agents.loop.load_loop_config does (importing it from here would close an import circle)
+        return config_snapshot.read(config_snapshot.snapshot_path(caller.project.run_dir / caller.name))
+    except (OSError, ValueError, KeyError, TypeError):
+        from overstory.config import load_config
+
+        return load_config(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
 
 
 def _sender(caller: Caller, args: dict[str, t.Any]) -> str:
@@ -47,24 +56,20 @@ def _sender(caller: Caller, args: dict[str, t.Any]) -> str:
 
 
 def _message(message: mail.Message) -> dict[str, t.Any]:
-    return dataclasses.asdict(message)
+    return message.as_dict()
 
 
 def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    sender = _sender(caller, args)
-    payload = args.get("payload")
-    if args.get("type") == "worker_done":  # the real commit and files, from git, where the agent left them out
-        from overstory.agents.work_report import fill_worker_done
+    """`ov mail send`, idempotent per dispatch of the caller's current turn (``agents.outbox``)."""
+    from overstory.agents.outbox import send_once
 
-        payload = fill_worker_done(caller.project, caller.conn, sender, payload)
-    ids = mail.send(caller.conn, sender=sender, to=args.get("to"), subject=str(args.get("subject") or ""),
-                    body=str(args.get("body") or ""), type=str(args.get("type") or "status"),
-                    priority=str(args.get("priority") or "normal"), payload=payload,
-                    reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
-                    env=caller.environ(), events=caller.events)
-    rows = caller.conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))}) "
-                               "ORDER BY id", ids).fetchall() if ids else []
-    return {"ids": ids, "to": [r["recipient"] for r in rows]}
+    ids, recipients = send_once(caller.conn, caller.environ(), lambda: caller.project, sender=_sender(caller, args),
+                                to=args.get("to"), subject=str(args.get("subject") or ""),
+                                body=str(args.get("body") or ""), type_=str(args.get("type") or "status"),
+                                priority=str(args.get("priority") or "normal"), payload=args.get("payload"),
+                                reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
+                                events=caller.events)
+    return {"ids": ids, "to": [recipients[i] for i in ids]}
 
 
 def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -87,11 +92,11 @@ def mail_read(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 
 def mail_reply(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    sender = _sender(caller, args)
-    new_id = mail.reply(caller.conn, int(args["id"]), sender=sender, body=str(args.get("body") or ""),
-                        env=caller.environ(), events=caller.events)
-    row = caller.conn.execute("SELECT recipient FROM mail WHERE id = ?", (new_id,)).fetchone()
-    return {"id": new_id, "reply_to": int(args["id"]), "to": row["recipient"] if row else "?"}
+    from overstory.agents.outbox import reply_once
+
+    new_id, recipient = reply_once(caller.conn, caller.environ(), int(args["id"]), sender=_sender(caller, args),
+                                   body=str(args.get("body") or ""), events=caller.events)
+    return {"id": new_id, "reply_to": int(args["id"]), "to": recipient}
 
 
 def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -226,6 +231,48 @@ def tool_call(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 tool_call.takes_back = False  # type: ignore[attr-defined]  # every tool call: no git work here
 
 
+def _ledger_context(caller: Caller) -> t.Any:
+    from overstory.agents.ledger import LedgerContext
+
+    ctx = LedgerContext.from_env(caller.environ())  # the current turn's dispatch and policy, as ov set them
+    assert ctx is not None  # environ() always names the caller
+    return ctx
+
+
+def ledger_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard` in a sandbox: the tool call's ledger row, after the guard decided (``agents.ledger.record_pre``).
+
+    Returns the final decision (a replay of an earlier attempt's side effect is denied). The
+    row is the caller's own; a forged request can only write its own ledger.
+    """
+    from overstory.agents.ledger import record_pre
+    from overstory.guards.policy import Decision
+
+    hook_input = args.get("hook_input")
+    if not isinstance(hook_input, dict):
+        raise UsageError("ledger.pre: hook_input must be the tool call's JSON object")
+    decision = Decision(bool(args.get("allow")), str(args.get("reason") or ""))
+    final = record_pre(caller.conn, hook_input, decision, _ledger_context(caller), events=caller.events)
+    return {"allow": final.allow, "reason": final.reason}
+
+
+def ledger_post(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard --post` in a sandbox: the call's receipt (``agents.ledger.record_post``)."""
+    import json
+
+    from overstory.agents.ledger import record_post
+
+    hook_input = args.get("hook_input")
+    data = json.loads(hook_input) if isinstance(hook_input, str) else hook_input
+    if not isinstance(data, dict):
+        raise UsageError("ledger.post: hook_input must be the hook's JSON object")
+    return {"row": record_post(caller.conn, data, _ledger_context(caller))}
+
+
+ledger_pre.takes_back = False  # type: ignore[attr-defined]
+ledger_post.takes_back = False  # type: ignore[attr-defined]
+
+
 ROUTES: dict[str, Route] = {
     "mail.send": mail_send,
     "mail.check": mail_check,
@@ -238,4 +285,6 @@ ROUTES: dict[str, Route] = {
     "stop": stop,
     "merge": merge,
     "tool_call": tool_call,
+    "ledger.pre": ledger_pre,
+    "ledger.post": ledger_post,
 }

@@ -39,6 +39,9 @@ from overstory.store import sessions
 from overstory.store.db import open_events, open_state
 from overstory.store.sessions import Session
 
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+
 MAX_REQUEST_BYTES = 4 << 20  # a mail body is at most 1 MiB
 
 
@@ -51,6 +54,8 @@ class Caller:
     conn: sqlite3.Connection
     launch_env: t.Mapping[str, str] = field(default_factory=dict)
     events: sqlite3.Connection | None = None
+    turn_env: t.Mapping[str, str] = field(default_factory=dict)  # the current turn's own variables (dispatch, ...)
+    config: Config | None = None  # the configuration the agent's loop runs with (None: load it)
 
     @property
     def name(self) -> str:
@@ -60,10 +65,12 @@ class Caller:
         """The environment core functions see for this agent: its launch environment and its own identity
         (from its row, not from anything the agent sent)."""
         env = dict(self.launch_env)
+        env.update(self.turn_env)
         env.update({
             "OVERSTORY_AGENT_NAME": self.agent.name, "OVERSTORY_CAPABILITY": self.agent.capability,
             "OVERSTORY_TASK_ID": self.agent.task_id, "OVERSTORY_BRANCH": self.agent.branch or "",
             "OVERSTORY_PARENT": self.agent.parent, "OVERSTORY_PROJECT_ROOT": str(self.project.root),
+            "OVERSTORY_GENERATION": str(self.agent.generation), "OVERSTORY_WORKTREE": self.agent.worktree or "",
         })
         env.pop(TOKEN_ENV, None)
         env.pop(ENDPOINT_ENV, None)
@@ -134,14 +141,16 @@ class AgentEndpoint:
     """One agent's endpoint: start it once, open a turn (a fresh secret) per turn, close it at the end."""
 
     def __init__(self, project: ProjectPaths, name: str, generation: int, routes: t.Mapping[str, Route],
-                 launch_env: t.Mapping[str, str] | None = None) -> None:
+                 launch_env: t.Mapping[str, str] | None = None, *, config: Config | None = None) -> None:
         self.project = project
         self.name = name
         self.generation = generation
         self.routes = dict(routes)
         self.launch_env = dict(launch_env or {})
+        self.config = config
         self.path = socket_path(project, name)
         self._token: str | None = None
+        self._turn_env: dict[str, str] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -190,15 +199,21 @@ class AgentEndpoint:
             pass
 
     # -- the per-turn secret ------------------------------------------------------------
-    def open_turn(self, token: str | None = None) -> dict[str, str]:
-        """A fresh secret for the next turn; returns the variables that go into the turn's environment."""
+    def open_turn(self, token: str | None = None, *, turn_env: t.Mapping[str, str] | None = None) -> dict[str, str]:
+        """A fresh secret for the next turn; returns the variables that go into the turn's environment.
+
+        ``turn_env``: the turn's own variables as ov set them (its dispatch, attempt, ledger policy),
+        which the core functions read from the environment outside a sandbox.
+        """
         with self._lock:
             self._token = token or secrets.token_hex(24)
+            self._turn_env = {k: v for k, v in (turn_env or {}).items() if k not in (ENDPOINT_ENV, TOKEN_ENV)}
             return {ENDPOINT_ENV: str(self.path), TOKEN_ENV: self._token}
 
     def revoke(self) -> None:
         with self._lock:
             self._token = None
+            self._turn_env = {}
 
     def authorized(self, header: str) -> bool:
         with self._lock:
@@ -221,7 +236,9 @@ class AgentEndpoint:
                              "exit_code": 1}
             if getattr(handler, "takes_back", True):
                 self._take_back(agent, events)
-            result = handler(Caller(self.project, agent, conn, self.launch_env, events), args)
+            with self._lock:
+                turn_env = dict(self._turn_env)
+            result = handler(Caller(self.project, agent, conn, self.launch_env, events, turn_env, self.config), args)
             return 200, {"ok": True, "result": result}
         except NotPermitted as exc:
             self._record_refusal(route, str(exc))

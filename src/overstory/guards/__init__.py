@@ -34,6 +34,8 @@ Policy:
   branches, updates refs directly, manages git worktrees, changes the shared git config
   or remotes, installs packages outside the worktree, uses sudo, schedules commands
   outside the turn (``at``, ``systemd-run``), or kills processes by name.
+- In a phase of an `ov loop` whose spec lists ``tools``, any other tool is refused
+  (``OVERSTORY_PHASE_TOOLS``, set by the loop for that phase's turns).
 - ``ov`` subcommands by capability (``ov`` module): mail and reads for everyone, ``--from``
   only oneself, ``merge`` for mergers and the coordinator, stopping others for the
   coordinator and leads, ``stop --clean`` of another agent for the operator only.

@@ -7,7 +7,8 @@ git command (it may be an alias, and ``alias.x = !cmd`` runs anything), and git 
 outside the agent's own worktree (``-C`` or ``cd`` elsewhere: that repository's config
 and hooks would run). ``GIT_*`` variables are refused by the shell walker.
 
-Then some git commands are refused for every agent whatever its capability (push, hard
+Then some git commands are refused for every agent whatever its capability (push, except
+a writer's own branch to a configured remote (``guards.push``), hard
 reset, rewriting or deleting other branches and tags, worktree management, shared
 config and remotes, ``stash clear``, options that run programs). Read-only agents get
 the read-only forms; writers may change their own worktree and branch, but not switch
@@ -30,6 +31,7 @@ from overstory.guards.effects import (
     _ShellState,
     _values,
 )
+from overstory.guards.push import push_refusal
 
 _GIT_COMMANDS = frozenset(
     """
@@ -118,7 +120,8 @@ def _git(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, st
 
     options, positionals = _parse_options(sub_args, _GIT_SUB_VALUE)
     flags = _names(options)
-    refusal = _git_refusal(sub, positionals, flags, agent) or _program_refusal(sub, sub_args, flags)
+    refusal = (push_refusal(sub_args, agent) if sub == "push" else _git_refusal(sub, positionals, flags, agent)) \
+        or _program_refusal(sub, sub_args, flags)
     if refusal:
         return _deny(refusal)
 
@@ -273,12 +276,6 @@ def _removes_untracked(sub: str, positionals: list[str], flags: set[str]) -> boo
 def _git_refusal(sub: str, positionals: list[str], flags: set[str], agent: _Agent) -> str | None:
     """Git commands refused for every agent, whatever its capability."""
     own = agent.own_branch
-    if sub == "push":
-        return (
-            f"nobody pushes from an ov agent ({agent.who} tried `git push`). Commit on your "
-            f"branch {own}; `ov merge` brings it into the project. Tell your parent it is "
-            "ready with `ov mail send`."
-        )
     if sub == "reset" and "--hard" in flags:
         return (
             "`git reset --hard` throws work away and is refused for every agent. Use `git "

@@ -4,8 +4,9 @@ Inside an agent, ``ov`` acts for that agent: mail goes out under its name, ``sli
 makes it the parent. The authenticated endpoint that serves agents' ``ov`` commands
 (issue 12 §3) enforces the same rules against the hierarchy; the guard says them first,
 in words the model can act on. Reading (status, logs, mail) is open to everyone;
-``sling`` checks the caller's capability and place in the hierarchy itself (only the
-coordinator and leads, their own subtree), so the guard passes it on; ``merge`` belongs
+``sling`` (and ``loop``, which slings an agent that works in iterations) checks the caller's
+capability and place in the hierarchy itself (only the coordinator and leads, their own
+subtree), so the guard passes it on; ``merge`` belongs
 to mergers and the
 coordinator (its instructions merge finished work), stopping another agent to the
 coordinator and leads, nudges to them and monitors, and nobody but the operator removes another agent's worktree
@@ -31,12 +32,14 @@ _OPERATOR_ONLY = {
     "demo": "runs a throw-away swarm",
     "clean": "removes what finished agents left behind (worktrees, branches)",
     "serve": "serves ov's HTTP API and dashboard",
+    "schedule": "makes work start by itself (schedules and mail triggers)",
 }
 _VALUE_OPTIONS = ("--to", "--subject", "--body", "--body-file", "--type", "--priority", "--payload",
                   "--reply-to", "--from", "--agent", "--limit", "--thread", "--since", "--name",
                   "--prompt", "--spec", "--files", "--parent", "--runtime", "--model",
                   "--base-branch", "--scenario", "--branch", "--into", "--run", "--kind", "-n",
-                  "--older-than", "--timeout")
+                  "--older-than", "--timeout", "--until", "--check", "--max-iterations", "--max-usd",
+                  "--max-turns", "--max-tool-calls", "--max-wallclock", "--cron", "--on-mail")
 #: Options whose value may be computed at run time (message text); any other may not.
 _FREE_TEXT = frozenset({"--subject", "--body", "--body-file", "--payload", "--prompt"})
 
@@ -84,7 +87,9 @@ def ov_command(argv: list[str], agent: _Agent, *_: object) -> _Effect:
         return _deny(agent, "`ov coordinator` starts, asks and stops the coordinator for the operator")
     if sub == "mail":
         return _mail(agent, positionals, options)
-    if sub == "sling":
+    if sub == "loop" and positionals[:1] == ["status"]:
+        return _READ
+    if sub in ("sling", "loop"):
         # `ov sling` itself refuses other capabilities, a --parent outside the caller's part of
         # the hierarchy and too deep a tree (agents.spawn.resolve_parent), in words the model
         # sees: the guard lets it through so that refusal is the one explanation.

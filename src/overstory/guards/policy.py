@@ -54,6 +54,9 @@ FILE_WRITE_TOOLS: dict[str, str] = {
     "NotebookEdit": "notebook_path",
 }
 
+#: An `ov loop` phase's tool allow-list (comma-separated, Claude's tool names), set for its turns.
+PHASE_TOOLS_ENV = "OVERSTORY_PHASE_TOOLS"
+
 #: Tools whose ``command`` is a shell command line.
 SHELL_TOOLS = frozenset({"Bash", "Monitor"})
 
@@ -126,12 +129,16 @@ def decide_hook_text(text: str | None, env: Mapping[str, str]) -> Decision:
 
 
 def guard_reply(text: str | None, env: Mapping[str, str], *,
-                count_call: Callable[[], str | None] | None = None) -> tuple[str, str, int]:
+                count_call: Callable[[], str | None] | None = None,
+                record: Callable[[Mapping[str, object], Decision], Decision] | None = None) -> tuple[str, str, int]:
     """`ov guard`'s whole answer to one hook call, in the dialect of the CLI that asked:
     (stdout, stderr, exit status). See ``guards.runtimes``.
 
     ``count_call`` runs for a call the policy allows (the budget's tool-call count, kept
     outside this standard-library-only package); a reason it returns denies the call.
+    ``record`` then gets the call (in Claude's shape) and the decision, and returns the
+    final one: the tool-call ledger (``agents.ledger``) writes its row there and may deny
+    a replay of a side effect that already happened.
     """
     if not env.get("OVERSTORY_AGENT_NAME"):
         return "", "", 0
@@ -147,6 +154,8 @@ def guard_reply(text: str | None, env: Mapping[str, str], *,
         refusal = count_call()
         if refusal:
             decision = Decision.deny(refusal)
+    if record is not None:
+        decision = record(claude_input, decision)
     return reply(dialect, decision.allow, decision.reason, hook_response(decision))
 
 
@@ -182,6 +191,15 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
 
     if tool in BLOCKED_TOOLS:
         return Decision.deny(f"{tool} is not available to {agent.who}. {BLOCKED_TOOLS[tool]}")
+
+    phase_tools = agent.env.get(PHASE_TOOLS_ENV)
+    if phase_tools is not None and tool not in phase_tools.split(","):
+        phase = agent.env.get("OVERSTORY_LOOP_PHASE") or "this phase"
+        return Decision.deny(
+            f"{tool} is not allowed in phase {phase!r} of your loop; its spec allows only "
+            f"{', '.join(filter(None, phase_tools.split(','))) or 'no tools'}. Do this phase's work with "
+            "those; later phases may allow more."
+        )
 
     if tool in FILE_WRITE_TOOLS:
         if not agent.writable:

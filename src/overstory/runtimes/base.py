@@ -28,7 +28,6 @@ Standard library only: the per-agent loop imports this on every start.
 from __future__ import annotations
 
 import abc
-import shutil
 import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +89,7 @@ class TurnParser(abc.ABC):
     events_seen: int = 0
     tool_calls: int = 0
     current_tool: str | None = None
+    last_text: str = ""            # the model's latest text, whole (parsers set it; events carry it trimmed)
 
     @abc.abstractmethod
     def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
@@ -112,6 +112,11 @@ class TurnParser(abc.ABC):
     @abc.abstractmethod
     def usage(self) -> Usage:
         """Tokens and dollars of the turn as reported so far (dollars 0.0 when the runtime does not say)."""
+
+    def final_text(self) -> str:
+        """The model's last message of the turn, whole ('' when it said nothing): where an `ov loop`
+        looks for its completion promise."""
+        return self.last_text
 
     def finish(self, exit_code: int | None, stderr_tail: str) -> None:
         """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
@@ -247,6 +252,10 @@ class Runtime(abc.ABC):
     # Environment variables naming a temp dir the runtime writes; inside the sandbox each points into
     # the sandbox's private /tmp instead (a host path there would be read-only or shared).
     tmp_env_vars: t.ClassVar[tuple[str, ...]] = ()
+    # Which tool-call hooks call ov: "pre" (``ov guard`` before each call, which also writes the
+    # tool-call ledger's row) and "post" (``ov guard --post``, the call's result). Without "pre",
+    # the turn runner fills the ledger from the stream's tool_start/tool_end events instead.
+    tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()
@@ -320,4 +329,6 @@ class Runtime(abc.ABC):
 
 def find_program(name_or_path: str) -> str | None:
     """An executable on PATH, or an existing file path; None when neither."""
+    import shutil  # not at the top: every idle agent loop imports this module
+
     return shutil.which(name_or_path) or (name_or_path if Path(name_or_path).is_file() else None)

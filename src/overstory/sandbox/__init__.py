@@ -17,6 +17,7 @@ import os
 import typing as t
 from dataclasses import dataclass
 
+from overstory.config_snapshot import network_for
 from overstory.errors import OrchestratorError, SandboxError
 from overstory.runtimes import get_runtime
 from overstory.sandbox import gitrefs
@@ -104,7 +105,7 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
         inside["PYTHONDONTWRITEBYTECODE"] = "1"
     found = probe_bwrap()
     assert found.path is not None
-    wrapped = build_argv(found.path, layout, argv, network=config.sandbox.network_for(agent.capability), tty=tty,
+    wrapped = build_argv(found.path, layout, argv, network=network_for(config.sandbox, agent.capability), tty=tty,
                          tmp_size_mb=config.sandbox.tmp_size_mb, writable=writable)
     return Prepared(wrapped, inside, layout, True, took_back)
 

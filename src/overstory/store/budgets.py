@@ -20,11 +20,14 @@ in the same statement, so a run's totals survive its agents' later generations.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
 from dataclasses import dataclass
 
 from overstory.clock import now_ms
 from overstory.store.db import write_transaction
+
+TYPE_CHECKING = False  # typing costs milliseconds and `ov status` imports this module
+if TYPE_CHECKING:
+    import typing as t
 
 LIMITS = ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")
 AGENT = "agent"
@@ -73,6 +76,8 @@ class Crossing:
 
 @dataclass(frozen=True)
 class Budget:
+    """One budget row: an agent's (a generation) or a run's limits and what was used."""
+
     scope: str
     name: str
     generation: int
@@ -93,7 +98,8 @@ class Budget:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
     def limit(self, name: str) -> float | None:
-        return t.cast("float | None", getattr(self, name))
+        value: float | None = getattr(self, name)
+        return value
 
     def used(self, limit: str, now: int | None = None) -> float:
         if limit == "max_usd":

@@ -7,25 +7,31 @@ which takes the write lock up front and makes read-modify-write sequences atomic
 
 from __future__ import annotations
 
-import random
+import os
 import sqlite3
 import time
-import typing as t
 from contextlib import contextmanager
-from pathlib import Path
 
 from overstory.errors import DiskFull, StoreError
-from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS, Migration
+from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
+
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases
+if TYPE_CHECKING:
+    import typing as t
+
+    from overstory.store.migrations import Migration
 
 BUSY_TIMEOUT_MS = 10_000
 
-def connect(path: Path, migrations: t.Sequence[Migration], *, shared: bool = False) -> sqlite3.Connection:
+
+def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration], *,
+            shared: bool = False) -> sqlite3.Connection:
     """Open ``path`` with the project's pragmas and bring its schema up to date.
 
     ``shared``: the connection may be handed from thread to thread (one at a time), e.g. by a pool.
     """
     try:
-        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+        conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                check_same_thread=not shared)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc
@@ -35,7 +41,7 @@ def connect(path: Path, migrations: t.Sequence[Migration], *, shared: bool = Fal
         _switch_to_wal(conn, path)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
-        migrate(conn, migrations, label=path.name)
+        migrate(conn, migrations, label=os.path.basename(os.fspath(path)))
     except sqlite3.DatabaseError as exc:
         conn.close()
         if _no_space_left(path):
@@ -47,7 +53,7 @@ def connect(path: Path, migrations: t.Sequence[Migration], *, shared: bool = Fal
     return conn
 
 
-def _switch_to_wal(conn: sqlite3.Connection, path: Path) -> None:
+def _switch_to_wal(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> None:
     """Put the file in WAL mode, waiting out other processes doing the same.
 
     Changing the journal mode needs an exclusive lock and SQLite reports SQLITE_BUSY
@@ -66,6 +72,8 @@ def _switch_to_wal(conn: sqlite3.Connection, path: Path) -> None:
                 raise
         if time.monotonic() > deadline:
             raise StoreError(f"{path}: could not switch to WAL mode: the database stayed locked by another process")
+        import random  # only when another process holds the lock
+
         time.sleep(0.005 + random.random() * 0.02)
 
 
@@ -113,12 +121,10 @@ def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection
         raise
 
 
-def _no_space_left(path: Path) -> bool:
+def _no_space_left(path: str | os.PathLike[str]) -> bool:
     """Whether the file system holding ``path`` is full (SQLite then reports only "disk I/O error")."""
-    import os
-
     try:
-        stats = os.statvfs(path.parent)
+        stats = os.statvfs(os.path.dirname(os.path.abspath(os.fspath(path))))
     except OSError:
         return False
     return stats.f_bavail * stats.f_frsize < 64 * 1024
@@ -134,9 +140,9 @@ def _file_of(conn: sqlite3.Connection) -> str:
     return "ov's database"
 
 
-def open_state(path: Path, *, shared: bool = False) -> sqlite3.Connection:
+def open_state(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:
     return connect(path, STATE_MIGRATIONS, shared=shared)
 
 
-def open_events(path: Path, *, shared: bool = False) -> sqlite3.Connection:
+def open_events(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:
     return connect(path, EVENTS_MIGRATIONS, shared=shared)

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import typing as t
-from dataclasses import dataclass
 
 from overstory.clock import now_ms
+from overstory.records import Record
+
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+if TYPE_CHECKING:
+    import typing as t
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(Record):
+    """One row of the event stream."""
+
+    __slots__ = ("id", "at", "agent", "generation", "turn_id", "kind", "tool", "summary", "data")
     id: int
     at: int
     agent: str | None

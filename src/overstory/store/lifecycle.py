@@ -21,7 +21,11 @@ import typing as t
 
 from overstory.clock import iso, now_ms
 from overstory.store import sessions
-from overstory.store.sessions import Outcome, Session
+from overstory.store.sessions import Session
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from overstory.store.sessions import Outcome
 
 # Mail types that end an agent's task, by capability. Persistent capabilities have none.
 TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {
@@ -34,7 +38,8 @@ TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {
     "coordinator": frozenset(),
 }
 PERSISTENT_CAPABILITIES = frozenset({"coordinator"})
-PARK_KINDS = frozenset({"budget", "quota", "auth", "approval"})
+# loop: an `ov loop` that reached its iterations, repeats one check failure, or whose critic escalated.
+PARK_KINDS = frozenset({"budget", "quota", "auth", "approval", "loop"})
 
 
 def declare_zombie(conn: sqlite3.Connection, agent: Session, reason: str, *, actor: str,
@@ -85,9 +90,15 @@ def terminal_mail_sent(conn: sqlite3.Connection, agent: Session, since_ms: int) 
     return row is not None
 
 
+def ends_by_terminal_mail(agent: Session) -> bool:
+    """Whether the agent's own terminal mail completes it: not for persistent agents, nor for an `ov loop`,
+    which ov completes itself when the promise and its own check agree."""
+    return agent.capability not in PERSISTENT_CAPABILITIES and not agent.spec.get("loop")
+
+
 def promised(conn: sqlite3.Connection, agent: Session) -> bool:
     """Whether this generation of ``agent`` has committed its terminal mail: its promise that the task is done."""
-    return agent.capability not in PERSISTENT_CAPABILITIES and terminal_mail_sent(conn, agent, agent.created_at)
+    return ends_by_terminal_mail(agent) and terminal_mail_sent(conn, agent, agent.created_at)
 
 
 def complete_promised(conn: sqlite3.Connection, agent: Session, what_happened: str, *, actor: str,
@@ -181,6 +192,9 @@ def _park_body(agent: Session, kind: str, reason: str, until_ms: int | None) -> 
                      "--add-time); `ov budget " + agent.name + "` shows the figures.")
     elif kind == "auth":
         lines.append(f"Fix the runtime's key or login (`ov doctor`), then `ov resume {agent.name}`.")
+    elif kind == "loop":
+        lines.append(f"`ov loop status {agent.name}` shows its iterations; `ov resume {agent.name} --add-iterations 3` "
+                     "lets it go on.")
     elif until_ms is not None:
         lines.append(f"It goes on by itself at {iso(until_ms)}.")
     return "\n".join(lines)

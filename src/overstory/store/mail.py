@@ -1,8 +1,8 @@
 """The durable mail store in state.db: send, check, claim, threads, purge.
 
-Standard library only: `ov mail send` and `ov mail check` run many times a minute
-inside agents, so this module must stay cheap to import. The pydantic payload
-models (``overstory.store.mail_payloads``) are imported only when a protocol type is sent.
+Standard library only, and no typing or dataclasses: `ov mail send` and `ov mail check` run
+many times a minute inside agents. The pydantic payload models (``store.mail_payloads``) are
+imported only when a protocol type is sent.
 
 Delivery to a headless agent: the turn loop ``claim``s all unread, unclaimed mail of
 the agent with one UPDATE … RETURNING stamped with the turn id, then ``mark_read``
@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import typing as t
+from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
+from overstory.records import Record
 from overstory.store.db import write_transaction
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import typing as t
 
 OPERATOR = "operator"
 
@@ -46,8 +49,10 @@ TERMINAL_STATES = frozenset({"completed", "zombie"})
 CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(Record):
+    """One row of the mail table, priority as its name."""
+    __slots__ = ("id", "thread_id", "reply_to", "sender", "recipient", "type", "priority", "subject", "body",
+                 "payload", "created_at", "read_at", "claimed_by", "claimed_at")
     id: int
     thread_id: int
     reply_to: int | None
@@ -66,13 +71,11 @@ class Message:
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Message:
         return cls(
-            id=row["id"], thread_id=row["thread_id"] if row["thread_id"] is not None else row["id"],
+            id=row["id"], thread_id=row["thread_id"] if row["thread_id"] is not None else row["id"], body=row["body"],
             reply_to=row["reply_to"], sender=row["sender"], recipient=row["recipient"], type=row["type"],
             priority=PRIORITY_NAMES.get(row["priority"], str(row["priority"])), subject=row["subject"],
-            body=row["body"], payload=json.loads(row["payload"]) if row["payload"] else None,
-            created_at=row["created_at"], read_at=row["read_at"], claimed_by=row["claimed_by"],
-            claimed_at=row["claimed_at"],
-        )
+            payload=json.loads(row["payload"]) if row["payload"] else None, created_at=row["created_at"],
+            read_at=row["read_at"], claimed_by=row["claimed_by"], claimed_at=row["claimed_at"])
 
     @property
     def is_read(self) -> bool:
@@ -244,7 +247,7 @@ def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: 
                     env: t.Mapping[str, str] = os.environ) -> dict[str, t.Any] | None:
     """Validate a payload; protocol types go through their pydantic model (imported here, lazily)."""
     if mail_type not in PROTOCOL_TYPES:
-        if payload is not None and not isinstance(payload, t.Mapping):
+        if payload is not None and not isinstance(payload, Mapping):
             raise PayloadError(f"a payload must be a JSON object, not {type(payload).__name__}")
         return dict(payload) if payload is not None else None
     from overstory.store.mail_payloads import validate_payload
@@ -335,16 +338,16 @@ def record_sent(conn: sqlite3.Connection, ids: t.Sequence[int], *, events: sqlit
     return True
 
 
-def _events_db_path(conn: sqlite3.Connection) -> Path:
+def _events_db_path(conn: sqlite3.Connection) -> str:
     for row in conn.execute("PRAGMA database_list").fetchall():
         if row[1] == "main" and row[2]:
-            return Path(row[2]).with_name("events.db")
+            return os.path.join(os.path.dirname(row[2]), "events.db")
     raise MailError("state.db has no file path; pass an events connection")
 
 
 def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, subject: str | None = None,
           priority: str | int | None = None, env: t.Mapping[str, str] = os.environ,
-          events: sqlite3.Connection | None = None) -> int:
+          events: sqlite3.Connection | None = None, dedup_key: str | None = None) -> int:
     """Answer message ``message_id``: to its sender, in its thread.
 
     A reply to a ``question`` is a ``result``; any other reply is a ``status``. The
@@ -359,8 +362,8 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
     ids = send(conn, sender=sender, to=original.sender, subject=subject, body=body,
                type="result" if original.type == "question" else "status",
                priority=original.priority if priority is None else priority, reply_to=original.id,
-               allow_unknown=True, env=env, events=events)
-    return ids[0]
+               allow_unknown=True, env=env, events=events, dedup_key=dedup_key)
+    return ids[0] if ids else int(conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (dedup_key,)).fetchone()[0])
 
 
 # ---- reading and delivery ---------------------------------------------------------
@@ -408,9 +411,6 @@ def unread(conn: sqlite3.Connection, agent: str, *, peek: bool = False) -> list[
             (now_ms(), agent),
         ).fetchall()
     return _sorted_for_delivery(rows)
-
-
-check = unread
 
 
 def pending_count(conn: sqlite3.Connection, agent: str) -> int:

@@ -8,9 +8,10 @@ each in its own transaction.
 from __future__ import annotations
 
 import sqlite3
-import typing as t
+from collections.abc import Callable
 
-Migration = t.Callable[[sqlite3.Connection], None]
+# collections.abc, not typing: hot commands open databases, and typing costs milliseconds to import.
+Migration = Callable[[sqlite3.Connection], None]
 
 
 def run_script(conn: sqlite3.Connection, script: str) -> None:
@@ -282,8 +283,178 @@ def _state_m005_budgets(conn: sqlite3.Connection) -> None:
     )
 
 
+def _state_m006_tool_ledger(conn: sqlite3.Connection) -> None:
+    """The tool-call ledger (one row per tool call, ARCHITECTURE §13) and one checkpoint per turn.
+
+    ``scope`` names the dispatch a turn answers ("mail:<lowest claimed mail id>"): the
+    same for every attempt of that turn, so a retried attempt finds what the crashed one
+    did. ``idem_key`` hashes agent, task, class, tool, normalized input and scope.
+    """
+    run_script(conn,
+        """
+        CREATE TABLE tool_calls (
+            id           INTEGER PRIMARY KEY,
+            run_id       TEXT,
+            agent        TEXT NOT NULL,
+            generation   INTEGER NOT NULL,
+            turn_id      TEXT,
+            attempt      INTEGER NOT NULL DEFAULT 0,
+            scope        TEXT,
+            dispatch     TEXT,
+            tool_use_id  TEXT,
+            tool         TEXT NOT NULL,
+            input        TEXT NOT NULL,
+            class        TEXT NOT NULL,
+            idem_key     TEXT NOT NULL,
+            status       TEXT NOT NULL,
+            reason       TEXT,
+            replay_of    INTEGER,
+            flagged      INTEGER NOT NULL DEFAULT 0,
+            exit_code    INTEGER,
+            receipt      TEXT,
+            duration_ms  INTEGER,
+            source       TEXT NOT NULL DEFAULT 'hook',
+            started_at   INTEGER NOT NULL,
+            ended_at     INTEGER
+        );
+        CREATE INDEX tool_calls_key ON tool_calls(idem_key, id);
+        CREATE INDEX tool_calls_agent ON tool_calls(agent, id);
+        CREATE INDEX tool_calls_turn ON tool_calls(turn_id, id);
+        CREATE INDEX tool_calls_use ON tool_calls(tool_use_id);
+        CREATE INDEX tool_calls_flagged ON tool_calls(flagged) WHERE flagged = 1;
+
+        CREATE TABLE checkpoints (
+            turn_id       TEXT PRIMARY KEY,
+            agent         TEXT NOT NULL,
+            generation    INTEGER NOT NULL,
+            attempt       INTEGER NOT NULL DEFAULT 0,
+            scope         TEXT,
+            mail_ids      TEXT NOT NULL DEFAULT '[]',
+            session_id    TEXT,
+            head          TEXT,
+            git_status    TEXT,
+            cost_usd      REAL NOT NULL DEFAULT 0,
+            input_tokens  INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            phase         TEXT NOT NULL,
+            turn_status   TEXT,
+            started_at    INTEGER NOT NULL,
+            at            INTEGER NOT NULL
+        );
+        CREATE INDEX checkpoints_agent ON checkpoints(agent, started_at);
+        CREATE INDEX checkpoints_scope ON checkpoints(agent, scope);
+        """
+    )
+
+
+def _state_m008_loops_and_schedules(conn: sqlite3.Connection) -> None:
+    """`ov loop` (its loop, every iteration, the checkpoints at phase boundaries) and `ov schedule`."""
+    run_script(conn,
+        """
+        CREATE TABLE loops (
+            name            TEXT NOT NULL,
+            generation      INTEGER NOT NULL,
+            definition      TEXT NOT NULL,
+            status          TEXT NOT NULL DEFAULT 'running',
+            iterations      INTEGER NOT NULL DEFAULT 0,
+            max_iterations  INTEGER,
+            phase_index     INTEGER NOT NULL DEFAULT 0,
+            phase_round     INTEGER NOT NULL DEFAULT 0,
+            phase_started   INTEGER NOT NULL DEFAULT 0,
+            extra_phase_iterations INTEGER NOT NULL DEFAULT 0,
+            extra_phase_usd REAL NOT NULL DEFAULT 0,
+            same_failures   INTEGER NOT NULL DEFAULT 0,
+            last_fingerprint TEXT,
+            last_check_exit INTEGER,
+            last_check_tail TEXT,
+            critic_agent    TEXT,
+            critic_since    INTEGER,
+            critic_notes    TEXT,
+            created_at      INTEGER NOT NULL,
+            updated_at      INTEGER NOT NULL,
+            PRIMARY KEY (name, generation)
+        );
+
+        CREATE TABLE loop_iterations (
+            name            TEXT NOT NULL,
+            generation      INTEGER NOT NULL,
+            number          INTEGER NOT NULL,
+            attempt         INTEGER NOT NULL DEFAULT 1,
+            phase           TEXT,
+            phase_round     INTEGER NOT NULL DEFAULT 0,
+            status          TEXT NOT NULL,
+            turn_id         TEXT,
+            session_id      TEXT,
+            cost_usd        REAL NOT NULL DEFAULT 0,
+            promise_seen    INTEGER,
+            check_exit      INTEGER,
+            check_seconds   REAL,
+            check_tail      TEXT,
+            fingerprint     TEXT,
+            progress        TEXT,
+            outcome         TEXT,
+            started_at      INTEGER NOT NULL,
+            ended_at        INTEGER,
+            PRIMARY KEY (name, generation, number, attempt)
+        );
+
+        CREATE TABLE loop_checkpoints (
+            name            TEXT NOT NULL,
+            generation      INTEGER NOT NULL,
+            seq             INTEGER NOT NULL,
+            phase           TEXT NOT NULL,
+            phase_round     INTEGER NOT NULL DEFAULT 0,
+            commit_sha      TEXT NOT NULL,
+            ref             TEXT NOT NULL,
+            progress        TEXT,
+            verdict         TEXT,
+            created_at      INTEGER NOT NULL,
+            PRIMARY KEY (name, generation, seq)
+        );
+
+        CREATE TABLE schedules (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            name        TEXT NOT NULL UNIQUE,
+            kind        TEXT NOT NULL,
+            cron        TEXT,
+            mail_type   TEXT,
+            mail_from   TEXT,
+            argv        TEXT NOT NULL,
+            paused      INTEGER NOT NULL DEFAULT 0,
+            cursor      INTEGER NOT NULL,
+            fired       INTEGER NOT NULL DEFAULT 0,
+            created_at  INTEGER NOT NULL,
+            updated_at  INTEGER NOT NULL
+        );
+
+        CREATE TABLE schedule_fires (
+            id           INTEGER PRIMARY KEY,
+            schedule_id  INTEGER NOT NULL REFERENCES schedules(id) ON DELETE CASCADE,
+            occasion     TEXT NOT NULL,
+            n            INTEGER NOT NULL,
+            due_at       INTEGER,
+            mail_id      INTEGER,
+            argv         TEXT NOT NULL,
+            status       TEXT NOT NULL,
+            claimer_pid  INTEGER,
+            claimer_ticks INTEGER,
+            runner_pid   INTEGER,
+            runner_ticks INTEGER,
+            exit_code    INTEGER,
+            output       TEXT,
+            claimed_at   INTEGER NOT NULL,
+            started_at   INTEGER,
+            ended_at     INTEGER,
+            UNIQUE (schedule_id, occasion)
+        );
+        CREATE INDEX schedule_fires_open ON schedule_fires(status) WHERE status IN ('claimed', 'running');
+        """
+    )
+
+
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
-                                     _state_m005_budgets]
+                                     _state_m005_budgets, _state_m006_tool_ledger,
+                                     _state_m008_loops_and_schedules]
 
 
 # ---------------------------------------------------------------------------

@@ -7,9 +7,12 @@ of crashing whatever reads it back later (``json.loads``, pydantic, a prompt ren
 from __future__ import annotations
 
 import json
-import typing as t
 
 from overstory.errors import PayloadError
+
+TYPE_CHECKING = False  # typing costs milliseconds: `ov mail send` imports this module
+if TYPE_CHECKING:
+    import typing as t
 
 MAX_DEPTH = 64
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import typing as t
 from dataclasses import dataclass, field
 
 from overstory.clock import now_ms
 from overstory.errors import AgentExists
+from overstory.records import Record
 from overstory.store.db import write_transaction
+
+TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
+if TYPE_CHECKING:
+    import typing as t
 
 STATES = ("booting", "in_turn", "between_turns", "working", "stalled", "parked", "completed", "zombie")
 TERMINAL_STATES = frozenset({"completed", "zombie"})
@@ -44,32 +48,41 @@ def is_allowed(prev: str, to: str) -> bool:
 # ---- outcomes -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Ok:
+# Records, not dataclasses: `ov status` imports this module (records.py says why). ``ok`` is not a field.
+class Ok(Record):
+    """The transition happened: the state it left and the row's new version."""
+
+    __slots__ = ("prev", "version")
     prev: str
     version: int
-    ok: t.ClassVar[bool] = True
+    ok = True
 
 
-@dataclass(frozen=True)
-class NotFound:
-    ok: t.ClassVar[bool] = False
+class NotFound(Record):
+    """No such agent."""
+
+    ok = False
 
 
-@dataclass(frozen=True)
-class StaleGeneration:
+class StaleGeneration(Record):
+    """The agent was replaced by a newer generation."""
+
+    __slots__ = ("current",)
     current: int
-    ok: t.ClassVar[bool] = False
+    ok = False
 
 
-@dataclass(frozen=True)
-class IllegalTransition:
+class IllegalTransition(Record):
+    """The agent's state may not move to the requested one."""
+
+    __slots__ = ("prev",)
     prev: str
-    ok: t.ClassVar[bool] = False
+    ok = False
 
 
-Outcome = t.Union[Ok, NotFound, StaleGeneration, IllegalTransition]
-AfterTransition = t.Callable[[sqlite3.Connection, Ok], None]
+if TYPE_CHECKING:
+    Outcome = Ok | NotFound | StaleGeneration | IllegalTransition
+    AfterTransition = t.Callable[[sqlite3.Connection, Ok], None]
 
 
 # ---- rows -----------------------------------------------------------------
@@ -77,6 +90,8 @@ AfterTransition = t.Callable[[sqlite3.Connection, Ok], None]
 
 @dataclass
 class Session:
+    """One agent's row (``extra`` holds columns this version does not know)."""
+
     name: str
     generation: int
     version: int

@@ -92,10 +92,16 @@ def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str], cwd: Path) ->
 
 
 def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]:
-    """Settings that send every tool call through ``ov guard`` (and, in tmux mode, mail into prompts)."""
+    """Settings that send every tool call through ``ov guard`` (and, in tmux mode, mail into prompts).
+
+    PostToolUse and PostToolUseFailure (a failed Bash gets only the latter) run ``ov guard
+    --post``, which stores the call's result in the tool-call ledger.
+    """
     prefix = " ".join(shlex.quote(part) for part in ov_command)
+    post = [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard --post"}]}]
     settings: dict[str, t.Any] = {
-        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}]}
+        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}],
+                  "PostToolUse": post, "PostToolUseFailure": post}
     }
     if tmux_mode:
         inject = [{"hooks": [{"type": "command", "command": f"{prefix} mail check --inject"}]}]
@@ -121,6 +127,7 @@ def _version_of(argv: list[str]) -> str | None:
 
 class ClaudeRuntime(Runtime):
     name = "claude"
+    tool_hooks = frozenset({"pre", "post"})
     instructions_file = ".claude/CLAUDE.md"
     run_instructions_file = "CLAUDE.md"
     run_settings_file = "settings.json"

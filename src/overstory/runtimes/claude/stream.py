@@ -141,6 +141,7 @@ class TurnStream(TurnParser):
                                           data={"tool_use_id": block.get("id"), "input": args}))
             elif block_type == "text":
                 text = str(block.get("text") or "")
+                self.last_text = text
                 parsed.append(ParsedEvent("assistant_text", summary=_trim(text, 200), data={"text": _trim(text, TEXT_LIMIT)}))
             elif block_type == "thinking":
                 parsed.append(ParsedEvent("thinking", summary=_trim(block.get("thinking"), 200)))
@@ -185,6 +186,11 @@ class TurnStream(TurnParser):
         if seen is not None:
             tokens = Tokens(*(max(a, b) for a, b in zip(seen[1], tokens)))
         self._message_usage[key] = (model, tokens)
+
+    def final_text(self) -> str:
+        """The last result's text (the turn's final answer, untrimmed), else the last assistant text."""
+        result = self.result.get("result") if self.result else None
+        return result if isinstance(result, str) and result else self.last_text
 
     def live_usage(self) -> dict[str, Tokens]:
         by_model: dict[str, Tokens] = {}

@@ -33,6 +33,7 @@ EXEC_FLAGS = ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-h
 
 class CodexRuntime(Runtime):
     name = "codex"
+    tool_hooks = frozenset({"pre"})  # no post-tool hook wired yet: calls get no receipt
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     instructions_file = "AGENTS.md"  # in CODEX_HOME, not the worktree
     protocols = ("openai-responses",)

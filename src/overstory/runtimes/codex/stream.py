@@ -142,7 +142,7 @@ class CodexTurnStream(TurnParser):
         if started:
             return [ParsedEvent("runtime_event", summary=f"item.started/{kind}", data={"item_type": kind})]
         if kind == "agent_message":
-            text = str(item.get("text") or "")
+            text = self.last_text = str(item.get("text") or "")
             return [ParsedEvent("assistant_text", summary=trim(text, 200), data={"text": trim(text, TEXT_LIMIT)})]
         if kind == "reasoning":
             return [ParsedEvent("thinking", summary=trim(item.get("text"), 200))]

@@ -62,6 +62,7 @@ def settings(ov_command: list[str]) -> dict[str, t.Any]:
 
 class GeminiRuntime(Runtime):
     name = "gemini"
+    tool_hooks = frozenset({"pre"})  # no post-tool hook wired yet: calls get no receipt
     credential_vars = ("GEMINI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     instructions_file = "GEMINI.md"  # in GEMINI_CLI_HOME/.gemini, not the worktree
     protocols = ("gemini",)

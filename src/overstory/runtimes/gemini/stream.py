@@ -120,6 +120,7 @@ class GeminiTurnStream(TurnParser):
         if not self._text:
             return []
         text, self._text = "".join(self._text), []
+        self.last_text = text
         return [ParsedEvent("assistant_text", summary=trim(text, 200), data={"text": trim(text, TEXT_LIMIT)})]
 
     def _tool_result(self, event: dict[str, t.Any], now: float) -> ParsedEvent:

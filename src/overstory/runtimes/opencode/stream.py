@@ -80,7 +80,7 @@ class OpenCodeTurnStream(TurnParser):
             self.final_reason = None
             parsed.append(ParsedEvent("runtime_event", summary=f"step {self.steps}", data={"type": kind}))
         elif kind == "text":
-            text = str(part.get("text") or "")
+            text = self.last_text = str(part.get("text") or "")
             parsed.append(ParsedEvent("assistant_text", summary=trim(text, 200), data={"text": trim(text, TEXT_LIMIT)}))
         elif kind == "reasoning":
             parsed.append(ParsedEvent("thinking", summary=trim(part.get("text"), 200)))

@@ -16,7 +16,9 @@ Scenario (JSON, or YAML when the name ends in .yaml/.yml)::
     {"turns": [{"actions": [...], "result": "final text"}, ...],
      "agents": {"builder-*": {"turns": [...]}}}        # optional, by $OVERSTORY_AGENT_NAME
 
-Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do".
+Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do". In an
+`ov loop` (``$OVERSTORY_LOOP_ITERATION`` set), a section with ``iterations`` plays
+``iterations[N-1]`` as the first turn of iteration N's fresh session.
 Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
 usage (see ``_Turn.perform``). Any action may carry ``"once": PATH``: it is played only
 while PATH does not exist, and creates it (so a retried or resumed turn skips it); a
@@ -117,10 +119,16 @@ def load_scenario(path: Path) -> list[dict[str, t.Any]]:
     else:
         data = json.loads(text)
     agent = os.environ.get("OVERSTORY_AGENT_NAME", "")
+    section = data
     for pattern, script in (data.get("agents") or {}).items():
         if agent and fnmatch.fnmatchcase(agent, pattern):
-            return list(script.get("turns") or [])
-    return list(data.get("turns") or [])
+            section = script
+            break
+    iteration = os.environ.get("OVERSTORY_LOOP_ITERATION", "")
+    if iteration.isdigit() and "iterations" in section:  # an `ov loop`: each iteration is a fresh session
+        plays = list(section.get("iterations") or [])
+        return [plays[int(iteration) - 1]] if 0 < int(iteration) <= len(plays) else []
+    return list(section.get("turns") or [])
 
 
 # --------------------------------------------------------------------------- sessions
@@ -209,7 +217,8 @@ class Hooks:
         outcomes = []
         env = dict(os.environ, CLAUDE_PROJECT_DIR=self.cwd, CLAUDE_CODE_SESSION_ID=payload["session_id"])
         for group in self.by_event.get(event, []):
-            if event in ("PreToolUse", "PostToolUse") and not _matches(group.get("matcher"), tool_name):
+            if event in ("PreToolUse", "PostToolUse", "PostToolUseFailure") and not _matches(group.get("matcher"),
+                                                                                            tool_name):
                 continue
             for hook in group.get("hooks") or []:
                 if hook.get("type", "command") != "command" or not hook.get("command"):
@@ -350,12 +359,18 @@ class _Turn:
             self.denials.append({"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input})
             content, is_error, summary = reason, True, f"Error: {reason}"
         else:
+            started = time.monotonic()
             try:
                 content, is_error, summary = run_tool(name, tool_input, self.session.cwd)
             except (OSError, UnicodeDecodeError) as exc:
                 content, is_error, summary = f"<tool_use_error>{exc}</tool_use_error>", True, f"Error: {exc}"
-            self.hooks.run("PostToolUse", {**payload, "hook_event_name": "PostToolUse",
-                                           "tool_response": summary, "duration_ms": 0}, name)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            if is_error:  # as claude: a failed call gets PostToolUseFailure, with the error text
+                self.hooks.run("PostToolUseFailure", {**payload, "hook_event_name": "PostToolUseFailure",
+                                                      "error": content, "is_interrupt": False, "duration_ms": duration_ms}, name)
+            else:
+                self.hooks.run("PostToolUse", {**payload, "hook_event_name": "PostToolUse",
+                                               "tool_response": summary, "duration_ms": duration_ms}, name)
         block: dict[str, t.Any] = {"tool_use_id": tool_id, "type": "tool_result", "content": content}
         if is_error:
             block["is_error"] = True

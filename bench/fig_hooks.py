@@ -1,0 +1,160 @@
+"""Figure 10: what ov's tool-call hooks add to every tool call, with the real Claude Code CLI.
+
+One headless turn of N cheap tool calls (Read of a small file; 200 in the full run) is
+played by the mock Messages API (tests/mockapi.py: only the model is scripted; the CLI,
+its tools and its hooks are real). The same turn runs with no hooks, with ov's command
+hooks (`ov guard` as a new process per call, as ov writes them for runtimes without HTTP
+hooks) and with ov's HTTP hooks (served by the agent's endpoint), in alternating order.
+
+The mock stamps the arrival of each model request; the gap between two requests is one
+tool call's round: the mock's answer, the CLI's work, the hooks and the tool. The figure
+gives the median gap of each variant and the median, over call positions, of the gap
+with hooks minus the gap without them at the same position (the conversation grows along
+the turn, so positions are compared with positions).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import typing as t
+from pathlib import Path
+
+from context import Context
+from harness import Stats, add_note, git, init_project, make_repo, not_available, row
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_MS = 5.0  # added per tool call by the HTTP hooks
+AGENT = "builder-hooks"
+
+
+def claude_binary() -> str | None:
+    explicit = os.environ.get("OV_CLAUDE_BIN")
+    candidates = [explicit] if explicit else [str(REPO / ".ci" / "node" / "node_modules" / ".bin" / "claude"),
+                                              "/work/main/.ci/node/node_modules/.bin/claude"]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class _Stamped:
+    """A responder that plays the script and notes when each main request arrived, by position."""
+
+    def __init__(self, replies: list[t.Any]) -> None:
+        from mockapi import ScriptedConversation, assistant_turns
+
+        self.script = ScriptedConversation(replies)
+        self.position = assistant_turns
+        self.arrivals: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict[str, t.Any]) -> t.Any:
+        with self.lock:
+            self.arrivals.setdefault(self.position(body), time.monotonic())
+        return self.script(body)
+
+    def gaps(self) -> list[float]:
+        times = [self.arrivals[i] for i in sorted(self.arrivals)]
+        return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
+
+
+def _turn(claude: str, calls: int, worktree: Path, settings: Path, env: dict[str, str], scratch: Path,
+          timeout: float) -> list[float]:
+    from claude_cli import claude_env, user_message_line
+    from mockapi import MockMessagesAPI, text_reply, tool_reply
+
+    target = str(worktree / "small.txt")
+    stamped = _Stamped([tool_reply("Read", {"file_path": target}) for _ in range(calls)] + [text_reply("done")])
+    with MockMessagesAPI(stamped) as api:
+        full_env = claude_env(api.base_url, scratch, extra=env)
+        done = subprocess.run([claude, "-p", "--output-format", "stream-json", "--input-format", "stream-json",
+                               "--verbose", "--permission-mode", "bypassPermissions", "--settings", str(settings),
+                               "--setting-sources", ""],
+                              input=user_message_line("read the file again and again"), cwd=worktree, env=full_env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"claude exited {done.returncode}: {done.stderr.strip()[-300:] or done.stdout[-300:]}")
+    denied = [line for line in done.stdout.splitlines() if '"permission_denials":[{' in line]
+    if denied:
+        raise RuntimeError(f"a hook denied a call: {denied[0][:300]}")
+    gaps = stamped.gaps()
+    if len(gaps) != calls:
+        raise RuntimeError(f"expected {calls} tool calls, the mock saw {len(gaps) + 1} requests")
+    return gaps
+
+
+def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[dict[str, t.Any], dict[str, str]]]:
+    """name -> (settings, extra environment), as ov writes them for an agent."""
+    from overstory.runtimes.claude import hook_settings
+
+    agent_env = {"OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder",
+                 "OVERSTORY_PROJECT_ROOT": str(project.root), "OVERSTORY_WORKTREE": str(worktree),
+                 "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_TASK_ID": "hooks",
+                 "PATH": f"{Path(ctx.ov).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                 # ov's modules compiled once, as in an installed package (an editable install here):
+                 # the command hooks are shown at their best.
+                 "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(ctx.scratch / "fig10-pycache")}
+    variants: dict[str, tuple[dict[str, t.Any], dict[str, str]]] = {
+        "no hooks": ({}, agent_env),
+        "command hooks (ov guard per call)": (hook_settings([ctx.ov], tmux_mode=False), agent_env),
+    }
+    return variants
+
+
+def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
+    sys.path.insert(0, str(REPO / "tests"))
+    claude = claude_binary()
+    if claude is None:
+        return [not_available(10, "tool-call hooks with the real claude CLI", "no claude binary (set OV_CLAUDE_BIN)")], {}
+    version = subprocess.run([claude, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    from overstory.paths import ProjectPaths
+
+    root = make_repo(ctx.scratch / "fig10-project")
+    init_project(root)
+    project = ProjectPaths(root)
+    worktree = project.worktree(AGENT)
+    git(root, "worktree", "add", "-q", "-b", f"ov/{AGENT}", str(worktree), "main")
+    (worktree / "small.txt").write_text("one line\n")
+    calls, rounds = ctx.p("fig10_calls"), ctx.p("fig10_rounds")
+    variants = _variants(ctx, project, worktree)
+    gaps: dict[str, list[list[float]]] = {name: [] for name in variants}
+    errors: list[str] = []
+    for number in range(rounds):
+        order = list(variants) if number % 2 == 0 else list(reversed(variants))
+        for name in order:
+            settings, env = variants[name]
+            settings_file = ctx.scratch / f"fig10-settings-{len(gaps[name])}-{abs(hash(name))}.json"
+            settings_file.write_text(json.dumps(settings))
+            try:
+                gaps[name].append(_turn(claude, calls, worktree, settings_file, env, ctx.scratch / f"fig10-{number}",
+                                        timeout=60 + calls * 3))
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                errors.append(f"{name}, round {number + 1}: {exc}")
+    rows: list[dict[str, t.Any]] = []
+    base = gaps["no hooks"]
+    for name, turns in gaps.items():
+        if not turns:
+            rows.append(not_available(10, f"{name}: per tool call", "every turn failed (see notes)"))
+            continue
+        flat = [gap for turn in turns for gap in turn]
+        rows.append(row(10, f"{name}: one tool call's round", "ms", Stats(flat), digits=1,
+                        note=f"{len(turns)} turn(s) of {calls} Read calls, claude {version}"))
+        if name == "no hooks" or not base:
+            continue
+        # Per position: this variant's gap minus the no-hooks gap at the same position, same round.
+        added = [statistics.median(b[i] for b in turns) - statistics.median(o[i] for o in base) for i in range(calls)]
+        http = name.startswith("HTTP")
+        rows.append(row(10, f"{name}: added per tool call", "ms", Stats(added), digits=2,
+                        target=f"< {TARGET_MS:g} ms" if http else None,
+                        met=statistics.median(added) < TARGET_MS if http else None))
+    for error in errors:
+        add_note(rows, error, 10)
+    return rows, {"claude": claude, "version": version, "calls": calls, "rounds": rounds,
+                  "gaps_ms": {name: turns for name, turns in gaps.items()}, "errors": errors}

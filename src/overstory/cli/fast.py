@@ -1,0 +1,247 @@
+"""`ov`'s entry point: the hot commands run without importing click.
+
+Agents call `ov mail send`, `ov mail check`, `ov status` and (as their tool-call hook)
+`ov guard` many times a minute, and each call is a new Python process, so start-up is
+most of their cost: click alone costs more than the interpreter. This module parses
+exactly those commands with the same options the click commands declare (a test
+compares the tables below with them) and calls the same click-free bodies
+(``cli.hot``). Anything else, and anything unusual, goes to click untouched: every
+other command, ``-h``/``--help`` anywhere, an unknown or malformed option, a bad
+choice or number, shell completion. Errors found after parsing are shown by click
+too, so usage and error messages have one source.
+
+Some standard modules are kept out of the way until something really uses them:
+``inspect`` and ``copy``, which dataclasses imports for things the hot commands never
+do (the docstring of a dataclass without one; ``asdict``/``replace``), are loaded on
+their first attribute access. ``typing`` is simply not imported by the hot modules.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import typing as t
+
+
+class _Deferred(types.ModuleType):
+    """A stand-in in ``sys.modules`` that imports the real module on first attribute access."""
+
+    def __getattr__(self, attribute: str) -> object:
+        name = self.__name__
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        import importlib
+
+        real = importlib.import_module(name)
+        self.__dict__.update(real.__dict__)  # modules that imported the stand-in now see the real thing
+        return getattr(real, attribute)
+
+
+DEFERRED = ("inspect", "copy")
+
+
+def defer(name: str) -> None:
+    if name not in sys.modules:
+        sys.modules[name] = _Deferred(name)
+
+
+# ---- the hot commands' options, as their click commands declare them ----------------------------
+
+FLAG, TEXT, ROW_ID, FILE = "flag", "text", "row id", "file"  # ROW_ID: cli._common.ROW_ID, 1 .. 2**63-1
+# path -> (body in cli.hot, {option: (parameter, kind)}, required parameters). A kind may also
+# be ("choice", NAME): the choices are overstory.store.mail.NAME, as in the click command.
+HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], frozenset[str]]] = {
+    ("mail", "send"): ("mail_send", {
+        "--to": ("to", TEXT), "--subject": ("subject", TEXT), "--body": ("body", TEXT),
+        "--body-file": ("body_file", FILE), "--type": ("type_", ("choice", "TYPES")),
+        "--priority": ("priority", ("choice", "PRIORITIES")), "--payload": ("payload", TEXT),
+        "--reply-to": ("reply_to", ROW_ID), "--from": ("from_", TEXT), "--allow-unknown": ("allow_unknown", FLAG),
+        "--json": ("as_json", FLAG),
+    }, frozenset({"subject"})),
+    ("mail", "check"): ("mail_check", {
+        "--agent": ("agent", TEXT), "--peek": ("peek", FLAG), "--inject": ("inject", FLAG), "--json": ("as_json", FLAG),
+    }, frozenset()),
+    ("status",): ("status", {"--all": ("include_completed", FLAG), "--json": ("as_json", FLAG)}, frozenset()),
+    ("guard",): ("guard", {"--post": ("post", FLAG)}, frozenset()),
+}
+HELP_OPTIONS = ("-h", "--help")
+COMPLETION_ENV = "_OV_COMPLETE"  # click's shell completion for prog_name "ov"
+
+
+class _Plan:
+    """A hot command line, parsed: which body, with what, and the global options."""
+
+    def __init__(self, path: tuple[str, ...], body: str, params: dict[str, t.Any], project: str | None,
+                 consumed: int) -> None:
+        self.path = path
+        self.body = body
+        self.params = params
+        self.project = project
+        self.consumed = consumed  # how many leading arguments were the global options and the command path
+
+
+def _path_is_usable(value: str, *, directory: bool) -> bool:
+    """What click.Path checks: ``--project`` (file_okay=False) and ``--body-file`` (exists, dir_okay=False)."""
+    import stat
+
+    try:
+        mode = os.stat(value).st_mode
+    except OSError:
+        return directory  # --project need not exist; --body-file must
+    if directory:
+        return not stat.S_ISREG(mode) and os.access(value, os.R_OK)
+    return not stat.S_ISDIR(mode) and os.access(value, os.R_OK)
+
+
+def parse(args: t.Sequence[str], environ: t.Mapping[str, str] = os.environ) -> _Plan | None:
+    """The plan for a hot command line, or None when click must handle it."""
+    if COMPLETION_ENV in environ:
+        return None
+    index, project = 0, None
+    while index < len(args):  # the root group's options: --project PATH, -v/--verbose
+        arg = args[index]
+        if arg in ("-v", "--verbose"):
+            index += 1
+        elif arg == "--project":
+            if index + 1 >= len(args):
+                return None
+            project, index = args[index + 1], index + 2
+        elif arg.startswith("--project="):
+            project, index = arg[len("--project="):], index + 1
+        else:
+            break
+    if project is None and environ.get("OVERSTORY_PROJECT_ROOT"):
+        project = environ["OVERSTORY_PROJECT_ROOT"]  # click reads the option's envvar and checks it the same way
+    if project is not None and not _path_is_usable(project, directory=True):
+        return None
+    for path, (body, options, required) in HOT_COMMANDS.items():
+        if tuple(args[index:index + len(path)]) == path:
+            break
+    else:
+        return None
+    params = _parse_options(args[index + len(path):], options)
+    if params is None or not required <= params.keys():
+        return None
+    return _Plan(path, body, params, project, index + len(path))
+
+
+def _parse_options(args: t.Sequence[str], options: dict[str, tuple[str, t.Any]]) -> dict[str, t.Any] | None:
+    params: dict[str, t.Any] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if not arg.startswith("--") or arg == "--" or arg in HELP_OPTIONS:
+            return None  # an argument, a short option, `--` or help: the hot commands take none of these here
+        name, has_value, value = arg.partition("=")
+        spec = options.get(name)
+        if spec is None:
+            return None
+        parameter, kind = spec
+        if kind == FLAG:
+            if has_value:
+                return None
+            params[parameter] = True
+            index += 1
+            continue
+        if not has_value:
+            if index + 1 >= len(args):
+                return None
+            value = args[index + 1]  # like click: the next word, whatever it looks like
+            index += 1
+        index += 1
+        converted = _convert(value, kind)
+        if converted is None:
+            return None
+        params[parameter] = converted  # given twice: the last one wins, as in click
+    return params
+
+
+def _convert(value: str, kind: t.Any) -> t.Any:
+    if kind == TEXT:
+        return value
+    if kind == ROW_ID:
+        try:
+            number = int(value)
+        except ValueError:
+            return None
+        return number if 1 <= number <= 2**63 - 1 else None
+    if kind == FILE:
+        return value if _path_is_usable(value, directory=False) else None
+    from overstory.store import mail as store
+
+    return value if value in getattr(store, kind[1]) else None
+
+
+# ---- running one -------------------------------------------------------------------------------
+
+
+def run(plan: _Plan, args: t.Sequence[str]) -> int:
+    """Run a parsed hot command; errors are reported as the click entry point reports them."""
+    from overstory.cli import hot
+    from overstory.errors import OrchestratorError
+
+    try:
+        getattr(hot, plan.body)(plan.project, **plan.params)
+    except hot.BadUsage as exc:
+        return _show_with_click(plan, exc)
+    except OrchestratorError as exc:
+        if hot.debug_requested(args):
+            import traceback
+
+            traceback.print_exc()
+        hot.echo(f"ov: error: {hot.one_line(str(exc))}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        hot.echo("ov: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        if hot.debug_requested(args):
+            raise
+        from overstory.cli.failures import describe
+
+        known = describe(exc, args)
+        if known is not None:
+            hot.echo(f"ov: error: {hot.one_line(known)}", err=True)
+            return 1
+        hot.echo(f"ov: internal error: {type(exc).__name__}: {hot.one_line(str(exc))} "
+                 "(run with -v or OV_DEBUG=1 for the traceback)", err=True)
+        return 1
+    return 0
+
+
+def _show_with_click(plan: _Plan, exc: t.Any) -> int:
+    """Let click print a usage error of a hot command, exactly as the click command would."""
+    import click
+
+    from overstory.cli.main import cli
+
+    ctx = cli.make_context("ov", [], resilient_parsing=True)
+    command: click.Command = cli
+    for name in plan.path:
+        assert isinstance(command, click.Group)
+        found = command.get_command(ctx, name)
+        assert found is not None
+        command = found
+        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)
+    error = (click.BadParameter(exc.message, ctx=ctx, param_hint=exc.param_hint) if exc.param_hint is not None
+             else click.UsageError(exc.message, ctx=ctx))
+    error.show()
+    return error.exit_code
+
+
+def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
+    args = list(sys.argv[1:] if argv is None else argv)
+    for name in DEFERRED:
+        defer(name)
+    plan = parse(args)
+    if plan is None:
+        from overstory.cli.main import main as click_main
+
+        click_main(args)
+    sys.exit(run(plan, args))

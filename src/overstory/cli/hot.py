@@ -1,0 +1,333 @@
+"""The bodies of the hot commands, without click: `ov mail send`, `ov mail check`, `ov status`, `ov guard`.
+
+The click commands (cli/mail.py, cli/status.py) and the fast entry point (cli/fast.py)
+both call these after parsing, so there is one implementation of what each command
+does and prints. Only the standard library and ov's stdlib-only core are imported
+here, and ``typing`` not at all (hot commands are timed against `python -c pass`).
+
+A usage error found after parsing (two body options, a payload that is not JSON) is
+raised as ``BadUsage``: the click command turns it into click's own usage error, and
+the fast path asks click to show it, so click stays the one source of usage messages.
+
+Inside an agent's sandboxed turn (``OVERSTORY_ENDPOINT`` and its token are set) the
+databases are read-only, so each body asks the agent's endpoint instead (``agent_channel``);
+the endpoint client is imported only then, so the operator's commands and an unsandboxed
+agent's never load it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TYPE_CHECKING = False  # typing costs milliseconds on a hot path
+if TYPE_CHECKING:
+    import sqlite3
+    import typing as t
+
+    from overstory.store.mail import Message
+
+
+class BadUsage(Exception):
+    """A command line that parsed but makes no sense; click shows it with the command's usage (exit 2)."""
+
+    def __init__(self, message: str, param_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param_hint = param_hint
+
+
+# ---- output, as click.echo does it for text -----------------------------------------------------
+
+# What click strips from text written to something that is not a terminal (CSI sequences).
+_ANSI = "\x1b"
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", text)
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """Write one line and flush; ANSI styles are dropped unless the stream is a terminal (like click.echo)."""
+    stream = sys.stderr if err else sys.stdout
+    if _ANSI in text:
+        try:
+            terminal = stream.isatty()
+        except (AttributeError, OSError, ValueError):  # no isatty, or a closed stream
+            terminal = False
+        if not terminal:
+            text = _strip_ansi(text)
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def echo_json(document: t.Any) -> None:
+    echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
+
+
+def debug_requested(argv: t.Sequence[str]) -> bool:
+    return os.environ.get("OV_DEBUG", "") not in ("", "0") or any(a in ("-v", "--verbose") for a in argv[:3])
+
+
+# ---- shared pieces ------------------------------------------------------------------------------
+
+
+def open_state_db(project_option: str | None) -> sqlite3.Connection:
+    from overstory.paths import locate_project, state_db_path
+    from overstory.store.db import open_state
+
+    return open_state(state_db_path(locate_project(project_option)))
+
+
+def read_body(body: str | None, body_file: str | None) -> str:
+    """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
+    if body is not None and body_file is not None:
+        raise BadUsage("give either --body or --body-file, not both")
+    from overstory.limits import read_at_most
+    from overstory.store.mail import MAX_BODY_BYTES
+
+    if body_file is not None:
+        raw = read_at_most(body_file, MAX_BODY_BYTES, f"the body file {body_file}")
+    elif body == "-":
+        stdin = getattr(sys.stdin, "buffer", None)
+        if stdin is None:  # a text stream without a byte buffer (rare): its text, as UTF-8
+            stdin = _Encoded(sys.stdin)
+        raw = read_at_most(stdin, MAX_BODY_BYTES, "the body on stdin")
+    else:
+        return body or ""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadUsage(f"the body is not valid UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_payload(text: str | None) -> t.Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadUsage(f"not valid JSON: {exc}", param_hint="--payload") from None
+    except RecursionError:
+        from overstory.store.payload_shape import MAX_DEPTH
+
+        raise BadUsage(f"nested too deeply (at most {MAX_DEPTH} levels of lists/objects)",
+                       param_hint="--payload") from None
+
+
+class _Encoded:
+    """A text stream read as UTF-8 bytes."""
+
+    def __init__(self, stream: t.Any) -> None:
+        self.stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        return str(self.stream.read(size)).encode("utf-8", errors="surrogateescape")
+
+
+ENDPOINT_ENV, TOKEN_ENV = "OVERSTORY_ENDPOINT", "OVERSTORY_ENDPOINT_TOKEN"  # as in overstory.endpoint.client
+GUARD_TIMEOUT_SECONDS = 30.0  # the endpoint's count and ledger row are a few statements; a hung loop must not hold a call
+
+
+def agent_channel(env: t.Mapping[str, str] = os.environ) -> t.Any:
+    """Inside an agent's sandboxed turn, its authenticated channel to ov (``overstory.endpoint.client``); else None.
+
+    The client (and the socket module) are imported only when the turn's variables are there.
+    """
+    if not env.get(ENDPOINT_ENV) or not env.get(TOKEN_ENV):
+        return None
+    from overstory.endpoint.client import channel
+
+    return channel(env)
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+
+def count_tool_call(env: t.Mapping[str, str]) -> str | None:
+    """Count the call against the agent's budget; the reason to deny it, or None.
+
+    Inside a sandboxed turn the count goes through the agent's endpoint (state.db is read-only
+    there, and the endpoint knows who is calling); elsewhere it is one SQLite statement. Either
+    way a count that cannot be made allows the call (``store.tool_count``).
+    """
+    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
+                               env.get("OVERSTORY_GENERATION", ""))
+    if not agent or not root or not generation.isdigit():
+        return None
+    remote = agent_channel(env)
+    if remote is not None:
+        from overstory.errors import EndpointError
+
+        try:
+            answer = remote.call("tool_call", {}, timeout=GUARD_TIMEOUT_SECONDS)
+        except EndpointError:
+            return None
+        deny = answer.get("deny") if isinstance(answer, dict) else None
+        return str(deny) if deny else None
+    from overstory.store.tool_count import count_tool_call as count
+
+    return count(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
+
+
+def _ledger_through(remote: t.Any, route: str, args: dict[str, t.Any]) -> t.Any:
+    """A ledger write through the endpoint; None (and a warning) when it cannot be made: the ledger never
+    blocks a call (as ``agents.ledger`` does with a database it cannot write)."""
+    from overstory.errors import EndpointError
+
+    try:
+        return remote.call(route, args, timeout=GUARD_TIMEOUT_SECONDS)
+    except EndpointError as exc:
+        echo(f"ov guard: the tool-call ledger was not written ({exc})", err=True)
+        return None
+
+
+def _remote_pre(remote: t.Any, hook_input: t.Any, decision: t.Any) -> t.Any:
+    answer = _ledger_through(remote, "ledger.pre", {"hook_input": dict(hook_input), "allow": decision.allow,
+                                                    "reason": decision.reason})
+    if isinstance(answer, dict) and answer.get("allow") is False and decision.allow:
+        return type(decision).deny(str(answer.get("reason") or "ov: this call repeats an earlier attempt's."))
+    return decision
+
+
+def guard(project_option: str | None, *, post: bool = False) -> None:
+    """`ov guard` (PreToolUse) and `ov guard --post` (PostToolUse): the one body both parsers call."""
+    try:
+        stdin = getattr(sys.stdin, "buffer", None)
+        raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
+        text: str | None = raw.decode("utf-8", errors="replace")
+    except OSError:
+        text = None
+    remote = agent_channel() if os.environ.get("OVERSTORY_AGENT_NAME") else None
+    if post:
+        if remote is not None:  # inside the sandbox state.db is read-only: the endpoint writes the receipt
+            if text:
+                _ledger_through(remote, "ledger.post", {"hook_input": text})
+            return
+        from overstory.agents import ledger
+
+        ledger.hook_post(text, os.environ)
+        return
+    from overstory import guards
+
+    if remote is not None:
+        def record(hook_input: t.Any, decision: t.Any) -> t.Any:
+            return _remote_pre(remote, hook_input, decision)
+    else:
+        from overstory.agents import ledger
+
+        def record(hook_input: t.Any, decision: t.Any) -> t.Any:
+            return ledger.hook_pre(hook_input, decision, os.environ)
+
+    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ),
+                                                record=record)
+    if stdout:
+        echo(stdout)
+    if stderr:
+        echo(stderr, err=True)
+    if status:
+        sys.exit(status)
+
+
+def mail_send(project_option: str | None, *, to: str | None = None, subject: str, body: str | None = None,
+              body_file: str | None = None, type_: str = "status", priority: str = "normal",
+              payload: str | None = None, reply_to: int | None = None, from_: str | None = None,
+              allow_unknown: bool = False, as_json: bool = False) -> None:
+    text = read_body(body, body_file)
+    parsed = parse_payload(payload)
+    remote = agent_channel()
+    if remote is not None:  # inside an agent's sandbox: its endpoint sends, always as the agent itself
+        sent = remote.call("mail.send", {"to": to, "subject": subject, "body": text, "type": type_,
+                                         "priority": priority, "payload": parsed, "reply_to": reply_to,
+                                         "from": from_, "allow_unknown": allow_unknown})
+        ids = [int(i) for i in sent["ids"]]
+        recipients = dict(zip(ids, sent["to"]))
+    else:
+        from overstory.agents.outbox import send_once
+        from overstory.store import mail as store
+
+        conn = open_state_db(project_option)
+        try:
+            def project() -> t.Any:
+                from overstory.paths import find_project
+
+                return find_project(project_option)
+
+            # From an agent's turn, idempotent per dispatch: a retried turn's identical send gets the first one's ids.
+            ids, recipients = send_once(conn, os.environ, project, sender=from_ or store.default_sender(), to=to,
+                                        subject=subject, body=text, type_=type_, priority=priority, payload=parsed,
+                                        reply_to=reply_to, allow_unknown=allow_unknown)
+        finally:
+            conn.close()
+    if as_json:
+        echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
+    else:
+        for message_id in ids:
+            echo(f"sent #{message_id} to {recipients[message_id]}")
+
+
+def mail_check(project_option: str | None, *, agent: str | None = None, peek: bool = False, inject: bool = False,
+               as_json: bool = False) -> None:
+    from overstory.store import mail as store
+
+    if inject and as_json:
+        raise BadUsage("--inject and --json do not go together")
+    who = agent or store.default_sender()
+    remote = agent_channel()
+    if remote is not None:  # the agent's own mailbox, through its endpoint
+        from overstory.agents.outbox import message_from_dict
+
+        messages: list[Message] = [message_from_dict(m) for m in remote.call("mail.check", {"agent": agent,
+                                                                                             "peek": peek})]
+    else:
+        conn = open_state_db(project_option)
+        try:
+            messages = store.unread(conn, who, peek=peek)
+        finally:
+            conn.close()
+    if as_json:
+        echo_json([m.as_dict() for m in messages])
+    elif inject:
+        if messages:
+            echo(store.render_inject(messages))
+    elif not messages:
+        echo(f"No new mail for {who}.")
+    else:
+        echo("\n\n".join(store.render_message(m) for m in messages))
+
+
+def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False) -> None:
+    from overstory import status as core
+
+    remote = agent_channel()
+    if remote is not None:
+        document = remote.call("status", {"all": include_completed})
+        if as_json:
+            echo_json(document)
+        else:
+            echo(core.render_text(document))
+        return
+    from overstory.paths import locate_project, state_db_path
+
+    path = state_db_path(locate_project(project_option))
+    if not os.path.exists(path):
+        document = core.collect_empty()
+    else:
+        from overstory.store.db import open_state
+
+        conn = open_state(path)
+        try:
+            document = core.collect(conn, include_completed=include_completed)
+        finally:
+            conn.close()
+    if as_json:
+        echo_json(document)
+    else:
+        echo(core.render_text(document))

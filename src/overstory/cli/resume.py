@@ -1,0 +1,48 @@
+"""`ov resume --all` (recover every agent after a crash) and `ov resume AGENT --fork`.
+
+The `ov resume` command itself lives in ``cli.budget`` (un-parking an agent, raising its
+limits); these are its two other forms, each one call into ``overstory.recovery``.
+"""
+
+from __future__ import annotations
+
+import click
+
+from overstory.cli._common import echo_json, project_paths, state_conn
+
+
+def recover_all(as_json: bool) -> None:
+    """Re-adopt or restart every active agent once, as the watchdog does when it starts."""
+    from overstory.config import load_config
+    from overstory.errors import LockHeld
+    from overstory.recovery import recover_all as do_recover
+
+    project = project_paths()
+    config = load_config(project.config_file, project.local_config_file)
+    try:
+        report = do_recover(project, config, state=state_conn(project))
+    except LockHeld as running:  # the watchdog that holds the lock re-adopts every agent itself
+        if as_json:
+            echo_json({"recovered_by_watchdog": True, "detail": str(running)})
+        else:
+            click.echo(str(running))
+        return
+    if as_json:
+        echo_json(report.as_dict())
+        return
+    for line in report.summary_lines():
+        click.echo(line)
+
+
+def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> None:
+    """Sling a new agent from AGENT's newest checkpoint: its task, a new name, a branch at its commit."""
+    from overstory.config import load_config
+    from overstory.recovery import fork as do_fork
+
+    project = project_paths()
+    config = load_config(project.config_file, project.local_config_file)
+    result = do_fork(project, config, state_conn(project), agent, name=name, prompt=prompt)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    click.echo(f"forked {agent} as {result.name} (branch {result.branch}, worktree {result.worktree})")

@@ -1,0 +1,85 @@
+"""The runner of one schedule fire: ``python -m overstory.schedule_runner --project ROOT --fire ID``.
+
+Started detached by the watchdog (``scheduler``) right after it claimed the fire, or run
+in the foreground by `ov schedule run-now`. It takes the fire (``claimed`` -> ``running``,
+a compare-and-swap only one runner ever wins), runs the fire's `ov` command line as the
+operator would in the project, and settles the row ``ok`` or ``failed`` with the exit
+code and the end of the output. A failure is a ``schedule_failed`` event and one
+``escalation`` mail to the operator, written with the settled row (``scheduler.failure_notice``);
+never a crash. If this process dies while the command runs, the next watchdog tick marks
+the fire ``lost`` (with its own mail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import typing as t
+from pathlib import Path
+
+from overstory import procs
+from overstory.paths import ProjectPaths
+from overstory.store import schedules
+from overstory.store.db import open_state
+
+
+def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = None) -> dict[str, t.Any] | None:
+    """Take fire ``fire_id`` and run it; its settled row, or None when another runner has it."""
+    from overstory.resources import ov_executable
+    from overstory.scheduler import failure_notice, record_event
+
+    state = open_state(project.state_db)
+    try:
+        if not schedules.start(state, fire_id, runner_pid=os.getpid(), runner_ticks=procs.start_ticks(os.getpid())):
+            return None
+        fire = schedules.fire(state, fire_id)
+        assert fire is not None
+        if timeout is None:
+            from overstory.config import load_config
+
+            timeout = load_config(project.config_file, project.local_config_file).schedules.timeout
+        command, _ = ov_executable()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}  # it acts as the operator
+        procs.kill_point("schedule_running")
+        try:
+            done = subprocess.run([*command, "--project", str(project.root), *fire["argv"]], cwd=project.root,
+                                  env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+            code: int | None = done.returncode
+            output = (done.stdout + done.stderr).strip()
+        except subprocess.TimeoutExpired as exc:
+            code, output = None, f"{_text(exc.stdout)}{_text(exc.stderr)}\n[ov] stopped after {timeout:g}s " \
+                                 "(schedules.timeout)"
+        except OSError as exc:
+            code, output = None, f"could not run ov: {exc}"
+        status = "ok" if code == 0 else "failed"
+        last = output.splitlines()[-1] if output else ""
+        schedules.finish(state, fire_id, status=status, exit_code=code, output=output,
+                         notice=failure_notice(fire, last or "no output") if status != "ok" else None)
+        name = fire["schedule"] or "-"
+        line = f"fire {fire['n']}: ov {' '.join(fire['argv'])} -> " + (f"exit {code}" if code is not None else "error")
+        record_event(project, "schedule_fired" if status == "ok" else "schedule_failed", name,
+                     f"{line}: {last}"[:300], {"fire": fire_id, "n": fire["n"], "exit_code": code, "status": status})
+        return schedules.fire(state, fire_id)
+    finally:
+        state.close()
+
+
+def _text(value: t.Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value or ""
+
+
+def main(argv: t.Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ov-schedule-runner")
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--fire", required=True, type=int)
+    args = parser.parse_args(argv)
+    run_fire(ProjectPaths(Path(args.project)), args.fire)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
