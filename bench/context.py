@@ -40,6 +40,7 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig9_rounds": (10, 4),
     "fig10_calls": (200, 50),
     "fig10_rounds": (2, 1),
+    "fig11_rounds": (30, 8),
 }
 
 

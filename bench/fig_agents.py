@@ -535,7 +535,7 @@ def _scale_once(ctx: Context, index: int, count: int) -> dict[str, t.Any]:
     project.local_config_file.write_text(f"agents:\n  max_concurrent_agents: {count + 10}\n")
     config = load_config(project.config_file, project.local_config_file, environ=ctx.env())
     env = ctx.env()
-    gate = ctx.scratch / f"fig7-gate-{index}"
+    gate = project.ov_dir / "fig7-gate"  # inside the project: agents see it from their sandboxes (read-only)
     scenarios = {cap: _gated_scenario(ctx.scratch / f"fig7-{cap}-{index}.json", cap, gate) for cap in ("builder", "scout")}
     plan = [("builder" if number % 2 == 0 else "scout", f"t{number:02d}") for number in range(count)]
     names = [f"{capability}-{task}" for capability, task in plan]

@@ -169,7 +169,7 @@ def _scenario(path: Path, gate: Path, lines: int) -> Path:
 
 def _agents_run(ctx: Context, server: Server, root: Path, index: int) -> dict[str, t.Any]:
     agents, lines = ctx.p("fig8_agents"), ctx.p("fig8_lines")
-    gate = ctx.scratch / f"fig8-gate-{index}"
+    gate = root / ".overstory" / f"fig8-gate-{index}"  # inside the project: sandboxed agents see it
     scenario = _scenario(ctx.scratch / f"fig8-{index}.json", gate, lines)
     names = []
     for number in range(agents):

@@ -77,3 +77,11 @@ def agent_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def shared_dir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A directory the test and its agents share (markers, release files), and the environment that binds it
+    writable into every agent's sandbox (``sandbox.writable``); nothing else outside the worktree is."""
+    path = tmp_path / "shared"
+    path.mkdir(exist_ok=True)
+    return path, {"OV_SANDBOX_WRITABLE": json.dumps([str(path)])}

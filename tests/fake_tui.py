@@ -7,8 +7,9 @@ first line is ``❯`` + no-break space + the typed text, and a footer that says
 ``bypass permissions on`` and, while busy, ``esc to interrupt``. It reads keys from
 its terminal, so it only runs inside a pane (tmux gives it one).
 
-Like the real CLI it reads ``.claude/settings.local.json`` in its working
-directory and runs the ``SessionStart`` hooks when it starts and the
+Like the real CLI it reads hooks from ``--settings`` (inline JSON or a file) and, unless
+``--setting-sources`` excludes it, from ``.claude/settings.local.json`` in its working
+directory, and runs the ``SessionStart`` hooks when it starts and the
 ``UserPromptSubmit`` hooks on every submitted prompt (JSON on stdin); what a hook
 prints is recorded as context the "model" saw.
 
@@ -81,14 +82,29 @@ def log(event: str, **fields: t.Any) -> None:
             handle.write(json.dumps({"event": event, "pid": os.getpid(), "at": time.time(), **fields}) + "\n")
 
 
+def _option(name: str) -> str | None:
+    args = sys.argv[1:]
+    return args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
+
+
 def hooks(event: str) -> list[str]:
-    try:
-        settings = json.loads(Path(".claude/settings.local.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
+    documents = []
+    given = _option("--settings")
+    if given is not None:
+        documents.append(given if given.lstrip().startswith("{") else Path(given).read_text(encoding="utf-8"))
+    sources = _option("--setting-sources")
+    if sources is None or "local" in sources.split(","):
+        local = Path(".claude/settings.local.json")
+        if local.is_file():
+            documents.append(local.read_text(encoding="utf-8"))
     commands = []
-    for group in settings.get("hooks", {}).get(event, []):
-        commands.extend(hook["command"] for hook in group.get("hooks", []) if hook.get("type") == "command")
+    for text in documents:
+        try:
+            settings = json.loads(text)
+        except ValueError:
+            continue
+        for group in settings.get("hooks", {}).get(event, []):
+            commands.extend(hook["command"] for hook in group.get("hooks", []) if hook.get("type") == "command")
     return commands
 
 

@@ -226,3 +226,18 @@ def test_default_file_parses_to_exactly_the_model_defaults() -> None:
 def test_default_file_loads_through_the_loader(tmp_path: Path) -> None:
     main = write(tmp_path / "config.yaml", DEFAULT_CONFIG_YAML)
     assert load_config(main, None, environ={}) == Config()
+
+
+def test_sandbox_mode_off_and_on_written_bare_in_yaml(tmp_path):
+    from overstory.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("sandbox:\n  mode: off\n  network: {default: on, scout: off}\n")
+    config = load_config(path, environ={})
+    assert config.sandbox.mode == "off"
+    assert config.sandbox.network_for("scout") is False and config.sandbox.network_for("builder") is True
+    path.write_text("sandbox:\n  mode: on\n")
+    assert load_config(path, environ={}).sandbox.mode == "bwrap"
+    path.write_text("sandbox:\n  network: {reviewers: off}\n")
+    with pytest.raises(Exception, match="unknown capability 'reviewers'"):
+        load_config(path, environ={})

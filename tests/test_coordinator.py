@@ -120,10 +120,11 @@ def test_start_runs_at_the_root_with_its_instructions_passed_as_flags(team: Proj
     assert "# Role: coordinator" in instructions and "ov sling" in instructions
     hooks = json.loads((run_dir / "settings.json").read_text())
     assert "guard" in hooks["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
-    # Every turn gets them as --append-system-prompt and --settings.
+    # Every turn gets them as --append-system-prompt-file and --settings, and nothing else counts.
     command = json.loads(next((team.logs_dir / "coordinator").glob("*/command.json")).read_text())
-    assert command[command.index("--append-system-prompt") + 1] == instructions
+    assert command[command.index("--append-system-prompt-file") + 1] == str(run_dir / "CLAUDE.md")
     assert command[command.index("--settings") + 1] == str(run_dir / "settings.json")
+    assert command[command.index("--setting-sources") + 1] == ""
     # A finished turn does not complete a persistent agent.
     assert agent_state(team, "coordinator").state == "between_turns"
 
@@ -175,7 +176,7 @@ def test_the_coordinator_is_read_only_through_its_settings_file(team: ProjectPat
 
 
 def test_send_reaches_the_coordinator_which_slings_a_builder_into_the_run(team: ProjectPaths, tmp_path: Path) -> None:
-    path = tmp_path / "team.json"
+    path = team.ov_dir / "team.json"  # agents read it from inside their sandbox: .overstory/ is visible there
     scenario(path, {
         "coordinator": [*READY,
                         {"actions": [{"expect_in_prompt": "add greet"},
@@ -286,7 +287,7 @@ def test_status_and_stop_complete_the_run(team: ProjectPaths, tmp_path: Path) ->
 
 
 def test_stop_leaves_the_run_open_for_working_agents_and_start_rejoins_it(team: ProjectPaths, tmp_path: Path) -> None:
-    path = tmp_path / "team.json"
+    path = team.ov_dir / "team.json"  # agents read it from inside their sandbox: .overstory/ is visible there
     scenario(path, {
         "coordinator": [*READY, {"actions": [{"bash": sling_cmd("builder", "slow", path)}], "result": "slung"}],
         "builder-*": [{"actions": [{"sleep": 30}], "result": "late"}],

@@ -63,7 +63,7 @@ def settled(project, name, timeout=60):
 
 
 def test_crossing_max_usd_mid_turn_parks_and_resume_continues_the_session(project, tmp_path):
-    once = tmp_path / "spent-once"
+    once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
     start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
           budget={"max_usd": 0.5})
     agent = settled(project, "builder-t1")
@@ -105,8 +105,9 @@ def test_no_turn_starts_past_max_turns(project, tmp_path):
 
 
 def test_the_guard_refuses_the_tool_call_past_the_limit_and_the_agent_parks(project, tmp_path):
-    marker = tmp_path / "third-ran"
-    start(project, tmp_path, [{"actions": [{"bash": "true"}, {"bash": "true"}, {"bash": f"touch {marker}"},
+    # In the worktree: the sandbox's /tmp (where tmp_path is) is private to the turn.
+    marker = project.worktree("builder-t1") / "third-ran"
+    start(project, tmp_path, [{"actions": [{"bash": "true"}, {"bash": "true"}, {"bash": "touch third-ran"},
                                            {"sleep": 20}, REPORT]}], budget={"max_tool_calls": 2})
     agent = settled(project, "builder-t1")
     assert agent.state == "parked" and agent.state_reason == "budget: max_tool_calls 2 reached (2)"
@@ -135,10 +136,10 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
     assert started.returncode == 0, started.stderr
     # All three are slung before any spends: a child's limit is capped at what its run has left when
     # it is slung, and this test is about the run's limit, not a child's own.
-    go = tmp_path / "go"
+    go = project.root / "go"  # the project is visible (read-only) inside a sandbox; its /tmp is private
     for task in ("a", "b", "c"):
         start(project, tmp_path, [{"actions": [{"bash": f"while [ ! -e {go} ]; do sleep 0.1; done"},
-                                               {"usage": BIG, "once": str(tmp_path / f"once-{task}")},
+                                               {"usage": BIG, "once": f"once-{task}"},
                                                {"sleep": 30}, REPORT]}], task=task)
     go.touch()
     names = ["builder-a", "builder-b", "builder-c"]
@@ -176,7 +177,7 @@ def test_a_usage_limit_parks_every_agent_of_the_provider_until_the_reset(project
                               {"actions": [REPORT]}], task="b", env=env)
     wait_for(lambda: (a := agent_state(project, "builder-b")) and a.state == "between_turns" and a.turns == 1, 30)
     start(project, tmp_path, [{"actions": [{"api_error": "usage_limit", "resets_in": 4,
-                                            "once": str(tmp_path / "limited-once")}, REPORT]}], task="a", env=env)
+                                            "once": "limited-once"}, REPORT]}], task="a", env=env)
     a = settled(project, "builder-a")
     b = wait_for(lambda: (x := agent_state(project, "builder-b")) and x.state == "parked" and x, 10)
     assert a.park_kind == b.park_kind == "quota" and a.retries == 0, "no retry was consumed"
@@ -194,7 +195,7 @@ def test_a_usage_limit_parks_every_agent_of_the_provider_until_the_reset(project
 
 
 def test_a_rate_limit_without_a_reset_time_backs_off(project, tmp_path):
-    start(project, tmp_path, [{"actions": [{"api_error": "rate_limit", "once": str(tmp_path / "once")}, REPORT]}],
+    start(project, tmp_path, [{"actions": [{"api_error": "rate_limit", "once": "once"}, REPORT]}],
           env={"OV_QUOTA_BACKOFF_INITIAL": "2"})
     agent = settled(project, "builder-t1")
     assert agent.park_kind == "quota" and 1500 <= agent.park_until - turns_of(project, "builder-t1")[0]["ended_at"] <= 3000
@@ -204,7 +205,7 @@ def test_a_rate_limit_without_a_reset_time_backs_off(project, tmp_path):
 
 def test_a_rejected_key_parks_at_the_first_retry_and_resume_brings_the_fixed_key(project, tmp_path):
     report_with_good_key = {"bash": 'test "$ANTHROPIC_API_KEY" = good && ' + REPORT["bash"]}
-    scenario = [{"actions": [{"api_error": "auth_retry", "retry_seconds": 120, "once": str(tmp_path / "auth-once")},
+    scenario = [{"actions": [{"api_error": "auth_retry", "retry_seconds": 120, "once": "auth-once"},
                              report_with_good_key]}]
     began = time.monotonic()
     start(project, tmp_path, scenario, env={"ANTHROPIC_API_KEY": "bad"})
@@ -278,7 +279,7 @@ def test_a_loop_that_dies_between_the_budget_stop_and_the_park_parks_once_after_
 
     from conftest import ov_command
 
-    once = tmp_path / "spent-once"
+    once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
     start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
           budget={"max_usd": 0.5}, env={"OV_TEST_DIE_AT": "park"})
     wait_for(lambda: (rows := turns_of(project, "builder-t1")) and rows[0]["status"] == "budget", 60)

@@ -18,6 +18,7 @@ import typing as t
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ov_command, run_ov
 from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, wait_for
@@ -34,9 +35,19 @@ def durable(project: ProjectPaths, tmp_path: Path) -> t.Iterator[tuple[ProjectPa
                        turns={"retry_backoff": 0.1, "kill_grace": 1, "stall_timeout": 120, "max_retries": 3,
                               "max_concurrent": 8},
                        watchdog={"interval": 0.3, "stale_after": 300, "zombie_after": 900})
-    log = make_remote(project, tmp_path)
+    # The remote, its push log and the tests' markers live in one directory bound writable into every
+    # agent's sandbox (a sandboxed turn's /tmp is its own, and the rest outside its worktree read-only).
+    log = make_remote(project, shared(tmp_path))
+    config = yaml.safe_load(project.local_config_file.read_text())
+    write_local_config(project, **config, sandbox={"writable": [str(shared(tmp_path))]})
     yield project, log
     kill_everything(project)
+
+
+def shared(tmp_path: Path) -> Path:
+    path = tmp_path / "shared"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def row(conn: t.Any, name: str) -> sessions.Session:
@@ -70,7 +81,7 @@ def test_a_retried_turn_does_not_push_or_mail_twice(durable: tuple[ProjectPaths,
         {"bash": "git add work.txt && git commit -qm work || true"},
         {"bash": "git push origin ov/builder-push"},
         {"bash": "ov mail send --type merge_ready --subject ready --body pushed"},
-        {"bash": once(tmp_path / "killed", "kill -9 $PPID")},  # the runtime dies before its result
+        {"bash": once(shared(tmp_path) / "killed", "kill -9 $PPID")},  # the runtime dies before its result
         {"bash": "ov mail send --type worker_done --subject done --body finished"},
     ], "result": "done"}]}
     from overstory.store import runs
@@ -108,7 +119,7 @@ def test_a_side_effect_killed_mid_call_is_held_back_once_and_flagged(durable: tu
                                                                      tmp_path: Path) -> None:
     project, log = durable
     # The push's own tool process kills the runtime: PreToolUse ran, PostToolUse never will.
-    push = f"git push origin ov/builder-mid && {once(tmp_path / 'killed', 'kill -9 $PPID; sleep 1')}"
+    push = f"git push origin ov/builder-mid && {once(shared(tmp_path) / 'killed', 'kill -9 $PPID; sleep 1')}"
     scenario = {"turns": [{"actions": [
         {"write": {"path": "work.txt", "content": "done\n"}},
         {"bash": "git add work.txt && git commit -qm work"},
@@ -139,7 +150,7 @@ def test_a_crash_in_the_first_turn_resumes_the_same_session(durable: tuple[Proje
     project, _log = durable
     scenario = {"turns": [{"actions": [
         {"text": "starting"},
-        {"bash": once(tmp_path / "killed", "kill -9 $PPID")},
+        {"bash": once(shared(tmp_path) / "killed", "kill -9 $PPID")},
         {"bash": "ov mail send --type worker_done --subject done --body finished"},
     ], "result": "done"}]}
     name = start_agent(project, state_db, "first", scenario)
@@ -197,10 +208,10 @@ def _team(project: ProjectPaths, conn: t.Any, tmp_path: Path) -> dict[str, str]:
         {"write": {"path": "busy.txt", "content": "work\n"}},
         {"bash": "git add busy.txt && git commit -qm busy || true"},
         {"bash": "git push origin ov/builder-busy"},
-        {"bash": once(tmp_path / "busy-slept", "sleep 300")},
+        {"bash": once(shared(tmp_path) / "busy-slept", "sleep 300")},
         {"bash": REPORT}, {"bash": REPORT},
     ], "result": "done"}]}
-    busy_file = tmp_path / "busy.json"
+    busy_file = shared(tmp_path) / "busy.json"
     busy_file.write_text(json.dumps(busy))
     lead = {"turns": [
         {"actions": [{"bash": f"ov sling builder busy --runtime scripted --scenario {busy_file}"}], "result": "waiting"},
@@ -217,7 +228,7 @@ def _team(project: ProjectPaths, conn: t.Any, tmp_path: Path) -> dict[str, str]:
     ]}
     done = {"turns": [{"actions": [{"bash": REPORT}], "result": "done"}]}
     # A sixth, which cannot be recovered: its retries are used up when the crash hits its turn.
-    doomed = {"turns": [{"actions": [{"bash": once(tmp_path / "doomed-slept", "sleep 300")}, {"bash": REPORT}],
+    doomed = {"turns": [{"actions": [{"bash": once(shared(tmp_path) / "doomed-slept", "sleep 300")}, {"bash": REPORT}],
                          "result": "done"}]}
     return {
         "doomed": start_agent(project, conn, "doomed", doomed),
@@ -231,7 +242,7 @@ def _team(project: ProjectPaths, conn: t.Any, tmp_path: Path) -> dict[str, str]:
 def _bring_to_crash_point(project: ProjectPaths, conn: t.Any, team: dict[str, str], tmp_path: Path) -> None:
     from overstory.store import mail
 
-    wait_for(lambda: (tmp_path / "busy-slept").exists(), 120, "builder-busy to be mid-turn")
+    wait_for(lambda: (shared(tmp_path) / "busy-slept").exists(), 120, "builder-busy to be mid-turn")
     team["busy"] = "builder-busy"
     wait_for(lambda: row(conn, team["idle"]).state == "between_turns" and row(conn, team["idle"]).turns == 1, 60,
              "the idle builder to wait for an answer")
@@ -244,7 +255,7 @@ def _bring_to_crash_point(project: ProjectPaths, conn: t.Any, team: dict[str, st
     wait_for(lambda: row(conn, team["lead"]).state == "between_turns" and row(conn, team["lead"]).turns == 1, 60,
              "the lead to wait for its child")
     wait_for(lambda: row(conn, team["done"]).state == "completed", 60, "one agent to complete")
-    wait_for(lambda: (tmp_path / "doomed-slept").exists(), 60, "the doomed builder to be mid-turn")
+    wait_for(lambda: (shared(tmp_path) / "doomed-slept").exists(), 60, "the doomed builder to be mid-turn")
     doomed = row(conn, team["doomed"])
     assert sessions.update_fields(conn, doomed.name, doomed.generation, retries=3)  # turns.max_retries
     assert row(conn, team["busy"]).state == "in_turn"
@@ -305,7 +316,8 @@ def test_a_reboot_from_a_copy_of_the_project_recovers(durable: tuple[ProjectPath
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     snapshot = tmp_path / "snapshot"
-    shutil.copytree(project.root, snapshot, symlinks=True)
+    # The agents' endpoint sockets are not data (shutil cannot copy a socket); a recovered loop binds its own.
+    shutil.copytree(project.root, snapshot, symlinks=True, ignore=shutil.ignore_patterns("ov.sock"))
     state_db.close()
     kill_everything(project)
     for pid in frozen:
@@ -359,7 +371,8 @@ def test_fault_injection_kills_everything_at_random_points(durable: tuple[Projec
     write_local_config(project, guards={"push_remotes": ["origin"]},
                        turns={"retry_backoff": 0.1, "kill_grace": 1, "stall_timeout": 120, "max_retries": 6,
                               "max_concurrent": 8},
-                       watchdog={"interval": 0.3, "stale_after": 300, "zombie_after": 900})
+                       watchdog={"interval": 0.3, "stale_after": 300, "zombie_after": 900},
+                       sandbox={"writable": [str(shared(tmp_path))]})
     lead = start_agent(project, state_db, "lead", {"turns": [{"actions": [{"bash": LEAD_STEP}, {"bash": LEAD_STEP}],
                                                               "result": "checked"}] * 8}, capability="lead")
     workers = [start_agent(project, state_db, task, {"turns": [{"actions": WORK, "result": "done"}]}, parent=lead)

@@ -375,7 +375,8 @@ PROBE = textwrap.dedent("""
     except SystemExit as exc:
         code = exc.code
     # A module still deferred (cli.fast's stand-in) does not count as loaded.
-    names = {name.split(".")[0] for name, module in sys.modules.items() if type(module).__name__ != "_Deferred"}
+    real = [name for name, module in sys.modules.items() if type(module).__name__ != "_Deferred"]
+    names = {name.split(".")[0] for name in real} | set(real)  # top-level packages, and whole dotted names
     print(json.dumps({"code": code, "loaded": sorted(names & set(json.loads(sys.argv[2])))}))
 """)
 UNWANTED = ["click", "pydantic", "yaml", "rich", "git", "libtmux", "anthropic", "typing", "pathlib", "inspect",
@@ -406,6 +407,75 @@ def test_hot_commands_import_nothing_heavy(world: World, args: list[str]) -> Non
 def test_the_guard_imports_nothing_heavy(world: World) -> None:
     stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": "git push"}, "cwd": str(world.worktree)})
     assert _probe(world, ["guard"], env=AGENT_ENV, stdin=stdin.encode()) == {"code": 0, "loaded": []}
+
+
+def test_outside_a_sandbox_the_endpoint_client_is_not_loaded(world: World) -> None:
+    stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": "git push"}, "cwd": str(world.worktree)})
+    world.restore()
+    client = "overstory.endpoint.client"
+    assert _probe(world, ["guard"], env=AGENT_ENV, stdin=stdin.encode())["loaded"] == []
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["guard"]), json.dumps([client, "socket"])],
+                          input=stdin.encode(), capture_output=True, cwd=world.project.root, timeout=60, check=False,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}, **AGENT_ENV})
+    assert json.loads(done.stdout.decode().splitlines()[-1])["loaded"] == []
+
+
+def test_inside_a_sandboxed_turn_the_hot_commands_go_through_the_endpoint_lightly(world: World) -> None:
+    """With a turn's endpoint secret in the environment (as in its sandbox, where state.db is
+    read-only), `ov guard`, `ov guard --post` and `ov mail check` ask the agent's endpoint: the client
+    loads, but still no typing, http or urllib; the call is counted and its ledger rows written."""
+    from overstory.endpoint.routes import ROUTES
+    from overstory.endpoint.server import AgentEndpoint
+
+    world.restore()
+    endpoint = AgentEndpoint(world.project, "builder-a", 1, ROUTES).start()
+    try:
+        env = {**AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root), "OVERSTORY_TURN_ID": "t-sbx",
+               **endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": "t-sbx", "OVERSTORY_ATTEMPT": "0"})}
+        call = {"tool_name": "Read", "tool_input": {"file_path": str(world.worktree / "a.txt")},
+                "tool_use_id": "toolu_sbx", "cwd": str(world.worktree)}
+        wanted = [*UNWANTED, "overstory.endpoint.client"]
+        for args, stdin in ((["guard"], call), (["guard", "--post"], {**call, "tool_response": "text"})):
+            done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(wanted)],
+                                  input=json.dumps(stdin).encode(), capture_output=True, cwd=world.project.root,
+                                  timeout=60, check=False,
+                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")},
+                                       **env})
+            assert done.returncode == 0, done.stderr.decode()
+            assert json.loads(done.stdout.decode().splitlines()[-1]) == {
+                "code": 0, "loaded": ["overstory.endpoint.client"]}, args
+            assert done.stderr == b"", args  # the ledger was written: no warning
+        state = open_state(world.project.state_db)
+        try:
+            counted = state.execute("SELECT tool_calls FROM budgets WHERE name = 'builder-a'").fetchone()[0]
+            rows = state.execute("SELECT status FROM tool_calls WHERE agent = 'builder-a' AND tool_use_id = "
+                                 "'toolu_sbx'").fetchall()
+        finally:
+            state.close()
+        assert counted == 1
+        assert [r[0] for r in rows] == ["succeeded"]  # one row: begun by ov guard, finished by ov guard --post
+        conn = open_state(world.project.state_db)
+        try:
+            unread = [m.as_dict() for m in mail.unread(conn, "builder-a", peek=True)]
+        finally:
+            conn.close()
+        assert unread, "the world has mail for builder-a"
+        plain = {**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}, **env}
+
+        def ov(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-c", "from overstory.cli import fast; fast.main()", *args],
+                                  capture_output=True, text=True, cwd=world.project.root, timeout=60, env=plain,
+                                  check=False)
+
+        peeked = ov("mail", "check", "--json", "--peek")
+        assert (peeked.returncode, json.loads(peeked.stdout)) == (0, unread), peeked.stderr
+        assert _probe(world, ["mail", "check", "--peek"], env=env) == {"code": 0, "loaded": []}
+        shown = ov("mail", "check")
+        # rendered from the endpoint's as_dict() documents, timestamps included
+        assert shown.returncode == 0 and all(f"Sent: {m['created_at']}" in shown.stdout for m in unread), shown.stderr
+        assert "No new mail for builder-a." in ov("mail", "check").stdout  # the endpoint marked them read
+    finally:
+        endpoint.close()
 
 
 def test_the_probe_sees_what_click_loads(world: World) -> None:

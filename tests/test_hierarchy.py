@@ -39,7 +39,7 @@ DONE = {"bash": 'ov mail send --type worker_done --subject "done" --body "done"'
 
 
 def test_depth_and_capability_limits_hold_for_real_agents(team: ProjectPaths, tmp_path: Path) -> None:  # noqa: F811
-    path = tmp_path / "team.json"
+    path = team.ov_dir / "team.json"  # agents read it from inside their sandbox: .overstory/ is visible there
     scenario(path, {
         "coordinator": [*READY, {"actions": [{"bash": sling_cmd("lead", "a", path)},
                                              {"bash": sling_cmd("builder", "d", path)}], "result": "slung"}],

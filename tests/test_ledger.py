@@ -572,7 +572,7 @@ def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_n
     config = load_config(project.config_file, project.local_config_file)
     result = sling(project, config, state_db, SlingRequest(capability="builder", task_id="s", runtime="scripted",
                                                            scenario=scenario), start=False)
-    (project.worktree(result.name) / ".claude" / "settings.local.json").unlink()  # no hooks run
+    (project.run_dir / result.name / ScriptedRuntime.run_settings_file).unlink()  # no hooks run (ov keeps them there)
     monkeypatch.setattr(ScriptedRuntime, "tool_hooks", frozenset())
     claimed = mail.claim(state_db, result.name, "turn-s")
     agent = sessions.get(state_db, result.name)

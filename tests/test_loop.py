@@ -181,7 +181,11 @@ def test_the_loop_budget_parks_it(calc, tmp_path):
 
 
 def test_kill_9_of_the_loop_mid_iteration_retries_it_without_resetting_the_count(calc, tmp_path):
-    marker = tmp_path / "slept-once"
+    marker_dir = tmp_path / "shared"  # bound writable into the agent's sandbox: the test sees the marker
+    marker_dir.mkdir()
+    write_local_config(calc, turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       watchdog={"interval": 0.2}, sandbox={"writable": [str(marker_dir)]})
+    marker = marker_dir / "slept-once"
     plan = scenario(tmp_path, [
         {"actions": [{"write": {"path": ".overstory-progress.md", "content": "# one\n"}}], "result": "not yet"},
         {"actions": [{"sleep": 60, "once": str(marker)}, *FIX], "result": "LOOP_DONE"},

@@ -111,7 +111,7 @@ def test_each_agent_gets_its_capability_provider_and_nothing_leaks_to_children(t
                                                                                tmp_path: Path) -> None:
     write_local_config(team, runtime={"default": "scripted"}, turns={"retry_backoff": 0.05, "max_concurrent": 8},
                        providers=PROVIDERS, models={"coordinator": "mockc/x", "builder": "mockb/y"})
-    path = tmp_path / "team.json"
+    path = team.ov_dir / "team.json"  # agents read it from inside their sandbox: .overstory/ is visible there
     show_env = {"bash": "echo ENDPOINT=$ANTHROPIC_BASE_URL KEY=$ANTHROPIC_API_KEY"}
     done = {"bash": 'ov mail send --type worker_done --subject done --body done'}
     scenario(path, {

@@ -175,7 +175,7 @@ def test_resolve_by_prefix(project: ProjectPaths, state_db: t.Any) -> None:
 
 
 def test_a_run_accounts_for_every_turn_and_summarises_once(team: ProjectPaths, tmp_path: Path) -> None:  # noqa: F811
-    path = tmp_path / "team.json"
+    path = team.ov_dir / "team.json"  # agents read it from inside their sandbox: .overstory/ is visible there
     scenario(path, {
         "coordinator": [*READY, {"actions": [{"bash": sling_cmd("builder", "one", path)},
                                              {"bash": sling_cmd("builder", "two", path)}], "result": "slung"}],

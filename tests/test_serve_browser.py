@@ -119,7 +119,7 @@ def tree_names(driver: t.Any) -> set[str]:
 def test_the_dashboard_shows_the_team_live_and_stops_an_agent(browser: t.Any, fast_project: ProjectPaths,
                                                                state_db: sqlite3.Connection, tmp_path: Path,
                                                                cleanup_agents: None) -> None:
-    gate = tmp_path / "gate"
+    gate = fast_project.ov_dir / "gate"  # agents read it from inside their sandbox: .overstory/ is visible there
     marker = f"marker-{uuid.uuid4().hex[:12]}"
     lead = start_agent(fast_project, state_db, "api", repeat_turns(
         [{"text": "Splitting the API work between two builders."}, gate_wait(gate), {"text": marker}, REPORT_DONE],

@@ -62,8 +62,11 @@ def test_successful_sling_creates_everything(project):
     worktree = project.worktree("builder-t1")
     instructions = (worktree / ".claude" / "CLAUDE.md").read_text()
     assert "do the thing" in instructions and "src/a.py" in instructions and "ov/builder-t1" in instructions
-    settings = (worktree / ".claude" / "settings.local.json").read_text()
-    assert "guard" in settings
+    # What decides what the agent may do lives in its run dir (read-only in its sandbox), not in its worktree.
+    run_dir = project.run_dir / "builder-t1"
+    assert "guard" in (run_dir / "settings.json").read_text()
+    assert (run_dir / "CLAUDE.md").read_text() == instructions  # the worktree's copy is for humans only
+    assert not (worktree / ".claude" / "settings.local.json").exists()
     wait_terminal(project, "builder-t1")
     # The per-agent files never end up in the agent's commits.
     committed = run_git(project.root, "log", "--name-only", "--format=", "main..ov/builder-t1")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import typing as t
 
+import pytest
+
 from conftest import run_git, run_ov
 from overstory import procs
 from overstory.paths import ProjectPaths
@@ -28,7 +30,8 @@ def test_stop_mid_tool_call_leaves_no_process_alive(fast_project: ProjectPaths, 
                                                     cleanup_agents: None) -> None:
     name = start_agent(fast_project, state_db, "s1", SLEEPER)
     busy = wait_for(lambda: (r := row(state_db, name)).current_tool == "Bash" and r, what="the tool call")
-    wait_for(lambda: len(procs.group_members(busy.turn_pgid)) >= 3, what="the shell's children")
+    # Both sleeps run (the turn's group holds only bwrap when it is sandboxed: count by the agent's tag).
+    wait_for(lambda: len(agent_processes(fast_project, name)) >= 5, what="the shell's children")
     assert agent_processes(fast_project, name), "the helper must see the agent's processes"
     decoy = start_decoy(fast_project.root / ".overstory" / "worktrees" / name,
                         ["-m", "overstory.runtimes.scripted", "-p", "--output-format", "stream-json"])
@@ -136,19 +139,30 @@ def test_clean_removes_a_merged_branch_and_refuses_uncommitted_changes(fast_proj
     assert "ov/" not in run_git(fast_project.root, "branch", "--list")
 
 
+@pytest.mark.parametrize("mode", ["off", "bwrap"])
 def test_stop_kills_the_orphaned_turn_of_a_dead_loop(fast_project: ProjectPaths, state_db: t.Any,
-                                                     cleanup_agents: None) -> None:
+                                                     cleanup_agents: None, mode: str) -> None:
+    """Without a sandbox a turn outlives its dead loop until `ov stop`; in one (--die-with-parent) it dies
+    with the loop. Either way `ov stop` leaves nothing and gives the claimed mail back."""
     import os
     import signal
 
+    import yaml
+
+    local = yaml.safe_load(fast_project.local_config_file.read_text())
+    fast_project.local_config_file.write_text(yaml.safe_dump({**local, "sandbox": {"mode": mode}}))
     name = start_agent(fast_project, state_db, "s8", SLEEPER)
     busy = wait_for(lambda: (r := row(state_db, name)).current_tool == "Bash" and r, what="the tool call")
     os.kill(busy.loop_pid, signal.SIGKILL)
     wait_for(lambda: not procs.is_alive(busy.loop_pid, busy.loop_start_ticks), what="the loop to die")
-    assert procs.group_alive(busy.turn_pgid, busy.turn_start_ticks)
+    if mode == "off":
+        assert procs.group_alive(busy.turn_pgid, busy.turn_start_ticks)
+    else:
+        wait_for(lambda: not agent_processes(fast_project, name), what="the sandboxed turn to die with its loop")
     done = run_ov("stop", name, "--json", cwd=fast_project.root)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["loop"] == "not running" and report["killed_groups"] == [busy.turn_pgid]
+    assert report["loop"] == "not running"
+    assert report["killed_groups"] == ([busy.turn_pgid] if mode == "off" else [])
     assert report["released_mail"] == 1
     assert agent_processes(fast_project, name) == []

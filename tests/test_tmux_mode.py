@@ -190,6 +190,7 @@ class TmuxProject:
 
         config = load_config(self.project.config_file, self.project.local_config_file, environ={})
         config.runtime.claude_bin = str(self.fake_claude)
+        config.sandbox.writable = [str(self.log.parent)]  # the fake TUI's log, written from inside its sandbox
         for key, value in runtime.items():
             setattr(config.runtime, key, value)
         return config
@@ -248,9 +249,11 @@ def tmux_project(project: ProjectPaths, tmp_path: Path) -> t.Iterator[TmuxProjec
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} {TESTS_DIR / 'fake_tui.py'} \"$@\"\n")
     fake.chmod(0o755)
-    log = tmp_path / "fake-tui.jsonl"
+    log = tmp_path / "fake-tui-log" / "fake-tui.jsonl"
+    log.parent.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     env["FAKE_TUI_LOG"] = str(log)
+    env["OV_SANDBOX_WRITABLE"] = json.dumps([str(log.parent)])  # for `ov` run as a command (config() sets it too)
     yield TmuxProject(project, fake, log, env)
     _reap(project)
 
@@ -273,6 +276,28 @@ def _reap(project: ProjectPaths) -> None:
     name = socket_name(project)
     subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
     _socket_file(name).unlink(missing_ok=True)
+
+
+def tui_pids(log: Path) -> list[int]:
+    """Host pids of the live fake TUIs writing to ``log`` (inside its sandbox a TUI sees its own pid as 2)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fake_tui.py" in cmdline and f"FAKE_TUI_LOG={log}".encode() in environ and procs.is_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def the_tui(log: Path) -> int:
+    pids = wait_for(lambda: tui_pids(log), what="the fake TUI process")
+    assert len(pids) == 1, pids
+    return pids[0]
 
 
 def pane_pid_alive(row: sessions.Session) -> bool:
@@ -310,7 +335,7 @@ def test_sling_tmux_starts_the_tui_types_the_dispatch_and_records_everything(tmu
     assert int(pane_pid) == row.turn_pgid
 
     start = next(e for e in read_log(tmux_project.log) if e["event"] == "start")
-    assert os.getpgid(start["pid"]) == row.turn_pgid  # the TUI runs in the pane's process group
+    assert os.getpgid(the_tui(tmux_project.log)) == row.turn_pgid  # the TUI runs in the pane's process group
     assert start["cwd"] == str(tmux_project.project.worktree("builder-t1"))
     assert start["argv"][:2] == ["--permission-mode", "bypassPermissions"]
     assert json.loads(start["argv"][start["argv"].index("--settings") + 1])["skipDangerousModePermissionPrompt"]
@@ -323,8 +348,10 @@ def test_sling_tmux_starts_the_tui_types_the_dispatch_and_records_everything(tmu
     assert any("[ov mail]" in text and "task t1" in text and "do the thing" in text for text in context)
     first = wait_for(lambda: prompts(tmux_project.log), what="the typed dispatch")[0]["prompt"]
     assert first.startswith("[ov] You are builder-t1, a builder on task t1.")
-    settings = json.loads((tmux_project.project.worktree("builder-t1") / ".claude/settings.local.json").read_text())
+    settings = json.loads(start["argv"][start["argv"].index("--settings") + 1])
     assert {"PreToolUse", "UserPromptSubmit", "SessionStart"} <= set(settings["hooks"])
+    assert start["argv"][start["argv"].index("--setting-sources") + 1] == ""  # nothing in the worktree counts
+    assert not (tmux_project.project.worktree("builder-t1") / ".claude/settings.local.json").exists()
     assert os.stat(tmux_panes.launch_file(tmux_project.project, "builder-t1")).st_mode & 0o077 == 0
 
 
@@ -400,8 +427,7 @@ def test_terminal_mail_and_an_idle_pane_complete_the_agent_and_close_its_session
     wait_for(lambda: tmux_project.row("builder-t1").state == "completed", what="completed")
     row = tmux_project.row("builder-t1")
     wait_for(lambda: tmux_project.tmux("has-session", "-t", "=builder-t1").returncode != 0, what="session closed")
-    start = next(e for e in read_log(tmux_project.log) if e["event"] == "start")
-    wait_for(lambda: not procs.is_alive(start["pid"]), what="the TUI to exit")
+    wait_for(lambda: not tui_pids(tmux_project.log), what="the TUI to exit")
     wait_for(lambda: not procs.is_alive(row.loop_pid, row.loop_start_ticks), what="the driver to exit")
     finals = list(tmux_panes.logs_dir(tmux_project.project, "builder-t1").glob("*-final.txt"))
     assert finals and "[ov] You are builder-t1" in finals[0].read_text()
@@ -441,7 +467,7 @@ def test_watchdog_view_pane_gone_is_cheap_and_explained(tmux_project: TmuxProjec
     tmux_project.sling("t1")
     row = tmux_project.row("builder-t1")
     procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)  # no driver: only the watchdog would notice
-    tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
+    tui = the_tui(tmux_project.log)
     os.kill(tui, signal.SIGKILL)  # the TUI crashes
     wait_for(lambda: not tmux_panes.pane_alive(row), what="pane_alive to turn false")
     assert tmux_panes.pane_status(row) == "gone"
@@ -455,7 +481,7 @@ def test_a_killed_launcher_counts_as_gone_and_takes_the_tui_with_it(tmux_project
     tmux_project.sling("t1")
     row = tmux_project.row("builder-t1")
     procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)
-    tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
+    tui = the_tui(tmux_project.log)
     os.kill(row.turn_pgid, signal.SIGKILL)  # ov's launcher is the pane's session leader: its death hangs up the TUI
     wait_for(lambda: not tmux_panes.pane_alive(row), what="pane_alive to turn false")
     wait_for(lambda: not procs.is_alive(tui), what="the TUI to end with its terminal")
@@ -496,7 +522,8 @@ def test_kill_session_ends_the_tui_and_its_escaped_tool_shells_but_not_a_decoy(t
         # parallel, and this test is about kill_session's own search for tagged processes.
         procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)
         report = tmux_panes.kill_session(tmux_project.project, row, grace=1.0)
-        assert set(tagged) <= set(report.leftovers) and decoy.pid not in report.leftovers
+        # In a sandbox the shell dies with the TUI's pid namespace; without one the tagged search finds it.
+        assert decoy.pid not in report.leftovers
         wait_for(lambda: not any(procs.is_alive(pid) for pid in tagged), what="the leftovers to die")
         assert not pane_pid_alive(row)
         assert procs.is_alive(decoy.pid)
@@ -552,8 +579,7 @@ def assert_nothing_left(tmux_project: TmuxProject, name: str = "builder-t1") -> 
     assert not project.worktree(name).exists()
     assert run_git(project.root, "branch", "--list", f"ov/{name}").strip() == ""
     assert tmux_server.list_sessions(project) == []
-    wait_for(lambda: not [e for e in read_log(tmux_project.log) if e["event"] == "start"
-                          and procs.is_alive(e["pid"])], what="no fake TUI alive")
+    wait_for(lambda: not tui_pids(tmux_project.log), what="no fake TUI alive")
 
 
 @pytest.mark.parametrize(("fake", "message"), [
@@ -679,7 +705,7 @@ def test_cli_runner_attach_prints_when_stdout_is_not_a_terminal(tmux_project: Tm
 def test_ov_stop_leaves_no_tui_no_driver_and_no_session(tmux_project: TmuxProject) -> None:
     tmux_project.sling("t1")
     row = tmux_project.row("builder-t1")
-    tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
+    tui = the_tui(tmux_project.log)
     done = run_ov("stop", "builder-t1", cwd=tmux_project.project.root, env=tmux_project.env)
     assert done.returncode == 0, done.stderr
     assert tmux_project.row("builder-t1").state == "completed"
@@ -694,7 +720,10 @@ def test_an_agent_at_the_project_root_gets_its_instructions_and_hooks_as_flags(t
     start = next(e for e in read_log(tmux_project.log) if e["event"] == "start")
     assert start["cwd"] == str(tmux_project.project.root)
     argv = start["argv"]
-    assert "--append-system-prompt" in argv and "coordinator" in argv[argv.index("--append-system-prompt") + 1]
+    instructions = Path(argv[argv.index("--append-system-prompt-file") + 1])
+    assert instructions.parent == tmux_project.project.run_dir / "coordinator-c1"
+    assert "coordinator" in instructions.read_text()
+    assert argv[argv.index("--setting-sources") + 1] == ""
     settings = json.loads(argv[argv.index("--settings") + 1])
     assert {"PreToolUse", "UserPromptSubmit", "SessionStart"} <= set(settings["hooks"])
     first = wait_for(lambda: prompts(tmux_project.log), what="the typed dispatch")[0]["prompt"]
@@ -717,7 +746,7 @@ def test_watchdog_makes_a_tmux_agent_with_a_dead_pane_and_driver_zombie(tmux_pro
     tmux_project.sling("t1")
     row = tmux_project.row("builder-t1")
     procs.kill_group(row.loop_pid, row.loop_start_ticks, force=True)  # the driver is gone too
-    tui = next(e for e in read_log(tmux_project.log) if e["event"] == "start")["pid"]
+    tui = the_tui(tmux_project.log)
     os.kill(tui, signal.SIGKILL)
     wait_for(lambda: tmux_panes.pane_status(row) == "gone", what="pane gone")
     actions = _watchdog_tick(tmux_project.project)

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from agent_helpers import agent_state, loop_processes, mail_rows, wait_for, wait_terminal, write_scenario
+from agent_helpers import agent_state, loop_processes, mail_rows, shared_dir, wait_for, wait_terminal, write_scenario
 from conftest import run_git
 from overstory import procs
 from overstory.agents.spawn import SlingRequest, sling
@@ -25,7 +25,7 @@ REPORT = {"bash": 'ov mail send --type worker_done --subject "done ${OVERSTORY_T
 
 def start(project, tmp_path, turns, *, name_task="t1", env=None, capability="builder"):
     scenario = write_scenario(tmp_path / f"{name_task}.json", turns)
-    environ = {**os.environ, **(env or {})}
+    environ = {**os.environ, **shared_dir(tmp_path)[1], **(env or {})}
     config = load_config(project.config_file, project.local_config_file, environ=environ)
     conn = open_state(project.state_db)
     try:
@@ -78,7 +78,7 @@ def test_builder_completes_commits_and_reports(project, tmp_path):
 
 
 def test_killed_turn_is_retried_with_the_same_mail(project, tmp_path):
-    marker = tmp_path / "killed-once"
+    marker = shared_dir(tmp_path)[0] / "killed-once"
     # The first attempt SIGKILLs its own process group mid-tool-call (like `kill -9 -PGID`).
     start(project, tmp_path, [{"actions": [
         {"bash": f"test -e {marker} || {{ touch {marker}; kill -9 -$(ps -o pgid= $$ | tr -d ' '); }}"},
@@ -169,7 +169,7 @@ def test_unresumable_session_falls_back_to_a_fresh_one(project, tmp_path):
 
 
 def test_one_loop_per_agent(project, tmp_path):
-    release = tmp_path / "release"
+    release = shared_dir(tmp_path)[0] / "release"
     result = start(project, tmp_path, [{"actions": [
         {"bash": f"for i in $(seq 3000); do test -e {release} && break; sleep 0.1; done"}, REPORT]}])
     # in_turn means the first loop holds the agent lock (it takes the lock before any turn).

@@ -184,14 +184,24 @@ def test_two_watchdogs_started_together_one_runs_the_other_refuses(fast_project:
 # ---- re-adopting agents whose loop died ---------------------------------------------
 
 
+@pytest.mark.parametrize("mode", ["off", "bwrap"])
 def test_loop_killed_mid_turn_is_readopted_and_the_agent_completes(fast_project: ProjectPaths, state_db: t.Any,
-                                                                    cleanup_agents: None) -> None:
+                                                                    cleanup_agents: None, mode: str) -> None:
+    """Without a sandbox the turn outlives its loop and the watchdog kills it; a sandboxed turn
+    (--die-with-parent) is gone already. Either way the agent is re-adopted and completes."""
+    import yaml
+
+    local = yaml.safe_load(fast_project.local_config_file.read_text())
+    fast_project.local_config_file.write_text(yaml.safe_dump({**local, "sandbox": {"mode": mode}}))
     scenario = repeat_turns([{"expect_in_prompt": "Type: dispatch"}, {"bash": "sleep 2"}, REPORT_DONE])
     name = start_agent(fast_project, state_db, "t1", scenario)
     busy = wait_for(lambda: (r := row(state_db, name)).turn_pgid and r.state == "in_turn" and r, what="a turn")
     os.kill(busy.loop_pid, signal.SIGKILL)
     wait_for(lambda: not procs.is_alive(busy.loop_pid, busy.loop_start_ticks), what="the loop to die")
-    assert procs.group_alive(busy.turn_pgid, busy.turn_start_ticks), "the turn outlives its loop"
+    if mode == "off":
+        assert procs.group_alive(busy.turn_pgid, busy.turn_start_ticks), "the turn outlives its loop"
+    else:
+        wait_for(lambda: not procs.group_alive(busy.turn_pgid, busy.turn_start_ticks), what="the turn to die too")
 
     dog = make_watchdog(fast_project, state_db)
     actions = dog.tick()

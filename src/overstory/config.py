@@ -14,8 +14,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from overstory.config_approvals import APPROVALS_YAML, ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
-from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
+from overstory.config_approvals import ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
+from overstory.config_default import DEFAULT_CONFIG_YAML  # noqa: F401 - re-exported: `ov init` writes it
+from overstory.config_snapshot import DEFAULT_MODELS, network_for, runtime_for  # shared with the loop's snapshot
 from overstory.errors import ConfigError
 
 
@@ -119,6 +120,47 @@ class MergeSection(_Section):
     lock_wait: float = Field(30, ge=0)
 
 
+class SandboxSection(_Section):
+    mode: t.Literal["auto", "bwrap", "off"] = "auto"
+    network: bool | dict[str, bool] = True
+    writable: list[str] = Field(default_factory=list)
+    tmp_size_mb: int = Field(1024, ge=16)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: t.Any) -> t.Any:
+        """YAML reads a bare `off` (and `on`) as a boolean."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "bwrap"
+        return value
+
+    @field_validator("network")
+    @classmethod
+    def _known_capabilities(cls, value: bool | dict[str, bool]) -> bool | dict[str, bool]:
+        if isinstance(value, dict):
+            from overstory.store.sessions import CAPABILITIES
+
+            unknown = sorted(set(value) - {"default", *CAPABILITIES})
+            if unknown:
+                raise ValueError(f"unknown capability {', '.join(map(repr, unknown))}; use default or one of: "
+                                 f"{', '.join(CAPABILITIES)}")
+        return value
+
+    @field_validator("writable")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        relative = [path for path in value if not Path(path).is_absolute()]
+        if relative:
+            raise ValueError(f"paths must be absolute: {', '.join(relative)}")
+        return value
+
+    def network_for(self, capability: str) -> bool:
+        """Whether an agent of ``capability`` shares the host's network."""
+        return network_for(self, capability)
+
+
 class LoopSection(_Section):
     max_iterations: int = Field(20, ge=1)
     same_failure_limit: int = Field(3, ge=1)
@@ -193,6 +235,7 @@ class Config(_Section):
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     agents: AgentsSection = Field(default_factory=AgentsSection)
     merge: MergeSection = Field(default_factory=MergeSection)
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
     ledger: LedgerSection = Field(default_factory=LedgerSection)
     guards: GuardsSection = Field(default_factory=GuardsSection)
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
@@ -224,178 +267,6 @@ class Config(_Section):
     def runtime_for(self, capability: str) -> str:
         """The runtime of a new agent: ``runtimes[capability]``, else ``runtime.default``."""
         return runtime_for(self, capability)
-
-
-# Written by `ov init`. Every key is documented; tests check none is missing.
-DEFAULT_CONFIG_YAML = """\
-# ov project configuration. Precedence: built-in defaults < this file <
-# config.local.yaml (per machine, git-ignored) < environment variables named
-# OV_<SECTION>_<KEY>, e.g. OV_TURNS_STALL_TIMEOUT=30. Durations are seconds.
-
-project:
-  # Branch that merges target when an agent's own base branch is unknown.
-  canonical_branch: main
-
-runtime:
-  # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
-  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
-  default: claude
-  # Program started for the claude runtime (a name on PATH or an absolute path).
-  claude_bin: claude
-  # Program started for the codex runtime (npm package @openai/codex).
-  codex_bin: codex
-  # Program started for the gemini runtime (npm package @google/gemini-cli).
-  gemini_bin: gemini
-  # Program started for the opencode runtime (npm package opencode-ai).
-  opencode_bin: opencode
-  # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
-  model: null
-  # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
-  tmux: false
-
-turns:
-  # A turn with no output event for this long is killed and the agent becomes zombie.
-  stall_timeout: 600
-  # How many times a failed turn (crash, transient API error) is retried before giving up.
-  max_retries: 2
-  # Turns allowed to run at once across the project (one claude process takes ~300 MB).
-  max_concurrent: 4
-  # Seconds before the first retry; doubles on each further retry.
-  retry_backoff: 2.0
-  # Seconds between SIGTERM and SIGKILL when a turn's process group is stopped.
-  kill_grace: 5.0
-  # A turn that ended without the agent's report (worker_done...) and with no mail waiting
-  # gets an automatic follow-up turn (a nudge) after this many seconds...
-  idle_nudge: 60
-  # ...at most this many times; then its parent gets one escalation and it is `stalled` (no report).
-  max_nudges: 2
-
-watchdog:
-  # Seconds between watchdog ticks.
-  interval: 5
-  # No activity for this long: the agent is marked stalled and nudged.
-  stale_after: 300
-  # No activity for this long: the agent is declared zombie and its processes are killed.
-  zombie_after: 900
-
-agents:
-  # Deepest level of the hierarchy (operator = 0, coordinator's children = 1, ...).
-  max_depth: 2
-  # Children one lead (or the coordinator) may have active at once.
-  max_children_per_lead: 5
-  # Non-terminal agents allowed in the project at once.
-  max_concurrent_agents: 20
-
-merge:
-  # Highest resolution tier `ov merge` tries: 1 plain merge, 2 mechanical, 3 model-assisted.
-  tier_max: 2
-  # Allow tier 3 (model-assisted conflict resolution through the Messages API).
-  ai_resolve: false
-  # Model used by tier 3.
-  model: claude-sonnet-4-5
-  # Shell commands run on the merged tree before committing, e.g. ["python -m pytest -q"].
-  gates: []
-  # Seconds to wait for another merge into the same branch before giving up.
-  lock_wait: 30
-
-ledger:
-  # Extra tool patterns that are side effects, e.g. ["Bash(./deploy.sh*)", "mcp__*__deploy*"].
-  # Patterns: TOOL or TOOL(ARGUMENT) globs; for Bash, ARGUMENT is each simple command.
-  side_effects: []
-  # Tool patterns known to be read-only, e.g. MCP tools: ["mcp__github__get_*"].
-  read_only: []
-  # What a retried turn may repeat, per class (read, local_write, side_effect): rerun,
-  # skip (a call that already succeeded is answered with its result instead), or ask
-  # (a person decides through an approval gate, as for approvals.rules; approved, it runs once).
-  replay: {read: rerun, local_write: rerun, side_effect: skip}
-
-guards:
-  # Remotes an agent (builder or merger) may push its own branch to with `git push REMOTE
-  # BRANCH`; empty: nobody pushes. Force pushes and other branches are always refused.
-  push_remotes: []
-
-""" + APPROVALS_YAML + """\
-logs:
-  # `ov clean` deletes agents' turn logs (.overstory/logs/) with nothing newer than this many days.
-  keep_days: 14
-
-budgets:
-  # Spending limits of each agent (`ov sling --max-usd ...` overrides them). null: no limit.
-  # Crossing one parks the agent (`ov resume NAME --add-usd 5` goes on); a child's limits
-  # never exceed what is left of its run's.
-  agent:
-    # Dollars: the runtime's own figure after each turn, a live estimate (`prices`) during it.
-    max_usd: null
-    # Turns started.
-    max_turns: null
-    # Tool calls, counted by `ov guard` (the call past the limit is denied).
-    max_tool_calls: null
-    # Wall-clock time since the agent was slung: seconds or 90m, 4h.
-    max_wallclock: null
-  # The same limits for a whole run (`ov coordinator start --budget-usd ...` overrides them);
-  # wall clock counts from the run's start. Crossing one parks every agent of the run.
-  run:
-    # Dollars spent by all of the run's agents together.
-    max_usd: null
-    # Turns started by all of them.
-    max_turns: null
-    # Tool calls made by all of them.
-    max_tool_calls: null
-    # Wall-clock time since the run started.
-    max_wallclock: null
-
-quota:
-  # A rate or usage limit with no reset time parks every agent of that provider for this long
-  # (seconds), doubling on each further limit in a row...
-  backoff_initial: 60
-  # ...up to this many seconds.
-  backoff_max: 1800
-  # Seconds between the agents of one provider un-parking after a reset (no stampede).
-  stagger: 5
-
-loop:
-  # `ov loop` without --max-iterations (or a spec's max_iterations) stops, parked, after this many iterations.
-  max_iterations: 20
-  # The same check failure (same exit code and output, numbers aside) this many iterations in a row parks the loop.
-  same_failure_limit: 3
-  # Seconds a loop's check command (or a phase's gate) may run before it counts as failed.
-  check_timeout: 900
-  # Characters of the last check's output (its end) that the next iteration's message carries.
-  output_tail: 3000
-  # Seconds to wait for a phase's critic (`critic: reviewer`) to send its verdict before parking the loop.
-  critic_timeout: 1800
-
-schedules:
-  # Fires missed while no watchdog ran: latest (fire once, for the latest missed time) or none (skip them).
-  catch_up: latest
-  # Seconds a fired command (`ov sling ...`) may run before it is stopped and the fire counts as failed.
-  timeout: 600
-
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
-# protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
-# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
-providers: {}
-
-# Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
-# A capability not listed uses runtime.model, else the CLI's default (its most capable and
-# most expensive model). `models: {}` gives every capability the CLI's default.
-models:
-  # Builders write the code: sonnet does it for a fraction of the default's price.
-  builder: sonnet
-  # Scouts only read and report: haiku is enough and cheaper still.
-  scout: haiku
-
-# Runtime per capability, e.g. {builder: codex, reviewer: gemini}; the rest use runtime.default.
-# (The two model defaults above are Claude's: a capability run by another runtime ignores them.)
-runtimes: {}
-
-# Model prices in US dollars per million tokens, {model: {input_per_mtok: ..., output_per_mtok: ...,
-# cache_read_per_mtok: ..., cache_write_per_mtok: ...}} (the cache prices are optional). They price the
-# live estimate of a turn (budgets) and the turns of CLIs that report tokens but no cost (codex, gemini,
-# opencode). Entries here add to or override ov's built-in list (`ov costs --prices` prints it); a model
-# in neither is priced as the most expensive known one, and `ov costs` says so.
-prices: {}
-"""
 
 
 def load_config(config_file: Path, local_file: Path | None = None,
@@ -457,6 +328,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "OV_CLAUDE_BIN": "the claude binary the test suite's e2e tests use",
     "OV_CAPTURE_STREAM_FIXTURES": "1 makes the e2e tests save stream fixtures",
     "OV_SCREENSHOTS": "where the browser tests save the dashboard's screenshots",
+    "OV_BWRAP": "the bubblewrap binary to use instead of `bwrap` on PATH",
+    "OV_CONTAINMENT_MEASURE": "where the containment e2e test writes its guard-only measurement",
 }
 OTHER_PREFIXES = ("OV_TEST_",)  # fault-injection hooks used by the tests
 

@@ -37,6 +37,14 @@ def runtime_for(config: t.Any, capability: str) -> str:
     return runtime
 
 
+def network_for(sandbox: t.Any, capability: str) -> bool:
+    """``sandbox.network`` for an agent of ``capability``: whether it shares the host's network."""
+    network = sandbox.network
+    if isinstance(network, bool):
+        return network
+    return bool(network.get(capability, network.get("default", True)))
+
+
 class Section:
     """One section of a snapshot: read-only attribute access to its validated values."""
 

@@ -73,6 +73,21 @@ def check_runtimes(config: Config | None) -> list[Check]:
     return checks
 
 
+def check_sandbox(config: Config) -> Check:
+    """Whether every turn runs inside bubblewrap (README "Security")."""
+    from overstory.sandbox import OFF_WARNING, effective_mode
+    from overstory.sandbox.probe import INSTALL_HINT
+
+    try:
+        mode = effective_mode(config)
+    except OrchestratorError as exc:
+        return Check("sandbox", FAIL, str(exc), INSTALL_HINT)
+    if mode.name == "off":
+        return Check("sandbox", WARN, f"{OFF_WARNING} ({mode.reason})",
+                     "" if config.sandbox.mode == "off" else INSTALL_HINT)
+    return Check("sandbox", OK, f"every turn runs in bubblewrap ({mode.reason})")
+
+
 def check_parked_for_auth(state_db: Path) -> Check | None:
     """Agents parked because their runtime's key or login was rejected (the key on record is bad)."""
     if not state_db.exists():
@@ -185,6 +200,8 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
     if config is not None:
         checks.append(check_canonical_branch(project.root, config.project.canonical_branch))
     checks.extend(check_runtimes(config))
+    if config is not None:
+        checks.append(check_sandbox(config))
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
     auth = check_parked_for_auth(project.state_db)

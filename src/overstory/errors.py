@@ -99,6 +99,18 @@ class CleanRefused(OrchestratorError):
     """`ov stop --clean` would lose work: the branch is not merged or the worktree has changes."""
 
 
+class SandboxError(OrchestratorError):
+    """An agent's turn cannot be put in its sandbox (bubblewrap missing or not working, a bad layout)."""
+
+
+class EndpointError(OrchestratorError):
+    """An agent's request to ov through its endpoint failed or was refused."""
+
+
+class NotPermitted(EndpointError):
+    """The calling agent may not do this (capability or hierarchy)."""
+
+
 class LoopError(OrchestratorError):
     """An `ov loop` spec or request that cannot run (no objective, a bad gate, an unknown loop)."""
 

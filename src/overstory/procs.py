@@ -71,15 +71,57 @@ def group_alive(pgid: int | None, leader_ticks: int | None = None) -> bool:
     return bool(pgid) and group_is_ours(pgid, leader_ticks) and bool(group_members(pgid))  # type: ignore[arg-type]
 
 
+def children(pid: int) -> list[int]:
+    """Live children of ``pid`` (from /proc; pids in nested pid namespaces are seen by their outer pid)."""
+    found = []
+    for entry in os.scandir(_PROC):
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields and fields[0] not in ("Z", "X") and int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"{_PROC}/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def sandboxed_commands(leader: int) -> list[int]:
+    """The commands a bubblewrap sandbox runs, when ``leader`` is the bwrap ov started.
+
+    Inside ``--unshare-pid`` the command's parent is bwrap's own pid-1 reaper, which ignores
+    SIGTERM; SIGTERM to the outer bwrap kills everything at once (``--die-with-parent``
+    sends SIGKILL). A graceful stop therefore signals the commands, the reaper's children.
+    """
+    if _comm(leader) != "bwrap":
+        return []
+    return [pid for reaper in children(leader) if _comm(reaper) == "bwrap" for pid in children(reaper)]
+
+
 def kill_group(pgid: int | None, leader_ticks: int | None, *, grace: float = 5.0, force: bool = False) -> bool:
-    """SIGTERM the group (SIGKILL after ``grace`` s, or at once with ``force``). True if it is gone."""
+    """SIGTERM the group (SIGKILL after ``grace`` s, or at once with ``force``). True if it is gone.
+
+    A bubblewrap sandbox as leader gets its commands signalled instead (``sandboxed_commands``);
+    when they exit, the sandbox ends, and whatever is left is killed after ``grace``.
+    """
     if not pgid or not group_is_ours(pgid, leader_ticks):
         return True
     if pgid in (os.getpgrp(), 0, 1):
         raise RuntimeError("refusing to signal our own or the init process group")
-    first = signal.SIGKILL if force else signal.SIGTERM
+    inside = [] if force else sandboxed_commands(pgid)
     try:
-        os.killpg(pgid, first)
+        if inside:
+            for pid in inside:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        else:
+            os.killpg(pgid, signal.SIGKILL if force else signal.SIGTERM)
     except ProcessLookupError:
         return True
     deadline = time.monotonic() + (0 if force else grace)

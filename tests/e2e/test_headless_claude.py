@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
+from agent_helpers import agent_state, mail_rows, shared_dir, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov
 from mockapi import MockMessagesAPI, conversation_text, stalled_reply, text_reply, tool_reply
@@ -138,11 +138,12 @@ def test_stalled_model_makes_a_zombie_with_one_worker_died(project, tmp_path):
 @requires_claude
 def test_sigkill_of_the_turn_loses_no_mail(project, tmp_path):
     worktree = project.worktree("builder-task-42")
-    marker = tmp_path / "slept-once"
+    marker_dir, shared = shared_dir(tmp_path)
+    marker = marker_dir / "slept-once"
     first = tool_reply("Bash", {"command": f"test -e {marker} || {{ touch {marker}; sleep 60; }}",
                                 "description": "long step"})
     with MockMessagesAPI(builder_script(worktree, first=first)) as api:
-        name = sling(project, tmp_path, api, OV_TURNS_RETRY_BACKOFF="0.2")
+        name = sling(project, tmp_path, api, OV_TURNS_RETRY_BACKOFF="0.2", **shared)
         wait_for(marker.exists, 60, message="the long tool call")
         agent = agent_state(project, name)
         assert agent.turn_pgid

@@ -10,6 +10,7 @@ gone. Skipped without the CLI (failed on CI, see tests/claude_cli.py).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -74,7 +75,8 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
     ]
     with MockMessagesAPI(script) as api:
         env = claude_env(api.base_url, tmp_path)
-        # Onboarding done and the key approved, as on a set-up machine; the new worktree is not trusted yet.
+        # Onboarding done and the key approved, as on a set-up machine (ov copies that into the agent's own
+        # config dir); the new worktree is trusted only in the agent's own config dir.
         seed_interactive_config(env, tmp_path / "some-other-project")
         env["OV_RUNTIME_CLAUDE_BIN"] = str(CLAUDE_BIN)
         env.pop("TMUX", None)
@@ -126,5 +128,8 @@ def test_real_claude_tui_takes_its_dispatch_and_mail_and_completes(reaped: Proje
         kinds = [e.kind for e in events.query(conn, agent="builder-t1", limit=1000)]
     finally:
         conn.close()
-    assert "tmux_dialog" in kinds  # the trust question for the new worktree was answered
+    # ov owns the agent's config dir and trusts the worktree it created there: no trust question.
+    assert "tmux_dialog" not in kinds
+    own = json.loads((project.run_dir / "builder-t1" / "claude" / ".claude.json").read_text())
+    assert own["projects"][str(project.worktree("builder-t1"))]["hasTrustDialogAccepted"] is True
     assert {"tmux_start", "tmux_dispatch", "tmux_wake", "tmux_completed"} <= set(kinds)

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 
-from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
+from agent_helpers import agent_state, mail_rows, shared_dir, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import ov_command, run_ov
 from mockapi import MockMessagesAPI, TurnScript, text_reply, tool_reply
@@ -40,10 +40,11 @@ def turn_ids(project, name):
 
 @requires_claude
 def test_stop_leaves_no_process_of_the_agent(project, tmp_path):
-    marker = tmp_path / "tool-started"
+    marker_dir, shared = shared_dir(tmp_path)
+    marker = marker_dir / "tool-started"
     script = [tool_reply("Bash", {"command": f"touch {marker}; sleep 300", "description": "long"}), text_reply("x")]
     with MockMessagesAPI(script) as api:
-        name, _ = sling(project, tmp_path, api, "long")
+        name, _ = sling(project, tmp_path, api, "long", **shared)
         wait_for(marker.exists, 60, message="the long tool call")
         ids = turn_ids(project, name)
         assert procs.tagged_processes(ids[-1]), "the tool process should be running"
@@ -57,7 +58,8 @@ def test_stop_leaves_no_process_of_the_agent(project, tmp_path):
 
 @requires_claude
 def test_killing_loop_and_turn_recovers_with_the_watchdog(project, tmp_path):
-    marker = tmp_path / "slept-once"
+    marker_dir, shared = shared_dir(tmp_path)
+    marker = marker_dir / "slept-once"
     script = [tool_reply("Bash", {"command": f"test -e {marker} || {{ touch {marker}; sleep 120; }}",
                                   "description": "long step"}), DONE, text_reply("done")]
     decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "overstory.agents.loop",
@@ -67,7 +69,7 @@ def test_killing_loop_and_turn_recovers_with_the_watchdog(project, tmp_path):
         # The retry resumes the killed turn's session (its id is saved as soon as it is known):
         # TurnScript plays the same calls again there.
         with MockMessagesAPI(TurnScript(script)) as api:
-            name, env = sling(project, tmp_path, api, "fi", OV_TURNS_RETRY_BACKOFF="0.2")
+            name, env = sling(project, tmp_path, api, "fi", OV_TURNS_RETRY_BACKOFF="0.2", **shared)
             watchdog = subprocess.Popen([*ov_command(), "watchdog", "--interval", "0.5"], cwd=project.root,
                                         env={**env, "OV_WATCHDOG_INTERVAL": "0.5"}, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)

@@ -137,7 +137,7 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
         raise
     run_dir = project.run_dir / COORDINATOR
     adapter = get_runtime(result.runtime)
-    instructions, settings = run_dir / adapter.root_instructions_file, run_dir / adapter.root_settings_file
+    instructions, settings = run_dir / adapter.run_instructions_file, run_dir / adapter.run_settings_file
     home = adapter.state_dir(run_dir)
     if home is not None and home.is_dir() and not instructions.exists():
         instructions = settings = home  # the runtime reads both from its own ov-owned home

@@ -145,7 +145,6 @@ class IterationRunner:
 
     def _iterate(self, agent: Session, loop: Loop, number: int, attempt: int) -> None:
         from overstory.agents.budgeting import park_for_crossing
-        from overstory.agents.turns import run_turn
         from overstory.store import budgets, quota
 
         crossing = budgets.begin_turn(self.state, self.name, self.generation)
@@ -171,9 +170,7 @@ class IterationRunner:
         self.host.base_env = load_launch_env(self.project, self.name)
         self._event("loop_iteration", f"iteration {number} (attempt {attempt}) of phase {phase['name']}",
                     {"number": number, "attempt": attempt, "phase": phase["name"], "turn_id": turn_id})
-        result = run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
-                          resume_session_id=None, base_env=self.host.base_env, attempt=attempt - 1,
-                          should_stop=self.host.should_stop, extra_env=extra)
+        result = self.host._turn(agent, prompt, turn_id, None, attempt=attempt - 1, extra_env=extra)  # with its endpoint
         if result.status == "ok":
             promise = loop.definition["until"] in result.stream.final_text()
 

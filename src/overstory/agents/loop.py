@@ -17,10 +17,15 @@ import typing as t
 from pathlib import Path
 
 from overstory import procs
-from overstory.agents.process import POLL_SECONDS, AgentProcess, acquire_turn_slot, load_launch_env
+from overstory.agents.process import (
+    POLL_SECONDS,
+    AgentProcess,
+    acquire_turn_slot,
+    load_launch_env,
+    spawn_loop,  # noqa: F401 - re-exported: callers and tests start loops from here
+)
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
-from overstory.runtimes import get_runtime
 from overstory.store import checkpoints, sessions, turns
 from overstory.store.db import open_events
 from overstory.store.lifecycle import (
@@ -35,6 +40,7 @@ from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
+    from overstory.endpoint.server import AgentEndpoint
 
 SUMMARY_CHECK_SECONDS = 1.0
 FAULT_ENV = "OV_TEST_DIE_AT"  # test hook: a point at which the loop kills itself (crash-safety tests)
@@ -55,7 +61,41 @@ class AgentLoop(AgentProcess):
         self.config = load_loop_config(project, name, self.base_env)
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
+        self.endpoint: AgentEndpoint | None = None
         self._next_idle_check = 0
+
+    def _serve_endpoint(self) -> None:
+        """The agent's channel to ov (see overstory.endpoint): served for the loop's whole life."""
+        from overstory.endpoint.routes import ROUTES
+        from overstory.endpoint.server import AgentEndpoint
+
+        self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env,
+                                      config=self.config).start()
+
+    def _turn(self, agent: Session, prompt: str, turn_id: str, resume: str | None, *, attempt: int | None = None,
+              extra_env: t.Mapping[str, str] | None = None) -> t.Any:
+        """One turn with a fresh endpoint secret in its environment, revoked as soon as the turn is over.
+
+        The endpoint is told the turn's own variables (its dispatch, attempt, ledger policy: what
+        `ov mail send` and `ov guard` read from the environment outside a sandbox), so requests
+        through it are idempotent per dispatch and reach the ledger as the turn's.
+        """
+        from overstory.agents.turns import durable_env, run_turn
+        from overstory.store.dispatch import claimed_ids
+
+        attempt = agent.retries if attempt is None else attempt
+        extra = dict(extra_env or {})
+        if self.endpoint is not None:
+            turn_vars = {**durable_env(self.config, agent, attempt, claimed_ids(self.state, turn_id)), **extra,
+                         "OVERSTORY_TURN_ID": turn_id}
+            extra.update(self.endpoint.open_turn(turn_env=turn_vars))
+        try:
+            return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
+                            resume_session_id=resume, base_env=self.base_env, attempt=attempt,
+                            should_stop=self.should_stop, extra_env=extra)
+        finally:
+            if self.endpoint is not None:
+                self.endpoint.revoke()
 
     def run(self) -> int:
         if not self.take_agent():
@@ -64,6 +104,7 @@ class AgentLoop(AgentProcess):
 
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
                            summary=f"pid {os.getpid()}")
+        self._serve_endpoint()
         self._recover_interrupted_turn()
         first = self.current()
         if first is not None and first.spec.get("loop"):  # an `ov loop`: iterations, not mail, drive its turns
@@ -104,11 +145,9 @@ class AgentLoop(AgentProcess):
 
         We hold the agent lock, so no other loop can be running a turn of this agent.
         """
-        from overstory.store import events as event_store
-        from overstory.store import mail
-
         from overstory.agents.idle import NO_REPORT
-        from overstory.store import budgets
+        from overstory.store import budgets, mail
+        from overstory.store import events as event_store
 
         agent = self.current()
         if agent is None or agent.state not in ("in_turn", "stalled") or agent.mode != "headless":
@@ -199,13 +238,10 @@ class AgentLoop(AgentProcess):
         return row is not None
 
     def _one_turn(self, agent: Session) -> None:
-        from overstory.agents.turns import run_turn
-        from overstory.store import events as event_store
-        from overstory.store import mail
-
         from overstory.agents import idle
         from overstory.agents.budgeting import park_for_crossing
-        from overstory.store import budgets
+        from overstory.store import budgets, mail
+        from overstory.store import events as event_store
 
         if not self._spend_approved(agent):
             return
@@ -226,9 +262,7 @@ class AgentLoop(AgentProcess):
         idle.reset_if_spoken_to(self.state, agent, (m.sender for m in claimed))
         prompt = mail.render_for_prompt(claimed)
         resume = agent.runtime_session_id
-        result = run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
-                          resume_session_id=resume, base_env=self.base_env, attempt=agent.retries,
-                          should_stop=self.should_stop)
+        result = self._turn(agent, prompt, turn_id, resume)
         if result.status == "resume_failed":
             event_store.record(self.events, "resume_fallback", agent=self.name, generation=self.generation,
                                turn_id=turn_id, summary=f"could not resume {resume}: {result.reason}"[:300])
@@ -244,9 +278,7 @@ class AgentLoop(AgentProcess):
             mail.move_claims(self.state, turn_id, fallback_turn)
             turn_id = fallback_turn
             prompt = self._fresh_session_summary(fresh) + "\n\n" + prompt
-            result = run_turn(self.project, self.config, self.state, self.events, fresh, prompt, turn_id,
-                              resume_session_id=None, base_env=self.base_env, attempt=agent.retries,
-                              should_stop=self.should_stop)
+            result = self._turn(fresh, prompt, turn_id, None)
             if result.status == "resume_failed":
                 result.status = "permanent"
         self._settle(agent, turn_id, result)
@@ -375,8 +407,7 @@ class AgentLoop(AgentProcess):
             "SELECT sender, type, subject FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT 10", (self.name,)
         ).fetchall()
         recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
-        where = get_runtime(agent.runtime).instructions_file if agent.worktree else "your instructions"
-        prompt = agent.spec.get("prompt") or f"(no prompt text; see your instructions in {where})"
+        prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions)"
         return (
             f"[ov] Your previous session could not be resumed, so this is a fresh session. You are {agent.name}, "
             f"a {agent.capability} working on task {agent.task_id} on branch {agent.branch}. Check `git log` and "
@@ -384,6 +415,8 @@ class AgentLoop(AgentProcess):
         )
 
     def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
         for conn in (self.state, self.events):
             try:
                 conn.close()
@@ -458,22 +491,6 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         return loop.run()
     finally:
         loop.close()
-
-
-def spawn_loop(project: ProjectPaths, agent: str, generation: int, environ: t.Mapping[str, str]) -> tuple[int, int | None]:
-    """Start the detached loop for ``agent``; returns (pid, start ticks)."""
-    import subprocess
-
-    log_path = project.run_dir / agent / "loop.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root), "--agent", agent,
-             "--generation", str(generation)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
-            env=dict(environ), cwd=str(project.root),
-        )
-    return proc.pid, procs.start_ticks(proc.pid)
 
 
 if __name__ == "__main__":

@@ -134,3 +134,20 @@ class AgentProcess:
         self._lock = lock
         return sessions.update_fields(self.state, self.name, self.generation, loop_pid=os.getpid(),
                                       loop_start_ticks=procs.start_ticks(os.getpid()))
+
+
+def spawn_loop(project: ProjectPaths, agent: str, generation: int, environ: t.Mapping[str, str]) -> tuple[int, int | None]:
+    """Start the detached loop for ``agent``; returns (pid, start ticks)."""
+    import subprocess
+    import sys
+
+    log_path = project.run_dir / agent / "loop.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root), "--agent", agent,
+             "--generation", str(generation)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+            env=dict(environ), cwd=str(project.root),
+        )
+    return proc.pid, procs.start_ticks(proc.pid)

@@ -33,6 +33,7 @@ from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
 from overstory.runtimes import get_runtime
+from overstory.sandbox.layout import PINNED_FILES
 from overstory.store import intents, sessions
 from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
 
@@ -60,6 +61,7 @@ class SlingRequest:
     model: str | None = None
     base_branch: str | None = None
     scenario: Path | None = None
+    scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
@@ -183,10 +185,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     if active >= config.agents.max_concurrent_agents:
         raise HierarchyError(f"{active} agents are active (agents.max_concurrent_agents = "
                              f"{config.agents.max_concurrent_agents}); wait for some to finish or stop them")
-    scenario_text = None
-    if request.scenario is not None:
+    scenario_text = request.scenario_text
+    if scenario_text is None and request.scenario is not None:
         scenario_text = _read_text_file(request.scenario, "--scenario")
-    else:
+    elif scenario_text is None:
         built_in = adapter.default_scenario(capability, task_id)
         scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
 
@@ -220,6 +222,11 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         "base_commit": base_commit, "worktree": str(worktree) if worktree else None, "run_dir": str(run_dir),
         "tmux_session": _tmux_session_name(name) if tmux else None, "step": "intent", "started_at": 0,
     }
+    # Rendered before anything exists: a broken template leaves nothing to undo.
+    instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
+                                      branch=branch or base_branch or "", base_branch=base_branch or "",
+                                      worktree=worktree or project.root, parent=parent, prompt=prompt or "",
+                                      files=request.files)
     spawn_journal.begin(conn, intent)
     intent["started_at"] = (intents.get_spawn(conn, name) or {}).get("started_at", 0)
     spawn_journal.kill_point("intent", environ)
@@ -240,12 +247,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                                       worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
                                       prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux,
                                       model=model)
-            if home_files is None:  # the runtime reads them from the worktree
+            if home_files is None:  # ov's files go to the run dir (below); the worktree gets a copy for humans
                 _fault("instructions", environ)
                 spawn_journal.step(conn, intent, "instructions")
-                _write_instructions(project, worktree, adapter, name=name, capability=capability, task_id=task_id,
-                                    branch=branch, base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                    files=request.files, ov_command=ov_command, tmux_mode=tmux)
+                _write_worktree_copy(worktree, adapter, instructions)
                 spawn_journal.kill_point("instructions", environ)
         else:
             home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
@@ -261,11 +266,12 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             for target, content in home_files.items():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(content, encoding="utf-8")
-        elif at_root:
-            _fault("instructions", environ)
-            _write_root_instructions(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
-                                     base_branch=base_branch or "", parent=parent, prompt=prompt or "",
-                                     files=request.files, ov_command=ov_command)
+            # Their names, so that each turn's sandbox shows them read-only (see sandbox.layout.PINNED_FILES).
+            (run_dir / PINNED_FILES).write_text(json.dumps(sorted(str(p) for p in home_files)), encoding="utf-8")
+        else:
+            if at_root:
+                _fault("instructions", environ)
+            _write_run_files(run_dir, adapter, instructions, ov_command=ov_command, tmux_mode=tmux)
         scenario_path = None
         if scenario_text is not None:
             yaml_file = request.scenario is not None and request.scenario.suffix in (".yaml", ".yml")
@@ -305,8 +311,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             dispatch_id = mail.insert_message(
                 conn, sender=parent, recipient=name, type="dispatch", priority="high",
                 subject=f"task {task_id}",
-                body=prompt or f"Work on task {task_id} as described in "
-                                f"{adapter.instructions_file if worktree else 'your instructions'}.",
+                body=prompt or f"Work on task {task_id} as described in your instructions.",
                 payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
                          "file_scope": list(request.files)},
             )
@@ -323,7 +328,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                 undo.push("start", lambda: abort_start(project, started))
                 loop_pid = started.driver_pid
             else:
-                from overstory.agents.loop import spawn_loop
+                from overstory.agents.process import spawn_loop
 
                 loop_pid, ticks = spawn_loop(project, name, generation, launch_env)
                 started_pids.append((loop_pid, ticks))
@@ -524,21 +529,6 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
     return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
 
 
-def _write_root_instructions(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
-                             task_id: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
-                             ov_command: list[str]) -> None:
-    """An agent at the project root (the coordinator) must not write into the user's own runtime
-    settings: its instructions and hook settings live in its run dir and reach the runtime on its
-    command line every turn (the adapter's ``headless_command`` for an agent at the project root)."""
-    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=base_branch,
-                              base_branch=base_branch, worktree=project.root, parent=parent, prompt=prompt,
-                              files=files)
-    (run_dir / runtime.root_instructions_file).write_text(text, encoding="utf-8")
-    settings = runtime.hook_settings(ov_command, tmux_mode=False)
-    if settings is not None:
-        (run_dir / runtime.root_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
-
-
 def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,
                  task_id: str, worktree: Path | None, branch: str, base_branch: str, parent: str, prompt: str,
                  files: t.Sequence[str], ov_command: list[str], tmux_mode: bool,
@@ -560,23 +550,22 @@ def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name
     return None if written is None else {state_dir / relative: content for relative, content in written.items()}
 
 
-def _write_instructions(project: ProjectPaths, worktree: Path, runtime: Runtime, *, name: str, capability: str,
-                        task_id: str, branch: str, base_branch: str, parent: str, prompt: str, files: t.Sequence[str],
-                        ov_command: list[str], tmux_mode: bool) -> None:
-    """The overlay (and hook settings, where the runtime has hooks) inside the worktree, kept out of commits."""
-    text = _instructions_text(project, name=name, capability=capability, task_id=task_id, branch=branch,
-                              base_branch=base_branch, worktree=worktree, parent=parent, prompt=prompt, files=files)
-    written = [runtime.instructions_file]
-    instructions = worktree / runtime.instructions_file
-    instructions.parent.mkdir(parents=True, exist_ok=True)
-    instructions.write_text(text, encoding="utf-8")
+def _write_run_files(run_dir: Path, runtime: Runtime, instructions: str, *, ov_command: list[str],
+                     tmux_mode: bool) -> None:
+    """The instructions and hook settings in the agent's run dir (ov's, read-only in its sandbox): the
+    runtime gets both on every command line, so nothing the agent writes in its worktree can replace them."""
+    (run_dir / runtime.run_instructions_file).write_text(instructions, encoding="utf-8")
     settings = runtime.hook_settings(ov_command, tmux_mode=tmux_mode)
-    if settings is not None and runtime.hook_settings_file:
-        target = worktree / runtime.hook_settings_file
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(settings, indent=2), encoding="utf-8")
-        written.append(runtime.hook_settings_file)
-    keep_out_of_commits(worktree, written)
+    if settings is not None:
+        (run_dir / runtime.run_settings_file).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+def _write_worktree_copy(worktree: Path, runtime: Runtime, instructions: str) -> None:
+    """A copy of the instructions in the worktree, for humans (the runtime never reads it), kept out of commits."""
+    copy = worktree / runtime.instructions_file
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(instructions, encoding="utf-8")
+    keep_out_of_commits(worktree, [runtime.instructions_file])
 
 
 def _record_spawn_event(project: ProjectPaths, name: str, generation: int, capability: str, task_id: str,

@@ -33,8 +33,6 @@ ACTOR = "operator"
 STOPPED_REASON = "stopped by the operator"
 
 
-
-
 @dataclass
 class StopResult:
     agent: str
@@ -55,10 +53,12 @@ class StopResult:
 
 
 def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, force: bool = False,
-               clean: bool = False, kill_grace: float = 5.0, fallback_base: str | None = None) -> StopResult:
+               clean: bool = False, kill_grace: float = 5.0, fallback_base: str | None = None,
+               actor: str = ACTOR) -> StopResult:
     """Stop ``name``; raises AgentNotFound, CleanRefused (before anything changed) or OrchestratorError.
 
     A spawn of ``name`` that was killed half-way is undone first (it never became an agent).
+    ``actor``: who stops it (the operator, or an ancestor agent through its endpoint).
     """
     from overstory.agents.spawn_journal import settle_abandoned
 
@@ -78,18 +78,20 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
     result = StopResult(agent=name, generation=agent.generation, previous_state=agent.state,
                         already_completed=agent.state == "completed")
     if not result.already_completed:
-        reason = STOPPED_REASON + (" (--force)" if force else "")
+        who = "the operator" if actor == ACTOR else actor
+        reason = f"stopped by {who}" + (" (--force)" if force else "")
         notified: list[int] = []
 
         def tell_parent(tx: sqlite3.Connection, ok: sessions.Ok) -> None:
             # The parent (a lead or coordinator waiting for the agent's report) hears it once, with the
-            # state change; a zombie's parent already had its worker_died, the operator stopped it themself.
-            if ok.prev != "zombie" and agent.parent and agent.parent != "operator":
+            # state change; a zombie's parent already had its worker_died, the operator stopped it themself,
+            # and a parent that stopped it through its endpoint knows.
+            if ok.prev != "zombie" and agent.parent and agent.parent not in ("operator", actor):
                 message_id = tell_parent_stopped(tx, agent, reason, ok.prev)
                 if message_id is not None:
                     notified.append(message_id)
 
-        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=ACTOR, reason=reason,
+        outcome = sessions.transition(conn, name, agent.generation, "completed", actor=actor, reason=reason,
                                       then=tell_parent)
         if notified:
             from overstory.store import mail
@@ -138,7 +140,7 @@ def _stop_processes(conn: sqlite3.Connection, agent: Session, result: StopResult
         sessions.update_fields(conn, agent.name, agent.generation, turn_pgid=None, turn_start_ticks=None,
                                current_turn_id=None, current_tool=None)
         result.released_mail = mail.release_agent(conn, agent.name)
-        turns.end_live_turns(conn, agent.name, agent.generation, status="aborted", error="stopped by the operator")
+        turns.end_live_turns(conn, agent.name, agent.generation, status="aborted", error=STOPPED_REASON)
 
 
 def _stop_loop(pid: int, ticks: int | None, *, force: bool, grace: float) -> str:

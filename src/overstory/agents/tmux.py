@@ -36,6 +36,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shlex
 import sqlite3
 import sys
@@ -44,7 +45,7 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory import procs
+from overstory import procs, sandbox
 from overstory.agents.tmux_panes import (
     end_pane,
     exit_description,
@@ -57,6 +58,7 @@ from overstory.agents.tmux_panes import (
     tui_of,
 )
 from overstory.clock import now_ms
+from overstory.endpoint.client import ENDPOINT_ENV, SOCKET_NAME, TOKEN_ENV
 from overstory.errors import TmuxError
 from overstory.paths import ProjectPaths
 from overstory.runtimes import get_runtime
@@ -113,6 +115,11 @@ def _write_launch_file(path: Path, argv: list[str], env: t.Mapping[str, str], cw
         json.dump({"argv": argv, "env": dict(env), "cwd": cwd}, handle)
 
 
+def socket_path(project: ProjectPaths, agent_name: str) -> Path:
+    """The agent's endpoint socket (served by its driver; see overstory.endpoint)."""
+    return project.run_dir / agent_name / SOCKET_NAME
+
+
 def package_parent() -> str:
     """The directory that holds the ``overstory`` package (PYTHONPATH for processes in panes)."""
     import overstory
@@ -120,15 +127,14 @@ def package_parent() -> str:
     return str(Path(overstory.__file__).resolve().parent.parent)
 
 
-def _root_agent_files(project: ProjectPaths, agent: Session) -> tuple[dict[str, t.Any] | None, str | None]:
-    """An agent at the project root (the coordinator) has no worktree files: its hooks (with the tmux
-    mail hooks) and its instructions are handed to the TUI on its command line."""
+def _agent_files(project: ProjectPaths, agent: Session) -> tuple[dict[str, t.Any] | None, Path]:
+    """The hook settings (with the tmux mail hooks) and the instructions file in the agent's run dir,
+    handed to the TUI on its command line: nothing in the worktree is read."""
     from overstory.resources import ov_executable
 
     runtime = get_runtime(agent.runtime)
-    instructions = project.run_dir / agent.name / runtime.root_instructions_file
-    text = instructions.read_text(encoding="utf-8") if instructions.is_file() else None
-    return runtime.hook_settings(ov_executable()[0], tmux_mode=True), text
+    return (runtime.hook_settings(ov_executable()[0], tmux_mode=True),
+            project.run_dir / agent.name / runtime.run_instructions_file)
 
 
 def start_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection, name: str, generation: int,
@@ -147,20 +153,27 @@ def start_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection,
     tui = tui_of(agent)
     tmux_session = agent.tmux_session or session_name(name)
     model, provider_env = resolve_model_and_provider(agent, config, environ)
-    settings, instructions = _root_agent_files(project, agent) if not agent.worktree else (None, None)
-    argv = tui.command(config, model, hook_settings=settings, instructions=instructions)
-    env = turn_environment(environ, agent, project, launch_tag(generation), provider_env)
+    settings, instructions_file = _agent_files(project, agent)
+    argv = tui.command(config, model, hook_settings=settings, instructions_file=instructions_file)
+    # The TUI lives for the whole agent: one endpoint secret for its life, served by the driver.
+    secret = {ENDPOINT_ENV: str(socket_path(project, name)), TOKEN_ENV: secrets.token_hex(24)}
+    env = turn_environment(environ, agent, project, launch_tag(generation), {**provider_env, **secret})
     for key, value in tui.extra_env.items():
         env.setdefault(key, value)
+    prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=environ, tty=True)
     cwd = agent.worktree or str(project.root)
     path = launch_file(project, name)
-    _write_launch_file(path, argv, env, cwd)
+    _write_launch_file(path, prepared.argv, prepared.env, cwd)
     exit_file(project, name).unlink(missing_ok=True)
 
     tmux = server(project)
     started = TmuxStart(agent=name, generation=generation, tmux_session=tmux_session,
                         attach=attach_command(project, tmux_session))
     try:
+        # The driver first: it serves the endpoint the TUI's start-up hooks already call (ov mail check).
+        started.driver_pid, started.driver_ticks = spawn_driver(project, name, generation, environ)
+        sessions.update_fields(conn, name, generation, loop_pid=started.driver_pid,
+                               loop_start_ticks=started.driver_ticks)
         if tmux.sessions.get(session_name=tmux_session, default=None) is not None:
             # A session left by an earlier, finished generation of this agent (ours: our socket, its name).
             tmux.cmd("kill-session", "-t", f"={tmux_session}")
@@ -186,9 +199,6 @@ def start_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection,
                                       reason="TUI ready, dispatch typed", expect={"booting"})
         if not outcome.ok:
             raise TmuxError(f"{name} could not start working ({type(outcome).__name__})")
-        started.driver_pid, started.driver_ticks = spawn_driver(project, name, generation, environ)
-        sessions.update_fields(conn, name, generation, loop_pid=started.driver_pid,
-                               loop_start_ticks=started.driver_ticks)
     except BaseException as exc:
         abort_start(project, started)
         from libtmux import exc as tmux_exc
@@ -264,9 +274,8 @@ def wait_until_ready(project: ProjectPaths, name: str, pane: Pane, pane_pid: int
 
 
 def dispatch_line(agent: Session) -> str:
-    where = get_runtime(agent.runtime).instructions_file if agent.worktree else "your system prompt"
     return (f"[ov] You are {agent.name}, a {agent.capability} on task {agent.task_id}. Your instructions are in "
-            f"{where} and your dispatch is in your mail (shown to you as [ov mail]; otherwise run "
+            f"your system prompt and your dispatch is in your mail (shown to you as [ov mail]; otherwise run "
             "`ov mail check`). Start now, and report with `ov mail send` as your instructions say.")
 
 

@@ -17,12 +17,13 @@ import time
 import typing as t
 from pathlib import Path
 
-from overstory import procs
+from overstory import procs, sandbox
 from overstory.agents.process import AgentProcess
 from overstory.agents.tmux import deliver_mail
 from overstory.agents.tmux_panes import (
     EXIT_FILE_NAME,
     kill_session,
+    launch_file,
     pane_exit_reason,
     pane_status,
     record_event,
@@ -35,6 +36,7 @@ from overstory.store import sessions
 from overstory.tmux_server import capture_pane, find_pane, list_sessions, server, tmux_available
 
 if t.TYPE_CHECKING:
+    from overstory.endpoint.server import AgentEndpoint
     from overstory.store.sessions import Session
 
 ACTOR = "tmux-driver"
@@ -53,11 +55,41 @@ class PaneDriver(AgentProcess):
     def run(self) -> int:
         if not self.take_agent():  # the same lock a headless loop takes
             return 0  # another driver (or loop) serves this agent
+        endpoint = self._serve_endpoint()
         try:
             self._watch()
         finally:
+            final = sessions.get(self.state, self.name)
+            if final is not None and final.generation == self.generation:
+                self._take_back_branch(final)  # the last commits before it completed
             self._close_if_terminal()
+            if endpoint is not None:
+                endpoint.close()
         return 0
+
+    def _serve_endpoint(self) -> AgentEndpoint | None:
+        """The TUI's channel to ov, with the secret ``start_agent`` put into its environment."""
+        from overstory.agents.process import load_launch_env
+        from overstory.endpoint.client import TOKEN_ENV
+        from overstory.endpoint.routes import ROUTES
+        from overstory.endpoint.server import AgentEndpoint
+
+        try:
+            token = json.loads(launch_file(self.project, self.name).read_text(encoding="utf-8"))["env"][TOKEN_ENV]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # no secret was handed to the TUI: nothing could authenticate anyway
+        endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES,
+                                 load_launch_env(self.project, self.name)).start()
+        endpoint.open_turn(token)
+        return endpoint
+
+    def _take_back_branch(self, agent: Session) -> None:
+        """A tmux agent's sandbox lives as long as its TUI: bring its commits out as they happen."""
+        took = sandbox.take_back(self.project, agent)
+        if took.status not in ("none", "unchanged"):
+            record_event(self.project, self.name, self.generation,
+                         "branch_take_back" if took.status == "moved" else "branch_refused",
+                         f"branch {agent.branch}: {took.status}" + (f": {took.detail}" if took.detail else ""))
 
     def _watch(self) -> None:
         tmux = server(self.project)
@@ -68,6 +100,10 @@ class PaneDriver(AgentProcess):
             agent = self.current()
             if agent is None:
                 break
+            if agent.state == "booting":  # `ov sling` is still starting the TUI (and handles its failure)
+                time.sleep(POLL_SECONDS)
+                continue
+            self._take_back_branch(agent)
             if agent.turn_pgid is not None:
                 self.last_seen = agent
             status = pane_status(agent)
@@ -183,6 +219,8 @@ def run_launch_file(path: str) -> int:
     code = child.wait()
     if code < 0:
         return finish(128 - code, f"was killed by signal {-code}")
+    if code > 128 and os.path.basename(data["argv"][0]) == "bwrap":  # bwrap reports its command's signal as 128+N
+        return finish(code, f"was killed by signal {code - 128}")
     return finish(code, f"exited with status {code}")
 
 

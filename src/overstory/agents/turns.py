@@ -18,7 +18,7 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from overstory import procs
+from overstory import procs, sandbox
 from overstory.agents import checkpoint, ledger
 from overstory.agents.spending import TurnMeter
 from overstory.clock import now_ms
@@ -48,6 +48,7 @@ if t.TYPE_CHECKING:
 # Variables a parent coding-agent session exports; a nested session would react to them.
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
 ACTIVITY_WRITE_INTERVAL = 1.0
+PERIODIC_SECONDS = 1.0
 # The turn statuses of failure kinds the loop parks for instead of retrying.
 PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth"}
 
@@ -207,7 +208,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
              base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
              extra_env: t.Mapping[str, str] | None = None) -> TurnResult:
-    """``extra_env``: variables for this turn only (an `ov loop` names its iteration and phase there)."""
+    """Run one turn of ``agent`` in its sandbox. ``extra_env``: variables for this turn only (the endpoint's
+    per-turn secret; an `ov loop` names its iteration and phase there)."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -220,12 +222,18 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
                                                     run_dir=project.run_dir / agent.name,
                                                     at_project_root=not agent.worktree, scenario=scenario,
-                                                    provider_env=provider_env), config)
+                                                    provider_env=provider_env,
+                                                    sandboxed=sandbox.effective_mode(config).name == "bwrap"), config)
+        dispatch = claimed_ids(state, turn_id)
+        provider_env.update(durable_env(config, agent, attempt, dispatch))
+        env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
+        prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=base_env)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
         return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
-    dispatch = claimed_ids(state, turn_id)
-    provider_env.update(durable_env(config, agent, attempt, dispatch))
-    env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
+    except OSError as exc:
+        return TurnResult("transient", f"could not prepare the turn's sandbox: {exc}", None, started_ms, _NoOutput())
+    _record_take_back(events, agent, turn_id, prepared.took_back, before=True)
+    argv, env = prepared.argv, prepared.env
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)
@@ -268,6 +276,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id, meter,
                                stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
                                price=lambda data: _price_result(data, stream.model or model, config),
+                               periodic=lambda: _record_take_back(events, agent, turn_id,
+                                                                  sandbox.take_back(project, agent)),
                                stream_ledger=stream_ledger)
         reader.close()
         if status == "running":
@@ -285,6 +295,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                turn_id=turn_id, summary=f"{status}: process group {pgid} stopped"[:300],
                                data={"status": status, "pgid": pgid,
                                      "stop_seconds": round(time.monotonic() - stopping_at, 3)})
+    _record_take_back(events, agent, turn_id, sandbox.take_back(project, agent))
     stream.finish(exit_code, _tail(log_dir / "stderr.txt"))
     failure: TurnFailure | None = None
     if status == "running":
@@ -349,13 +360,31 @@ def stream_model(stream: TurnParser) -> str | None:
     return getattr(stream, "model", None)
 
 
+def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, took: sandbox.TakeBack, *,
+                      before: bool = False) -> None:
+    """An event when a writer's branch came out of its sandbox, or was refused (see sandbox.gitrefs)."""
+    if took.status in ("none", "unchanged"):
+        return
+    when = "left by the previous turn" if before else "after the turn"
+    summary = f"branch {agent.branch}: {took.status} ({when})" + (f": {took.detail}" if took.detail else "")
+    event_store.record(events, "branch_take_back" if took.status == "moved" else "branch_refused", agent=agent.name,
+                       generation=agent.generation, turn_id=turn_id, summary=summary[:300],
+                       data={"status": took.status, "old": took.old, "new": took.new, "detail": took.detail})
+
+
 def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, *,
           stall_timeout: float, should_stop: t.Callable[[], bool],
           price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
+          periodic: t.Callable[[], None] = lambda: None,
           stream_ledger: ledger.StreamLedger | None = None) -> tuple[str, str]:
-    """Read the stream until EOF; returns ('running', '') normally, or a stop status."""
+    """Read the stream until EOF; returns ('running', '') normally, or a stop status.
+
+    ``periodic`` runs about every ``PERIODIC_SECONDS`` (bringing a writer's commits out of its
+    sandbox as they happen, so its branch is current while the turn runs).
+    """
     last_event = time.monotonic()
+    last_periodic = last_event
     last_write = 0.0
     entered_turn = False
     exited_at: float | None = None
@@ -410,6 +439,9 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                                data={"estimate_usd": round(meter.estimate, 6),
                                      **({"crossing": stop.crossing.as_dict()} if stop.crossing else {})})
             return stop.status, stop.reason
+        if now - last_periodic >= PERIODIC_SECONDS:
+            last_periodic = now
+            periodic()
         if should_stop():
             return "aborted", "the agent was stopped"
         if now - last_event > stall_timeout:

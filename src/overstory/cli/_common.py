@@ -34,6 +34,17 @@ def usage_errors() -> t.Iterator[None]:
         raise click.UsageError(exc.message) from None
 
 
+def agent_channel() -> t.Any:
+    """Inside an agent's turn, its authenticated channel to ov (``overstory.endpoint.client``); else None.
+
+    Commands that read or change ov's state go through it when it is there: the databases are
+    read-only in the agent's sandbox, and the endpoint decides who the caller is.
+    """
+    from overstory.cli.hot import agent_channel as channel  # one rule for every command (imports the client lazily)
+
+    return channel()
+
+
 def state_conn(project: ProjectPaths) -> sqlite3.Connection:
     from overstory.store.db import open_state
 

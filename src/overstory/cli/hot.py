@@ -1,4 +1,4 @@
-"""The bodies of the hot commands, without click: `ov mail send`, `ov mail check`, `ov status`.
+"""The bodies of the hot commands, without click: `ov mail send`, `ov mail check`, `ov status`, `ov guard`.
 
 The click commands (cli/mail.py, cli/status.py) and the fast entry point (cli/fast.py)
 both call these after parsing, so there is one implementation of what each command
@@ -8,6 +8,11 @@ here, and ``typing`` not at all (hot commands are timed against `python -c pass`
 A usage error found after parsing (two body options, a payload that is not JSON) is
 raised as ``BadUsage``: the click command turns it into click's own usage error, and
 the fast path asks click to show it, so click stays the one source of usage messages.
+
+Inside an agent's sandboxed turn (``OVERSTORY_ENDPOINT`` and its token are set) the
+databases are read-only, so each body asks the agent's endpoint instead (``agent_channel``);
+the endpoint client is imported only then, so the operator's commands and an unsandboxed
+agent's never load it.
 """
 
 from __future__ import annotations
@@ -127,26 +132,69 @@ class _Encoded:
         return str(self.stream.read(size)).encode("utf-8", errors="surrogateescape")
 
 
-def recipients_of(conn: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
-    """Message id -> recipient, for saying what was sent."""
-    if not ids:
-        return {}
-    rows = conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
-    return {int(r["id"]): r["recipient"] for r in rows}
+ENDPOINT_ENV, TOKEN_ENV = "OVERSTORY_ENDPOINT", "OVERSTORY_ENDPOINT_TOKEN"  # as in overstory.endpoint.client
+GUARD_TIMEOUT_SECONDS = 30.0  # the endpoint's count and ledger row are a few statements; a hung loop must not hold a call
+
+
+def agent_channel(env: t.Mapping[str, str] = os.environ) -> t.Any:
+    """Inside an agent's sandboxed turn, its authenticated channel to ov (``overstory.endpoint.client``); else None.
+
+    The client (and the socket module) are imported only when the turn's variables are there.
+    """
+    if not env.get(ENDPOINT_ENV) or not env.get(TOKEN_ENV):
+        return None
+    from overstory.endpoint.client import channel
+
+    return channel(env)
 
 
 # ---- the commands -------------------------------------------------------------------------------
 
 
 def count_tool_call(env: t.Mapping[str, str]) -> str | None:
-    """Count the call against the agent's budget (one SQLite statement); the reason to deny it, or None."""
+    """Count the call against the agent's budget; the reason to deny it, or None.
+
+    Inside a sandboxed turn the count goes through the agent's endpoint (state.db is read-only
+    there, and the endpoint knows who is calling); elsewhere it is one SQLite statement. Either
+    way a count that cannot be made allows the call (``store.tool_count``).
+    """
     agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
                                env.get("OVERSTORY_GENERATION", ""))
     if not agent or not root or not generation.isdigit():
         return None
+    remote = agent_channel(env)
+    if remote is not None:
+        from overstory.errors import EndpointError
+
+        try:
+            answer = remote.call("tool_call", {}, timeout=GUARD_TIMEOUT_SECONDS)
+        except EndpointError:
+            return None
+        deny = answer.get("deny") if isinstance(answer, dict) else None
+        return str(deny) if deny else None
     from overstory.store.tool_count import count_tool_call as count
 
     return count(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
+
+
+def _ledger_through(remote: t.Any, route: str, args: dict[str, t.Any]) -> t.Any:
+    """A ledger write through the endpoint; None (and a warning) when it cannot be made: the ledger never
+    blocks a call (as ``agents.ledger`` does with a database it cannot write)."""
+    from overstory.errors import EndpointError
+
+    try:
+        return remote.call(route, args, timeout=GUARD_TIMEOUT_SECONDS)
+    except EndpointError as exc:
+        echo(f"ov guard: the tool-call ledger was not written ({exc})", err=True)
+        return None
+
+
+def _remote_pre(remote: t.Any, hook_input: t.Any, decision: t.Any) -> t.Any:
+    answer = _ledger_through(remote, "ledger.pre", {"hook_input": dict(hook_input), "allow": decision.allow,
+                                                    "reason": decision.reason})
+    if isinstance(answer, dict) and answer.get("allow") is False and decision.allow:
+        return type(decision).deny(str(answer.get("reason") or "ov: this call repeats an earlier attempt's."))
+    return decision
 
 
 def guard(project_option: str | None, *, post: bool = False) -> None:
@@ -157,16 +205,29 @@ def guard(project_option: str | None, *, post: bool = False) -> None:
         text: str | None = raw.decode("utf-8", errors="replace")
     except OSError:
         text = None
-    from overstory.agents import ledger
-
+    remote = agent_channel() if os.environ.get("OVERSTORY_AGENT_NAME") else None
     if post:
+        if remote is not None:  # inside the sandbox state.db is read-only: the endpoint writes the receipt
+            if text:
+                _ledger_through(remote, "ledger.post", {"hook_input": text})
+            return
+        from overstory.agents import ledger
+
         ledger.hook_post(text, os.environ)
         return
     from overstory import guards
 
-    stdout, stderr, status = guards.guard_reply(
-        text, os.environ, count_call=lambda: count_tool_call(os.environ),
-        record=lambda hook_input, decision: ledger.hook_pre(hook_input, decision, os.environ))
+    if remote is not None:
+        def record(hook_input: t.Any, decision: t.Any) -> t.Any:
+            return _remote_pre(remote, hook_input, decision)
+    else:
+        from overstory.agents import ledger
+
+        def record(hook_input: t.Any, decision: t.Any) -> t.Any:
+            return ledger.hook_pre(hook_input, decision, os.environ)
+
+    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ),
+                                                record=record)
     if stdout:
         echo(stdout)
     if stderr:
@@ -179,29 +240,32 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
               body_file: str | None = None, type_: str = "status", priority: str = "normal",
               payload: str | None = None, reply_to: int | None = None, from_: str | None = None,
               allow_unknown: bool = False, as_json: bool = False) -> None:
-    from overstory.store import mail as store
-    from overstory.store.dispatch import agent_key, sent_before
-
     text = read_body(body, body_file)
-    conn = open_state_db(project_option)
-    try:
-        sender = from_ or store.default_sender()
-        parsed = parse_payload(payload)
-        # From an agent's turn, idempotent per dispatch: a retried turn's identical send gets the first one's ids.
-        key = agent_key(os.environ, "mail", sender, to, type_, subject, text, parsed, reply_to, priority)
-        ids = sent_before(conn, key)
-        if not ids:
-            if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
-                from overstory.agents.work_report import fill_worker_done
+    parsed = parse_payload(payload)
+    remote = agent_channel()
+    if remote is not None:  # inside an agent's sandbox: its endpoint sends, always as the agent itself
+        sent = remote.call("mail.send", {"to": to, "subject": subject, "body": text, "type": type_,
+                                         "priority": priority, "payload": parsed, "reply_to": reply_to,
+                                         "from": from_, "allow_unknown": allow_unknown})
+        ids = [int(i) for i in sent["ids"]]
+        recipients = dict(zip(ids, sent["to"]))
+    else:
+        from overstory.agents.outbox import send_once
+        from overstory.store import mail as store
+
+        conn = open_state_db(project_option)
+        try:
+            def project() -> t.Any:
                 from overstory.paths import find_project
 
-                parsed = fill_worker_done(find_project(project_option), conn, sender, parsed)
-            ids = store.send(conn, sender=sender, to=to, subject=subject, body=text, type=type_, priority=priority,
-                             payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown,
-                             dedup_key=key) or sent_before(conn, key)
-        recipients = recipients_of(conn, ids)
-    finally:
-        conn.close()
+                return find_project(project_option)
+
+            # From an agent's turn, idempotent per dispatch: a retried turn's identical send gets the first one's ids.
+            ids, recipients = send_once(conn, os.environ, project, sender=from_ or store.default_sender(), to=to,
+                                        subject=subject, body=text, type_=type_, priority=priority, payload=parsed,
+                                        reply_to=reply_to, allow_unknown=allow_unknown)
+        finally:
+            conn.close()
     if as_json:
         echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
     else:
@@ -215,12 +279,19 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
 
     if inject and as_json:
         raise BadUsage("--inject and --json do not go together")
-    conn = open_state_db(project_option)
-    try:
-        who = agent or store.default_sender()
-        messages: list[Message] = store.unread(conn, who, peek=peek)
-    finally:
-        conn.close()
+    who = agent or store.default_sender()
+    remote = agent_channel()
+    if remote is not None:  # the agent's own mailbox, through its endpoint
+        from overstory.agents.outbox import message_from_dict
+
+        messages: list[Message] = [message_from_dict(m) for m in remote.call("mail.check", {"agent": agent,
+                                                                                             "peek": peek})]
+    else:
+        conn = open_state_db(project_option)
+        try:
+            messages = store.unread(conn, who, peek=peek)
+        finally:
+            conn.close()
     if as_json:
         echo_json([m.as_dict() for m in messages])
     elif inject:
@@ -234,6 +305,15 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
 
 def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False) -> None:
     from overstory import status as core
+
+    remote = agent_channel()
+    if remote is not None:
+        document = remote.call("status", {"all": include_completed})
+        if as_json:
+            echo_json(document)
+        else:
+            echo(core.render_text(document))
+        return
     from overstory.paths import locate_project, state_db_path
 
     path = state_db_path(locate_project(project_option))

@@ -13,6 +13,7 @@ import click
 from overstory.cli import hot
 from overstory.cli._common import (
     ROW_ID,
+    agent_channel,
     completer,
     echo_json,
     json_option,
@@ -22,8 +23,6 @@ from overstory.cli._common import (
     usage_errors,
 )
 from overstory.store import mail as store
-from overstory.store.dispatch import agent_key, sent_before
-
 
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
 body_file_option = click.option("--body-file", type=click.Path(exists=True, dir_okay=False),
@@ -136,9 +135,17 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
             since_ms = parse_since(since)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--since") from None
-    conn = state_conn(project_paths())
-    messages = store.list_messages(conn, to=to, sender=from_, type=type_, unread=unread, thread=thread,
-                                   since_ms=since_ms, limit=limit)
+    remote = agent_channel()
+    if remote is not None:
+        from overstory.agents.outbox import message_from_dict
+
+        messages = [message_from_dict(m) for m in remote.call("mail.list", {
+            "to": to, "from": from_, "type": type_, "unread": unread, "thread": thread, "since_ms": since_ms,
+            "limit": limit})]
+    else:
+        conn = state_conn(project_paths())
+        messages = store.list_messages(conn, to=to, sender=from_, type=type_, unread=unread, thread=thread,
+                                       since_ms=since_ms, limit=limit)
     if as_json:
         echo_json([m.as_dict() for m in messages])
         return
@@ -163,8 +170,13 @@ def mail_read(message_id: int, as_json: bool) -> None:
     \b
     ov mail read 12
     """
-    conn = state_conn(project_paths())
-    message = store.read_message(conn, message_id, reader=store.default_sender())
+    remote = agent_channel()
+    if remote is not None:
+        from overstory.agents.outbox import message_from_dict
+
+        message = message_from_dict(remote.call("mail.read", {"id": message_id}))
+    else:
+        message = store.read_message(state_conn(project_paths()), message_id, reader=store.default_sender())
     if as_json:
         echo_json(message.as_dict())
     else:
@@ -187,14 +199,20 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
         raise click.UsageError("give the reply text with --body TEXT, --body - or --body-file F")
     with usage_errors():
         text = hot.read_body(body, body_file)
-    conn = state_conn(project_paths())
-    sender = from_ or store.default_sender()
-    key = agent_key(os.environ, "reply", sender, message_id, text)
-    new_id = (sent_before(conn, key) or [store.reply(conn, message_id, sender=sender, body=text, dedup_key=key)])[0]
+    remote = agent_channel()
+    if remote is not None:  # inside an agent's sandbox: its endpoint replies, as the agent itself
+        sent = remote.call("mail.reply", {"id": message_id, "body": text, "from": from_})
+        new_id, recipient = sent["id"], sent["to"]
+    else:
+        from overstory.agents.outbox import reply_once
+
+        # From an agent's turn, idempotent per dispatch (agents.outbox).
+        new_id, recipient = reply_once(state_conn(project_paths()), os.environ, message_id,
+                                       sender=from_ or store.default_sender(), body=text)
     if as_json:
         echo_json({"id": new_id, "reply_to": message_id})
     else:
-        click.echo(f"sent #{new_id} to {hot.recipients_of(conn, [new_id]).get(new_id, '?')} (reply to #{message_id})")
+        click.echo(f"sent #{new_id} to {recipient} (reply to #{message_id})")
 
 
 @mail.command(name="purge")
@@ -245,11 +263,15 @@ def nudge(agent: str, message: str | None, as_json: bool) -> None:
     ov nudge builder-task-42
     ov nudge builder-task-42 "you have been quiet for 10 minutes; report status"
     """
-    from overstory.agents.nudge import TMUX_DELIVERY_NOTES
+    from overstory.agents.nudge import TMUX_DELIVERY_NOTES, NudgeResult
     from overstory.agents.nudge import nudge as send_nudge
 
-    project = project_paths()
-    result = send_nudge(project, state_conn(project), agent, message)
+    remote = agent_channel()
+    if remote is not None:  # inside an agent: through its endpoint
+        result = NudgeResult(**remote.call("nudge", {"agent": agent, "message": message}))
+    else:
+        project = project_paths()
+        result = send_nudge(project, state_conn(project), agent, message)
     if as_json:
         echo_json(result.as_dict())
     else:

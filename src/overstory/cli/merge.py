@@ -4,7 +4,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
 
 
 @click.command(name="merge")
@@ -34,23 +34,30 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | N
     """
     from overstory.config import load_config
     from overstory.errors import UsageError
-    from overstory.merge.queue import MergeRun, merge_all, merge_one
+    from overstory.merge.queue import MergeReport, MergeRun, merge_all, merge_one
 
     chosen = sum(bool(x) for x in (agent, branch, merge_all_))
     if chosen != 1:
         raise UsageError("name exactly one of: an AGENT, --branch B, or --all")
-    project = project_paths()
-    config = load_config(project.config_file, project.local_config_file)
-    conn = state_conn(project)
-
-    def waiting(pid: int | None) -> None:
-        click.echo(f"waiting for the merge held by pid {pid}...", err=True)
-
-    if merge_all_:
-        run = merge_all(project, config, conn, into=into, dry_run=dry_run, tier_max=tier_max, on_lock_wait=waiting)
+    remote = agent_channel()
+    if remote is not None:  # an agent merges through its endpoint, outside its sandbox
+        run = MergeRun([MergeReport(**remote.call("merge", {
+            "agent": agent, "branch": branch, "all": merge_all_, "into": into, "dry_run": dry_run,
+            "tier_max": tier_max, "force": force}))])
     else:
-        run = MergeRun([merge_one(project, config, conn, agent_name=agent, branch=branch, into=into, dry_run=dry_run,
-                                  tier_max=tier_max, force=force, on_lock_wait=waiting)])
+        project = project_paths()
+        config = load_config(project.config_file, project.local_config_file)
+        conn = state_conn(project)
+
+        def waiting(pid: int | None) -> None:
+            click.echo(f"waiting for the merge held by pid {pid}...", err=True)
+
+        if merge_all_:
+            run = merge_all(project, config, conn, into=into, dry_run=dry_run, tier_max=tier_max,
+                            on_lock_wait=waiting)
+        else:
+            run = MergeRun([merge_one(project, config, conn, agent_name=agent, branch=branch, into=into,
+                                      dry_run=dry_run, tier_max=tier_max, force=force, on_lock_wait=waiting)])
     failed = [r for r in run.reports if r.failed]
     if as_json:
         echo_json({"merges": [r.as_dict() for r in run.reports], "skipped": [s.as_dict() for s in run.skipped],

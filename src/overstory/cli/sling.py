@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import typing as t
 from pathlib import Path
 
 import click
 
-from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import DURATION
 from overstory.runtimes import RUNTIME_NAMES
 
@@ -63,32 +64,61 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
             parse_pattern(pattern)
         except ValueError as exc:
             raise UsageError(f"--approve: {exc}") from None
-    project = project_paths()
-    config = load_config(project.config_file, project.local_config_file)
-    request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
-                           files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
-                           scenario=scenario, tmux=tmux,
-                           budget={"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
-                                   "max_wallclock": max_wallclock}, approve=approve)
-    result = do_sling(project, config, state_conn(project), request)
+    budget = {"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
+              "max_wallclock": max_wallclock}
+    remote = agent_channel()
+    if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
+        document = remote.call("sling", {
+            "capability": capability, "task_id": task_id, "name": name, "prompt": _read(spec_file, "--spec") or prompt,
+            "files": list(files), "parent": parent, "runtime": runtime, "model": model, "base_branch": base_branch,
+            "scenario_text": _read(scenario, "--scenario"), "tmux": tmux, "budget": budget,
+            "approve": list(approve)})
+    else:
+        project = project_paths()
+        config = load_config(project.config_file, project.local_config_file)
+        _warn_if_unsandboxed(config)
+        request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
+                               files=list(files), parent=parent, runtime=runtime, model=model,
+                               base_branch=base_branch, scenario=scenario, tmux=tmux, budget=budget, approve=approve)
+        document = do_sling(project, config, state_conn(project), request).as_dict()
     if prompt is None and spec_file is None:
-        click.echo(f"ov: warning: no --prompt or --spec: {result.name} has only its role ({capability}) and the "
-                   f"task id {task_id!r} to go on; send it the details with `ov mail send --to {result.name}`",
+        click.echo(f"ov: warning: no --prompt or --spec: {document['name']} has only its role ({capability}) and the "
+                   f"task id {task_id!r} to go on; send it the details with `ov mail send --to {document['name']}`",
                    err=True)
     if as_json:
-        echo_json(result.as_dict())
+        echo_json(document)
         return
-    click.echo(f"slung {result.name} ({result.capability} on {result.task_id}, runtime {result.runtime})")
-    if result.branch:
-        click.echo(f"  branch:   {result.branch}")
-        click.echo(f"  worktree: {result.worktree}")
-    click.echo(f"  parent:   {result.parent}")
-    limits = {k: v for k, v in result.budget.items() if v is not None}
+    click.echo(f"slung {document['name']} ({document['capability']} on {document['task_id']}, "
+               f"runtime {document['runtime']})")
+    if document["branch"]:
+        click.echo(f"  branch:   {document['branch']}")
+        click.echo(f"  worktree: {document['worktree']}")
+    click.echo(f"  parent:   {document['parent']}")
+    limits = {k: v for k, v in (document.get("budget") or {}).items() if v is not None}
     if limits:
         from overstory.store.budgets import format_limit
 
         click.echo("  budget:   " + ", ".join(f"{k} {format_limit(k, v)}" for k, v in limits.items()))
-    for note in result.budget_notes:
+    for note in document.get("budget_notes") or ():
         click.echo(f"  note:     {note}")
-    if result.mode == "tmux":
-        click.echo(f"  tmux:     session {result.tmux_session}; watch it with `ov attach {result.name}`")
+    if document["mode"] == "tmux":
+        click.echo(f"  tmux:     session {document['tmux_session']}; watch it with `ov attach {document['name']}`")
+
+
+def _read(path: Path | None, option: str) -> str | None:
+    if path is None:
+        return None
+    from overstory.errors import UsageError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc.strerror}") from None
+
+
+def _warn_if_unsandboxed(config: t.Any) -> None:
+    from overstory.sandbox import OFF_WARNING, effective_mode
+
+    mode = effective_mode(config)  # sandbox.mode: bwrap that does not work is an error here, before anything starts
+    if mode.name == "off":
+        click.echo(f"warning: {OFF_WARNING} ({mode.reason})", err=True)

@@ -47,8 +47,11 @@ def merge_commit_of(root: Path, source: str, target: str) -> str | None:
 def announce(conn: sqlite3.Connection, root: Path, agent: sessions.Session | None, *, merged: bool, branch: str,
              target: str, source_commit: str, reason: str, tier: int | None = None, commit: str | None = None,
              commits: t.Sequence[str] = (), conflicts: t.Sequence[str] = (), target_before: str | None = None,
-             next_step: str = "") -> list[int]:
-    """Mail the result to the agent's parent and, if it still runs, the agent. Returns the new ids."""
+             next_step: str = "", sender: str | None = None) -> list[int]:
+    """Mail the result to the agent's parent and, if it still runs, the agent. Returns the new ids.
+
+    ``sender`` signs it (an agent merging through its endpoint); default: the environment's agent, else the operator.
+    """
     from overstory.store import mail
     from overstory.store.db import write_transaction
 
@@ -76,7 +79,7 @@ def announce(conn: sqlite3.Connection, root: Path, agent: sessions.Session | Non
     recipients = [agent.parent or "operator"]
     if not agent.is_terminal and agent.name not in recipients:
         recipients.append(agent.name)
-    sender = os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
+    sender = sender or os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
     with write_transaction(conn):
         ids = [mid for mid in (mail.insert_message(conn, sender=sender, recipient=to, type=mail_type, priority="high",
                                                    subject=subject, body=body, payload=payload,

@@ -148,7 +148,7 @@ def effective_tier_max(config: Config, requested: int | None) -> int:
 def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, agent_name: str | None = None,
               branch: str | None = None, into: str | None = None, dry_run: bool = False,
               tier_max: int | None = None, queue_id: int | None = None, force: bool = False,
-              on_lock_wait: t.Callable[[int | None], None] | None = None) -> MergeReport:
+              on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None) -> MergeReport:
     agent = None
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
@@ -178,7 +178,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
         merge_intents.settle_all(project, conn)  # an earlier run of ours that was killed: finish or undo it first
     unmerged = unmerged_commits(project.root, branch, target)
     if not unmerged:
-        return _nothing_new(project, conn, agent, report, queue_id)
+        return _nothing_new(project, conn, agent, report, queue_id, sender)
     if dry_run:
         return _predict(project, config, report, levels, unmerged, label)
     resolver = _resolver(config, levels)
@@ -208,7 +208,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
         report.next_step = _next_step(project, config, report, levels, label, needs)
     announce(conn, project.root, agent, merged=report.merged, branch=branch, target=target, source_commit=source_sha,
              reason=report.reason, tier=report.tier, commit=report.commit, commits=report.commits,
-             conflicts=report.conflicts, target_before=target_sha, next_step=report.next_step)
+             conflicts=report.conflicts, target_before=target_sha, next_step=report.next_step, sender=sender)
     if queue_id is not None:
         merge_queue.settle(conn, queue_id, merged=report.merged, tier=report.tier, result=report.reason)
     intents.end_merge(conn, intent_id)
@@ -216,7 +216,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
 
 
 def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session | None,
-                 report: MergeReport, queue_id: int | None) -> MergeReport:
+                 report: MergeReport, queue_id: int | None, sender: str | None = None) -> MergeReport:
     """The target already has every commit of the branch: nothing to merge, or merged already."""
     own = agent_commits(project.root, agent) if agent is not None else []
     if not own:
@@ -236,7 +236,8 @@ def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: session
     if not report.dry_run:
         # Merged by another run, by hand, or by a run killed before it reported: report it once.
         announce(conn, project.root, agent, merged=True, branch=report.branch, target=report.target,
-                 source_commit=source, reason=report.reason, tier=report.tier, commit=report.commit, commits=own)
+                 source_commit=source, reason=report.reason, tier=report.tier, commit=report.commit, commits=own,
+                 sender=sender)
         if queue_id is not None:
             merge_queue.settle(conn, queue_id, merged=True, tier=report.tier, result=report.reason)
     return report

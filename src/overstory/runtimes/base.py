@@ -9,10 +9,16 @@ A runtime answers five questions:
 - how to read its stdout: ``new_parser`` turns one line into ov's own events
   (``ParsedEvent``) and, at the end, says whether the turn succeeded, what it cost
   and, if it failed, which kind of failure it was (``TurnFailure``);
-- which files carry an agent's instructions and guard hooks (``instructions_file``,
-  ``hook_settings``), or None where the runtime has no hooks; a runtime that reads them
-  from an ov-owned home of its own (``state_dir``) writes them there (``state_files``),
-  and starts from a cleaned environment (``inherited_env``, ``turn_env``);
+- which settings make it call ov's guard hooks (``hook_settings``), or None where the
+  runtime has no hooks. ov keeps them, and the agent's instructions, in the agent's run
+  dir (``.overstory/run/<agent>/``), out of the agent's reach, and hands both to the
+  runtime on every command line; a runtime that reads them from an ov-owned home of its
+  own (``state_dir``) has ov write them there (``state_files``) at sling, and sees them
+  read-only in its sandbox;
+- where it keeps one agent's state (``state_dir``, writable inside the sandbox), how to
+  seed it before a turn (``prepare_state``), which temp-dir variables it reads
+  (``tmp_env_vars``), and what of ov's environment a turn starts from (``inherited_env``,
+  ``turn_env``);
 - how to run its interactive TUI in tmux (``tui``), or None;
 - whether it is installed and has credentials (``probe``, for ``ov doctor``).
 
@@ -141,12 +147,15 @@ class TurnRequest:
 
     model: str | None
     resume_session_id: str | None
-    run_dir: Path              # .overstory/run/<agent>/: root-agent instructions, runtime state
-    at_project_root: bool      # no worktree (the coordinator): instructions and hooks come from run_dir
+    run_dir: Path              # .overstory/run/<agent>/: ov's instructions and hook settings, runtime state
+    at_project_root: bool = False  # no worktree (the coordinator)
     scenario: Path | None = None
     # What ``provider_env`` returned for this turn's provider (empty without one): a runtime whose CLI
     # takes the endpoint on its command line, not from the environment, reads it here.
     provider_env: t.Mapping[str, str] = field(default_factory=dict)
+    # ov runs this turn inside its own bubblewrap sandbox (README "Security"): a runtime with a sandbox of its
+    # own turns it off (it could not nest one inside, and ov's already is the boundary).
+    sandboxed: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,9 +207,8 @@ class Tui(abc.ABC):
 
     @abc.abstractmethod
     def command(self, config: Config, model: str | None, *, hook_settings: dict[str, t.Any] | None,
-                instructions: str | None) -> list[str]:
-        """The TUI's command line. ``hook_settings``/``instructions`` are given for an agent at the project
-        root (it has no worktree files to read them from)."""
+                instructions_file: Path | None) -> list[str]:
+        """The TUI's command line, with ov's hook settings and the instructions file (in the run dir)."""
 
     @abc.abstractmethod
     def read_screen(self, text: str) -> Screen:
@@ -235,16 +243,19 @@ class Runtime(abc.ABC):
     """One program behind an agent. Instances are stateless; take them from the registry."""
 
     name: t.ClassVar[str]
-    # Where the agent's instructions go inside its worktree, and (None: no hooks) its hook settings.
+    # A copy of the instructions inside the worktree, for humans only: the runtime never reads it.
     instructions_file: t.ClassVar[str]
-    hook_settings_file: t.ClassVar[str | None] = None
+    # ov's own files in the agent's run dir (.overstory/run/<agent>/), read-only inside the sandbox:
+    # the instructions and (where the runtime has hooks) the hook settings, passed on every command line.
+    run_instructions_file: t.ClassVar[str] = "instructions.md"
+    run_settings_file: t.ClassVar[str] = "settings.json"
+    # Environment variables naming a temp dir the runtime writes; inside the sandbox each points into
+    # the sandbox's private /tmp instead (a host path there would be read-only or shared).
+    tmp_env_vars: t.ClassVar[tuple[str, ...]] = ()
     # Which tool-call hooks call ov: "pre" (``ov guard`` before each call, which also writes the
     # tool-call ledger's row) and "post" (``ov guard --post``, the call's result). Without "pre",
     # the turn runner fills the ledger from the stream's tool_start/tool_end events instead.
     tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
-    # For an agent at the project root: file names inside its run dir.
-    root_instructions_file: t.ClassVar[str] = "instructions.md"
-    root_settings_file: t.ClassVar[str] = "settings.json"
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()
@@ -282,14 +293,20 @@ class Runtime(abc.ABC):
         return {}
 
     def state_dir(self, run_dir: Path) -> Path | None:
-        """Where the runtime keeps this agent's own state and config (CODEX_HOME...), under its run dir;
-        None when it keeps them where it always does."""
+        """Where the runtime keeps this agent's own state and config (CLAUDE_CONFIG_DIR, CODEX_HOME...), under
+        its run dir: besides the worktree and /tmp, the only place it may write inside the sandbox. None when
+        it keeps them where it always does."""
         return None
+
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
+        """Create (and seed) the state dir before a turn, outside the sandbox; ``cwd`` is where the agent works."""
+        state_dir.mkdir(parents=True, exist_ok=True)
 
     def state_files(self, setup: AgentSetup) -> dict[str, str] | None:
         """Files ``ov sling`` writes into ``state_dir`` ({relative path: text}): the agent's instructions and
-        the config that makes the runtime call ``ov guard``. None: the instructions and hook settings go into
-        the worktree (``instructions_file``, ``hook_settings_file``) or, at the project root, the run dir."""
+        the config that makes the runtime call ``ov guard`` (read-only inside the sandbox). None: ov writes
+        them into the run dir (``run_instructions_file``, ``run_settings_file``) and passes them on the
+        command line."""
         return None
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:

@@ -18,17 +18,21 @@ from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases
 if TYPE_CHECKING:
     import typing as t
-    from pathlib import Path
 
     from overstory.store.migrations import Migration
 
 BUSY_TIMEOUT_MS = 10_000
 
 
-def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration]) -> sqlite3.Connection:
-    """Open ``path`` with the project's pragmas and bring its schema up to date."""
+def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration], *,
+            shared: bool = False) -> sqlite3.Connection:
+    """Open ``path`` with the project's pragmas and bring its schema up to date.
+
+    ``shared``: the connection may be handed from thread to thread (one at a time), e.g. by a pool.
+    """
     try:
-        conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=not shared)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc
     conn.row_factory = sqlite3.Row
@@ -136,9 +140,9 @@ def _file_of(conn: sqlite3.Connection) -> str:
     return "ov's database"
 
 
-def open_state(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    return connect(path, STATE_MIGRATIONS)
+def open_state(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:
+    return connect(path, STATE_MIGRATIONS, shared=shared)
 
 
-def open_events(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    return connect(path, EVENTS_MIGRATIONS)
+def open_events(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:
+    return connect(path, EVENTS_MIGRATIONS, shared=shared)

@@ -241,8 +241,8 @@ def tell_parent_stopped(tx: sqlite3.Connection, agent: Session, reason: str, pre
 
     return mail.insert_message(
         tx, sender=agent.name, recipient=agent.parent or "operator", type="status", priority="high",
-        subject=f"{agent.name} stopped by the operator",
-        body=f"Agent {agent.name} (task {agent.task_id}) was stopped by the operator ({reason}); it will not "
+        subject=f"{agent.name} {reason.removesuffix(' (--force)')}",
+        body=f"Agent {agent.name} (task {agent.task_id}) was {reason}; it will not "
              f"report. Its branch {agent.branch or '-'} keeps whatever it committed.",
         payload={"kind": "stopped", "agent": agent.name, "task_id": agent.task_id, "branch": agent.branch,
                  "reason": reason, "previous_state": previous_state, "generation": agent.generation},

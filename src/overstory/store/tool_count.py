@@ -1,8 +1,8 @@
 """Counting one tool call against the agent's and its run's ``max_tool_calls`` (`ov guard`).
 
 This is the guard's only database write, kept in one small function so that it can
-be routed elsewhere (an agent in a sandbox with a read-only ``.overstory/`` will ask
-ov's endpoint instead). The allowed path is one UPDATE: it counts the call only while
+be routed elsewhere: inside an agent's turn (a sandbox with a read-only ``.overstory/``)
+the guard asks the agent's endpoint, which runs this same function outside. The allowed path is one UPDATE: it counts the call only while
 neither the agent nor its run has reached its limit, and a trigger adds it to the
 run's row (migration m005). A refusal, the rare path, is counted in
 ``refused_tool_calls``, which tells the turn runner to stop the turn and park.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from overstory.errors import RuntimeNotAvailable
 from overstory.runtimes.base import Runtime, RuntimeProbe, Tui, TurnParser, TurnRequest, find_program
+from overstory.runtimes.claude.tui import SETTING_SOURCES_FLAGS
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
@@ -27,17 +28,67 @@ INSTALL_HINT = "npm install -g @anthropic-ai/claude-code (or set runtime.claude_
 MIN_VERSION = (2, 1, 295)
 
 
-def root_agent_flags(run_dir: Path, instructions_file: str, settings_file: str) -> list[str]:
-    """``--append-system-prompt TEXT --settings FILE`` for an agent working at the project root,
-    whose instructions and hooks live in its run dir instead of the user's own ``.claude/``."""
+STATE_DIR_NAME = "claude"  # CLAUDE_CONFIG_DIR of one agent, under its run dir
+# Keys of the user's own .claude.json an agent's config dir needs to start without questions:
+# onboarding done, the API key approved, the account of a login.
+SEEDED_KEYS = ("hasCompletedOnboarding", "lastOnboardingVersion", "customApiKeyResponses", "oauthAccount",
+               "userID", "theme")
+
+
+def agent_flags(run_dir: Path, instructions_file: str, settings_file: str) -> list[str]:
+    """``--settings FILE --setting-sources "" --strict-mcp-config --append-system-prompt-file FILE``.
+
+    Both files live in the agent's run dir (ov's, read-only inside the sandbox), so nothing the
+    agent writes in its worktree or config dir can replace or weaken them.
+    """
     flags: list[str] = []
-    instructions = run_dir / instructions_file
-    if instructions.is_file():
-        flags += ["--append-system-prompt", instructions.read_text(encoding="utf-8")]
     settings = run_dir / settings_file
     if settings.is_file():
         flags += ["--settings", str(settings)]
+    flags += SETTING_SOURCES_FLAGS
+    instructions = run_dir / instructions_file
+    if instructions.is_file():
+        flags += ["--append-system-prompt-file", str(instructions)]
     return flags
+
+
+def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
+    """Give an agent's own CLAUDE_CONFIG_DIR what it needs from the user's: the login and the
+    answers to first-run questions. Nothing else is copied (no settings, no MCP servers). The
+    directory it works in is marked trusted: ov created it (or it is the project the user slung
+    the agent in)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    source_dir = Path(environ["CLAUDE_CONFIG_DIR"]) if environ.get("CLAUDE_CONFIG_DIR") else None
+    home = Path(environ.get("HOME") or Path.home())
+    if source_dir is not None and source_dir.resolve() == state_dir.resolve():
+        return
+    credentials = (source_dir or home / ".claude") / ".credentials.json"
+    target = state_dir / ".credentials.json"
+    try:
+        if credentials.is_file() and (not target.exists() or credentials.stat().st_mtime > target.stat().st_mtime):
+            data = credentials.read_bytes()
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+    except OSError:
+        pass  # no login to copy: an API key in the environment still works
+    source_json = source_dir / ".claude.json" if source_dir is not None else home / ".claude.json"
+    try:
+        source = json.loads(source_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        source = {}
+    own_json = state_dir / ".claude.json"
+    try:
+        own = json.loads(own_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        own = {}
+    wanted = {key: source[key] for key in SEEDED_KEYS if isinstance(source, dict) and key in source}
+    projects = own.get("projects") if isinstance(own.get("projects"), dict) else {}
+    project = projects.get(str(cwd)) if isinstance(projects.get(str(cwd)), dict) else {}
+    if any(own.get(key) != value for key, value in wanted.items()) or not project.get("hasTrustDialogAccepted"):
+        own.update(wanted)
+        own["projects"] = {**projects, str(cwd): {**project, "hasTrustDialogAccepted": True}}
+        own_json.write_text(json.dumps(own, indent=2), encoding="utf-8")
 
 
 def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]:
@@ -78,9 +129,9 @@ class ClaudeRuntime(Runtime):
     name = "claude"
     tool_hooks = frozenset({"pre", "post"})
     instructions_file = ".claude/CLAUDE.md"
-    hook_settings_file = ".claude/settings.local.json"
-    root_instructions_file = "CLAUDE.md"
-    root_settings_file = "settings.json"
+    run_instructions_file = "CLAUDE.md"
+    run_settings_file = "settings.json"
+    tmp_env_vars = ("CLAUDE_CODE_TMPDIR",)
     protocols = ("anthropic",)
     credential_vars = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 
@@ -100,9 +151,7 @@ class ClaudeRuntime(Runtime):
             flags += ["--model", request.model]
         if request.resume_session_id:
             flags += ["--resume", request.resume_session_id]
-        if request.at_project_root:
-            flags += root_agent_flags(request.run_dir, self.root_instructions_file, self.root_settings_file)
-        return flags
+        return flags + agent_flags(request.run_dir, self.run_instructions_file, self.run_settings_file)
 
     def stdin_message(self, prompt: str) -> bytes:
         message = {"type": "user", "message": {"role": "user", "content": prompt}}
@@ -117,9 +166,16 @@ class ClaudeRuntime(Runtime):
         return {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": api_key}
 
     def turn_env(self, run_dir: Path) -> dict[str, str]:
+        env = {"CLAUDE_CONFIG_DIR": str(self.state_dir(run_dir))}
         if hasattr(os, "geteuid") and os.geteuid() == 0:
-            return {"IS_SANDBOX": "1"}  # claude refuses bypassPermissions as root otherwise
-        return {}
+            env["IS_SANDBOX"] = "1"  # claude refuses bypassPermissions as root otherwise
+        return env
+
+    def state_dir(self, run_dir: Path) -> Path | None:
+        return run_dir / STATE_DIR_NAME
+
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
+        seed_config_dir(state_dir, environ, cwd)
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         return hook_settings(ov_command, tmux_mode=tmux_mode)

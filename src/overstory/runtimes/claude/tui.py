@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import typing as t
+from pathlib import Path
 
 from overstory.errors import RuntimeNotAvailable
 from overstory.runtimes.base import Blocker, Screen, Tui, find_program
@@ -20,6 +21,11 @@ from overstory.runtimes.base import Blocker, Screen, Tui, find_program
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
+# Passed on every turn, headless and TUI: only ov's --settings counts. Without --setting-sources "",
+# a `disableAllHooks` in any settings file the agent can write (the worktree's .claude/, its config
+# dir) turns ov's hooks off in later turns; "" also stops every CLAUDE.md and .mcp.json
+# (tests/fixtures/CLAUDE_PROBE_NOTES.md, "Claude Code 2.1.330", A).
+SETTING_SOURCES_FLAGS = ["--setting-sources", "", "--strict-mcp-config"]
 MARKETPLACE_VAR = "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL"
 # Passed with --settings: without it `--permission-mode bypassPermissions` stops at a warning dialog.
 TUI_FLAG_SETTINGS = {"skipDangerousModePermissionPrompt": True}
@@ -110,8 +116,10 @@ class ClaudeTui(Tui):
     extra_env: t.ClassVar[dict[str, str]] = {MARKETPLACE_VAR: "1"}
 
     def command(self, config: Config, model: str | None, *, hook_settings: dict[str, t.Any] | None,
-                instructions: str | None) -> list[str]:
-        flags = ["--append-system-prompt", instructions] if instructions else []
+                instructions_file: Path | None) -> list[str]:
+        flags = list(SETTING_SOURCES_FLAGS)
+        if instructions_file is not None and instructions_file.is_file():
+            flags += ["--append-system-prompt-file", str(instructions_file)]
         return tui_command(config.runtime.claude_bin, model, settings=hook_settings, extra_flags=flags)
 
     def read_screen(self, text: str) -> Screen:

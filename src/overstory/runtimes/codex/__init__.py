@@ -50,6 +50,10 @@ class CodexRuntime(Runtime):
 
     def headless_command(self, request: TurnRequest, config: Config) -> list[str]:
         argv = [*self.program(config), *EXEC_FLAGS]
+        if request.sandboxed:
+            # Inside ov's sandbox codex's own (bubblewrap) cannot start (no user namespace without capabilities):
+            # every command would fail. ov's sandbox takes its place.
+            argv.append("--dangerously-bypass-approvals-and-sandbox")
         if request.model:
             argv += ["-m", request.model]
         base_url = request.provider_env.get(BASE_URL_ENV)

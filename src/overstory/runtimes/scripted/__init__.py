@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import typing as t
+from pathlib import Path
 
 from overstory.runtimes.base import RuntimeProbe, Tui, TurnRequest
 from overstory.runtimes.claude import ClaudeRuntime
@@ -19,6 +20,7 @@ if t.TYPE_CHECKING:
 
 class ScriptedRuntime(ClaudeRuntime):
     name = "scripted"
+    tmp_env_vars = ()
 
     def program(self, config: Config) -> list[str]:
         return [sys.executable, "-m", "overstory.runtimes.scripted"]
@@ -27,7 +29,16 @@ class ScriptedRuntime(ClaudeRuntime):
         argv = [*self.program(config), *self._flags(request)]
         if request.scenario is not None:
             argv += ["--scenario", str(request.scenario)]
-        return [*argv, "--state-dir", str(request.run_dir / "scripted")]
+        return [*argv, "--state-dir", str(self.state_dir(request.run_dir))]
+
+    def turn_env(self, run_dir: Path) -> dict[str, str]:
+        return {}
+
+    def state_dir(self, run_dir: Path) -> Path | None:
+        return run_dir / "scripted"
+
+    def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
 
     @property
     def tui(self) -> Tui | None:

@@ -21,7 +21,9 @@ Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more 
 ``iterations[N-1]`` as the first turn of iteration N's fresh session.
 Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
 usage (see ``_Turn.perform``). Any action may carry ``"once": PATH``: it is played only
-while PATH does not exist, and creates it (so a retried or resumed turn skips it).
+while PATH does not exist, and creates it (so a retried or resumed turn skips it); a
+relative PATH is in the agent's state dir (an absolute one under /tmp would be private
+to one turn inside ov's sandbox).
 Strings may hold ``${VAR}`` placeholders filled from the environment. Stdlib only: this
 process starts once per turn.
 """
@@ -144,6 +146,7 @@ class Session:
     def __init__(self, state_dir: Path, cwd: str, session_id: str) -> None:
         self.id = session_id
         self.cwd = cwd
+        self.state_dir = state_dir
         self.path = state_dir / "projects" / re.sub(r"[^A-Za-z0-9]", "-", cwd) / f"{session_id}.jsonl"
 
     def exists(self) -> bool:
@@ -182,15 +185,20 @@ def _matches(matcher: str | None, tool_name: str) -> bool:
 
 
 class Hooks:
-    """Hook commands from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``."""
+    """Hook commands from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``.
 
-    def __init__(self, cwd: str, settings_arg: str | None) -> None:
+    Like claude, ``--setting-sources`` (comma-separated ``project``/``local``; ``""`` for none)
+    limits which of the worktree's files count; ``--settings`` always does.
+    """
+
+    def __init__(self, cwd: str, settings_arg: str | None, setting_sources: str | None = None) -> None:
         self.cwd = cwd
         self.by_event: dict[str, list[dict[str, t.Any]]] = {}
         sources: list[str] = []
-        for name in ("settings.json", "settings.local.json"):
+        allowed = None if setting_sources is None else {s.strip() for s in setting_sources.split(",")}
+        for source, name in (("project", "settings.json"), ("local", "settings.local.json")):
             path = Path(cwd, ".claude", name)
-            if path.is_file():
+            if (allowed is None or source in allowed) and path.is_file():
                 sources.append(path.read_text())
         if settings_arg and settings_arg.lstrip().startswith("{"):
             sources.append(settings_arg)
@@ -429,9 +437,13 @@ class _Turn:
             action = expand(action)
             once = action.pop("once", None) if isinstance(action, dict) else None
             if once:
-                if Path(once).exists():
+                # A relative PATH is in the agent's state dir: kept across its turns, and writable inside
+                # ov's sandbox, where /tmp is private to each turn.
+                marker = self.session.state_dir / once
+                if marker.exists():
                     continue
-                Path(once).touch()
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
             if "usage" in action:
                 spec = action["usage"]
                 tokens = usage(int(spec.get("input_tokens", 0)), int(spec.get("output_tokens", 0)))
@@ -491,9 +503,11 @@ class _Turn:
 
 def _parse_args(argv: list[str]) -> dict[str, str | None]:
     """The options we use; every other claude flag is accepted and ignored."""
-    wanted = {"--model": None, "--resume": None, "--scenario": None, "--state-dir": None, "--settings": None}
+    wanted = {"--model": None, "--resume": None, "--scenario": None, "--state-dir": None, "--settings": None,
+              "--setting-sources": None}
     taking_value = {"--output-format", "--input-format", "--permission-mode", "--append-system-prompt",
-                     "--system-prompt", "--max-turns", "--allowedTools", "--disallowedTools", "--session-id"}
+                     "--append-system-prompt-file", "--system-prompt", "--max-turns", "--allowedTools",
+                     "--disallowedTools", "--session-id"}
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -538,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr)
         _error_result(session.id, message)
         return 1
-    hooks = Hooks(cwd, options["--settings"])
+    hooks = Hooks(cwd, options["--settings"], options["--setting-sources"])
 
     failed = False
     for line in sys.stdin:

@@ -1,0 +1,291 @@
+"""What an agent may ask of ov through its endpoint, each checked against who it is.
+
+Every route calls the same core function its CLI command calls (``store.mail``,
+``agents.spawn``, ``agents.stop``, ``merge.queue``, ``status``), with the caller's identity
+taken from its row, never from the request:
+
+- mail: the sender is always the caller (``--from`` another name is refused); reading and
+  checking mail is for the caller's own mailbox;
+- ``status``: read-only, for everyone;
+- ``tool_call``: `ov guard` counting the caller's own tool call against its budget;
+- ``ledger.pre``/``ledger.post``: `ov guard` (and ``--post``) writing the caller's own tool-call
+  ledger rows, with its current turn's dispatch and policy;
+- ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
+- ``stop``: only the caller's own descendants;
+- ``merge``: the coordinator (its role merges what its builders finish) and mergers; only
+  branches of agents below the coordinator, or below a merger's parent (and the merger's own),
+  and only into the caller's own base branch; ``--all`` (the whole project's queue) is the
+  operator's.
+
+Heavy modules (spawn, merge) are imported inside the routes, so the loop that serves
+them starts light.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from overstory.endpoint.server import Caller, Route
+from overstory.errors import NotPermitted, UsageError
+from overstory.store import mail
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+    from overstory.store.sessions import Session
+
+
+def _config(caller: Caller) -> Config:
+    """The configuration the agent's loop runs with (its snapshot, no pydantic); read the same way without one."""
+    if caller.config is not None:
+        return caller.config
+    from overstory import config_snapshot
+
+    try:  # as agents.loop.load_loop_config does (importing it from here would close an import circle)
+        return config_snapshot.read(config_snapshot.snapshot_path(caller.project.run_dir / caller.name))
+    except (OSError, ValueError, KeyError, TypeError):
+        from overstory.config import load_config
+
+        return load_config(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
+
+
+def _sender(caller: Caller, args: dict[str, t.Any]) -> str:
+    claimed = args.get("from")
+    if claimed not in (None, "", caller.name):
+        raise NotPermitted(f"{caller.name} cannot send mail as {claimed!r}: an agent's mail always comes from itself")
+    return caller.name
+
+
+def _message(message: mail.Message) -> dict[str, t.Any]:
+    return message.as_dict()
+
+
+def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov mail send`, idempotent per dispatch of the caller's current turn (``agents.outbox``)."""
+    from overstory.agents.outbox import send_once
+
+    ids, recipients = send_once(caller.conn, caller.environ(), lambda: caller.project, sender=_sender(caller, args),
+                                to=args.get("to"), subject=str(args.get("subject") or ""),
+                                body=str(args.get("body") or ""), type_=str(args.get("type") or "status"),
+                                priority=str(args.get("priority") or "normal"), payload=args.get("payload"),
+                                reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
+                                events=caller.events)
+    return {"ids": ids, "to": [recipients[i] for i in ids]}
+
+
+def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    who = args.get("agent") or caller.name
+    if who != caller.name:
+        raise NotPermitted(f"{caller.name} may check only its own mail, not {who}'s")
+    return [_message(m) for m in mail.unread(caller.conn, caller.name, peek=bool(args.get("peek")))]
+
+
+def mail_list(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    limit = int(args.get("limit") or 50)
+    messages = mail.list_messages(caller.conn, to=args.get("to"), sender=args.get("from"), type=args.get("type"),
+                                  unread=bool(args.get("unread")), thread=args.get("thread"),
+                                  since_ms=args.get("since_ms"), limit=max(1, limit))
+    return [_message(m) for m in messages]
+
+
+def mail_read(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    return _message(mail.read_message(caller.conn, int(args["id"]), reader=caller.name))
+
+
+def mail_reply(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.outbox import reply_once
+
+    new_id, recipient = reply_once(caller.conn, caller.environ(), int(args["id"]), sender=_sender(caller, args),
+                                   body=str(args.get("body") or ""), events=caller.events)
+    return {"id": new_id, "reply_to": int(args["id"]), "to": recipient}
+
+
+def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.nudge import nudge as send_nudge
+
+    result = send_nudge(caller.project, caller.conn, str(args["agent"]), args.get("message"), sender=caller.name)
+    return {"ids": result.ids, "tmux_delivery": result.tmux_delivery}
+
+
+def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory import status as core
+
+    return core.collect(caller.conn, include_completed=bool(args.get("all")))
+
+
+def sling(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.spawn import SLINGING_CAPABILITIES, SlingRequest
+    from overstory.agents.spawn import sling as do_sling
+
+    if caller.agent.capability not in SLINGING_CAPABILITIES:
+        raise NotPermitted(f"{caller.name} is a {caller.agent.capability}: only coordinator and lead agents may "
+                           "sling; ask your parent with `ov mail send --type question` instead")
+    request = SlingRequest(capability=str(args["capability"]), task_id=str(args["task_id"]), name=args.get("name"),
+                           prompt=args.get("prompt"), files=list(args.get("files") or []), parent=args.get("parent"),
+                           runtime=args.get("runtime"), model=args.get("model"), base_branch=args.get("base_branch"),
+                           scenario_text=args.get("scenario_text"), tmux=args.get("tmux"),
+                           budget=_budget(args.get("budget")),
+                           approve=tuple(str(p) for p in args.get("approve") or ()))
+    return do_sling(caller.project, _config(caller), caller.conn, request, caller.environ()).as_dict()
+
+
+BUDGET_KEYS = frozenset({"max_usd", "max_turns", "max_tool_calls", "max_wallclock"})
+
+
+def _budget(requested: t.Any) -> dict[str, t.Any] | None:
+    """A child's limits as the CLI would have parsed them (the core clamps them to the run's)."""
+    if requested is None:
+        return None
+    if not isinstance(requested, dict) or not set(requested) <= BUDGET_KEYS:
+        raise UsageError(f"budget: expected an object with keys {', '.join(sorted(BUDGET_KEYS))}")
+    for key, value in requested.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise UsageError(f"budget: {key} must be a number >= 0")
+    return dict(requested)
+
+
+def _descendant(caller: Caller, name: str) -> Session:
+    from overstory.agents.hierarchy import is_descendant
+    from overstory.errors import AgentNotFound
+    from overstory.store import sessions
+
+    target = sessions.get(caller.conn, name)
+    if target is None:
+        raise AgentNotFound(f"no agent named {name!r}")
+    if name == caller.name or not is_descendant(caller.conn, name, caller.name):
+        raise NotPermitted(f"{caller.name} may only stop its own descendants; {name} is not one of them")
+    return target
+
+
+def stop(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.agents.stop import stop_agent
+
+    target = _descendant(caller, str(args["agent"]))
+    config = _config(caller)
+    result = stop_agent(caller.project, caller.conn, target.name, force=bool(args.get("force")),
+                        clean=bool(args.get("clean")), kill_grace=config.turns.kill_grace,
+                        fallback_base=config.project.canonical_branch, actor=caller.name)
+    return result.as_dict()
+
+
+MERGING_CAPABILITIES = frozenset({"coordinator", "merger"})
+
+
+def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> str:
+    """The agent whose branch the caller may merge: for a coordinator one below it; for a merger its
+    own, or one below its parent (the agent that asked for the merge)."""
+    from overstory.agents.hierarchy import is_descendant
+    from overstory.store import sessions
+
+    me = caller.agent
+    if agent_name is None and branch is not None:
+        row = caller.conn.execute("SELECT name FROM sessions WHERE branch = ? ORDER BY generation DESC",
+                                  (branch,)).fetchone()
+        if row is None:
+            raise NotPermitted(f"{me.name} may merge only agents' branches; {branch} belongs to no agent")
+        agent_name = row["name"]
+    assert agent_name is not None
+    target = sessions.get(caller.conn, agent_name)
+    if target is None:
+        raise NotPermitted(f"{me.name} may merge only agents' branches; there is no agent {agent_name!r}")
+    owner = me.name if me.capability == "coordinator" else me.parent
+    own = target.name == me.name and me.capability == "merger"
+    if not own and not (owner == "operator" or is_descendant(caller.conn, target.name, owner)):
+        raise NotPermitted(f"{me.name} may merge only branches of agents under {owner}"
+                           f"{' (and its own)' if me.capability == 'merger' else ''}; {target.name} is not one of them")
+    return target.name
+
+
+def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    from overstory.merge.queue import merge_one, target_for
+    from overstory.store import sessions
+
+    me = caller.agent
+    if me.capability not in MERGING_CAPABILITIES:
+        raise NotPermitted(f"{me.name} is a {me.capability}: only the coordinator and merger agents may run "
+                           "`ov merge`; report merge_ready to your parent instead")
+    if args.get("all"):
+        raise NotPermitted("`ov merge --all` works through the whole project's queue: only the operator runs it")
+    if bool(args.get("agent")) == bool(args.get("branch")):
+        raise UsageError("name exactly one of: an AGENT or --branch B")
+    name = _mergeable(caller, args.get("agent"), args.get("branch"))
+    config = _config(caller)
+    target = target_for(sessions.get(caller.conn, name), config, args.get("into"))
+    if target != me.base_branch:
+        raise NotPermitted(f"{me.name} may merge only into its own base branch {me.base_branch!r}, not {target!r}")
+    report = merge_one(caller.project, config, caller.conn, agent_name=name, into=target,
+                       dry_run=bool(args.get("dry_run")), tier_max=args.get("tier_max"), force=bool(args.get("force")),
+                       sender=me.name)
+    return report.as_dict()
+
+
+def tool_call(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard` counts an allowed tool call against the caller's (and its run's) max_tool_calls.
+
+    The guard runs inside the sandbox, where state.db is read-only; the count is the same
+    statement the guard runs on the database outside one (``store.tool_count``).
+    """
+    from overstory.store.tool_count import count_tool_call
+
+    return {"deny": count_tool_call(str(caller.project.state_db), caller.name, caller.agent.generation)}
+
+
+tool_call.takes_back = False  # type: ignore[attr-defined]  # every tool call: no git work here
+
+
+def _ledger_context(caller: Caller) -> t.Any:
+    from overstory.agents.ledger import LedgerContext
+
+    ctx = LedgerContext.from_env(caller.environ())  # the current turn's dispatch and policy, as ov set them
+    assert ctx is not None  # environ() always names the caller
+    return ctx
+
+
+def ledger_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard` in a sandbox: the tool call's ledger row, after the guard decided (``agents.ledger.record_pre``).
+
+    Returns the final decision (a replay of an earlier attempt's side effect is denied). The
+    row is the caller's own; a forged request can only write its own ledger.
+    """
+    from overstory.agents.ledger import record_pre
+    from overstory.guards.policy import Decision
+
+    hook_input = args.get("hook_input")
+    if not isinstance(hook_input, dict):
+        raise UsageError("ledger.pre: hook_input must be the tool call's JSON object")
+    decision = Decision(bool(args.get("allow")), str(args.get("reason") or ""))
+    final = record_pre(caller.conn, hook_input, decision, _ledger_context(caller), events=caller.events)
+    return {"allow": final.allow, "reason": final.reason}
+
+
+def ledger_post(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard --post` in a sandbox: the call's receipt (``agents.ledger.record_post``)."""
+    import json
+
+    from overstory.agents.ledger import record_post
+
+    hook_input = args.get("hook_input")
+    data = json.loads(hook_input) if isinstance(hook_input, str) else hook_input
+    if not isinstance(data, dict):
+        raise UsageError("ledger.post: hook_input must be the hook's JSON object")
+    return {"row": record_post(caller.conn, data, _ledger_context(caller))}
+
+
+ledger_pre.takes_back = False  # type: ignore[attr-defined]
+ledger_post.takes_back = False  # type: ignore[attr-defined]
+
+
+ROUTES: dict[str, Route] = {
+    "mail.send": mail_send,
+    "mail.check": mail_check,
+    "mail.list": mail_list,
+    "mail.read": mail_read,
+    "mail.reply": mail_reply,
+    "nudge": nudge,
+    "status": status,
+    "sling": sling,
+    "stop": stop,
+    "merge": merge,
+    "tool_call": tool_call,
+    "ledger.pre": ledger_pre,
+    "ledger.post": ledger_post,
+}
