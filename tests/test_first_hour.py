@@ -158,7 +158,8 @@ def test_the_readme_scenario_example_plays_as_documented(project: ProjectPaths, 
     from conftest import REPO_ROOT
 
     readme = (REPO_ROOT / "README.md").read_text()
-    [example] = re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+    # The scenario example (the README's other YAML block is an `ov loop` spec).
+    [example] = [b for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S) if b.startswith("agents:")]
     plan = tmp_path / "plan.yaml"
     plan.write_text(example)
     result = run_ov("sling", "builder", "docs", "--runtime", "scripted", "--scenario", str(plan), "--prompt", "x",

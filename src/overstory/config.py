@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from overstory.config_default import DEFAULT_CONFIG_YAML  # noqa: F401 - re-exported: `ov init` writes it
-from overstory.config_snapshot import DEFAULT_MODELS, network_for, runtime_for  # shared with the loop's snapshot (no pydantic)
+from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
 
@@ -154,10 +154,6 @@ class SandboxSection(_Section):
         if relative:
             raise ValueError(f"paths must be absolute: {', '.join(relative)}")
         return value
-
-    def network_for(self, capability: str) -> bool:
-        """Whether an agent of ``capability`` shares the host's network."""
-        return network_for(self, capability)
 
 
 class LoopSection(_Section):
