@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from overstory.config_approvals import ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
 from overstory.config_default import DEFAULT_CONFIG_YAML  # noqa: F401 - re-exported: `ov init` writes it
-from overstory.config_snapshot import DEFAULT_MODELS, network_for, runtime_for  # shared with the loop's snapshot
+from overstory.config_snapshot import DEFAULT_MODELS, runtime_for  # shared with the loop's snapshot (no pydantic)
 from overstory.errors import ConfigError
 
 
@@ -155,10 +155,6 @@ class SandboxSection(_Section):
         if relative:
             raise ValueError(f"paths must be absolute: {', '.join(relative)}")
         return value
-
-    def network_for(self, capability: str) -> bool:
-        """Whether an agent of ``capability`` shares the host's network."""
-        return network_for(self, capability)
 
 
 class LoopSection(_Section):

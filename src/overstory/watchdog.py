@@ -582,7 +582,7 @@ class Watchdog:
 
 
 def _spawn_loop(project: ProjectPaths, agent: str, generation: int) -> tuple[int, int | None]:
-    from overstory.agents.process import spawn_loop
+    from overstory.agents.loop import spawn_loop  # (re-exported there from agents.process)
     from overstory.agents.process import load_launch_env
     from overstory.config import write_agent_snapshot
 

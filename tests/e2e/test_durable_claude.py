@@ -41,9 +41,17 @@ def once(marker: Path, then: str) -> str:
     return f"test -e {marker} || {{ touch {marker}; {then}; }}"
 
 
+def shared(tmp_path: Path) -> Path:
+    """The remote and the markers: bound writable into the agent's sandbox (its /tmp is its own)."""
+    path = tmp_path / "shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def start(project, tmp_path, api, task: str) -> tuple[str, dict[str, str]]:
     local = project.local_config_file
-    local.write_text("guards:\n  push_remotes: [origin]\nturns:\n  retry_backoff: 0.2\n  kill_grace: 1\n")
+    local.write_text("guards:\n  push_remotes: [origin]\nturns:\n  retry_backoff: 0.2\n  kill_grace: 1\n"
+                     f"sandbox:\n  writable: [{json.dumps(str(shared(tmp_path)))}]\n")
     env = claude_env(api.base_url, tmp_path, extra={"OV_RUNTIME_CLAUDE_BIN": CLAUDE_BIN or "claude"})
     result = run_ov("sling", "builder", task, "--prompt", f"work on {task}", cwd=project.root, env=env)
     assert result.returncode == 0, result.stderr
@@ -68,8 +76,8 @@ def calls(project, name: str, needle: str) -> list[dict[str, t.Any]]:
 
 @requires_claude
 def test_a_killed_turn_is_retried_without_a_second_push_or_merge_ready(project, tmp_path):
-    log = make_remote(project, tmp_path)
-    marker = tmp_path / "slept"
+    log = make_remote(project, shared(tmp_path))
+    marker = shared(tmp_path) / "slept"
     worktree = project.worktree("builder-push")
     steps: list[Step] = [
         ("Write", {"file_path": str(worktree / "greet.py"), "content": "def greet():\n    return 'hi'\n"}),
@@ -100,8 +108,8 @@ def test_a_killed_turn_is_retried_without_a_second_push_or_merge_ready(project, 
 
 @requires_claude
 def test_a_side_effect_killed_mid_call_is_warned_not_repeated_and_flagged(project, tmp_path):
-    log = make_remote(project, tmp_path)
-    marker = tmp_path / "slept"
+    log = make_remote(project, shared(tmp_path))
+    marker = shared(tmp_path) / "slept"
     worktree = project.worktree("builder-mid")
     push = bash(f"git push origin ov/builder-mid && {once(marker, 'sleep 300')}", "push")
     steps: list[Step] = [
@@ -137,7 +145,7 @@ def test_a_side_effect_killed_mid_call_is_warned_not_repeated_and_flagged(projec
 
 @requires_claude
 def test_a_crash_inside_the_first_turn_resumes_the_same_claude_session(project, tmp_path):
-    marker = tmp_path / "slept"
+    marker = shared(tmp_path) / "slept"
     steps: list[Step] = [
         bash(once(marker, "sleep 300"), "long check"),
         bash("ov mail send --type worker_done --subject done --body finished", "report"),

@@ -70,7 +70,8 @@ class Caller:
             "OVERSTORY_AGENT_NAME": self.agent.name, "OVERSTORY_CAPABILITY": self.agent.capability,
             "OVERSTORY_TASK_ID": self.agent.task_id, "OVERSTORY_BRANCH": self.agent.branch or "",
             "OVERSTORY_PARENT": self.agent.parent, "OVERSTORY_PROJECT_ROOT": str(self.project.root),
-            "OVERSTORY_GENERATION": str(self.agent.generation), "OVERSTORY_WORKTREE": self.agent.worktree or "",
+            "OVERSTORY_GENERATION": str(self.agent.generation),
+            "OVERSTORY_WORKTREE": self.agent.worktree or str(self.project.root),  # as turns.turn_environment
         })
         env.pop(TOKEN_ENV, None)
         env.pop(ENDPOINT_ENV, None)
