@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ov_command, run_ov
-from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, wait_for
+from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, row, wait_for
 from overstory.paths import ProjectPaths
 from overstory.store import checkpoints, ledger, sessions
 from test_watchdog import start_agent, write_local_config
@@ -37,12 +37,6 @@ def durable(project: ProjectPaths, tmp_path: Path) -> t.Iterator[tuple[ProjectPa
     log = make_remote(project, tmp_path)
     yield project, log
     kill_everything(project)
-
-
-def row(conn: t.Any, name: str) -> sessions.Session:
-    found = sessions.get(conn, name)
-    assert found is not None
-    return found
 
 
 def once(marker: Path, then: str) -> str:
