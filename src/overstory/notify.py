@@ -86,6 +86,11 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
     if os.environ.get(FAULT_ENV) == "before_send" and outbox.due(conn):
         os._exit(9)  # crash-safety tests: the rows are committed, nothing was sent
     started = time.monotonic()
+    link = None
+    if project is not None:
+        from overstory.serve_token import running_address
+
+        link = running_address(project)
     for row in outbox.due(conn):
         if time.monotonic() - started > budget_s:
             break
@@ -98,11 +103,14 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         if not outbox.lease(conn, row["id"], row["next_at"], now_ms() + LEASE_MS):
             continue  # another sender (the watchdog, `ov approve`) has it
         delivered = list(json.loads(row["delivered"] or "[]"))
+        body = row["body"] or row["title"]  # apprise sends no empty body
+        if link and row["kind"] == "approval_requested":
+            body += f"\nOr decide on the dashboard: {link}/ (the `ov serve` sign-in link opens it first)"
         errors = []
         for target in config.notify.targets:
             if target in delivered:
                 continue
-            error = send(target, row["title"], row["body"] or row["title"])  # apprise sends no empty body
+            error = send(target, row["title"], body)
             if error is None:
                 delivered.append(target)
             else:
