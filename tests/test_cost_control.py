@@ -133,14 +133,9 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
     started = run_ov("coordinator", "start", "--runtime", "scripted", "--scenario", str(coordinator),
                      "--budget-usd", "2", cwd=project.root)
     assert started.returncode == 0, started.stderr
-    # All three are slung before any spends: a child's limit is capped at what its run has left when
-    # it is slung, and this test is about the run's limit, not a child's own.
-    go = tmp_path / "go"
     for task in ("a", "b", "c"):
-        start(project, tmp_path, [{"actions": [{"bash": f"while [ ! -e {go} ]; do sleep 0.1; done"},
-                                               {"usage": BIG, "once": str(tmp_path / f"once-{task}")},
+        start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(tmp_path / f"once-{task}")},
                                                {"sleep": 30}, REPORT]}], task=task)
-    go.touch()
     names = ["builder-a", "builder-b", "builder-c"]
     for name in names:
         assert settled(project, name).state == "parked"

@@ -86,11 +86,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
     if os.environ.get(FAULT_ENV) == "before_send" and outbox.due(conn):
         os._exit(9)  # crash-safety tests: the rows are committed, nothing was sent
     started = time.monotonic()
-    link = None
-    if project is not None:
-        from overstory.serve_token import running_address
-
-        link = running_address(project)
+    links: list[str | None] = []  # the dashboard's address, looked up when a request is first sent
     for row in outbox.due(conn):
         if time.monotonic() - started > budget_s:
             break
@@ -104,8 +100,13 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
             continue  # another sender (the watchdog, `ov approve`) has it
         delivered = list(json.loads(row["delivered"] or "[]"))
         body = row["body"] or row["title"]  # apprise sends no empty body
-        if link and row["kind"] == "approval_requested":
-            body += f"\nOr decide on the dashboard: {link}/ (the `ov serve` sign-in link opens it first)"
+        if row["kind"] == "approval_requested" and project is not None:
+            if not links:
+                from overstory.serve_token import running_address
+
+                links.append(running_address(project))
+            if links[0]:
+                body += f"\nOr decide on the dashboard: {links[0]}/ (the `ov serve` sign-in link opens it first)"
         errors = []
         for target in config.notify.targets:
             if target in delivered:
