@@ -84,13 +84,16 @@ def kill_everything(project: ProjectPaths) -> int:
 
 def wait_for(predicate: t.Callable[[], t.Any], timeout: float = 60, what: str = "condition",
              interval: float = 0.1) -> t.Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """agent_helpers.wait_for with a longer default and a name for what is awaited."""
+    from agent_helpers import wait_for as wait
+
+    return wait(predicate, timeout, interval, message=what)
+
+
+def row(conn: t.Any, name: str) -> sessions.Session:
+    found = sessions.get(conn, name)
+    assert found is not None
+    return found
 
 
 def git_lines(cwd: Path, *args: str) -> list[str]:

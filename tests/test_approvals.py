@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_ov
-from durable_helpers import kill_everything, make_remote, pushes, wait_for
+from durable_helpers import kill_everything, make_remote, pushes, row, wait_for
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from test_watchdog import start_agent, write_local_config
@@ -34,12 +34,6 @@ def gated(project: ProjectPaths, tmp_path: Path) -> t.Iterator[tuple[ProjectPath
     log = make_remote(project, tmp_path)
     yield project, log
     kill_everything(project)
-
-
-def row(conn: t.Any, name: str) -> sessions.Session:
-    found = sessions.get(conn, name)
-    assert found is not None
-    return found
 
 
 def approvals_of(conn: t.Any, name: str) -> list[dict[str, t.Any]]:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import ov_command, run_ov
-from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, wait_for
+from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, row, wait_for
 from overstory.paths import ProjectPaths
 from overstory.store import checkpoints, ledger, sessions
 from test_watchdog import start_agent, write_local_config
@@ -48,12 +48,6 @@ def shared(tmp_path: Path) -> Path:
     path = tmp_path / "shared"
     path.mkdir(exist_ok=True)
     return path
-
-
-def row(conn: t.Any, name: str) -> sessions.Session:
-    found = sessions.get(conn, name)
-    assert found is not None
-    return found
 
 
 def once(marker: Path, then: str) -> str:

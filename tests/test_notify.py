@@ -116,6 +116,34 @@ def test_one_json_notification_per_event_also_across_a_killed_watchdog(project: 
     assert all(set(b) >= {"title", "message", "type"} for b in receiver.bodies)
 
 
+def test_an_approval_notification_links_the_running_dashboard(project: ProjectPaths, state_db: t.Any,
+                                                               receiver: Receiver) -> None:
+    """While `ov serve` runs, the request's notification carries its address (never the token); after it
+    stops, the record of that address is gone and a later notification has no link."""
+    from serve_helpers import start_server
+
+    write_local_config(project, notify={"targets": [f"json://127.0.0.1:{receiver.port}/hook"]})
+    record = project.run_dir / "serve.json"
+    served = start_server(project)
+    try:
+        assert json.loads(record.read_text())["base"] == served.base
+        approvals.gate(state_db, agent=fake_agent(state_db, "gated").name, generation=1, parent="operator",
+                       task_id="t", turn_id=None, tool="Bash", input='{"command":"git push origin x"}', key="k1",
+                       rule=approvals.Rule("Bash(git push*)"), decider="operator", timeout_s=600,
+                       on_timeout="reject")
+        assert watchdog_once(project).returncode == 0
+    finally:
+        served.stop()
+    assert not record.exists()
+    [note] = receiver.bodies
+    assert f"{served.base}/" in note["message"] and served.token not in note["message"]
+    approvals.gate(state_db, agent=fake_agent(state_db, "later").name, generation=1, parent="operator",
+                   task_id="t2", turn_id=None, tool="Bash", input='{"command":"git push origin y"}', key="k2",
+                   rule=approvals.Rule("Bash(git push*)"), decider="operator", timeout_s=600, on_timeout="reject")
+    assert watchdog_once(project).returncode == 0
+    assert len(receiver.bodies) == 2 and "dashboard" not in receiver.bodies[1]["message"]
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -86,6 +86,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
     if os.environ.get(FAULT_ENV) == "before_send" and outbox.due(conn):
         os._exit(9)  # crash-safety tests: the rows are committed, nothing was sent
     started = time.monotonic()
+    links: list[str | None] = []  # the dashboard's address, looked up when a request is first sent
     for row in outbox.due(conn):
         if time.monotonic() - started > budget_s:
             break
@@ -98,11 +99,19 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         if not outbox.lease(conn, row["id"], row["next_at"], now_ms() + LEASE_MS):
             continue  # another sender (the watchdog, `ov approve`) has it
         delivered = list(json.loads(row["delivered"] or "[]"))
+        body = row["body"] or row["title"]  # apprise sends no empty body
+        if row["kind"] == "approval_requested" and project is not None:
+            if not links:
+                from overstory.serve_token import running_address
+
+                links.append(running_address(project))
+            if links[0]:
+                body += f"\nOr decide on the dashboard: {links[0]}/ (the `ov serve` sign-in link opens it first)"
         errors = []
         for target in config.notify.targets:
             if target in delivered:
                 continue
-            error = send(target, row["title"], row["body"] or row["title"])  # apprise sends no empty body
+            error = send(target, row["title"], body)
             if error is None:
                 delivered.append(target)
             else:

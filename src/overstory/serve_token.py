@@ -12,10 +12,12 @@ before the link leaves only its temporary file, which the next creation removes
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from overstory import procs
 from overstory.errors import OrchestratorError
@@ -101,3 +103,40 @@ def _keep_out_of_git(project: ProjectPaths) -> None:
         with ignore.open("a", encoding="utf-8") as handle:
             handle.write(("" if not lines or ignore.read_text(encoding="utf-8").endswith("\n") else "\n")
                          + GITIGNORE_LINE + "\n")
+
+
+# ---- where a running `ov serve` listens (for links in notifications; never the token) -------------
+
+def address_file(project: ProjectPaths) -> Path:
+    return project.run_dir / "serve.json"
+
+
+def record_address(project: ProjectPaths, base: str) -> None:
+    """Written once the socket is bound; a link made from it still needs the sign-in cookie."""
+    pid = os.getpid()
+    target = address_file(project)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".serve.{pid}.json")
+    temporary.write_text(json.dumps({"base": base, "pid": pid, "ticks": procs.start_ticks(pid)}), encoding="utf-8")
+    os.replace(temporary, target)
+
+
+def forget_address(project: ProjectPaths) -> None:
+    """Removed at exit, only while it still names this process (a newer server may have replaced it)."""
+    target = address_file(project)
+    try:
+        if json.loads(target.read_text(encoding="utf-8")).get("pid") == os.getpid():
+            target.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def running_address(project: ProjectPaths) -> str | None:
+    """The base URL of the project's `ov serve` while that very process still runs, else None."""
+    try:
+        record = json.loads(address_file(project).read_text(encoding="utf-8"))
+        base, pid, ticks = str(record["base"]), int(record["pid"]), record.get("ticks")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return base if procs.is_alive(pid, ticks) else None
+

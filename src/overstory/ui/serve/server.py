@@ -22,7 +22,7 @@ import uvicorn
 
 from overstory.errors import OrchestratorError, UsageError
 from overstory.paths import ProjectPaths
-from overstory.serve_token import ensure_token
+from overstory.serve_token import ensure_token, forget_address, record_address
 from overstory.store.db import open_events, open_state
 from overstory.ui.serve.app import DEFAULT_HEARTBEAT, create_app
 from overstory.ui.serve.security import LOOPBACK_NAMES
@@ -104,9 +104,11 @@ def serve(project: ProjectPaths, *, host: str = "127.0.0.1", port: int = 7321, o
         on_listening(listening)
     if open_browser:
         threading.Timer(0.5, webbrowser.open, [listening.url]).start()
+    record_address(project, base)  # notifications link here while this process runs
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it handled once it has shut down
     finally:
+        forget_address(project)
         sock.close()
