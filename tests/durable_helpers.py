@@ -15,6 +15,14 @@ from overstory.paths import ProjectPaths
 from overstory.store import sessions
 
 
+def shared(tmp_path: Path) -> Path:
+    """A directory for the remote and markers, to bind writable into agents' sandboxes (config
+    ``sandbox.writable``): a sandboxed turn sees the rest of the host read-only and has its own /tmp."""
+    path = tmp_path / "shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def make_remote(project: ProjectPaths, where: Path) -> Path:
     """A bare repository as the project's ``origin``; its post-receive hook logs every ref a push changed."""
     bare = where / "remote.git"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_ov
-from durable_helpers import kill_everything, make_remote, pushes, row, wait_for
+from durable_helpers import kill_everything, make_remote, pushes, row, shared, wait_for
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from test_watchdog import start_agent, write_local_config
@@ -30,8 +30,8 @@ def gated(project: ProjectPaths, tmp_path: Path) -> t.Iterator[tuple[ProjectPath
     write_local_config(project, guards={"push_remotes": ["origin"]},
                        approvals={"rules": [{"match": "Bash(git push*)", "reason": "pushing leaves the machine"}]},
                        turns={"retry_backoff": 0.1, "kill_grace": 1, "max_concurrent": 8},
-                       watchdog={"interval": 0.3})
-    log = make_remote(project, tmp_path)
+                       watchdog={"interval": 0.3}, sandbox={"writable": [str(shared(tmp_path))]})
+    log = make_remote(project, shared(tmp_path))  # the remote is outside the project: bound writable
     yield project, log
     kill_everything(project)
 

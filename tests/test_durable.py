@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import ov_command, run_ov
-from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, row, wait_for
+from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, row, shared, wait_for
 from overstory.paths import ProjectPaths
 from overstory.store import checkpoints, ledger, sessions
 from test_watchdog import start_agent, write_local_config
@@ -42,12 +42,6 @@ def durable(project: ProjectPaths, tmp_path: Path) -> t.Iterator[tuple[ProjectPa
     write_local_config(project, **config, sandbox={"writable": [str(shared(tmp_path))]})
     yield project, log
     kill_everything(project)
-
-
-def shared(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def once(marker: Path, then: str) -> str:

@@ -249,3 +249,80 @@ def test_the_guard_counts_tool_calls_through_the_endpoint_for_the_caller(team: P
     counted = {r["name"]: (r["tool_calls"], r["refused_tool_calls"])
                for r in state_db.execute("SELECT name, tool_calls, refused_tool_calls FROM budgets")}
     assert counted == {"builder-a": (2, 1), "builder-x": (0, 0)}
+
+
+def test_approval_gates_and_decisions_go_through_the_endpoint(team: ProjectPaths, state_db: t.Any) -> None:
+    """Inside a sandbox `ov guard` cannot write a pending approval, nor `ov approve` decide one: both go
+    through the endpoint. The rules are the turn's (as ov exported them), and the decider is the caller,
+    whatever the environment of the command claims."""
+    from overstory.agents.gate import spec_env
+
+    spec = spec_env([{"match": "Bash(curl *)", "reason": "leaves the machine", "timeout": None}],
+                    decider="lead-1", timeout=600, on_timeout="reject")
+    endpoints = []
+
+    def channel_of(name: str, **turn_env: str) -> Channel:
+        endpoint = AgentEndpoint(team, name, 1, ROUTES).start()
+        endpoints.append(endpoint)
+        env = endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": f"turn-{name}", **turn_env})
+        return Channel(env[ENDPOINT_ENV], env[TOKEN_ENV])
+
+    try:
+        builder = channel_of("builder-a", OVERSTORY_APPROVALS=spec)
+        hook = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "session_id": "s",
+                           "tool_input": {"command": "curl -s https://example.com"}, "cwd": str(team.root)})
+        lying = {"OVERSTORY_PROJECT_ROOT": str(team.root), "OVERSTORY_CAPABILITY": "builder",
+                 "OVERSTORY_APPROVALS": ""}
+        held = subprocess.run([*ov_command(), "guard"], input=hook, cwd=team.root,
+                              env=_agent_env(builder, **lying), capture_output=True, text=True, timeout=60)
+        assert held.returncode == 0, held.stderr
+        [gate] = [dict(r) for r in state_db.execute("SELECT * FROM approvals WHERE agent = 'builder-a'")]
+        assert gate["status"] == "pending" and gate["decider"] == "lead-1"
+        assert f"waiting for approval `{gate['id']}`" in held.stdout and '"deny"' in held.stdout
+
+        def ov(channel: Channel, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+            env = {**_agent_env(channel), "OVERSTORY_AGENT_NAME": name}
+            return subprocess.run([*ov_command(), *args], cwd=team.root, env=env, capture_output=True, text=True,
+                                  timeout=60)
+
+        listed = ov(builder, "builder-a", "approvals", "--json")
+        assert listed.returncode == 0 and [a["id"] for a in json.loads(listed.stdout)] == [gate["id"]]
+        own = ov(builder, "operator", "approve", gate["id"])  # claims to be the operator: decides as builder-a
+        assert own.returncode != 0 and "builder-a may not decide" in own.stderr and "Traceback" not in own.stderr
+        stranger = ov(channel_of("builder-x"), "lead-1", "reject", gate["id"], "--reason", "no")
+        assert stranger.returncode != 0 and "builder-x may not decide" in stranger.stderr
+        assert state_db.execute("SELECT status FROM approvals").fetchone()["status"] == "pending"
+        decided = ov(channel_of("lead-1"), "operator", "approve", gate["id"], "--note", "go", "--json")
+        assert decided.returncode == 0, decided.stderr
+        row = dict(state_db.execute("SELECT * FROM approvals").fetchone())
+        assert (row["status"], row["decided_by"], json.loads(decided.stdout)["status"]) == ("approved", "lead-1",
+                                                                                            "approved")
+        told = state_db.execute("SELECT subject FROM mail WHERE recipient = 'builder-a' ORDER BY id DESC").fetchone()
+        assert told["subject"].startswith("approved: you may now run")
+    finally:
+        for endpoint in endpoints:
+            endpoint.close()
+
+
+def test_a_gated_turn_whose_endpoint_is_gone_refuses_the_call(team: ProjectPaths, tmp_path: t.Any) -> None:
+    """Fail closed: with approval rules in the turn and no endpoint to ask, `ov guard` denies an allowed call."""
+    from overstory.agents.gate import spec_env
+
+    hook = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Read", "session_id": "s",
+                       "tool_input": {"file_path": str(team.root / "README.md")}, "cwd": str(team.root)})
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSTORY_", "OV_"))}
+    base.update({ENDPOINT_ENV: str(tmp_path / "gone.sock"), TOKEN_ENV: "t", "OVERSTORY_AGENT_NAME": "builder-a",
+                 "OVERSTORY_PROJECT_ROOT": str(team.root), "OVERSTORY_CAPABILITY": "builder"})
+
+    def guard(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*ov_command(), "guard"], input=hook, cwd=team.root, env={**base, **extra},
+                              capture_output=True, text=True, timeout=60)
+
+    rules = spec_env([{"match": "Read(*README*)"}], decider="lead-1", timeout=60, on_timeout="reject")
+    ungated = guard()
+    assert ungated.returncode == 0 and '"deny"' not in ungated.stdout  # the ledger never blocks on its own
+    gated = guard(OVERSTORY_APPROVALS=rules)
+    assert gated.returncode == 0 and '"deny"' in gated.stdout and "could not be reached" in gated.stdout
+    other = guard(OVERSTORY_APPROVALS=spec_env([{"match": "Bash(curl *)"}], decider="lead-1", timeout=60,
+                                               on_timeout="reject"))
+    assert other.returncode == 0 and '"deny"' not in other.stdout  # no rule matches a Read of README.md

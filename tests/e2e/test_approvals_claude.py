@@ -17,7 +17,7 @@ import typing as t
 from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_ov
-from durable_helpers import make_remote, pushes
+from durable_helpers import make_remote, pushes, shared
 from mockapi import MockMessagesAPI, Reply, conversation_text, text_reply, tool_reply
 from overstory.store.db import open_state
 
@@ -59,7 +59,8 @@ def model(project, branch: str, seen_pending: list[int]) -> t.Callable[[dict[str
 
 
 def start(project, tmp_path, api) -> tuple[str, dict[str, str]]:
-    project.local_config_file.write_text("guards:\n  push_remotes: [origin]\nturns:\n  retry_backoff: 0.2\n")
+    project.local_config_file.write_text("guards:\n  push_remotes: [origin]\nturns:\n  retry_backoff: 0.2\n"
+                                         f"sandbox:\n  writable: [{json.dumps(str(shared(tmp_path)))}]\n")
     env = claude_env(api.base_url, tmp_path, extra={"OV_RUNTIME_CLAUDE_BIN": CLAUDE_BIN or "claude"})
     result = run_ov("sling", "builder", "gate", "--prompt", "commit and push", "--approve", "Bash(git push*)",
                     cwd=project.root, env=env)
@@ -81,7 +82,7 @@ def gated_and_parked(project, name: str, seen_pending: list[int]) -> dict[str, t
 
 @requires_claude
 def test_approve_then_the_next_turn_pushes_exactly_once(project, tmp_path):
-    log = make_remote(project, tmp_path)
+    log = make_remote(project, shared(tmp_path))  # bound writable into the sandbox (config below)
     seen: list[int] = []
     with MockMessagesAPI(model(project, "ov/builder-gate", seen)) as api:
         name, env = start(project, tmp_path, api)
@@ -97,7 +98,7 @@ def test_approve_then_the_next_turn_pushes_exactly_once(project, tmp_path):
 
 @requires_claude
 def test_reject_then_the_model_hears_why_and_completes_without_the_push(project, tmp_path):
-    log = make_remote(project, tmp_path)
+    log = make_remote(project, shared(tmp_path))  # bound writable into the sandbox (config below)
     seen: list[int] = []
     with MockMessagesAPI(model(project, "ov/builder-gate", seen)) as api:
         name, env = start(project, tmp_path, api)
@@ -154,11 +155,12 @@ def children_model(project) -> t.Callable[[dict[str, t.Any]], Reply]:
 def test_the_coordinator_approves_its_childs_gate_from_its_turn_and_a_sibling_is_refused(project, tmp_path):
     import yaml
 
-    log = make_remote(project, tmp_path)
+    log = make_remote(project, shared(tmp_path))  # bound writable into the sandbox (config below)
     with MockMessagesAPI(coordinator_model) as coordinator_api, MockMessagesAPI(children_model(project)) as kids:
         project.local_config_file.write_text(yaml.safe_dump({
             "runtime": {"default": "claude", "claude_bin": CLAUDE_BIN or "claude"},
             "turns": {"stall_timeout": 120, "retry_backoff": 0.2}, "guards": {"push_remotes": ["origin"]},
+            "sandbox": {"writable": [str(shared(tmp_path))]},
             "providers": {"mockc": {"base_url": coordinator_api.base_url, "api_key_env": "MOCKC_KEY"},
                           "mockk": {"base_url": kids.base_url, "api_key_env": "MOCKK_KEY"}},
             "models": {"coordinator": f"mockc/{MODEL}", "builder": f"mockk/{MODEL}", "scout": f"mockk/{MODEL}"},

@@ -19,7 +19,7 @@ from pathlib import Path
 from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_ov
-from durable_helpers import make_remote, pushes
+from durable_helpers import make_remote, pushes, shared
 from mockapi import MockMessagesAPI, TurnScript, conversation_text, text_reply, tool_reply
 from overstory import procs
 from overstory.store import ledger
@@ -39,13 +39,6 @@ def bash(command: str, what: str = "step") -> tuple[str, dict[str, t.Any]]:
 
 def once(marker: Path, then: str) -> str:
     return f"test -e {marker} || {{ touch {marker}; {then}; }}"
-
-
-def shared(tmp_path: Path) -> Path:
-    """The remote and the markers: bound writable into the agent's sandbox (its /tmp is its own)."""
-    path = tmp_path / "shared"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def start(project, tmp_path, api, task: str) -> tuple[str, dict[str, str]]:

@@ -63,24 +63,40 @@ def check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: D
                                    f"({type(exc).__name__}: {exc}); it was refused. Try again in a moment.")
 
 
-def _check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
-           spec_text: str) -> Decision:
+def matching_rule(hook_input: Mapping[str, t.Any], spec: Mapping[str, t.Any]) -> Mapping[str, t.Any] | None:
+    """The first of the turn's rules the call matches, or None (the call needs no approval)."""
     from overstory.guards.patterns import parse_pattern
 
-    spec = json.loads(spec_text)
     tool = hook_input.get("tool_name")
     tool_input = hook_input.get("tool_input")
     if not isinstance(tool, str) or not tool:
-        return decision
-    if not isinstance(tool_input, dict):
-        tool_input = {}
-    rule = None
+        return None
     for raw in spec.get("rules") or ():
-        if parse_pattern(str(raw["match"])).matches(tool, tool_input):
-            rule = raw
-            break
+        if parse_pattern(str(raw["match"])).matches(tool, tool_input if isinstance(tool_input, dict) else {}):
+            return raw
+    return None
+
+
+def needs_approval(hook_input: Mapping[str, t.Any], spec_text: str | None) -> bool:
+    """Whether a rule of the turn matches the call; an unreadable spec counts as a match (fail closed)."""
+    if not spec_text:
+        return False
+    try:
+        return matching_rule(hook_input, json.loads(spec_text)) is not None
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
+           spec_text: str) -> Decision:
+    spec = json.loads(spec_text)
+    rule = matching_rule(hook_input, spec)
     if rule is None:
         return decision
+    tool = str(hook_input["tool_name"])
+    tool_input = hook_input.get("tool_input")
+    if not isinstance(tool_input, dict):
+        tool_input = {}
     from overstory.guards.classify import DEFAULT_LEDGER_RULES, classify, idempotency_key, normalize_input
     from overstory.store import approvals
 

@@ -353,18 +353,27 @@ def _summary(value: t.Any) -> str:
 # --------------------------------------------------------------------------- for `ov guard`
 
 
+def gate_and_record(conn: sqlite3.Connection, data: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
+                    approvals_spec: str | None, events: sqlite3.Connection | None = None) -> Decision:
+    """The guard's decision after the approval gates (``agents.gate``), recorded in the ledger.
+
+    One function for `ov guard` on the database and for the agent's endpoint (``ledger.pre``).
+    """
+    gated = decision
+    if approvals_spec and decision.allow:  # ask a person first
+        from overstory.agents import gate
+
+        gated = gate.check(conn, data, decision, ctx, approvals_spec)
+    return record_pre(conn, data, gated, ctx, events=events)
+
+
 def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str]) -> Decision:
     """`ov guard`'s one call after deciding (the hook's JSON text, or the call already in Claude's
     shape): record the call and apply the replay policy."""
     spec = env.get("OVERSTORY_APPROVALS")
 
     def action(conn: sqlite3.Connection, data: dict[str, t.Any], ctx: LedgerContext) -> Decision:
-        gated = decision
-        if spec and decision.allow:  # approval gates (agents.gate): ask a person first
-            from overstory.agents import gate
-
-            gated = gate.check(conn, data, decision, ctx, spec)
-        return record_pre(conn, data, gated, ctx)
+        return gate_and_record(conn, data, decision, ctx, spec)
 
     if spec and decision.allow:  # fail closed: a gate whose state cannot be opened refuses the call
         denied = type(decision).deny("ov: this call may need approval, but ov's state could not be opened; "

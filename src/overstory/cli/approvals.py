@@ -7,7 +7,7 @@ import typing as t
 
 import click
 
-from overstory.cli._common import completer, echo_json, events_conn, json_option, project_paths, state_conn
+from overstory.cli._common import agent_channel, completer, echo_json, events_conn, json_option, project_paths, state_conn
 
 
 @click.command(name="approvals")
@@ -22,9 +22,13 @@ def approvals(show_all: bool, as_json: bool) -> None:
     ov approve apr-1a2b3c4d5e --note "ok, push it"
     ov reject apr-1a2b3c4d5e --reason "not before the review"
     """
-    from overstory.store import approvals as store
+    remote = agent_channel()  # inside an agent's turn: through its endpoint (the databases are read-only there)
+    if remote is not None:
+        rows = remote.call("approvals.list", {"all": show_all})
+    else:
+        from overstory.store import approvals as store
 
-    rows = store.list_approvals(state_conn(project_paths()), include_decided=show_all)
+        rows = store.list_approvals(state_conn(project_paths()), include_decided=show_all)
     if as_json:
         echo_json([_as_json(r) for r in rows])
         return
@@ -66,13 +70,17 @@ def reject(approval_id: str, reason: str, as_json: bool) -> None:
 
 
 def _decide(approval_id: str, *, approve: bool, note: str | None, as_json: bool) -> None:
-    from overstory.agents.approvals import caller_name, decide
+    remote = agent_channel()
+    if remote is not None:  # the endpoint decides as the agent it serves, whatever this process claims
+        row = remote.call("approve" if approve else "reject", {"id": approval_id, "note": note})
+    else:
+        from overstory.agents.approvals import caller_name, decide
 
-    project = project_paths()
-    conn = state_conn(project)
-    row = decide(conn, approval_id, approve=approve, by=caller_name(os.environ), note=note,
-                 events=events_conn(project))
-    _send_notifications(project, conn)
+        project = project_paths()
+        conn = state_conn(project)
+        row = decide(conn, approval_id, approve=approve, by=caller_name(os.environ), note=note,
+                     events=events_conn(project))
+        _send_notifications(project, conn)
     if as_json:
         echo_json(_as_json(row))
         return

@@ -192,6 +192,13 @@ def _ledger_through(remote: t.Any, route: str, args: dict[str, t.Any]) -> t.Any:
 def _remote_pre(remote: t.Any, hook_input: t.Any, decision: t.Any) -> t.Any:
     answer = _ledger_through(remote, "ledger.pre", {"hook_input": dict(hook_input), "allow": decision.allow,
                                                     "reason": decision.reason})
+    if answer is None and decision.allow and os.environ.get("OVERSTORY_APPROVALS"):
+        # an approval gate that cannot be asked must not let the call through (agents.gate fails closed too)
+        from overstory.agents.gate import needs_approval
+
+        if needs_approval(hook_input, os.environ.get("OVERSTORY_APPROVALS")):
+            return type(decision).deny("ov: this call needs approval, but ov could not be reached to ask; it "
+                                       "was refused. Try again in a moment.")
     if isinstance(answer, dict) and answer.get("allow") is False and decision.allow:
         return type(decision).deny(str(answer.get("reason") or "ov: this call repeats an earlier attempt's."))
     return decision

@@ -10,6 +10,8 @@ taken from its row, never from the request:
 - ``tool_call``: `ov guard` counting the caller's own tool call against its budget;
 - ``ledger.pre``/``ledger.post``: `ov guard` (and ``--post``) writing the caller's own tool-call
   ledger rows, with its current turn's dispatch and policy;
+- ``approvals.list`` reads; ``approve``/``reject`` decide as the caller, so only gates of the
+  caller's own descendants (``agents.approvals.authorize``);
 - ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
 - ``stop``: only the caller's own descendants;
 - ``merge``: the coordinator (its role merges what its builders finish) and mergers; only
@@ -241,19 +243,22 @@ def _ledger_context(caller: Caller) -> t.Any:
 
 
 def ledger_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    """`ov guard` in a sandbox: the tool call's ledger row, after the guard decided (``agents.ledger.record_pre``).
+    """`ov guard` in a sandbox: the approval gates, then the tool call's ledger row (``agents.ledger``).
 
-    Returns the final decision (a replay of an earlier attempt's side effect is denied). The
-    row is the caller's own; a forged request can only write its own ledger.
+    Returns the final decision (a call waiting for a person, or a replay of an earlier
+    attempt's side effect, is denied). The row is the caller's own; a forged request can
+    only write its own ledger.
     """
-    from overstory.agents.ledger import record_pre
+    from overstory.agents.ledger import gate_and_record
     from overstory.guards.policy import Decision
 
     hook_input = args.get("hook_input")
     if not isinstance(hook_input, dict):
         raise UsageError("ledger.pre: hook_input must be the tool call's JSON object")
     decision = Decision(bool(args.get("allow")), str(args.get("reason") or ""))
-    final = record_pre(caller.conn, hook_input, decision, _ledger_context(caller), events=caller.events)
+    env = caller.environ()  # the approval rules are the turn's, as ov exported them; never the request's
+    final = gate_and_record(caller.conn, hook_input, decision, _ledger_context(caller),
+                            env.get("OVERSTORY_APPROVALS"), events=caller.events)
     return {"allow": final.allow, "reason": final.reason}
 
 
@@ -274,6 +279,39 @@ ledger_pre.takes_back = False  # type: ignore[attr-defined]
 ledger_post.takes_back = False  # type: ignore[attr-defined]
 
 
+def approvals_list(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov approvals`: read-only, as `ov status` (the rows as stored; the CLI formats them)."""
+    from overstory.store import approvals as store
+
+    return store.list_approvals(caller.conn, include_decided=bool(args.get("all")))
+
+
+def _decide(caller: Caller, args: dict[str, t.Any], *, approve: bool) -> t.Any:
+    """`ov approve`/`ov reject` from inside a turn: the decider is the caller, so an agent decides only
+    its own descendants' gates (``agents.approvals.authorize``); what it queued is sent at once."""
+    from overstory.agents.approvals import decide
+
+    row = decide(caller.conn, str(args["id"]), approve=approve, by=caller.name, note=args.get("note"),
+                 events=caller.events)
+    try:
+        from overstory.notify import flush
+
+        config = _config(caller)
+        if config.notify.targets:
+            flush(caller.conn, config, project=caller.project, budget_s=5)
+    except Exception:  # noqa: BLE001, S110 - never fatal: the outbox keeps it for the watchdog
+        pass
+    return row
+
+
+def approve(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    return _decide(caller, args, approve=True)
+
+
+def reject(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    return _decide(caller, args, approve=False)
+
+
 ROUTES: dict[str, Route] = {
     "mail.send": mail_send,
     "mail.check": mail_check,
@@ -288,4 +326,7 @@ ROUTES: dict[str, Route] = {
     "tool_call": tool_call,
     "ledger.pre": ledger_pre,
     "ledger.post": ledger_post,
+    "approvals.list": approvals_list,
+    "approve": approve,
+    "reject": reject,
 }
