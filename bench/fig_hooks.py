@@ -105,7 +105,39 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
         "no hooks": ({}, agent_env),
         "command hooks (ov guard per call)": (hook_settings([ctx.ov], tmux_mode=False), agent_env),
     }
+    http = _http_hooks(project, worktree, agent_env)
+    if http is not None:
+        variants["HTTP hooks (the agent's endpoint)"] = http
     return variants
+
+
+_ENDPOINTS: list[t.Any] = []
+
+
+def _http_hooks(project: t.Any, worktree: Path, agent_env: dict[str, str]) -> tuple[dict[str, t.Any], dict[str, str]]:
+    """An agent endpoint in this process serving the HTTP hooks, as an agent's loop does, with one open turn
+    for the whole figure (its secret in the CLI's environment)."""
+    from overstory.endpoint.hooks import claude_settings
+    from overstory.endpoint.routes import ROUTES
+    from overstory.endpoint.server import AgentEndpoint
+    from overstory.store import sessions
+    from overstory.store.db import open_state
+
+    conn = open_state(project.state_db)
+    try:
+        if sessions.get(conn, AGENT) is None:
+            sessions.create_session(conn, name=AGENT, capability="builder", task_id="hooks", runtime="claude",
+                                    actor="bench", parent="operator", depth=0, branch=f"ov/{AGENT}",
+                                    base_branch="main", worktree=str(worktree))
+    finally:
+        conn.close()
+    endpoint = AgentEndpoint(project, AGENT, 1, ROUTES).start()
+    _ENDPOINTS.append(endpoint)
+    port = endpoint.serve_hooks()
+    env = {**agent_env, **endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": "bench-turn"}),
+           "OVERSTORY_GENERATION": "1", "OVERSTORY_TURN_ID": "bench-turn"}
+    endpoint.set_turn_env(env)
+    return claude_settings(port), env
 
 
 def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
@@ -154,6 +186,8 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         rows.append(row(10, f"{name}: added per tool call", "ms", Stats(added), digits=2,
                         target=f"< {TARGET_MS:g} ms" if http else None,
                         met=statistics.median(added) < TARGET_MS if http else None))
+    while _ENDPOINTS:
+        _ENDPOINTS.pop().close()
     for error in errors:
         add_note(rows, error, 10)
     return rows, {"claude": claude, "version": version, "calls": calls, "rounds": rounds,

@@ -201,6 +201,7 @@ class LedgerSection(_Section):
 
 class GuardsSection(_Section):
     push_remotes: list[str] = Field(default_factory=list)
+    hook_transport: t.Literal["auto", "command"] = "auto"
 
 
 class LogsSection(_Section):

@@ -106,6 +106,10 @@ guards:
   # Remotes an agent (builder or merger) may push its own branch to with `git push REMOTE
   # BRANCH`; empty: nobody pushes. Force pushes and other branches are always refused.
   push_remotes: []
+  # How Claude agents' tool calls reach ov guard: auto (HTTP calls to the agent's own loop, a
+  # few milliseconds each, where the turn shares the host's network) or command (a new
+  # `ov guard` process per call, as other runtimes and tmux agents always do).
+  hook_transport: auto
 """ + APPROVALS_YAML + """\
 
 logs:

@@ -109,6 +109,33 @@ def check_parked_for_auth(state_db: Path) -> Check | None:
                  f"fix the key (e.g. export ANTHROPIC_API_KEY=...), then `ov resume {rows[0][0]}`")
 
 
+def check_hooks(project: t.Any, state_db: Path) -> Check | None:
+    """How each live agent's tool calls reach the guard: HTTP to its loop, or an `ov guard` process."""
+    if not state_db.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=5)
+        try:
+            names = [r[0] for r in conn.execute("SELECT name FROM sessions WHERE state NOT IN "
+                                                "('completed', 'zombie') ORDER BY name")]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    if not names:
+        return None
+    from overstory.endpoint.hooks import TRANSPORT_FILE
+
+    seen = []
+    for name in names:
+        try:
+            transport = (project.run_dir / name / TRANSPORT_FILE).read_text(encoding="utf-8").strip()
+        except OSError:
+            transport = "command"  # tmux agents and runtimes without HTTP hooks: no loop listener
+        seen.append(f"{name}: {transport.split(' ')[0] if transport.startswith('http ') else transport}")
+    return Check("hooks", OK, "tool-call hooks per agent: " + "; ".join(seen))
+
+
 def check_database(path: Path, expected_version: int, migrations: t.Sequence[t.Any] = (),
                    repair: bool = False) -> Check:
     name = path.name
@@ -204,6 +231,9 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
         checks.append(check_sandbox(config))
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
+    hooks = check_hooks(project, project.state_db)
+    if hooks is not None:
+        checks.append(hooks)
     auth = check_parked_for_auth(project.state_db)
     if auth is not None:
         checks.append(auth)

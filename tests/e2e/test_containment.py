@@ -28,6 +28,8 @@ import typing as t
 from pathlib import Path
 
 import containment_rows as rows_module
+import pytest
+
 from agent_helpers import agent_state, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov
@@ -175,9 +177,16 @@ def kill_tokens() -> None:
 
 
 @requires_claude
-def test_escape_table(project: ProjectPaths, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["http", "command"])
+def test_escape_table(project: ProjectPaths, tmp_path: Path, transport: str) -> None:
+    """The table through each way the guard is called: HTTP to the agent's loop (the default), and a
+    new `ov guard` process per call (the fallback)."""
     if MEASURE:
+        if transport == "command":
+            pytest.skip("measured once, with the default hooks")
         project.local_config_file.write_text("sandbox:\n  mode: off\n")
+    elif transport == "command":
+        project.local_config_file.write_text("guards:\n  hook_transport: command\n")
     places = make_arena(project, tmp_path)
     builder, turn_two, scout = (rows_module.builder_rows(places), rows_module.turn_two_rows(places),
                                 rows_module.scout_rows(places))
@@ -233,6 +242,8 @@ def test_escape_table(project: ProjectPaths, tmp_path: Path) -> None:
             before.differences(after)), "hook_ran_on_merge": marker.exists()}, indent=1))
         return
     assert requests >= len(builder) // BATCH
+    for agent in owned:
+        assert (project.run_dir / agent / "hook_transport").read_text().split()[0] == transport
     print(f"guard denied {len(denied)} of {len(builder) + len(turn_two) + len(scout)} calls: {sorted(denied)}")
     assert escaped == []
     assert before.differences(after) == {}

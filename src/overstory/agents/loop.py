@@ -62,6 +62,7 @@ class AgentLoop(AgentProcess):
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
         self.endpoint: AgentEndpoint | None = None
+        self.hook_settings: Path | None = None
         self._next_idle_check = 0
 
     def _serve_endpoint(self) -> None:
@@ -71,6 +72,33 @@ class AgentLoop(AgentProcess):
 
         self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env,
                                       config=self.config).start()
+        self.hook_settings = self._serve_hooks(self.endpoint)
+
+    def _serve_hooks(self, endpoint: AgentEndpoint) -> Path | None:
+        """Claude's tool-call hooks as HTTP calls to this loop (issue 20) where they can reach it; None: the
+        command hooks (`ov guard`). The choice is written to the run dir for `ov doctor`."""
+        from overstory.endpoint import hooks
+        from overstory.runtimes import get_runtime
+
+        agent = self.current()
+        run_dir = self.project.run_dir / self.name
+        transport = "command" if agent is None else hooks.transport_for(self.config, agent.runtime, agent.capability)
+        settings = None
+        if endpoint.hooks is not None:  # a listener that stopped (its calls were blocked): a new one
+            endpoint.hooks.close()
+            endpoint.hooks = None
+        if transport == "http" and agent is not None:
+            try:
+                port = endpoint.serve_hooks()
+                settings = hooks.write_settings(run_dir, get_runtime(agent.runtime).run_settings_file, port)
+                transport = f"http {port}"
+            except OSError as exc:
+                transport = f"command (the HTTP listener failed: {exc})"
+        try:
+            (run_dir / hooks.TRANSPORT_FILE).write_text(transport + "\n", encoding="utf-8")
+        except OSError:
+            pass
+        return settings
 
     def _turn(self, agent: Session, prompt: str, turn_id: str, resume: str | None, *, attempt: int | None = None,
               extra_env: t.Mapping[str, str] | None = None) -> t.Any:
@@ -85,6 +113,8 @@ class AgentLoop(AgentProcess):
 
         attempt = agent.retries if attempt is None else attempt
         extra = dict(extra_env or {})
+        if self.endpoint is not None and self.hook_settings is not None and not getattr(self.endpoint.hooks, "alive", False):
+            self.hook_settings = self._serve_hooks(self.endpoint)
         if self.endpoint is not None:
             turn_vars = {**durable_env(self.config, agent, attempt, claimed_ids(self.state, turn_id)), **extra,
                          "OVERSTORY_TURN_ID": turn_id}
@@ -92,7 +122,8 @@ class AgentLoop(AgentProcess):
         try:
             return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
                             resume_session_id=resume, base_env=self.base_env, attempt=attempt,
-                            should_stop=self.should_stop, extra_env=extra)
+                            should_stop=self.should_stop, extra_env=extra, settings_file=self.hook_settings,
+                            env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None)
         finally:
             if self.endpoint is not None:
                 self.endpoint.revoke()

@@ -207,9 +207,11 @@ class _LineReader:
 def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, events: sqlite3.Connection,
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
              base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
-             extra_env: t.Mapping[str, str] | None = None) -> TurnResult:
+             extra_env: t.Mapping[str, str] | None = None, settings_file: Path | None = None,
+             env_ready: t.Callable[[t.Mapping[str, str]], None] | None = None) -> TurnResult:
     """Run one turn of ``agent`` in its sandbox. ``extra_env``: variables for this turn only (the endpoint's
-    per-turn secret; an `ov loop` names its iteration and phase there)."""
+    per-turn secret; an `ov loop` names its iteration and phase there). ``settings_file``: the loop's HTTP
+    hooks instead of the command hooks; ``env_ready`` is told the turn's whole environment before it starts."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +225,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                                     run_dir=project.run_dir / agent.name,
                                                     at_project_root=not agent.worktree, scenario=scenario,
                                                     provider_env=provider_env,
-                                                    sandboxed=sandbox.effective_mode(config).name == "bwrap"), config)
+                                                    sandboxed=sandbox.effective_mode(config).name == "bwrap",
+                                                    settings_file=settings_file), config)
         dispatch = claimed_ids(state, turn_id)
         provider_env.update(durable_env(config, agent, attempt, dispatch))
         env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
@@ -234,6 +237,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         return TurnResult("transient", f"could not prepare the turn's sandbox: {exc}", None, started_ms, _NoOutput())
     _record_take_back(events, agent, turn_id, prepared.took_back, before=True)
     argv, env = prepared.argv, prepared.env
+    if env_ready is not None:
+        env_ready(env)
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)

@@ -10,6 +10,7 @@ taken from its row, never from the request:
 - ``tool_call``: `ov guard` counting the caller's own tool call against its budget;
 - ``ledger.pre``/``ledger.post``: `ov guard` (and ``--post``) writing the caller's own tool-call
   ledger rows, with its current turn's dispatch and policy;
+- ``hook.pre``/``hook.post``: Claude's HTTP tool-call hooks (``endpoint.hooks``), the caller's own calls;
 - ``approvals.list`` reads; ``approve``/``reject`` decide as the caller, so only gates of the
   caller's own descendants (``agents.approvals.authorize``);
 - ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
@@ -279,6 +280,56 @@ ledger_pre.takes_back = False  # type: ignore[attr-defined]
 ledger_post.takes_back = False  # type: ignore[attr-defined]
 
 
+def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """Claude's HTTP PreToolUse hook (``endpoint.hooks``): what `ov guard` would print, decided here.
+
+    The same functions as the command hook, in the loop's process: the guard's policy with
+    the turn's environment, the tool-call count, the approval gates and the ledger row. The
+    answer is the hook's JSON: ``{}`` allows, Claude's deny object refuses.
+    """
+    import json
+
+    from overstory.agents.gate import needs_approval
+    from overstory.agents.ledger import gate_and_record
+    from overstory.guards.policy import Decision, guard_reply, hook_response
+    from overstory.store.tool_count import count_on
+
+    env = caller.environ()
+    ctx = _ledger_context(caller)
+    spec = env.get("OVERSTORY_APPROVALS")
+
+    def count() -> str | None:
+        return count_on(caller.conn, caller.name, caller.agent.generation)
+
+    def record(hook_input: t.Mapping[str, t.Any], decision: Decision) -> Decision:
+        try:
+            return gate_and_record(caller.conn, hook_input, decision, ctx, spec, events=caller.events)
+        except Exception as exc:  # noqa: BLE001 - as the command hook: the ledger alone never blocks a call
+            if decision.allow and needs_approval(hook_input, spec):
+                return Decision.deny(f"ov: this call needs approval, but the request could not be recorded "
+                                     f"({type(exc).__name__}); it was refused. Try again in a moment.")
+            return decision
+
+    stdout, stderr, status = guard_reply(json.dumps(args), env, count_call=count, record=record)
+    if stdout:
+        return json.loads(stdout)
+    if status:
+        return json.loads(hook_response(Decision.deny(stderr.strip() or "ov guard refused this call")))
+    return {}
+
+
+def hook_post(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """Claude's HTTP PostToolUse/PostToolUseFailure hook: the call's receipt, as `ov guard --post` stores it."""
+    from overstory.agents.ledger import record_post
+
+    record_post(caller.conn, args, _ledger_context(caller))
+    return {}
+
+
+hook_pre.takes_back = False  # type: ignore[attr-defined]
+hook_post.takes_back = False  # type: ignore[attr-defined]
+
+
 def approvals_list(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     """`ov approvals`: read-only, as `ov status` (the rows as stored; the CLI formats them)."""
     from overstory.store import approvals as store
@@ -326,6 +377,8 @@ ROUTES: dict[str, Route] = {
     "tool_call": tool_call,
     "ledger.pre": ledger_pre,
     "ledger.post": ledger_post,
+    "hook.pre": hook_pre,
+    "hook.post": hook_post,
     "approvals.list": approvals_list,
     "approve": approve,
     "reject": reject,

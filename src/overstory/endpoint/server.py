@@ -156,6 +156,7 @@ class AgentEndpoint:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._pool: queue.SimpleQueue[tuple[sqlite3.Connection, sqlite3.Connection]] = queue.SimpleQueue()
+        self.hooks: t.Any = None  # the HTTP hooks' TCP listener (endpoint.hooks), when the loop serves them
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> AgentEndpoint:
@@ -185,8 +186,18 @@ class AgentEndpoint:
         self._thread.start()
         return self
 
+    def serve_hooks(self) -> int:
+        """Also listen on 127.0.0.1 for Claude's HTTP tool-call hooks (``endpoint.hooks``); returns the port."""
+        from overstory.endpoint.hooks import HookListener
+
+        self.hooks = HookListener(self).start()
+        return int(self.hooks.port)
+
     def close(self) -> None:
         self.revoke()
+        if self.hooks is not None:
+            self.hooks.close()
+            self.hooks = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -210,6 +221,13 @@ class AgentEndpoint:
             self._token = token or secrets.token_hex(24)
             self._turn_env = {k: v for k, v in (turn_env or {}).items() if k not in (ENDPOINT_ENV, TOKEN_ENV)}
             return {ENDPOINT_ENV: str(self.path), TOKEN_ENV: self._token}
+
+    def set_turn_env(self, env: t.Mapping[str, str]) -> None:
+        """The whole environment of the current turn, once built: the HTTP hooks decide with what
+        `ov guard` would see (its temp dirs, phase, push remotes ...)."""
+        with self._lock:
+            if self._token is not None:
+                self._turn_env = {k: v for k, v in env.items() if k not in (ENDPOINT_ENV, TOKEN_ENV)}
 
     def revoke(self) -> None:
         with self._lock:

@@ -156,6 +156,8 @@ class TurnRequest:
     # ov runs this turn inside its own bubblewrap sandbox (README "Security"): a runtime with a sandbox of its
     # own turns it off (it could not nest one inside, and ov's already is the boundary).
     sandboxed: bool = False
+    # Settings to pass instead of the run dir's command-hook settings (the loop's HTTP hooks, endpoint.hooks).
+    settings_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,8 @@ class Runtime(abc.ABC):
     # tool-call ledger's row) and "post" (``ov guard --post``, the call's result). Without "pre",
     # the turn runner fills the ledger from the stream's tool_start/tool_end events instead.
     tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
+    # Whether its tool-call hooks can be HTTP calls to the agent's endpoint instead of `ov guard` processes.
+    http_hooks: t.ClassVar[bool] = False
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()

@@ -51,13 +51,19 @@ def count_tool_call(state_db: str, agent: str, generation: int) -> str | None:
     try:
         # As every ov connection: in WAL mode a commit then needs no fsync (the count is not worth one per call).
         conn.execute("PRAGMA synchronous = NORMAL")
+        return count_on(conn, agent, generation)
+    finally:
+        conn.close()
+
+
+def count_on(conn: sqlite3.Connection, agent: str, generation: int) -> str | None:
+    """``count_tool_call`` on an open autocommit connection (the endpoint's HTTP hook keeps one)."""
+    try:
         if conn.execute(_COUNT, (agent, generation)).fetchone() is not None:
             return None
         row = conn.execute(_REFUSE, (agent, generation)).fetchone()
     except sqlite3.Error:
         return None
-    finally:
-        conn.close()
     if row is None:
         return None
     used, maximum, run_id, run_used, run_maximum = row

@@ -35,7 +35,7 @@ SEEDED_KEYS = ("hasCompletedOnboarding", "lastOnboardingVersion", "customApiKeyR
                "userID", "theme")
 
 
-def agent_flags(run_dir: Path, instructions_file: str, settings_file: str) -> list[str]:
+def agent_flags(run_dir: Path, instructions_file: str, settings_file: str | Path) -> list[str]:
     """``--settings FILE --setting-sources "" --strict-mcp-config --append-system-prompt-file FILE``.
 
     Both files live in the agent's run dir (ov's, read-only inside the sandbox), so nothing the
@@ -128,6 +128,7 @@ def _version_of(argv: list[str]) -> str | None:
 class ClaudeRuntime(Runtime):
     name = "claude"
     tool_hooks = frozenset({"pre", "post"})
+    http_hooks = True  # since 2.1.63; fail-closed ("onFailure") since MIN_VERSION
     instructions_file = ".claude/CLAUDE.md"
     run_instructions_file = "CLAUDE.md"
     run_settings_file = "settings.json"
@@ -151,7 +152,8 @@ class ClaudeRuntime(Runtime):
             flags += ["--model", request.model]
         if request.resume_session_id:
             flags += ["--resume", request.resume_session_id]
-        return flags + agent_flags(request.run_dir, self.run_instructions_file, self.run_settings_file)
+        return flags + agent_flags(request.run_dir, self.run_instructions_file,
+                                   request.settings_file or self.run_settings_file)
 
     def stdin_message(self, prompt: str) -> bytes:
         message = {"type": "user", "message": {"role": "user", "content": prompt}}

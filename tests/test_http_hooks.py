@@ -1,0 +1,151 @@
+"""Claude's tool-call hooks over HTTP (issue 20): the agent's endpoint answers PreToolUse/PostToolUse.
+
+A real endpoint with its real TCP listener on 127.0.0.1, real SQLite, and real HTTP requests
+shaped as Claude Code sends them (CLAUDE_PROBE_NOTES.md, "HTTP hooks"). The same guard rows
+also run through `ov guard` as a process, and the two answers must agree. The end-to-end
+version with the real claude CLI is tests/e2e/test_http_hooks_claude.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import typing as t
+
+import pytest
+
+from conftest import ov_command, run_git
+from overstory.endpoint.client import ENDPOINT_ENV, TOKEN_ENV
+from overstory.endpoint.routes import ROUTES
+from overstory.endpoint.server import AgentEndpoint
+from overstory.paths import ProjectPaths
+from overstory.store import sessions
+
+AGENT = "builder-h"
+
+
+@pytest.fixture
+def served(project: ProjectPaths, state_db: t.Any) -> t.Iterator[tuple[AgentEndpoint, dict[str, str]]]:
+    """A builder with a worktree, its endpoint serving HTTP hooks, and one turn open."""
+    base = run_git(project.root, "symbolic-ref", "--short", "HEAD").strip()
+    worktree = project.worktree(AGENT)
+    run_git(project.root, "worktree", "add", "-q", "-b", f"ov/{AGENT}", str(worktree), base)
+    sessions.create_session(state_db, name=AGENT, capability="builder", task_id="t-h", runtime="claude",
+                            actor="test", parent="operator", depth=0, branch=f"ov/{AGENT}", base_branch=base,
+                            worktree=str(worktree))
+    endpoint = AgentEndpoint(project, AGENT, 1, ROUTES).start()
+    endpoint.serve_hooks()
+    secret = endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": "turn-1"})
+    env = guard_env(project, worktree, secret)
+    endpoint.set_turn_env(env)
+    yield endpoint, env
+    endpoint.close()
+
+
+def guard_env(project: ProjectPaths, worktree: t.Any, secret: dict[str, str]) -> dict[str, str]:
+    """The turn's environment, as the agent's CLI (and so a command hook) sees it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSTORY_", "OV_"))}
+    env.update(secret)
+    env.update({"OVERSTORY_AGENT_NAME": AGENT, "OVERSTORY_CAPABILITY": "builder", "OVERSTORY_TASK_ID": "t-h",
+                "OVERSTORY_PROJECT_ROOT": str(project.root), "OVERSTORY_WORKTREE": str(worktree),
+                "OVERSTORY_BRANCH": f"ov/{AGENT}", "OVERSTORY_GENERATION": "1", "OVERSTORY_PARENT": "operator",
+                "OVERSTORY_TURN_ID": "turn-1"})
+    return env
+
+
+def post(port: int, path: str, body: t.Any, token: str | None) -> tuple[int, t.Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        conn.request("POST", path, json.dumps(body), headers)
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read() or b"null")
+    finally:
+        conn.close()
+
+
+def pre_input(tool: str, tool_input: dict[str, t.Any], cwd: str, use_id: str = "toolu_1") -> dict[str, t.Any]:
+    return {"session_id": "s", "cwd": cwd, "hook_event_name": "PreToolUse", "tool_name": tool,
+            "tool_input": tool_input, "tool_use_id": use_id, "permission_mode": "bypassPermissions"}
+
+
+def test_the_listener_answers_only_the_current_turns_secret(served: t.Any) -> None:
+    endpoint, env = served
+    port = endpoint.hooks.port
+    call = pre_input("Read", {"file_path": "README.md"}, env["OVERSTORY_WORKTREE"])
+    assert post(port, "/v1/hook.pre", call, env[TOKEN_ENV]) == (200, {})
+    assert post(port, "/v1/hook.pre", call, "wrong")[0] == 401
+    assert post(port, "/v1/hook.pre", call, None)[0] == 401
+    assert post(port, "/v1/mail.send", {"to": "operator", "subject": "x"}, env[TOKEN_ENV])[0] == 404
+    endpoint.revoke()  # the turn ended: a late request is refused
+    assert post(port, "/v1/hook.pre", call, env[TOKEN_ENV])[0] == 401
+    fresh = endpoint.open_turn()
+    assert post(port, "/v1/hook.pre", call, env[TOKEN_ENV])[0] == 401  # the previous turn's secret
+    assert post(port, "/v1/hook.pre", call, fresh[TOKEN_ENV])[0] == 200
+
+
+def test_a_closed_listener_refuses_the_connection(served: t.Any) -> None:
+    endpoint, env = served
+    port = endpoint.hooks.port
+    endpoint.hooks.close()
+    with pytest.raises(ConnectionRefusedError):
+        post(port, "/v1/hook.pre", pre_input("Read", {"file_path": "x"}, "/"), env[TOKEN_ENV])
+
+
+def test_the_ledger_gets_both_halves_of_a_call(served: t.Any, state_db: t.Any) -> None:
+    endpoint, env = served
+    port, token = endpoint.hooks.port, env[TOKEN_ENV]
+    call = pre_input("Bash", {"command": "git status"}, env["OVERSTORY_WORKTREE"], use_id="toolu_ledger")
+    assert post(port, "/v1/hook.pre", call, token) == (200, {})
+    done = {**call, "hook_event_name": "PostToolUse", "tool_response": {"stdout": "clean", "stderr": ""},
+            "duration_ms": 4}
+    assert post(port, "/v1/hook.post", done, token) == (200, {})
+    [row] = [dict(r) for r in state_db.execute("SELECT * FROM tool_calls WHERE agent = ?", (AGENT,))]
+    assert (row["status"], row["turn_id"], row["tool_use_id"]) == ("succeeded", "turn-1", "toolu_ledger")
+    assert "clean" in row["receipt"]
+
+
+def rows(worktree: str, project_root: str) -> list[tuple[str, dict[str, t.Any]]]:
+    """Calls of several kinds, each with a decision the guard is sure of (allowed and refused)."""
+    return [
+        ("Read", {"file_path": f"{project_root}/README.md"}),
+        ("Write", {"file_path": f"{worktree}/new.txt", "content": "x"}),
+        ("Write", {"file_path": f"{project_root}/README.md", "content": "x"}),
+        ("Write", {"file_path": f"{project_root}/.overstory/config.yaml", "content": "x"}),
+        ("Bash", {"command": "echo hi > out.txt"}),
+        ("Bash", {"command": f"touch {project_root}/x"}),
+        ("Bash", {"command": "touch {" + project_root + "/x,y}"}),
+        ("Bash", {"command": f"git --exec-path={worktree} reset --hard HEAD~1"}),
+        ("Bash", {"command": "git config core.hooksPath /tmp/h"}),
+        ("Bash", {"command": "git push --force origin main"}),
+        ("Bash", {"command": "ov mail send --from operator --to lead --subject s"}),
+        ("Bash", {"command": "ov stop someone --clean"}),
+        ("Bash", {"command": "rm -rf .claude"}),
+        ("Bash", {"command": "pytest -q"}),
+        ("Task", {"prompt": "do it", "description": "d"}),
+        ("Edit", {"file_path": f"{worktree}/a.py", "old_string": "a", "new_string": "b"}),
+    ]
+
+
+def test_the_http_hook_and_the_command_hook_decide_alike(served: t.Any) -> None:
+    """The guard table through both paths: the same decisions, and the same reasons."""
+    endpoint, env = served
+    worktree, root = env["OVERSTORY_WORKTREE"], env["OVERSTORY_PROJECT_ROOT"]
+    command_env = {k: v for k, v in env.items() if k not in (ENDPOINT_ENV, TOKEN_ENV)}  # the command path alone
+    verdicts = []
+    for number, (tool, tool_input) in enumerate(rows(worktree, root)):
+        call = pre_input(tool, tool_input, worktree, use_id=f"toolu_{number}")
+        status, answer = post(endpoint.hooks.port, "/v1/hook.pre", call, env[TOKEN_ENV])
+        assert status == 200, answer
+        over_http = answer.get("hookSpecificOutput", {}).get("permissionDecisionReason") if answer else None
+        ran = subprocess.run([*ov_command(), "guard"], input=json.dumps({**call, "tool_use_id": f"toolu_c{number}"}),
+                             cwd=worktree, env=command_env, capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        as_process = json.loads(ran.stdout)["hookSpecificOutput"]["permissionDecisionReason"] if ran.stdout else None
+        verdicts.append((tool, json.dumps(tool_input)[:60], over_http, as_process))
+    assert all(http == process for _, _, http, process in verdicts), [v for v in verdicts if v[2] != v[3]]
+    allowed = [v for v in verdicts if v[2] is None]
+    refused = [v for v in verdicts if v[2] is not None]
+    assert len(allowed) >= 5 and len(refused) >= 9, verdicts
