@@ -108,6 +108,9 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
     http = _http_hooks(project, worktree, agent_env)
     if http is not None:
         variants["HTTP hooks (the agent's endpoint)"] = http
+        if os.environ.get("OV_BENCH_PRE_ONLY"):
+            pre_only = {"hooks": {"PreToolUse": http[0]["hooks"]["PreToolUse"]}}
+            variants["HTTP pre only"] = (pre_only, http[1])
     return variants
 
 
