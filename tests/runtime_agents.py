@@ -54,6 +54,15 @@ def events(project: ProjectPaths, agent: str, kind: str) -> list[tuple[str | Non
         conn.close()
 
 
+def ran_in_bubblewrap(project: ProjectPaths, agent: str) -> bool:
+    """Whether every turn of ``agent`` was started inside ov's bubblewrap sandbox (its logged command line)."""
+    import json
+    from pathlib import Path
+
+    argvs = [json.loads((Path(r["log_dir"]) / "command.json").read_text()) for r in turn_rows(project, agent)]
+    return bool(argvs) and all(Path(a[0]).name == "bwrap" and "--unshare-pid" in a for a in argvs)
+
+
 def turn_rows(project: ProjectPaths, agent: str) -> list[dict[str, t.Any]]:
     conn = open_state(project.state_db)
     try:

@@ -32,7 +32,7 @@ from mock_openai_responses import (
 )
 from overstory import procs
 from overstory.paths import ProjectPaths
-from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, sling, turn_rows
+from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "sk-mock-codex-builder"
@@ -167,7 +167,7 @@ def test_stalled_model_makes_a_zombie_with_one_worker_died(project: ProjectPaths
 @requires_codex
 def test_writes_outside_the_worktree_are_stopped(project: ProjectPaths) -> None:
     """The guard hook refuses a redirect and an apply_patch into the project checkout; a write it
-    cannot see (inline Python) is stopped by codex's own sandbox profile, which ov wrote."""
+    cannot see (inline Python) is stopped by ov's sandbox (codex's own is off inside it)."""
     root = project.root
     script = [
         sh(f"echo leak > {root}/by-redirect.txt"),
@@ -186,6 +186,7 @@ def test_writes_outside_the_worktree_are_stopped(project: ProjectPaths) -> None:
     blocked = [o for o in outputs if "blocked by PreToolUse hook" in o]
     assert len(blocked) == 2 and all("project checkout" in o for o in blocked)
     assert any("Read-only file system" in o for o in outputs)
+    assert ran_in_bubblewrap(project, name)
 
 
 @requires_codex

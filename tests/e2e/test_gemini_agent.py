@@ -27,7 +27,7 @@ from mock_gemini_api import (
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.prices import cost_usd
-from runtime_agents import OFFLINE_ENV, configure, events, sling, turn_rows
+from runtime_agents import OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "mock-gemini-key-builder"
@@ -149,10 +149,13 @@ def test_stalled_model_makes_a_zombie_with_one_worker_died(project: ProjectPaths
 
 @requires_gemini
 def test_writes_outside_the_worktree_are_stopped(project: ProjectPaths) -> None:
+    """The hook (ov guard) refuses the shell redirect, gemini's workspace check its write_file, and a
+    write neither can see (inline Python, allowed for writers by design) is stopped by ov's sandbox."""
     root = project.root
     script = [
         shell(f"echo leak > {root}/by-shell.txt"),
         call_reply("write_file", {"file_path": str(root / "by-write.txt"), "content": "leak"}),
+        shell(f"python3 -c \"open('{root}/by-python.txt', 'w').write('leak')\""),
         shell("ov mail send --type worker_done --subject 'tried' --body 'tried to write outside'"),
         text_reply("Done."),
     ]
@@ -161,8 +164,11 @@ def test_writes_outside_the_worktree_are_stopped(project: ProjectPaths) -> None:
         agent = wait_terminal(project, name, timeout=120)
         seen = tool_results(api)
     assert agent.state == "completed", agent.state_reason
-    assert not (root / "by-shell.txt").exists() and not (root / "by-write.txt").exists()
+    for leaked in ("by-shell.txt", "by-write.txt", "by-python.txt"):
+        assert not (root / leaked).exists(), leaked
+    assert ran_in_bubblewrap(project, name)
     ends = [e for _, e in events(project, name, "tool_end")]
+    assert "Read-only file system" in ends[2]["output"]  # allowed by the guard, refused by the kernel
     # The shell command was stopped by the hook (ov guard); write_file by gemini's own workspace check,
     # which runs before hooks do.
     assert ends[0]["error_type"] == "policy_violation" and "project checkout" in ends[0]["output"]

@@ -31,7 +31,7 @@ from mock_openai_chat import (
 from opencode_cli import MODEL_ID, OPENCODE_BIN, requires_opencode
 from overstory import procs
 from overstory.paths import ProjectPaths
-from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, sling, turn_rows
+from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "sk-mock-opencode-builder"
@@ -151,11 +151,14 @@ def test_stalled_model_makes_a_zombie_with_one_worker_died(project: ProjectPaths
 
 
 @requires_opencode
-def test_writes_outside_the_worktree_are_stopped_by_the_guard_plugin(project: ProjectPaths) -> None:
+def test_writes_outside_the_worktree_are_stopped_by_the_guard_plugin_and_the_sandbox(project: ProjectPaths) -> None:
+    """The guard plugin refuses the redirect and the write tool; a write it cannot see (inline Python,
+    allowed for writers by design) is stopped by ov's sandbox."""
     root = project.root
     script = [
         bash(f"echo leak > {root}/by-bash.txt"),
         tool_call_reply("write", {"filePath": str(root / "by-write.txt"), "content": "leak"}),
+        bash(f"python3 -c \"open('{root}/by-python.txt', 'w').write('leak')\""),
         bash("ov mail send --type worker_done --subject 'tried' --body 'tried to write outside'"),
         text_reply("Done."),
     ]
@@ -164,10 +167,13 @@ def test_writes_outside_the_worktree_are_stopped_by_the_guard_plugin(project: Pr
         agent = wait_terminal(project, name, timeout=120)
         told = list(tool_messages(api).values())
     assert agent.state == "completed", agent.state_reason
-    assert not (root / "by-bash.txt").exists() and not (root / "by-write.txt").exists()
+    for leaked in ("by-bash.txt", "by-write.txt", "by-python.txt"):
+        assert not (root / leaked).exists(), leaked
+    assert ran_in_bubblewrap(project, name)
     ends = [e for _, e in events(project, name, "tool_end")]
     assert ends[0]["is_error"] and ends[1]["is_error"]
     assert sum("project checkout" in text for text in told) == 2
+    assert any("Read-only file system" in text for text in told)  # allowed by the guard, refused by the kernel
 
 
 @pytest.fixture(autouse=True)

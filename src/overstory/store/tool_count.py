@@ -52,6 +52,8 @@ def count_tool_call(state_db: str, agent: str, generation: int) -> str | None:
         # As every ov connection: in WAL mode a commit then needs no fsync (the count is not worth one per call).
         conn.execute("PRAGMA synchronous = NORMAL")
         return count_on(conn, agent, generation)
+    except sqlite3.Error:
+        return None
     finally:
         conn.close()
 
