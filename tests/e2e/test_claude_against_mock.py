@@ -720,6 +720,9 @@ def test_sigterm_kills_the_tool_shell_but_sigkill_leaves_it_running(claude: str,
                 assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
                 tool_pid = int(pid_file.read_text())
                 tool_sid = os.getsid(tool_pid)
+                # The pid file is written before the shell execs sleep: /proc/PID/environ reads empty while
+                # the exec is under way, so read it once it has something.
+                assert wait_until(lambda: Path(f"/proc/{tool_pid}/environ").read_bytes().strip(b"\0") != b"")
                 environ = Path(f"/proc/{tool_pid}/environ").read_bytes().split(b"\0")
                 os.killpg(proc.pid, sig)
                 stdout, _ = finish(proc)
