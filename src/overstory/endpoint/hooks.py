@@ -29,8 +29,8 @@ import socket
 import socketserver
 import threading
 import typing as t
-from http.server import BaseHTTPRequestHandler
 
+from overstory.endpoint import http1
 from overstory.endpoint.client import TOKEN_ENV
 
 if t.TYPE_CHECKING:
@@ -42,9 +42,6 @@ PRE_TIMEOUT_SECONDS = 30  # the guard and the ledger take milliseconds; an appro
 POST_TIMEOUT_SECONDS = 30
 MAX_HOOK_BYTES = 8 << 20  # a PostToolUse carries the tool's output
 ROUTES = {"/v1/hook.pre": "hook.pre", "/v1/hook.post": "hook.post"}
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 413: "Payload Too Large", 500: "Internal Server Error",
-            503: "Service Unavailable"}
 
 
 SETTINGS_FILE = "settings.http.json"  # beside the command hooks' settings.json, in the agent's run dir
@@ -113,14 +110,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     answered: int
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the CLI reuses its connection
+class _Handler(http1.Handler):
+    keep_alive_allowed = True  # the CLI reuses its connection
     disable_nagle_algorithm = True
     timeout = 600  # an idle kept-alive connection (the model thinking) is dropped after this
     server: _Server
 
     def setup(self) -> None:
         super().setup()
+        self.close_after = False
         with self.server.lock:
             self.server.connections.add(self.connection)
 
@@ -129,48 +127,35 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.connections.discard(self.connection)
         super().finish()
 
-    def log_message(self, format: str, *args: t.Any) -> None:  # (the base class names it `format`)
-        pass
+    def max_body(self) -> int:
+        return MAX_HOOK_BYTES
 
-    def _answer(self, status: int, document: t.Any) -> None:
-        body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
-        self.wfile.write(head + body)  # one write: see the module's note on latency
+    def answer(self, request: http1.Request, body: bytes) -> tuple[int, bytes]:
+        status, document = self._route(request, body)
+        return status, json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
-    def do_GET(self) -> None:
-        self._answer(405, {"error": "use POST"})
-
-    def do_POST(self) -> None:
+    def _route(self, request: http1.Request, body: bytes) -> tuple[int, t.Any]:
         endpoint = self.server.endpoint
-        route = ROUTES.get(self.path)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self.close_connection = True
-            return self._answer(400, {"error": "bad Content-Length"})
-        if length > MAX_HOOK_BYTES:
-            self.close_connection = True
-            return self._answer(413, {"error": "hook input too large"})
-        raw = self.rfile.read(length)  # read it all, so the connection can serve the next call
+        if request.method != "POST":
+            return 405, {"error": "use POST"}
+        route = ROUTES.get(request.path)
         if route is None:
-            return self._answer(404, {"error": f"no hook at {self.path}"})
-        if not endpoint.authorized(self.headers.get("Authorization", "")):
-            return self._answer(401, {"error": "not authorized: only the current turn's secret is accepted"})
+            return 404, {"error": f"no hook at {request.path}"}
+        if not endpoint.authorized(request.headers.get("authorization", "")):
+            return 401, {"error": "not authorized: only the current turn's secret is accepted"}
         try:
-            args = json.loads(raw.decode("utf-8") or "{}")
+            args = json.loads(body.decode("utf-8") or "{}")
         except (ValueError, UnicodeDecodeError):
-            return self._answer(400, {"error": "the hook input is not JSON"})
+            return 400, {"error": "the hook input is not JSON"}
         if not isinstance(args, dict):
-            return self._answer(400, {"error": "the hook input must be a JSON object"})
+            return 400, {"error": "the hook input must be a JSON object"}
         status, document = endpoint.dispatch(route, args)
         if route == "hook.pre" and self._fault_due():  # gone before this answer leaves, so the next call fails
             self.server.listener.close(keep=self.connection)
-            self.close_connection = True
+            self.close_after = True
         if status == 200:
-            self._answer(200, document.get("result") or {})
-        else:
-            self._answer(status if status in _REASONS else 500, {"error": document.get("error")})
+            return 200, document.get("result") or {}
+        return (status if status in http1.REASONS else 500), {"error": document.get("error")}
 
     def _fault_due(self) -> bool:
         global _fault_fired

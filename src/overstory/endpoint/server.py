@@ -18,20 +18,19 @@ are one entry each.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import queue
-import secrets
 import socket
 import socketserver
 import sqlite3
 import threading
 import typing as t
+from _operator import _compare_digest as compare_digest  # hmac's, without hashlib and OpenSSL
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+from overstory.endpoint import http1
 from overstory.endpoint.client import ENDPOINT_ENV, SOCKET_NAME, TOKEN_ENV, unix_address
 from overstory.errors import NotPermitted, OrchestratorError
 from overstory.paths import ProjectPaths
@@ -90,52 +89,37 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     endpoint: AgentEndpoint
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(http1.Handler):
+    """One request per connection (the client sends ``Connection: close``)."""
+
     server: _Server
 
-    def log_message(self, format: str, *args: t.Any) -> None:  # (the base class names it `format`)
-        pass
+    def max_body(self) -> int:
+        return MAX_REQUEST_BYTES
 
-    def address_string(self) -> str:
-        return "unix"
+    def answer(self, request: http1.Request, body: bytes) -> tuple[int, bytes]:
+        status, document = self._route(request, body)
+        return status, json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
 
-    def _answer(self, status: int, document: t.Any) -> None:
-        body = json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.close_connection = True
-
-    def _fail(self, status: int, message: str, exit_code: int = 1) -> None:
-        self._answer(status, {"ok": False, "error": message, "exit_code": exit_code})
-
-    def do_GET(self) -> None:
-        self._fail(405, "use POST /v1/<route>")
-
-    def do_POST(self) -> None:
+    def _route(self, request: http1.Request, body: bytes) -> tuple[int, dict[str, t.Any]]:
         endpoint = self.server.endpoint
-        if not self.path.startswith("/v1/"):
-            return self._fail(404, f"no such endpoint path {self.path!r}")
-        if not endpoint.authorized(self.headers.get("Authorization", "")):
-            return self._fail(401, "not authorized: the endpoint accepts only the secret of this agent's current turn")
+        if request.method != "POST":
+            return _failure(405, "use POST /v1/<route>")
+        if not request.path.startswith("/v1/"):
+            return _failure(404, f"no such endpoint path {request.path!r}")
+        if not endpoint.authorized(request.headers.get("authorization", "")):
+            return _failure(401, "not authorized: the endpoint accepts only the secret of this agent's current turn")
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            return self._fail(400, "bad Content-Length")
-        if length > MAX_REQUEST_BYTES:
-            return self._fail(413, f"request too large ({length} bytes; the limit is {MAX_REQUEST_BYTES})")
-        try:
-            args = json.loads(self.rfile.read(length).decode("utf-8") or "{}")
+            args = json.loads(body.decode("utf-8") or "{}")
         except (ValueError, UnicodeDecodeError):
-            return self._fail(400, "the request body is not JSON")
+            return _failure(400, "the request body is not JSON")
         if not isinstance(args, dict):
-            return self._fail(400, "the request body must be a JSON object")
-        status, document = endpoint.dispatch(self.path[len("/v1/"):], args)
-        self._answer(status, document)
+            return _failure(400, "the request body must be a JSON object")
+        return endpoint.dispatch(request.path[len("/v1/"):], args)
+
+
+def _failure(status: int, message: str, exit_code: int = 1) -> tuple[int, dict[str, t.Any]]:
+    return status, {"ok": False, "error": message, "exit_code": exit_code}
 
 
 class AgentEndpoint:
@@ -218,7 +202,7 @@ class AgentEndpoint:
         which the core functions read from the environment outside a sandbox.
         """
         with self._lock:
-            self._token = token or secrets.token_hex(24)
+            self._token = token or os.urandom(24).hex()
             self._turn_env = {k: v for k, v in (turn_env or {}).items() if k not in (ENDPOINT_ENV, TOKEN_ENV)}
             return {ENDPOINT_ENV: str(self.path), TOKEN_ENV: self._token}
 
@@ -237,7 +221,7 @@ class AgentEndpoint:
     def authorized(self, header: str) -> bool:
         with self._lock:
             token = self._token
-        return token is not None and hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
+        return token is not None and compare_digest(header.encode(), f"Bearer {token}".encode())
 
     # -- requests ---------------------------------------------------------------------
     def dispatch(self, route: str, args: dict[str, t.Any]) -> tuple[int, dict[str, t.Any]]:
