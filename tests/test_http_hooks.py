@@ -149,3 +149,32 @@ def test_the_http_hook_and_the_command_hook_decide_alike(served: t.Any) -> None:
     allowed = [v for v in verdicts if v[2] is None]
     refused = [v for v in verdicts if v[2] is not None]
     assert len(allowed) >= 5 and len(refused) >= 9, verdicts
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(data)
+        conn.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_one_kept_alive_connection_serves_call_after_call_and_bad_requests_get_400(served: t.Any) -> None:
+    """The listener's own HTTP/1.1 (endpoint.http1): requests one after another on one connection, as
+    the CLI sends them; a malformed one is answered 400 and the connection closed, never a crash."""
+    endpoint, env = served
+    call = json.dumps(pre_input("Read", {"file_path": "README.md"}, env["OVERSTORY_WORKTREE"])).encode()
+    one = (f"POST /v1/hook.pre HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env[TOKEN_ENV]}\r\n"
+           f"Content-Type: application/json\r\nContent-Length: {len(call)}\r\n\r\n").encode() + call
+    answers = _raw(endpoint.hooks.port, one * 3)
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == 3 and answers.endswith(b"{}")
+    for garbage in (b"NONSENSE\r\n\r\n", b"POST /v1/hook.pre HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+                    b"POST /v1/hook.pre HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                    b"POST /v1/hook.pre HTTP/1.1\r\nBroken header\r\n\r\n"):
+        answer = _raw(endpoint.hooks.port, garbage + one)
+        assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1") == 1, answer
+    assert post(endpoint.hooks.port, "/v1/hook.pre", json.loads(call), env[TOKEN_ENV]) == (200, {})
