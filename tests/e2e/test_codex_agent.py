@@ -58,8 +58,9 @@ def builder_script(*, first: t.Sequence[Reply | t.Sequence[Reply]] = ()) -> list
     ]
 
 
-def setup(project: ProjectPaths, api: MockResponsesAPI, **turns: t.Any) -> dict[str, str]:
-    configure(project, runtimes={"builder": "codex", "reviewer": "codex"},
+def setup(project: ProjectPaths, api: MockResponsesAPI, *, by_flag: bool = False, **turns: t.Any) -> dict[str, str]:
+    """``by_flag``: no ``runtimes:`` entry in the config: the test names the runtime with ``ov sling --runtime``."""
+    configure(project, runtimes={} if by_flag else {"builder": "codex", "reviewer": "codex"},
               providers={"mockoai": {"base_url": api.base_url, "api_key_env": "MOCK_OAI_KEY",
                                      "protocol": "openai-responses"}},
               models={"builder": f"mockoai/{MOCK_MODEL}", "reviewer": f"mockoai/{MOCK_MODEL}"},
@@ -70,7 +71,7 @@ def setup(project: ProjectPaths, api: MockResponsesAPI, **turns: t.Any) -> dict[
 @requires_codex
 def test_codex_builder_writes_commits_reports_and_completes(project: ProjectPaths) -> None:
     with MockResponsesAPI(builder_script()) as api:
-        name = sling(project, "builder", "task-42", PROMPT, setup(project, api))
+        name = sling(project, "builder", "task-42", PROMPT, setup(project, api, by_flag=True), "--runtime", "codex")
         agent = wait_terminal(project, name, timeout=90)
         requests = list(api.requests)
     assert agent.state == "completed", agent.state_reason

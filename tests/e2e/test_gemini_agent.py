@@ -47,8 +47,9 @@ def builder_script(*, first: t.Sequence[Reply | t.Sequence[Reply]] = ()) -> list
     ]
 
 
-def setup(project: ProjectPaths, api: MockGeminiAPI, **turns: t.Any) -> dict[str, str]:
-    configure(project, runtimes={"builder": "gemini", "reviewer": "gemini"},
+def setup(project: ProjectPaths, api: MockGeminiAPI, *, by_flag: bool = False, **turns: t.Any) -> dict[str, str]:
+    """``by_flag``: no ``runtimes:`` entry in the config: the test names the runtime with ``ov sling --runtime``."""
+    configure(project, runtimes={} if by_flag else {"builder": "gemini", "reviewer": "gemini"},
               providers={"mockgem": {"base_url": api.base_url, "api_key_env": "MOCK_GEM_KEY", "protocol": "gemini"}},
               models={"builder": f"mockgem/{DEFAULT_MODEL}", "reviewer": f"mockgem/{DEFAULT_MODEL}"},
               runtime={"gemini_bin": GEMINI_BIN or "gemini"}, turns=turns)
@@ -62,7 +63,7 @@ def tool_results(api: MockGeminiAPI) -> str:
 @requires_gemini
 def test_gemini_builder_writes_commits_reports_and_completes(project: ProjectPaths) -> None:
     with MockGeminiAPI(builder_script()) as api:
-        name = sling(project, "builder", "task-42", PROMPT, setup(project, api))
+        name = sling(project, "builder", "task-42", PROMPT, setup(project, api, by_flag=True), "--runtime", "gemini")
         agent = wait_terminal(project, name, timeout=120)
         first = api.main_requests[0]
     assert agent.state == "completed", agent.state_reason

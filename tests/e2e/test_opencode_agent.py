@@ -51,8 +51,9 @@ def builder_script(*, first: t.Sequence[Reply | t.Sequence[Reply]] = ()) -> list
     ]
 
 
-def setup(project: ProjectPaths, api: MockChatAPI, **turns: t.Any) -> dict[str, str]:
-    configure(project, runtimes={"builder": "opencode"},
+def setup(project: ProjectPaths, api: MockChatAPI, *, by_flag: bool = False, **turns: t.Any) -> dict[str, str]:
+    """``by_flag``: no ``runtimes:`` entry in the config: the test names the runtime with ``ov sling --runtime``."""
+    configure(project, runtimes={} if by_flag else {"builder": "opencode"},
               providers={"mockchat": {"base_url": api.base_url, "api_key_env": "MOCK_CHAT_KEY",
                                       "protocol": "openai-chat"}},
               models={"builder": f"mockchat/{MODEL_ID}"}, prices={MODEL_ID: MOCK_PRICE},
@@ -69,7 +70,7 @@ def tool_messages(api: MockChatAPI) -> dict[str, str]:
 @requires_opencode
 def test_opencode_builder_writes_commits_reports_and_completes(project: ProjectPaths) -> None:
     with MockChatAPI(builder_script()) as api:
-        name = sling(project, "builder", "task-42", PROMPT, setup(project, api))
+        name = sling(project, "builder", "task-42", PROMPT, setup(project, api, by_flag=True), "--runtime", "opencode")
         agent = wait_terminal(project, name, timeout=120)
         first = api.main_requests[0]
     assert agent.state == "completed", agent.state_reason
