@@ -81,6 +81,9 @@ def test_a_gone_listener_blocks_the_next_call_and_the_next_turn_gets_a_new_one(p
         assert not (worktree / "second.txt").exists(), "a call no hook could check ran"
         told = "\n".join(conversation_text(r) for r in api.main_requests)
         assert "onFailure" in told or "ECONNREFUSED" in told, told[-800:]
+        doctor = run_ov("doctor", "--json", cwd=project.root, env=env)
+        [hooks] = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "hooks"]
+        assert f"{name}: http" in hooks["detail"]  # ov doctor says which transport each live agent uses
         sent = run_ov("mail", "send", "--to", name, "--subject", "go on", "--body", "continue", cwd=project.root,
                       env=env)
         assert sent.returncode == 0, sent.stderr
