@@ -42,11 +42,8 @@ PRE_TIMEOUT_SECONDS = 30  # the guard and the ledger take milliseconds; an appro
 POST_TIMEOUT_SECONDS = 30
 MAX_HOOK_BYTES = 8 << 20  # a PostToolUse carries the tool's output
 ROUTES = {"/v1/hook.pre": "hook.pre", "/v1/hook.post": "hook.post"}
-
-
 SETTINGS_FILE = "settings.http.json"  # beside the command hooks' settings.json, in the agent's run dir
 TRANSPORT_FILE = "hook_transport"  # "http PORT" or "command": what `ov doctor` reports
-TOOL_HOOK_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
 
 
 def transport_for(config: t.Any, runtime_name: str, capability: str) -> str:
