@@ -135,6 +135,18 @@ class Snapshot:
         return changed
 
 
+def events_of(project: ProjectPaths, agent: str, kind: str) -> list[str]:
+    """The summaries of ``agent``'s events of ``kind``, oldest first."""
+    from overstory.store.db import open_events
+
+    conn = open_events(project.events_db)
+    try:
+        return [r[0] for r in conn.execute("SELECT summary FROM events WHERE agent = ? AND kind = ? ORDER BY id",
+                                           (agent, kind))]
+    finally:
+        conn.close()
+
+
 def processes_with(token: str) -> list[int]:
     """Live pids whose command line contains ``token``."""
     found = []

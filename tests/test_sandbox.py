@@ -24,8 +24,7 @@ from overstory.paths import ProjectPaths
 from overstory.sandbox import effective_mode, gitrefs
 from overstory.sandbox.bwrap import build_argv
 from overstory.sandbox.layout import Layout
-from overstory.store.db import open_events
-from sandbox_helpers import Snapshot, git_out, processes_with, requires_bwrap
+from sandbox_helpers import Snapshot, events_of, git_out, processes_with, requires_bwrap
 
 
 def hidden(command: str) -> str:
@@ -42,15 +41,6 @@ def sling_scripted(project: ProjectPaths, task: str, turns: list[dict], *, capab
     done = run_ov(*args, *(["--base-branch", base] if base else []), cwd=project.root, env=env)
     assert done.returncode == 0, done.stderr
     return f"{capability}-{task}"
-
-
-def events_of(project: ProjectPaths, agent: str, kind: str) -> list[str]:
-    conn = open_events(project.events_db)
-    try:
-        return [r[0] for r in conn.execute("SELECT summary FROM events WHERE agent = ? AND kind = ? ORDER BY id",
-                                           (agent, kind))]
-    finally:
-        conn.close()
 
 
 REPORT = {"bash": 'ov mail send --type worker_done --subject "done ${OVERSTORY_TASK_ID}" --body finished'}

@@ -38,7 +38,7 @@ from mockapi import MockMessagesAPI, Reply, ScriptedConversation, assistant_turn
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store.db import open_events, open_state
-from sandbox_helpers import Snapshot, processes_with
+from sandbox_helpers import Snapshot, events_of, processes_with
 
 MEASURE = os.environ.get("OV_CONTAINMENT_MEASURE")  # read at import: the autouse fixture drops OV_* variables
 BATCH = 12  # tool calls per model reply
@@ -250,21 +250,12 @@ def test_escape_table(project: ProjectPaths, tmp_path: Path, transport: str) -> 
     assert leftovers == {BUILDER: [], SCOUT: []} and tokens == []
     assert hooks_ran == {"h10", "h11"}, "ov's hooks must still run in the turn after the agent removed its files"
     assert agent_state(project, BUILDER).state == "completed" and agent_state(project, SCOUT).state == "completed"
-    refused = _events(project, BUILDER, "branch_refused")
+    refused = events_of(project, BUILDER, "branch_refused")
     assert refused and "not an object name" in refused[0]
     assert merged.returncode == 0, merged.stderr
     assert json.loads(merged.stdout)["merges"][0]["merged"] is True
     assert "hooks/post-merge" in run_git(project.root, "ls-tree", "-r", "--name-only", "main")
     assert not marker.exists(), "the operator's merge ran a hook the agent wrote"
-
-
-def _events(project: ProjectPaths, agent: str, kind: str) -> list[str]:
-    conn = open_events(project.events_db)
-    try:
-        return [r[0] for r in conn.execute("SELECT summary FROM events WHERE agent = ? AND kind = ? ORDER BY id",
-                                           (agent, kind))]
-    finally:
-        conn.close()
 
 
 # ---- the same agents' normal work ---------------------------------------------------------------------
