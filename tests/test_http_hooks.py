@@ -178,3 +178,25 @@ def test_one_kept_alive_connection_serves_call_after_call_and_bad_requests_get_4
         answer = _raw(endpoint.hooks.port, garbage + one)
         assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1") == 1, answer
     assert post(endpoint.hooks.port, "/v1/hook.pre", json.loads(call), env[TOKEN_ENV]) == (200, {})
+
+
+@pytest.mark.parametrize(("runtime", "config", "expected"), [
+    ("claude", {}, "http"),
+    ("claude", {"sandbox": {"network": {"default": True, "builder": False}}}, "command"),  # its own loopback
+    ("claude", {"sandbox": {"mode": "off", "network": False}}, "http"),  # no sandbox: the host's loopback
+    ("claude", {"guards": {"hook_transport": "command"}}, "command"),
+    ("scripted", {}, "command"),  # its player runs command hooks only
+    ("codex", {}, "command"),
+])
+def test_which_agents_get_http_hooks(tmp_path: t.Any, runtime: str, config: dict[str, t.Any], expected: str) -> None:
+    import yaml
+
+    from overstory.config import load_config
+    from overstory.endpoint.hooks import transport_for
+    from sandbox_helpers import probe
+
+    if not probe().ok and config.get("sandbox", {}).get("mode") != "off" and "network" in config.get("sandbox", {}):
+        pytest.skip("needs a working bubblewrap")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert transport_for(load_config(path), runtime, "builder") == expected
