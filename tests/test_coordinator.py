@@ -123,7 +123,10 @@ def test_start_runs_at_the_root_with_its_instructions_passed_as_flags(team: Proj
     # Every turn gets them as --append-system-prompt-file and --settings, and nothing else counts.
     command = json.loads(next((team.logs_dir / "coordinator").glob("*/command.json")).read_text())
     assert command[command.index("--append-system-prompt-file") + 1] == str(run_dir / "CLAUDE.md")
-    assert command[command.index("--settings") + 1] == str(run_dir / "settings.json")
+    # Headless turns get the HTTP hooks the loop serves (endpoint.hooks), made from settings.json.
+    assert command[command.index("--settings") + 1] == str(run_dir / "settings.http.json")
+    http = json.loads((run_dir / "settings.http.json").read_text())["hooks"]["PreToolUse"][0]["hooks"][0]
+    assert http["type"] == "http" and http["onFailure"] == "block"
     assert command[command.index("--setting-sources") + 1] == ""
     # A finished turn does not complete a persistent agent.
     assert agent_state(team, "coordinator").state == "between_turns"

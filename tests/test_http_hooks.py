@@ -185,7 +185,7 @@ def test_one_kept_alive_connection_serves_call_after_call_and_bad_requests_get_4
     ("claude", {"sandbox": {"network": {"default": True, "builder": False}}}, "command"),  # its own loopback
     ("claude", {"sandbox": {"mode": "off", "network": False}}, "http"),  # no sandbox: the host's loopback
     ("claude", {"guards": {"hook_transport": "command"}}, "command"),
-    ("scripted", {}, "command"),  # its player runs command hooks only
+    ("scripted", {}, "http"),  # its player runs HTTP hooks as claude does
     ("codex", {}, "command"),
 ])
 def test_which_agents_get_http_hooks(tmp_path: t.Any, runtime: str, config: dict[str, t.Any], expected: str) -> None:

@@ -21,7 +21,6 @@ if t.TYPE_CHECKING:
 class ScriptedRuntime(ClaudeRuntime):
     name = "scripted"
     tmp_env_vars = ()
-    http_hooks = False  # its player runs command hooks only: every scripted call goes through a real `ov guard`
 
     def program(self, config: Config) -> list[str]:
         return [sys.executable, "-m", "overstory.runtimes.scripted"]

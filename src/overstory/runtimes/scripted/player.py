@@ -41,6 +41,8 @@ import typing as t
 import uuid
 from pathlib import Path
 
+from overstory.runtimes.scripted.hooks import Hooks
+
 NOTHING_MORE = "nothing more to do"
 COST_PER_STEP = 0.001
 DEFAULT_MODEL = "scripted"
@@ -171,98 +173,6 @@ class Session:
                 "uuid": str(uuid.uuid4()), "timestamp": _now()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(line) + "\n")
-
-
-# --------------------------------------------------------------------------- hooks
-
-
-def _matches(matcher: str | None, tool_name: str) -> bool:
-    if not matcher or matcher == "*":
-        return True
-    if re.fullmatch(r"[\w|]+", matcher):
-        return tool_name in matcher.split("|")
-    return re.search(matcher, tool_name) is not None
-
-
-class Hooks:
-    """Hook commands from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``.
-
-    Like claude, ``--setting-sources`` (comma-separated ``project``/``local``; ``""`` for none)
-    limits which of the worktree's files count; ``--settings`` always does.
-    """
-
-    def __init__(self, cwd: str, settings_arg: str | None, setting_sources: str | None = None) -> None:
-        self.cwd = cwd
-        self.by_event: dict[str, list[dict[str, t.Any]]] = {}
-        sources: list[str] = []
-        allowed = None if setting_sources is None else {s.strip() for s in setting_sources.split(",")}
-        for source, name in (("project", "settings.json"), ("local", "settings.local.json")):
-            path = Path(cwd, ".claude", name)
-            if (allowed is None or source in allowed) and path.is_file():
-                sources.append(path.read_text())
-        if settings_arg and settings_arg.lstrip().startswith("{"):
-            sources.append(settings_arg)
-        elif settings_arg and Path(settings_arg).is_file():
-            sources.append(Path(settings_arg).read_text())
-        for source in sources:
-            try:
-                hooks = json.loads(source).get("hooks") or {}
-            except (json.JSONDecodeError, AttributeError):
-                continue
-            for event, groups in hooks.items():
-                self.by_event.setdefault(event, []).extend(groups or [])
-
-    def run(self, event: str, payload: dict[str, t.Any], tool_name: str = "") -> list[tuple[int, str, str]]:
-        """Run every matching command; ``(exit code, stdout, stderr)`` for each."""
-        outcomes = []
-        env = dict(os.environ, CLAUDE_PROJECT_DIR=self.cwd, CLAUDE_CODE_SESSION_ID=payload["session_id"])
-        for group in self.by_event.get(event, []):
-            if event in ("PreToolUse", "PostToolUse", "PostToolUseFailure") and not _matches(group.get("matcher"),
-                                                                                            tool_name):
-                continue
-            for hook in group.get("hooks") or []:
-                if hook.get("type", "command") != "command" or not hook.get("command"):
-                    continue
-                try:
-                    done = subprocess.run(["/bin/bash", "-c", hook["command"]], input=json.dumps(payload),
-                                          capture_output=True, text=True, cwd=self.cwd, env=env,
-                                          timeout=float(hook.get("timeout", 60)))
-                    outcomes.append((done.returncode, done.stdout, done.stderr))
-                except subprocess.TimeoutExpired:
-                    outcomes.append((1, "", f"hook timed out: {hook['command']}"))
-        return outcomes
-
-    def denial(self, payload: dict[str, t.Any]) -> str | None:
-        """The reason a PreToolUse hook refused this call, or None when it may run."""
-        for code, out, err in self.run("PreToolUse", payload, payload["tool_name"]):
-            if code == 2:
-                return err.strip() or "blocked by a PreToolUse hook"
-            try:
-                decision = json.loads(out) if out.strip() else {}
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(decision, dict):
-                continue
-            specific = decision.get("hookSpecificOutput") or {}
-            if specific.get("permissionDecision") == "deny":
-                return specific.get("permissionDecisionReason") or "denied by a PreToolUse hook"
-            if decision.get("decision") == "block":
-                return decision.get("reason") or "blocked by a PreToolUse hook"
-        return None
-
-    def prompt_context(self, payload: dict[str, t.Any]) -> list[str]:
-        """Extra context that UserPromptSubmit hooks add to the prompt."""
-        extra = []
-        for code, out, _err in self.run("UserPromptSubmit", payload):
-            if code != 0 or not out.strip():
-                continue
-            try:
-                parsed = json.loads(out)
-                added = (parsed.get("hookSpecificOutput") or {}).get("additionalContext") if isinstance(parsed, dict) else None
-            except json.JSONDecodeError:
-                added = None
-            extra.append(added if added is not None else out.strip())
-        return extra
 
 
 # --------------------------------------------------------------------------- tools
