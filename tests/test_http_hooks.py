@@ -200,3 +200,32 @@ def test_which_agents_get_http_hooks(tmp_path: t.Any, runtime: str, config: dict
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     assert transport_for(load_config(path), runtime, "builder") == expected
+
+
+def test_a_scripted_agent_is_guarded_over_http_and_a_gone_listener_blocks_its_next_call(
+        project: ProjectPaths, tmp_path: t.Any) -> None:
+    """The scripted runtime plays Claude's HTTP hooks: its calls are decided by the loop's listener, and
+    once that listener is gone (closed after one answer by a test hook) the next call is refused, not run.
+    The next turn gets a new listener. (Real claude: tests/e2e/test_http_hooks_claude.py.)"""
+    from agent_helpers import agent_state, wait_for, wait_terminal
+
+    scenario = project.ov_dir / "scenario-http.json"
+    scenario.write_text(json.dumps({"turns": [
+        {"actions": [{"bash": "touch first.txt"}, {"bash": "touch second.txt"}], "result": "stopping"},
+        {"actions": [{"bash": "touch third.txt"},
+                     {"bash": "ov mail send --type worker_done --subject done --body ok"}], "result": "done"},
+    ]}))
+    env = {**os.environ, "OV_TEST_HOOKS_CLOSE_AFTER": "1"}
+    slung = subprocess.run([*ov_command(), "sling", "builder", "http", "--runtime", "scripted", "--scenario",
+                            str(scenario)], cwd=project.root, env=env, capture_output=True, text=True, timeout=120)
+    assert slung.returncode == 0, slung.stderr
+    name, worktree = "builder-http", project.worktree("builder-http")
+    wait_for(lambda: (a := agent_state(project, name)) and a.turns >= 1 and a.state == "between_turns", 60,
+             message="the first turn to end")
+    assert (project.run_dir / name / "hook_transport").read_text().startswith("http ")
+    assert (worktree / "first.txt").exists() and not (worktree / "second.txt").exists()
+    sent = subprocess.run([*ov_command(), "mail", "send", "--to", name, "--subject", "go on"], cwd=project.root,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    assert wait_terminal(project, name, timeout=60).state == "completed"
+    assert (worktree / "third.txt").exists()
