@@ -139,6 +139,14 @@ def test_clean_removes_a_merged_branch_and_refuses_uncommitted_changes(fast_proj
     assert "ov/" not in run_git(fast_project.root, "branch", "--list")
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+
+
 @pytest.mark.parametrize("mode", ["off", "bwrap"])
 def test_stop_kills_the_orphaned_turn_of_a_dead_loop(fast_project: ProjectPaths, state_db: t.Any,
                                                      cleanup_agents: None, mode: str) -> None:
@@ -153,6 +161,10 @@ def test_stop_kills_the_orphaned_turn_of_a_dead_loop(fast_project: ProjectPaths,
     fast_project.local_config_file.write_text(yaml.safe_dump({**local, "sandbox": {"mode": mode}}))
     name = start_agent(fast_project, state_db, "s8", SLEEPER)
     busy = wait_for(lambda: (r := row(state_db, name)).current_tool == "Bash" and r, what="the tool call")
+    # The call is announced before its PreToolUse hook answers; kill the loop only once the tool runs (with
+    # the loop gone, the hook it serves can no longer allow anything).
+    wait_for(lambda: any(_cmdline(pid).startswith(b"sleep") for pid in agent_processes(fast_project, name)),
+             what="the tool's sleep to start")
     os.kill(busy.loop_pid, signal.SIGKILL)
     wait_for(lambda: not procs.is_alive(busy.loop_pid, busy.loop_start_ticks), what="the loop to die")
     if mode == "off":
