@@ -229,3 +229,23 @@ def test_a_scripted_agent_is_guarded_over_http_and_a_gone_listener_blocks_its_ne
     assert sent.returncode == 0, sent.stderr
     assert wait_terminal(project, name, timeout=60).state == "completed"
     assert (worktree / "third.txt").exists()
+
+
+def test_another_agents_secret_does_not_open_this_listener(served: t.Any, project: ProjectPaths,
+                                                           state_db: t.Any) -> None:
+    """An agent that finds a neighbour's hook port (127.0.0.1 is shared when the network is) and posts
+    receipts or calls with its own turn's secret is refused, and nothing is written to the neighbour's ledger."""
+    endpoint, env = served
+    sessions.create_session(state_db, name="builder-other", capability="builder", task_id="t-o", runtime="claude",
+                            actor="test", parent="operator", depth=0)
+    other = AgentEndpoint(project, "builder-other", 1, ROUTES).start()
+    try:
+        other.serve_hooks()
+        its_secret = other.open_turn()[TOKEN_ENV]
+        call = pre_input("Bash", {"command": "git status"}, env["OVERSTORY_WORKTREE"], use_id="toolu_forged")
+        forged = {**call, "hook_event_name": "PostToolUse", "tool_response": {"stdout": "pushed"}}
+        assert post(endpoint.hooks.port, "/v1/hook.pre", call, its_secret)[0] == 401
+        assert post(endpoint.hooks.port, "/v1/hook.post", forged, its_secret)[0] == 401
+        assert state_db.execute("SELECT COUNT(*) FROM tool_calls").fetchone()[0] == 0
+    finally:
+        other.close()

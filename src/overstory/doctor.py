@@ -113,11 +113,14 @@ def check_hooks(project: t.Any, state_db: Path) -> Check | None:
     """How each live agent's tool calls reach the guard: HTTP to its loop, or an `ov guard` process."""
     if not state_db.exists():
         return None
+    from overstory.store.sessions import TERMINAL_STATES
+
+    ended = tuple(TERMINAL_STATES)
     try:
         conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=5)
         try:
-            names = [r[0] for r in conn.execute("SELECT name FROM sessions WHERE state NOT IN "
-                                                "('completed', 'zombie') ORDER BY name")]
+            names = [r[0] for r in conn.execute(
+                f"SELECT name FROM sessions WHERE state NOT IN ({','.join('?' * len(ended))}) ORDER BY name", ended)]
         finally:
             conn.close()
     except sqlite3.Error:

@@ -84,9 +84,6 @@ class AgentLoop(AgentProcess):
         run_dir = self.project.run_dir / self.name
         transport = "command" if agent is None else hooks.transport_for(self.config, agent.runtime, agent.capability)
         settings = None
-        if endpoint.hooks is not None:  # a listener that stopped (its calls were blocked): a new one
-            endpoint.hooks.close()
-            endpoint.hooks = None
         if transport == "http" and agent is not None:
             try:
                 port = endpoint.serve_hooks()
@@ -113,8 +110,8 @@ class AgentLoop(AgentProcess):
 
         attempt = agent.retries if attempt is None else attempt
         extra = dict(extra_env or {})
-        if self.endpoint is not None and self.hook_settings is not None and not getattr(self.endpoint.hooks, "alive", False):
-            self.hook_settings = self._serve_hooks(self.endpoint)
+        if self.endpoint is not None and self.hook_settings is not None and not self.endpoint.hooks_alive:
+            self.hook_settings = self._serve_hooks(self.endpoint)  # its listener stopped: a new one, a new port
         if self.endpoint is not None:
             turn_vars = {**durable_env(self.config, agent, attempt, claimed_ids(self.state, turn_id)), **extra,
                          "OVERSTORY_TURN_ID": turn_id}

@@ -37,7 +37,8 @@ if t.TYPE_CHECKING:
     from overstory.endpoint.server import AgentEndpoint
 
 HOST = "127.0.0.1"
-FAULT_ENV = "OV_TEST_HOOKS_CLOSE_AFTER"  # test hook: the first listener closes itself after this many PreToolUse answers
+# Test hook: the first listener closes itself after this many PreToolUse answers (fail-closed tests).
+FAULT_ENV = "OV_TEST_HOOKS_CLOSE_AFTER"
 PRE_TIMEOUT_SECONDS = 30  # the guard and the ledger take milliseconds; an approval gate writes one transaction
 POST_TIMEOUT_SECONDS = 30
 MAX_HOOK_BYTES = 8 << 20  # a PostToolUse carries the tool's output
@@ -115,7 +116,6 @@ class _Handler(http1.Handler):
 
     def setup(self) -> None:
         super().setup()
-        self.close_after = False
         with self.server.lock:
             self.server.connections.add(self.connection)
 

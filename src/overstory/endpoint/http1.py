@@ -9,6 +9,7 @@ with a ``Content-Length`` body, optional keep-alive, and an answer written in on
 
 from __future__ import annotations
 
+import json
 import socketserver
 import typing as t
 
@@ -75,8 +76,9 @@ def content_length(request: Request) -> int:
 
 def response(status: int, body: bytes, *, keep_alive: bool) -> bytes:
     """Status line, headers and body as one buffer."""
+    closing = "" if keep_alive else "Connection: close\r\n"
     head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n")
+            f"Content-Length: {len(body)}\r\n{closing}\r\n")
     return head.encode("latin-1") + body
 
 
@@ -84,6 +86,7 @@ class Handler(socketserver.StreamRequestHandler):
     """Serves requests on one connection until it closes (or a request asks to): ``answer`` decides."""
 
     keep_alive_allowed = False
+    close_after = False  # set while answering: this answer is the connection's last
 
     def answer(self, request: Request, body: bytes) -> tuple[int, bytes]:
         raise NotImplementedError
@@ -99,20 +102,25 @@ class Handler(socketserver.StreamRequestHandler):
                     return
                 length = content_length(request)
                 if length > self.max_body():
-                    self.wfile.write(response(413, b'{"error":"request too large"}', keep_alive=False))
+                    self._send_last(response(413, b'{"error":"request too large"}', keep_alive=False))
                     return
                 body = self.rfile.read(length) if length else b""
             except BadRequest as exc:
-                self.wfile.write(response(400, ('{"error":"%s"}' % exc).encode(), keep_alive=False))
+                self._send_last(response(400, json.dumps({"error": str(exc)}).encode(), keep_alive=False))
                 return
             except OSError:
                 return
-            keep = self.keep_alive_allowed and request.keep_alive
             status, document = self.answer(request, body)
-            keep = keep and getattr(self, "close_after", False) is False
+            keep = self.keep_alive_allowed and request.keep_alive and not self.close_after
             try:
                 self.wfile.write(response(status, document, keep_alive=keep))
             except OSError:
                 return
             if not keep:
                 return
+
+    def _send_last(self, data: bytes) -> None:
+        try:
+            self.wfile.write(data)
+        except OSError:
+            pass  # the client is gone: nothing to tell it

@@ -235,10 +235,10 @@ def tool_call(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 tool_call.takes_back = False  # type: ignore[attr-defined]  # every tool call: no git work here
 
 
-def _ledger_context(caller: Caller) -> t.Any:
+def _ledger_context(caller: Caller, env: t.Mapping[str, str] | None = None) -> t.Any:
     from overstory.agents.ledger import LedgerContext
 
-    ctx = LedgerContext.from_env(caller.environ())  # the current turn's dispatch and policy, as ov set them
+    ctx = LedgerContext.from_env(env if env is not None else caller.environ())  # the turn's dispatch, policy, rules
     assert ctx is not None  # environ() always names the caller
     return ctx
 
@@ -257,9 +257,8 @@ def ledger_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     if not isinstance(hook_input, dict):
         raise UsageError("ledger.pre: hook_input must be the tool call's JSON object")
     decision = Decision(bool(args.get("allow")), str(args.get("reason") or ""))
-    env = caller.environ()  # the approval rules are the turn's, as ov exported them; never the request's
-    final = gate_and_record(caller.conn, hook_input, decision, _ledger_context(caller),
-                            env.get("OVERSTORY_APPROVALS"), events=caller.events)
+    ctx = _ledger_context(caller)  # its approval rules are the turn's, as ov exported them; never the request's
+    final = gate_and_record(caller.conn, hook_input, decision, ctx, ctx.approvals, events=caller.events)
     return {"allow": final.allow, "reason": final.reason}
 
 
@@ -295,8 +294,8 @@ def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.store.tool_count import count_on
 
     env = caller.environ()
-    ctx = _ledger_context(caller)
-    spec = env.get("OVERSTORY_APPROVALS")
+    ctx = _ledger_context(caller, env)
+    spec = ctx.approvals
 
     def count() -> str | None:
         return count_on(caller.conn, caller.name, caller.agent.generation)

@@ -171,11 +171,18 @@ class AgentEndpoint:
         return self
 
     def serve_hooks(self) -> int:
-        """Also listen on 127.0.0.1 for Claude's HTTP tool-call hooks (``endpoint.hooks``); returns the port."""
+        """Also listen on 127.0.0.1 for Claude's HTTP tool-call hooks (``endpoint.hooks``), in place of a
+        listener that stopped; returns the port."""
         from overstory.endpoint.hooks import HookListener
 
+        if self.hooks is not None:
+            self.hooks.close()
         self.hooks = HookListener(self).start()
         return int(self.hooks.port)
+
+    @property
+    def hooks_alive(self) -> bool:
+        return self.hooks is not None and bool(self.hooks.alive)
 
     def close(self) -> None:
         self.revoke()

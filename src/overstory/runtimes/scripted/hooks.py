@@ -11,6 +11,7 @@ import subprocess
 import typing as t
 from pathlib import Path
 
+
 def _matches(matcher: str | None, tool_name: str) -> bool:
     if not matcher or matcher == "*":
         return True
@@ -57,7 +58,7 @@ def _http_hook(hook: dict[str, t.Any], payload: dict[str, t.Any]) -> tuple[int, 
 
 
 class Hooks:
-    """Hook commands from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``.
+    """Hooks (commands and HTTP) from ``.claude/settings.json``, ``.claude/settings.local.json`` and ``--settings``.
 
     Like claude, ``--setting-sources`` (comma-separated ``project``/``local``; ``""`` for none)
     limits which of the worktree's files count; ``--settings`` always does.
