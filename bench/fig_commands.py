@@ -2,15 +2,24 @@
 
 The floors are the least any Python CLI can cost: starting the interpreter
 (`python -c pass`), starting it plus importing click, and starting it plus importing
-the standard modules every hot command needs (re, json, sqlite3). The hot commands do not
-import click (cli.fast parses them), so the target is set against the first floor:
-at most 2x `python -c pass`; the ratio to the click floor is given beside it. Each round runs every
-command once, in a rotating order, so the ratio of medians is taken under the same
-conditions. It is measured twice: with bytecode caching on (PYTHONPYCACHEPREFIX in
-a scratch folder, as an installed package would have .pyc files) and off
-(PYTHONDONTWRITEBYTECODE=1 with no cached .pyc for ov's own modules, as in an
-editable install in this sandbox), because ov's modules are compiled on every run
-in the second case.
+the standard modules the hot commands once needed (re, json, sqlite3). The hot commands do
+not import click (cli.fast parses them), nor those packages (``jsontext`` on ``_json``,
+``_sqlite3`` for the sqlite3 package), so the target is set against the first floor:
+at most 2x `python -c pass`; the ratio to the click floor is given beside it.
+
+Each command is timed in the two places it runs: on the databases (the operator's
+commands, and an agent's when no endpoint answers), and during an agent's turn ("in a
+turn:" rows), where its environment names the agent's endpoint and the command is a
+client of the agent's loop (here the bench process serves that endpoint, as the loop
+would). The CPU-time rows count the command's own process only; in a turn the loop's
+share is not in them, so wall time is the measure there.
+
+Each round runs every command once, in a rotating order, so the ratio of medians is taken
+under the same conditions. It is measured twice: with bytecode caching on
+(PYTHONPYCACHEPREFIX in a scratch folder, as an installed package has .pyc files) and
+off (PYTHONDONTWRITEBYTECODE=1 with no cached .pyc for ov's own modules, as in an
+editable install in this sandbox), because ov's modules are compiled on every run in the
+second case.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ TARGET_RATIO = 2.0  # x `python -c pass`
 CLICK_COMMANDS = {"ov --version"}
 HEAVY_MODULES = ("rich", "git", "libtmux", "anthropic", "pydantic", "yaml")
 AGENT = "builder-hot"
+IN_TURN = "in a turn:"  # the rows of an agent's commands with its endpoint in their environment
 
 
 def _guard_input(worktree: Path, event: str = "PreToolUse") -> bytes:
@@ -97,8 +107,13 @@ def _setup(ctx: Context) -> dict[str, t.Any]:
     # The agent's loop holds state.db open for its whole life, so a guard's connection is never the last one
     # to close (the last one to close checkpoints the WAL, an fsync): keep one open as the loop would.
     loop_connection = open_state(project.state_db)
+    # ... and serves the agent's endpoint, which its hot commands are clients of during a turn.
+    from overstory.endpoint.routes import ROUTES
+    from overstory.endpoint.server import AgentEndpoint
+
+    endpoint = AgentEndpoint(project, AGENT, generation, ROUTES, {}).start()
     return {"root": root, "project": project, "worktree": worktree, "names": names, "generation": generation,
-            "loop_connection": loop_connection}
+            "loop_connection": loop_connection, "endpoint": endpoint}
 
 
 def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dict[str, Command]:
@@ -113,7 +128,13 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
                  "OVERSTORY_ATTEMPT": "0", "OVERSTORY_DISPATCH": "1"}
     # Without the generation the guard skips its budget count: the guard as it was before budgets.
     uncounted_env = {k: v for k, v in agent_env.items() if k != "OVERSTORY_GENERATION"}
+    # In a turn the same commands find the agent's endpoint in their environment and ask its loop.
+    endpoint = setup["endpoint"]
+    turn_env = {**agent_env, **endpoint.open_turn(turn_env={k: v for k, v in agent_env.items()
+                                                            if k.startswith("OVERSTORY_")})}
+    endpoint.set_turn_env(agent_env)
     py = ctx.python
+    mail_send = [ctx.ov, "mail", "send", "--to", "builder-002", "--subject", "status", "--body", "parser done; tests next"]
 
     def one_new_message() -> None:
         conn = open_state(project.state_db)
@@ -147,8 +168,8 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
         # What every hot command needs from the standard library (the `ov` script itself imports re).
         "floor: python -c 'import re, json, sqlite3'": Command([py, "-c", "import re, json, sqlite3"], env),
         "ov --version": Command([ctx.ov, "--version"], env, cwd=root),
-        "ov mail send": Command([ctx.ov, "mail", "send", "--to", "builder-002", "--subject", "status",
-                                 "--body", "parser done; tests next"], env, cwd=root),
+        # The operator's commands (and an agent's, with no endpoint to ask) work on the databases themselves.
+        "ov mail send": Command(mail_send, env, cwd=root),
         "ov mail check (1 new)": Command([ctx.ov, "mail", "check"], agent_env, cwd=worktree, check=got_one,
                                          before=one_new_message),
         "ov guard (Bash PreToolUse)": Command([ctx.ov, "guard"], agent_env, cwd=worktree,
@@ -159,6 +180,17 @@ def _commands(ctx: Context, env: dict[str, str], setup: dict[str, t.Any]) -> dic
                                              stdin=_guard_input(worktree), check=allowed),
         "ov status --json (50 agents)": Command([ctx.ov, "status", "--json"], env, cwd=root,
                                                 check=fifty_agents),
+        # An agent's commands during a turn: clients of its endpoint (the loop does the work).
+        f"{IN_TURN} ov mail send": Command(mail_send, turn_env, cwd=worktree),
+        f"{IN_TURN} ov mail check (1 new)": Command([ctx.ov, "mail", "check"], turn_env, cwd=worktree,
+                                                    check=got_one, before=one_new_message),
+        f"{IN_TURN} ov guard (Bash PreToolUse)": Command([ctx.ov, "guard"], turn_env, cwd=worktree,
+                                                         stdin=_guard_input(worktree), check=allowed),
+        f"{IN_TURN} ov guard --post (Bash PostToolUse)": Command(
+            [ctx.ov, "guard", "--post"], turn_env, cwd=worktree, stdin=_guard_input(worktree, "PostToolUse"),
+            check=allowed),
+        f"{IN_TURN} ov status --json (50 agents)": Command([ctx.ov, "status", "--json"], turn_env, cwd=worktree,
+                                                           check=fifty_agents),
     }
 
 
@@ -311,6 +343,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
             details["import_profiles"].setdefault(mode, {})[name] = import_profile(
                 [ctx.python, *command.argv], command.env, Path(command.cwd or setup["root"]), command.stdin)
     rows.extend(_budget_count_rows(setup))
+    setup["endpoint"].close()
     setup["loop_connection"].close()
     for mode, pth_ms in details.get("startup_pth_ms", {}).items():
         if pth_ms:

@@ -9,6 +9,7 @@ everything.
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -23,9 +24,11 @@ from pathlib import Path
 
 import click
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import make_repo
-from overstory.cli import fast
+from overstory.cli import fast, hot
 from overstory.paths import ProjectPaths
 from overstory.store import budgets, mail, sessions
 from overstory.store.db import open_events, open_state
@@ -82,6 +85,11 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return build_world(tmp_path_factory)
+
+
+def build_world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    """A project with a lead, two builders (one with budget left), a finished scout and some mail."""
     from overstory.project_init import init_project
 
     with pytest.MonkeyPatch.context() as patch:
@@ -367,31 +375,42 @@ def test_the_root_group_options_are_the_ones_the_fast_path_knows() -> None:
 
 # ---- in a real process, the fast path stays light -------------------------------------------------
 
+# The probe imports nothing itself before the command runs (not even json: it would hide the command's own).
 PROBE = textwrap.dedent("""
-    import json, sys
+    import sys
     from overstory.cli import fast
+    split = sys.argv.index("--wanted--")
     try:
-        fast.main(json.loads(sys.argv[1]))
+        fast.main(sys.argv[1:split])
     except SystemExit as exc:
         code = exc.code
     # A module still deferred (cli.fast's stand-in) does not count as loaded.
     real = [name for name, module in sys.modules.items() if type(module).__name__ != "_Deferred"]
     names = {name.split(".")[0] for name in real} | set(real)  # top-level packages, and whole dotted names
-    print(json.dumps({"code": code, "loaded": sorted(names & set(json.loads(sys.argv[2])))}))
+    print(repr({"code": code, "loaded": sorted(names & set(sys.argv[split + 1:]))}))
 """)
 UNWANTED = ["click", "pydantic", "yaml", "rich", "git", "libtmux", "anthropic", "typing", "pathlib", "inspect",
             "http", "urllib", "asyncio", "subprocess"]
+# What the hot commands also leave out since issue 20's second round: each costs 1-5 ms of a process whose target is
+# twice an empty interpreter's start (re with enum, json, which imports re, the sqlite3 package with datetime ...).
+STDLIB_UNWANTED = ["re", "enum", "json", "sqlite3", "datetime", "dataclasses", "contextlib", "socket", "signal",
+                   "collections", "functools"]
 
 
-def _probe(world: World, args: list[str], env: dict[str, str] | None = None, stdin: bytes = b"") -> dict[str, t.Any]:
+def _run_probe(world: World, args: list[str], wanted: list[str], env: dict[str, str] | None = None,
+               stdin: bytes = b"") -> dict[str, t.Any]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}
     full_env.update(env or {})
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(UNWANTED)], input=stdin,
+    done = subprocess.run([sys.executable, "-c", PROBE, *args, "--wanted--", *wanted], input=stdin,
                           capture_output=True, env=full_env, cwd=world.project.root, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr.decode()
-    result: dict[str, t.Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    result: dict[str, t.Any] = ast.literal_eval(done.stdout.decode().strip().splitlines()[-1])
     return result
+
+
+def _probe(world: World, args: list[str], env: dict[str, str] | None = None, stdin: bytes = b"") -> dict[str, t.Any]:
+    return _run_probe(world, args, UNWANTED, env, stdin)
 
 
 @pytest.mark.parametrize("args", [
@@ -414,10 +433,8 @@ def test_outside_a_sandbox_the_endpoint_client_is_not_loaded(world: World) -> No
     world.restore()
     client = "overstory.endpoint.client"
     assert _probe(world, ["guard"], env=AGENT_ENV, stdin=stdin.encode())["loaded"] == []
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["guard"]), json.dumps([client, "socket"])],
-                          input=stdin.encode(), capture_output=True, cwd=world.project.root, timeout=60, check=False,
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}, **AGENT_ENV})
-    assert json.loads(done.stdout.decode().splitlines()[-1])["loaded"] == []
+    assert _run_probe(world, ["guard"], [client, "socket", "_socket"], env=AGENT_ENV,
+                      stdin=stdin.encode())["loaded"] == []
 
 
 def test_inside_a_sandboxed_turn_the_hot_commands_go_through_the_endpoint_lightly(world: World) -> None:
@@ -436,13 +453,13 @@ def test_inside_a_sandboxed_turn_the_hot_commands_go_through_the_endpoint_lightl
                 "tool_use_id": "toolu_sbx", "cwd": str(world.worktree)}
         wanted = [*UNWANTED, "overstory.endpoint.client"]
         for args, stdin in ((["guard"], call), (["guard", "--post"], {**call, "tool_response": "text"})):
-            done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(wanted)],
+            done = subprocess.run([sys.executable, "-c", PROBE, *args, "--wanted--", *wanted],
                                   input=json.dumps(stdin).encode(), capture_output=True, cwd=world.project.root,
                                   timeout=60, check=False,
                                   env={**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")},
                                        **env})
             assert done.returncode == 0, done.stderr.decode()
-            assert json.loads(done.stdout.decode().splitlines()[-1]) == {
+            assert ast.literal_eval(done.stdout.decode().splitlines()[-1]) == {
                 "code": 0, "loaded": ["overstory.endpoint.client"]}, args
             assert done.stderr == b"", args  # the ledger was written: no warning
         state = open_state(world.project.state_db)
@@ -516,3 +533,44 @@ def test_the_store_takes_string_paths_as_the_hot_path_passes_them(tmp_path: Path
     damaged.write_bytes(b"this is not an SQLite database at all, just bytes" * 100)
     with pytest.raises(StoreError, match="damaged.db"):
         open_events(str(damaged))
+
+
+DB_COMMANDS = [["mail", "send", "--to", "builder-b", "--subject", "s", "--body", "b", "--payload", '{"k": [1]}'],
+               ["mail", "check", "--json"], ["mail", "check"], ["status", "--json"], ["status", "--all"]]
+
+
+@pytest.mark.parametrize("args", DB_COMMANDS, ids=" ".join)
+def test_the_operators_hot_commands_leave_out_the_costly_standard_modules(world: World, args: list[str]) -> None:
+    """On the database: only what SQLite's C module itself imports (functools, and with it collections)."""
+    world.restore()
+    wanted = [m for m in STDLIB_UNWANTED if m not in ("collections", "functools")]
+    assert _run_probe(world, args, wanted) == {"code": 0, "loaded": []}
+
+
+@pytest.mark.parametrize("args", [*DB_COMMANDS[:-1], ["guard"], ["guard", "--post"]], ids=" ".join)
+def test_an_agents_hot_commands_are_light_clients_of_its_endpoint(world: World, args: list[str]) -> None:
+    """Inside a turn (its endpoint's variables set) every hot command is a client of the agent's loop: no SQLite,
+    no guard modules, none of the costly standard modules. (`ov status` as text still loads ``status``, whose
+    formatting shares modules with the database side: not a hot form.)"""
+    from overstory.endpoint.routes import ROUTES
+    from overstory.endpoint.server import AgentEndpoint
+
+    world.restore()
+    endpoint = AgentEndpoint(world.project, "builder-a", 1, ROUTES).start()
+    try:
+        env = {**AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root),
+               **endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": "t-light", "OVERSTORY_ATTEMPT": "0"})}
+        call = {"tool_name": "Bash", "tool_input": {"command": "git status"}, "tool_use_id": "toolu_light",
+                "cwd": str(world.worktree), **({"tool_response": "ok"} if "--post" in args else {})}
+        wanted = [*STDLIB_UNWANTED, "_sqlite3", "overstory.guards", "overstory.store.db"]
+        assert _run_probe(world, args, wanted, env=env, stdin=json.dumps(call).encode()) == {"code": 0, "loaded": []}
+    finally:
+        endpoint.close()
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet=["\x1b", "[", "0", "9", ";", "?", " ", "/", "@", "m", "~", "a", "\x7f", "\n", "é"], max_size=16))
+def test_styles_are_stripped_as_clicks_pattern_strips_them(text: str) -> None:
+    import re
+
+    assert hot._strip_ansi(text) == re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", text)

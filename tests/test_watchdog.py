@@ -102,6 +102,21 @@ def agent_processes(project: ProjectPaths, name: str) -> list[int]:
     return found
 
 
+def _sleeping_in(pgid: int, command: str) -> bool:
+    """Whether a process of group ``pgid`` runs ``command`` (its argv joined by spaces)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2:].split()[2]) == pgid and b" ".join(argv).decode(errors="replace") == command:
+            return True
+    return False
+
+
 def _contains(items: list[str], sub: list[str]) -> bool:
     return any(items[i:i + len(sub)] == sub for i in range(len(items) - len(sub) + 1))
 
@@ -196,6 +211,9 @@ def test_loop_killed_mid_turn_is_readopted_and_the_agent_completes(fast_project:
     scenario = repeat_turns([{"expect_in_prompt": "Type: dispatch"}, {"bash": "sleep 2"}, REPORT_DONE])
     name = start_agent(fast_project, state_db, "t1", scenario)
     busy = wait_for(lambda: (r := row(state_db, name)).turn_pgid and r.state == "in_turn" and r, what="a turn")
+    if mode == "off":  # kill the loop once the turn is inside its `sleep 2`: killed earlier, the turn's next step
+        # (its tool call's hook, or a line of output) finds the loop gone and the turn ends with it (fail closed)
+        wait_for(lambda: _sleeping_in(busy.turn_pgid, "sleep 2"), what="the turn's sleep")
     os.kill(busy.loop_pid, signal.SIGKILL)
     wait_for(lambda: not procs.is_alive(busy.loop_pid, busy.loop_start_ticks), what="the loop to die")
     if mode == "off":

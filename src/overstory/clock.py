@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import time
-from datetime import datetime, timezone
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
 
 
 def now_ms() -> int:
@@ -15,16 +17,40 @@ def iso(ms: int | None) -> str | None:
     """Render stored milliseconds as ISO-8601 with an explicit Z."""
     if ms is None:
         return None
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    seconds, millis = divmod(int(ms), 1000)  # datetime and its import are not needed (hot commands print these)
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds)) + f"{millis:03d}Z"
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+def ms_from_iso(text: str) -> int:
+    """The inverse of ``iso`` ("2026-01-31T12:00:00.250Z" -> ms), exactly, without datetime: `ov mail check`
+    reads these back from the agent's endpoint. ValueError for any other shape."""
+    if len(text) < 24 or text[-1] != "Z" or text[-5] != "." or text[-14] != "T":
+        raise ValueError(f"not a time as ov writes them: {text!r}")
+    date, clock_time = text[:-14], text[-13:-5]
+    year, month, day = (int(part) for part in date.rsplit("-", 2))
+    hour, minute, second = (int(part) for part in clock_time.split(":"))
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 60):
+        raise ValueError(f"not a time as ov writes them: {text!r}")
+    # days since 1970-01-01 in the proleptic Gregorian calendar (the "days from civil" algorithm)
+    shifted = year - (month <= 2)
+    era = shifted // 400
+    year_of_era = shifted - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    days = era * 146097 + year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year - 719468
+    return ((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + int(text[-4:-1])
+
+
+_DURATION: re.Pattern[str] | None = None  # compiled on first use: `re` is not imported by the hot commands
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
 
 
 def parse_duration(text: str) -> float:
     """'90' -> 90.0 s, '10m' -> 600.0, '2h', '7d'. Raises ValueError on anything else."""
+    global _DURATION
+    if _DURATION is None:
+        import re
+
+        _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 2h, 7d)")
@@ -37,6 +63,8 @@ def parse_since(text: str, *, now: int | None = None) -> int:
         return (now if now is not None else now_ms()) - int(parse_duration(text) * 1000)
     except ValueError:
         pass
+    from datetime import datetime, timezone
+
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -7,7 +7,6 @@ start time in clock ticks from /proc and checks it before believing or killing.
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 _PROC = "/proc"  # a string, not a pathlib.Path: `ov status` imports this module
@@ -108,6 +107,8 @@ def kill_group(pgid: int | None, leader_ticks: int | None, *, grace: float = 5.0
     A bubblewrap sandbox as leader gets its commands signalled instead (``sandboxed_commands``);
     when they exit, the sandbox ends, and whatever is left is killed after ``grace``.
     """
+    import signal  # not at the top: `ov status` imports this module, and signal imports enum
+
     if not pgid or not group_is_ours(pgid, leader_ticks):
         return True
     if pgid in (os.getpgrp(), 0, 1):
@@ -174,6 +175,8 @@ def tagged_processes(turn_id: str) -> list[int]:
 def kill_turn(pgid: int | None, leader_ticks: int | None, turn_id: str | None, *, grace: float = 5.0,
               force: bool = False) -> bool:
     """Stop everything a turn started: its process group, then any tagged stragglers. True if all gone."""
+    import signal  # not at the top: `ov status` imports this module, and signal imports enum
+
     gone = kill_group(pgid, leader_ticks, grace=grace, force=force)
     stragglers = tagged_processes(turn_id or "")
     for pid in stragglers:
@@ -202,4 +205,6 @@ def kill_point(step: str) -> None:
     The crash-safety tests use this to stop a command exactly between two of its steps.
     """
     if os.environ.get(KILL_AT_ENV) == step:
+        import signal  # not at the top: hot commands import this module, and signal imports enum
+
         os.kill(os.getpid(), signal.SIGKILL)

@@ -21,6 +21,10 @@ class Record:
 
     def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
         names = self.__slots__
+        if not kwargs and len(args) == len(names):  # the common case (rows read back): every field, in order
+            for name, value in zip(names, args):
+                object.__setattr__(self, name, value)
+            return
         kind = type(self).__name__
         if len(args) > len(names):
             raise TypeError(f"{kind}() takes {len(names)} arguments but {len(args)} were given")

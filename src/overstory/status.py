@@ -8,11 +8,10 @@ agents and 100k events stays fast.
 
 from __future__ import annotations
 
-import sqlite3
-
 from overstory import procs
 from overstory.clock import iso, now_ms
 from overstory.store import budgets
+from overstory.store.db import sqlite3
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 import sys
 from collections.abc import Mapping
 
@@ -43,6 +42,7 @@ from overstory.store.dispatch import DISPATCH_ENV, dispatch_ids, scope_of
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
     from overstory.guards.classify import LedgerRules

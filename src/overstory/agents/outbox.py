@@ -65,10 +65,9 @@ def _ms(text: str | None) -> int | None:
     """The inverse of ``clock.iso``."""
     if text is None:
         return None
-    from datetime import UTC, datetime
+    from overstory.clock import ms_from_iso
 
-    moment = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000 + 0.5)
+    return ms_from_iso(text)
 
 
 def message_from_dict(document: t.Mapping[str, t.Any]) -> store.Message:

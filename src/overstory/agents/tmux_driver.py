@@ -75,12 +75,14 @@ class PaneDriver(AgentProcess):
         from overstory.endpoint.server import AgentEndpoint
 
         try:
-            token = json.loads(launch_file(self.project, self.name).read_text(encoding="utf-8"))["env"][TOKEN_ENV]
+            tui_env = json.loads(launch_file(self.project, self.name).read_text(encoding="utf-8"))["env"]
+            token = tui_env[TOKEN_ENV]
         except (OSError, ValueError, KeyError, TypeError):
             return None  # no secret was handed to the TUI: nothing could authenticate anyway
         endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES,
                                  load_launch_env(self.project, self.name)).start()
         endpoint.open_turn(token)
+        endpoint.set_turn_env(tui_env)  # `ov guard` asks the endpoint: it decides with what the TUI's hooks see
         return endpoint
 
     def _take_back_branch(self, agent: Session) -> None:

@@ -17,9 +17,10 @@ agent's never load it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
+
+from overstory import jsontext
 
 TYPE_CHECKING = False  # typing costs milliseconds on a hot path
 if TYPE_CHECKING:
@@ -45,9 +46,22 @@ _ANSI = "\x1b"
 
 
 def _strip_ansi(text: str) -> str:
-    import re
-
-    return re.sub(r"\033\[[0-?]*[ -/]*[@-~]", "", text)
+    """``re.sub(r"\\033\\[[0-?]*[ -/]*[@-~]", "", text)``, as click does, without importing re."""
+    out, start = [], 0
+    while (found := text.find("\x1b[", start)) >= 0:
+        end = found + 2
+        while end < len(text) and "0" <= text[end] <= "?":
+            end += 1
+        while end < len(text) and " " <= text[end] <= "/":
+            end += 1
+        if end < len(text) and "@" <= text[end] <= "~":
+            out.append(text[start:found])
+            start = end + 1
+        else:  # not a whole CSI sequence: kept, and the search goes on after its ESC
+            out.append(text[start:found + 1])
+            start = found + 1
+    out.append(text[start:])
+    return "".join(out)
 
 
 def echo(text: str, *, err: bool = False) -> None:
@@ -65,7 +79,7 @@ def echo(text: str, *, err: bool = False) -> None:
 
 
 def echo_json(document: t.Any) -> None:
-    echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+    echo(jsontext.dumps(document, indent=2, ensure_ascii=False, default=str))
 
 
 def one_line(text: str) -> str:
@@ -112,8 +126,8 @@ def parse_payload(text: str | None) -> t.Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return jsontext.loads(text)
+    except ValueError as exc:  # json.JSONDecodeError
         raise BadUsage(f"not valid JSON: {exc}", param_hint="--payload") from None
     except RecursionError:
         from overstory.store.payload_shape import MAX_DEPTH
@@ -222,6 +236,12 @@ def guard(project_option: str | None, *, post: bool = False) -> None:
 
         ledger.hook_post(text, os.environ)
         return
+    if remote is not None and text is not None:
+        answer = _judged_by_endpoint(remote, text)
+        if answer is not None:
+            stdout, stderr, status = answer
+            _reply(stdout, stderr, status)
+            return
     from overstory import guards
 
     if remote is not None:
@@ -235,6 +255,24 @@ def guard(project_option: str | None, *, post: bool = False) -> None:
 
     stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ),
                                                 record=record)
+    _reply(stdout, stderr, status)
+
+
+def _judged_by_endpoint(remote: t.Any, text: str) -> tuple[str, str, int] | None:
+    """The agent's loop judges the call (route ``guard``): it has the guard's modules loaded, so this process
+    imports none of them. None when the endpoint cannot answer: the call is then judged here, as before."""
+    from overstory.errors import EndpointError
+
+    try:
+        answer = remote.call("guard", {"text": text}, timeout=GUARD_TIMEOUT_SECONDS)
+    except EndpointError:
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("status"), int):
+        return None
+    return str(answer.get("stdout") or ""), str(answer.get("stderr") or ""), answer["status"]
+
+
+def _reply(stdout: str, stderr: str, status: int) -> None:
     if stdout:
         echo(stdout)
     if stderr:
@@ -311,16 +349,17 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
 
 
 def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False) -> None:
-    from overstory import status as core
-
     remote = agent_channel()
     if remote is not None:
         document = remote.call("status", {"all": include_completed})
         if as_json:
             echo_json(document)
         else:
+            from overstory import status as core
+
             echo(core.render_text(document))
         return
+    from overstory import status as core
     from overstory.paths import locate_project, state_db_path
 
     path = state_db_path(locate_project(project_option))

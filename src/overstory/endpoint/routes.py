@@ -11,6 +11,8 @@ taken from its row, never from the request:
 - ``ledger.pre``/``ledger.post``: `ov guard` (and ``--post``) writing the caller's own tool-call
   ledger rows, with its current turn's dispatch and policy;
 - ``hook.pre``/``hook.post``: Claude's HTTP tool-call hooks (``endpoint.hooks``), the caller's own calls;
+- ``guard``: `ov guard` as a client (any runtime's command hook): the same decision as ``hook.pre``,
+  answered in the asking CLI's dialect;
 - ``approvals.list`` reads; ``approve``/``reject`` decide as the caller, so only gates of the
   caller's own descendants (``agents.approvals.authorize``);
 - ``sling``: coordinator and leads only, and only below themselves (``spawn.resolve_parent``);
@@ -279,18 +281,12 @@ ledger_pre.takes_back = False  # type: ignore[attr-defined]
 ledger_post.takes_back = False  # type: ignore[attr-defined]
 
 
-def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    """Claude's HTTP PreToolUse hook (``endpoint.hooks``): what `ov guard` would print, decided here.
-
-    The same functions as the command hook, in the loop's process: the guard's policy with
-    the turn's environment, the tool-call count, the approval gates and the ledger row. The
-    answer is the hook's JSON: ``{}`` allows, Claude's deny object refuses.
-    """
-    import json
-
+def _guard_reply(caller: Caller, text: str) -> tuple[str, str, int]:
+    """`ov guard`'s answer to one PreToolUse hook input, decided in the loop's process: the guard's policy
+    with the turn's environment as ov set it, the tool-call count, the approval gates and the ledger row."""
     from overstory.agents.gate import needs_approval
     from overstory.agents.ledger import gate_and_record
-    from overstory.guards.policy import Decision, guard_reply, hook_response
+    from overstory.guards.policy import Decision, guard_reply
     from overstory.store.tool_count import count_on
 
     env = caller.environ()
@@ -309,12 +305,32 @@ def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
                                      f"({type(exc).__name__}); it was refused. Try again in a moment.")
             return decision
 
-    stdout, stderr, status = guard_reply(json.dumps(args), env, count_call=count, record=record)
+    return guard_reply(text, env, count_call=count, record=record)
+
+
+def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """Claude's HTTP PreToolUse hook (``endpoint.hooks``): what `ov guard` would print, decided here.
+    The answer is the hook's JSON: ``{}`` allows, Claude's deny object refuses."""
+    import json
+
+    from overstory.guards.policy import Decision, hook_response
+
+    stdout, stderr, status = _guard_reply(caller, json.dumps(args))
     if stdout:
         return json.loads(stdout)
     if status:
         return json.loads(hook_response(Decision.deny(stderr.strip() or "ov guard refused this call")))
     return {}
+
+
+def guard(caller: Caller, args: dict[str, t.Any]) -> t.Any:
+    """`ov guard` run by any runtime's command hook in a turn: its stdin (``text``, in that CLI's dialect) is
+    judged here, where the guard's modules are already loaded, and the process prints the answer as is."""
+    text = args.get("text")
+    if not isinstance(text, str):
+        raise UsageError("guard: text must be the hook's input as a string")
+    stdout, stderr, status = _guard_reply(caller, text)
+    return {"stdout": stdout, "stderr": stderr, "status": status}
 
 
 def hook_post(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -327,6 +343,7 @@ def hook_post(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 hook_pre.takes_back = False  # type: ignore[attr-defined]
 hook_post.takes_back = False  # type: ignore[attr-defined]
+guard.takes_back = False  # type: ignore[attr-defined]
 
 
 def approvals_list(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -378,6 +395,7 @@ ROUTES: dict[str, Route] = {
     "ledger.post": ledger_post,
     "hook.pre": hook_pre,
     "hook.post": hook_post,
+    "guard": guard,
     "approvals.list": approvals_list,
     "approve": approve,
     "reject": reject,

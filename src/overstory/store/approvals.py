@@ -15,10 +15,9 @@ If the process dies halfway nothing of it happened, and deciding again works.
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 
+from overstory import jsontext as json
 from overstory.clock import iso, now_ms
 from overstory.errors import OrchestratorError
 from overstory.store import outbox
@@ -26,6 +25,7 @@ from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`) and `ov status --json`
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 STATUSES = ("pending", "approved", "rejected", "expired")

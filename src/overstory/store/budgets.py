@@ -19,14 +19,13 @@ in the same statement, so a run's totals survive its agents' later generations.
 
 from __future__ import annotations
 
-import sqlite3
-from dataclasses import dataclass
-
 from overstory.clock import now_ms
+from overstory.records import Record
 from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds and `ov status` imports this module
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 LIMITS = ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")
@@ -53,9 +52,10 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-@dataclass(frozen=True)
-class Crossing:
+class Crossing(Record):  # Records, not dataclasses: `ov status` imports this module (records.py says why)
     """A limit that is reached: why an agent (or every agent of a run) parks."""
+
+    __slots__ = ("scope", "name", "limit", "maximum", "used")
 
     scope: str          # agent | run
     name: str           # the agent, or the run id
@@ -74,9 +74,11 @@ class Crossing:
                 "used": round(self.used, 6)}
 
 
-@dataclass(frozen=True)
-class Budget:
+class Budget(Record):
     """One budget row: an agent's (a generation) or a run's limits and what was used."""
+
+    __slots__ = ("scope", "name", "generation", "run_id", "max_usd", "max_turns", "max_tool_calls", "max_wallclock",
+                 "started_at", "spent_usd", "live_usd", "turns", "tool_calls", "refused_tool_calls")
 
     scope: str
     name: str
@@ -95,7 +97,7 @@ class Budget:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Budget:
-        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+        return cls(*(row[name] for name in cls.__slots__))
 
     def limit(self, name: str) -> float | None:
         value: float | None = getattr(self, name)

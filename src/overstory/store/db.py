@@ -8,9 +8,14 @@ which takes the write lock up front and makes read-modify-write sequences atomic
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
-from contextlib import contextmanager
+
+try:  # the C module behind the sqlite3 package (same connect, Row and errors): the package only adds
+    # adapters for date and datetime values, which ov never stores, and imports datetime for them (about
+    # 2 ms of every hot command). store.tool_count does the same.
+    import _sqlite3 as sqlite3
+except ImportError:  # pragma: no cover - an interpreter that only ships the package
+    import sqlite3  # type: ignore[no-redef]
 
 from overstory.errors import DiskFull, StoreError
 from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
@@ -102,14 +107,27 @@ def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration], *, labe
     return current
 
 
-@contextmanager
-def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException as exc:
+class write_transaction:  # used as a function: ``with write_transaction(conn):``
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception.
+
+    A class rather than a ``contextlib`` generator: the hot commands then need not import contextlib.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        conn = self.conn
+        if exc is None:
+            try:
+                conn.execute("COMMIT")
+                return False
+            except BaseException as failed:  # noqa: BLE001 - rolled back and raised below, as any failure inside
+                exc = failed
         if conn.in_transaction:
             try:
                 conn.execute("ROLLBACK")
@@ -118,7 +136,23 @@ def write_transaction(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection
         if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc):
             raise DiskFull(f"no space left on device for {_file_of(conn)}: the change was rolled back, "
                            "nothing was written") from exc
-        raise
+        if exc is not None and kind is None:
+            raise exc  # COMMIT itself failed
+        return False
+
+
+class atomic:  # used as a function: ``with atomic(conn):``
+    """Join the caller's transaction if there is one, else run in our own ``write_transaction``."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.own = None if conn.in_transaction else write_transaction(conn)
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.own.__enter__() if self.own is not None else self.conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        return self.own.__exit__(kind, exc, tb) if self.own is not None else False
 
 
 def _no_space_left(path: str | os.PathLike[str]) -> bool:

@@ -12,7 +12,7 @@ Stdlib only: ``ov mail send`` and ``ov guard`` use it.
 
 from __future__ import annotations
 
-import json
+from overstory import jsontext as json
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
 if TYPE_CHECKING:

@@ -5,14 +5,13 @@ Kept in its own database so its high write volume never contends with state writ
 
 from __future__ import annotations
 
-import json
-import sqlite3
-
+from overstory import jsontext as json
 from overstory.clock import now_ms
 from overstory.records import Record
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 

@@ -20,7 +20,6 @@ same call runs.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 
 from overstory.clock import now_ms
@@ -28,6 +27,7 @@ from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 STATUSES = ("started", "succeeded", "failed", "denied", "skipped_duplicate")

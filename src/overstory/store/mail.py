@@ -12,19 +12,17 @@ at least once and never twice to turns that succeed.
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
-from collections.abc import Mapping
-from contextlib import contextmanager
+from _collections_abc import Mapping  # what collections.abc re-exports, without importing collections
 
+from overstory import jsontext as json
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
 from overstory.records import Record
-from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 OPERATOR = "operator"
@@ -93,14 +91,10 @@ class Message(Record):
 # ---- helpers ----------------------------------------------------------------
 
 
-@contextmanager
-def _atomic(conn: sqlite3.Connection) -> t.Iterator[sqlite3.Connection]:
-    """Join the caller's transaction if there is one, else run in our own BEGIN IMMEDIATE."""
-    if conn.in_transaction:
-        yield conn
-    else:
-        with write_transaction(conn):
-            yield conn
+def _atomic(conn: sqlite3.Connection) -> t.ContextManager[sqlite3.Connection]:
+    from overstory.store.db import atomic  # here, not at the top: an agent's `ov mail` client needs no SQLite
+
+    return atomic(conn)
 
 
 def default_sender(env: t.Mapping[str, str] = os.environ) -> str:
@@ -311,6 +305,7 @@ def record_sent(conn: sqlite3.Connection, ids: t.Sequence[int], *, events: sqlit
     this after they commit.
     """
     from overstory.store import events as event_store
+    from overstory.store.db import sqlite3
 
     own = events is None
     try:

@@ -7,11 +7,12 @@ each in its own transaction.
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
+TYPE_CHECKING = False  # hot commands open databases: typing, collections and sqlite3's package are not imported
+if TYPE_CHECKING:
+    import sqlite3
+    from collections.abc import Callable
 
-# collections.abc, not typing: hot commands open databases, and typing costs milliseconds to import.
-Migration = Callable[[sqlite3.Connection], None]
+    Migration = Callable[[sqlite3.Connection], None]
 
 
 def run_script(conn: sqlite3.Connection, script: str) -> None:
@@ -19,10 +20,15 @@ def run_script(conn: sqlite3.Connection, script: str) -> None:
 
     ``executescript`` would COMMIT first, breaking the migration's transaction.
     """
+    try:  # the C module, as store.db uses it
+        from _sqlite3 import complete_statement
+    except ImportError:  # pragma: no cover - an interpreter that only ships the package
+        from sqlite3 import complete_statement
+
     statement = ""
     for line in script.splitlines(keepends=True):
         statement += line
-        if sqlite3.complete_statement(statement):
+        if complete_statement(statement):
             conn.execute(statement)
             statement = ""
     if statement.strip():

@@ -10,12 +10,11 @@ that mark is the one case that sends twice.
 
 from __future__ import annotations
 
-import sqlite3
-
 from overstory.clock import now_ms
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`)
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 

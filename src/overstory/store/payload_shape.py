@@ -6,8 +6,7 @@ of crashing whatever reads it back later (``json.loads``, pydantic, a prompt ren
 
 from __future__ import annotations
 
-import json
-
+from overstory import jsontext as json
 from overstory.errors import PayloadError
 
 TYPE_CHECKING = False  # typing costs milliseconds: `ov mail send` imports this module

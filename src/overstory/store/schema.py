@@ -12,7 +12,9 @@ import sqlite3
 import typing as t
 
 from overstory.store.db import migrate, schema_version, write_transaction
-from overstory.store.migrations import Migration
+
+if t.TYPE_CHECKING:
+    from overstory.store.migrations import Migration
 
 
 @functools.lru_cache(maxsize=8)

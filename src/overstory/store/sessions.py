@@ -8,10 +8,7 @@ and decides what to do; nobody retries blindly.
 
 from __future__ import annotations
 
-import json
-import sqlite3
-from dataclasses import dataclass, field
-
+from overstory import jsontext as json
 from overstory.clock import now_ms
 from overstory.errors import AgentExists
 from overstory.records import Record
@@ -19,6 +16,7 @@ from overstory.store.db import write_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
 if TYPE_CHECKING:
+    import sqlite3
     import typing as t
 
 STATES = ("booting", "in_turn", "between_turns", "working", "stalled", "parked", "completed", "zombie")
@@ -88,9 +86,18 @@ if TYPE_CHECKING:
 # ---- rows -----------------------------------------------------------------
 
 
-@dataclass
-class Session:
+_LATER_COLUMNS = {"provider": None, "park_kind": None, "park_until": None, "nudges": 0}  # and their defaults
+
+
+class Session(Record):  # a Record, not a dataclass: `ov status` imports this module (records.py says why)
     """One agent's row (``extra`` holds columns this version does not know)."""
+
+    __slots__ = ("name", "generation", "version", "state", "state_reason", "capability", "task_id", "parent",
+                 "depth", "run_id", "runtime", "mode", "model", "worktree", "branch", "base_branch", "spec",
+                 "runtime_session_id", "loop_pid", "loop_start_ticks", "turn_pgid", "turn_start_ticks",
+                 "current_turn_id", "current_tool", "tmux_session", "turns", "failed_turns", "retries",
+                 "input_tokens", "output_tokens", "cost_usd", "terminal_mail_sent", "created_at", "updated_at",
+                 "last_activity", "provider", "park_kind", "park_until", "nudges", "extra")
 
     name: str
     generation: int
@@ -127,11 +134,16 @@ class Session:
     created_at: int
     updated_at: int
     last_activity: int
-    provider: str | None = None      # whose quota window the agent shares (store.quota)
-    park_kind: str | None = None     # why it is parked: budget | quota | auth | ... (store.lifecycle.park)
-    park_until: int | None = None    # when a parked agent may go on by itself (ms); None: a person decides
-    nudges: int = 0                  # idle nudges sent since the agent last reported (agents.idle)
-    extra: dict[str, t.Any] = field(default_factory=dict)
+    provider: str | None             # whose quota window the agent shares (store.quota)
+    park_kind: str | None            # why it is parked: budget | quota | auth | ... (store.lifecycle.park)
+    park_until: int | None           # when a parked agent may go on by itself (ms); None: a person decides
+    nudges: int                      # idle nudges sent since the agent last reported (agents.idle)
+    extra: dict[str, t.Any]
+
+    # Unlike other Records, a Session may be changed in place (a loop keeps its copy up to date), as the
+    # dataclass it replaces could; so, like that dataclass, it is not hashable.
+    __setattr__ = object.__setattr__
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def is_terminal(self) -> bool:
@@ -141,9 +153,9 @@ class Session:
     def from_row(cls, row: sqlite3.Row) -> Session:
         values = dict(row)
         values["spec"] = json.loads(values.get("spec") or "{}")
-        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        extra = {k: values.pop(k) for k in list(values) if k not in known}
-        return cls(**values, extra=extra)
+        # every field but ``extra`` (columns added by later migrations may be missing from an older, read-only file)
+        fields = [values.pop(name) if name in values else _LATER_COLUMNS[name] for name in cls.__slots__[:-1]]
+        return cls(*fields, values)  # what is left are the columns this version does not know
 
 
 def get(conn: sqlite3.Connection, name: str) -> Session | None:
