@@ -124,13 +124,14 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
 
 def pending_approvals(conn: sqlite3.Connection, now: int, limit: int = 20) -> list[dict[str, t.Any]]:
     """Approval gates waiting for a decision, oldest first: the "waiting for you" section."""
-    from overstory.store.approvals import describe_call
-
     try:
         rows = conn.execute("SELECT id, agent, tool, input, reason, decider, deadline FROM approvals "
                             "WHERE status = 'pending' ORDER BY deadline LIMIT ?", (limit,)).fetchall()
     except sqlite3.OperationalError:  # a state.db older than approval gates (read-only, not migrated)
         return []
+    if not rows:
+        return []
+    from overstory.store.approvals import describe_call
     return [{"id": r["id"], "agent": r["agent"], "call": describe_call(r["tool"], r["input"]), "reason": r["reason"],
              "decider": r["decider"], "seconds_left": max(0, (r["deadline"] - now) // 1000)} for r in rows]
 

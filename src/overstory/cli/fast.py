@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import typing as t
 
 
-class _Deferred(types.ModuleType):
+class _Deferred(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
     """A stand-in in ``sys.modules`` that imports the real module on first attribute access."""
 
     def __getattr__(self, attribute: str) -> object:

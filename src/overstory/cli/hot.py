@@ -104,6 +104,8 @@ def read_body(body: str | None, body_file: str | None) -> str:
     """--body TEXT, --body - (stdin) or --body-file F, decoded as UTF-8 without newline translation."""
     if body is not None and body_file is not None:
         raise BadUsage("give either --body or --body-file, not both")
+    if body_file is None and body != "-":
+        return body or ""
     from overstory.limits import read_at_most
     from overstory.store.mail import MAX_BODY_BYTES
 
@@ -114,8 +116,6 @@ def read_body(body: str | None, body_file: str | None) -> str:
         if stdin is None:  # a text stream without a byte buffer (rare): its text, as UTF-8
             stdin = _Encoded(sys.stdin)
         raw = read_at_most(stdin, MAX_BODY_BYTES, "the body on stdin")
-    else:
-        return body or ""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -20,10 +20,6 @@ if TYPE_CHECKING:
 
 DISPATCH_ENV = "OVERSTORY_DISPATCH"
 
-try:  # the built-in module: hashlib's OpenSSL start-up costs milliseconds on hot paths
-    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - other Pythons
-    from hashlib import sha256 as _sha256
 
 
 def scope_of(dispatch: t.Sequence[int]) -> str:
@@ -37,6 +33,10 @@ def dispatch_ids(env: t.Mapping[str, str]) -> tuple[int, ...]:
 
 def digest(*parts: t.Any) -> str:
     """A stable 32-hex-digit hash of JSON-able parts."""
+    try:  # the built-in module: hashlib's OpenSSL start-up costs milliseconds on hot paths
+        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover - other Pythons
+        from hashlib import sha256 as _sha256
     material = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return _sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 

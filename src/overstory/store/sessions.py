@@ -150,6 +150,23 @@ class Session(Record):  # a Record, not a dataclass: `ov status` imports this mo
         return self.state in TERMINAL_STATES
 
     @classmethod
+    def from_rows(cls, rows: t.Sequence[sqlite3.Row]) -> list[Session]:
+        """``from_row`` of each, with the columns looked up once (`ov status` reads every agent's row)."""
+        if not rows:
+            return []
+        index = {name: i for i, name in enumerate(rows[0].keys())}
+        fields = cls.__slots__[:-1]
+        picks = [index.get(name, -1) for name in fields]
+        spec = fields.index("spec")
+        others = [(name, i) for name, i in index.items() if name not in fields]
+        sessions = []
+        for row in rows:
+            values = [row[i] if i >= 0 else _LATER_COLUMNS[name] for name, i in zip(fields, picks)]
+            values[spec] = json.loads(values[spec] or "{}")
+            sessions.append(cls(*values, {name: row[i] for name, i in others}))
+        return sessions
+
+    @classmethod
     def from_row(cls, row: sqlite3.Row) -> Session:
         values = dict(row)
         values["spec"] = json.loads(values.get("spec") or "{}")
@@ -172,7 +189,7 @@ def list_sessions(conn: sqlite3.Connection, *, include_terminal: bool = True) ->
             f"SELECT * FROM sessions WHERE state NOT IN ({marks}) ORDER BY created_at, name",
             tuple(TERMINAL_STATES),
         ).fetchall()
-    return [Session.from_row(r) for r in rows]
+    return Session.from_rows(rows)
 
 
 # ---- writes ---------------------------------------------------------------
