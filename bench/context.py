@@ -38,8 +38,8 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig8_idle_seconds": (10, 3),
     "fig9_repeat": (7, 3),
     "fig9_rounds": (10, 4),
-    "fig10_calls": (200, 50),
-    "fig10_rounds": (2, 1),
+    "fig10_calls": (60, 30),
+    "fig10_rounds": (8, 2),
     "fig11_rounds": (30, 8),
 }
 

@@ -249,3 +249,21 @@ def test_another_agents_secret_does_not_open_this_listener(served: t.Any, projec
         assert state_db.execute("SELECT COUNT(*) FROM tool_calls").fetchone()[0] == 0
     finally:
         other.close()
+
+
+def test_an_endpoint_lets_its_request_threads_in_quickly(tmp_path) -> None:
+    """A hook's thread must not wait a whole default GIL switch interval (5 ms) behind the loop's other threads."""
+    import sys
+
+    from overstory.endpoint.server import SWITCH_INTERVAL_S, AgentEndpoint
+    from overstory.paths import ProjectPaths
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    endpoint = AgentEndpoint(ProjectPaths(tmp_path), "builder-x", 1, {})
+    try:
+        endpoint.start()
+        assert sys.getswitchinterval() <= SWITCH_INTERVAL_S + 1e-9
+    finally:
+        endpoint.close()
+        sys.setswitchinterval(before)
