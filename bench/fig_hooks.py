@@ -5,8 +5,11 @@ played by the mock Messages API (tests/mockapi.py: only the model is scripted; t
 its tools and its hooks are real). The same turn runs with no hooks, with ov's command
 hooks (`ov guard` as a new process per call, as ov writes them for runtimes without HTTP
 hooks) and with ov's HTTP hooks (served by the agent's endpoint), in alternating order.
+Where ov's PreToolUse hook writes the ledger's rows, the turn's stdout is read while it
+runs and the receipts are stored from it, as the agent's loop does (a headless turn has
+no PostToolUse hook); the HTTP Pre+Post variant shows what receipts by hook cost instead.
 
-The mock stamps the arrival of each model request; the gap between two requests is one
+The mock (in a process of its own: bench/model_server.py) stamps the arrival of each model request; the gap between two requests is one
 tool call's round: the mock's answer, the CLI's work, the hooks and the tool. Every round
 runs each variant's turn once, back to back in a rotating order; a variant's added time
 per call is the median, over rounds, of its turn's median gap minus the no-hooks turn's
@@ -20,7 +23,6 @@ does nothing else: what Claude Code itself spends per hook, which no server can 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import socket
@@ -36,9 +38,13 @@ from pathlib import Path
 from context import Context
 from harness import Stats, add_note, git, init_project, make_repo, not_available, row
 
-REPO = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
 TARGET_MS = 5.0  # added per tool call by the HTTP hooks
 AGENT = "builder-hooks"
+OV_HTTP = "HTTP hooks as ov writes them (PreToolUse; receipts from the stream)"
+# Variants whose PreToolUse hook writes ledger rows and whose receipts the loop reads from the stream.
+STREAM_RECEIPTS = ("command hooks, ov guard alone (no endpoint)", "command hooks, ov guard asking the loop", OV_HTTP)
 
 
 def claude_binary() -> str | None:
@@ -51,47 +57,51 @@ def claude_binary() -> str | None:
     return None
 
 
-class _Stamped:
-    """A responder that plays the script and notes when each main request arrived, by position."""
-
-    def __init__(self, replies: list[t.Any]) -> None:
-        from mockapi import ScriptedConversation, assistant_turns
-
-        self.script = ScriptedConversation(replies)
-        self.position = assistant_turns
-        self.arrivals: dict[int, float] = {}
-        self.lock = threading.Lock()
-
-    def __call__(self, body: dict[str, t.Any]) -> t.Any:
-        with self.lock:
-            self.arrivals.setdefault(self.position(body), time.monotonic())
-        return self.script(body)
-
-    def gaps(self) -> list[float]:
-        times = [self.arrivals[i] for i in sorted(self.arrivals)]
-        return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
-
-
 def _turn(claude: str, calls: int, worktree: Path, settings: Path, env: dict[str, str], scratch: Path,
-          timeout: float) -> list[float]:
+          timeout: float, receipts: t.Callable[[str], None] | None = None) -> list[float]:
+    """One turn's gaps. Its stdout is read line by line while it runs, as the agent's loop reads it;
+    ``receipts`` is given each line where ov's ledger takes its receipts from the stream."""
     from claude_cli import claude_env, user_message_line
-    from mockapi import MockMessagesAPI, text_reply, tool_reply
 
-    target = str(worktree / "small.txt")
-    stamped = _Stamped([tool_reply("Read", {"file_path": target}) for _ in range(calls)] + [text_reply("done")])
-    with MockMessagesAPI(stamped) as api:
-        full_env = claude_env(api.base_url, scratch, extra=env)
-        done = subprocess.run([claude, "-p", "--output-format", "stream-json", "--input-format", "stream-json",
-                               "--verbose", "--permission-mode", "bypassPermissions", "--settings", str(settings),
-                               "--setting-sources", ""],
-                              input=user_message_line("read the file again and again"), cwd=worktree, env=full_env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"claude exited {done.returncode}: {done.stderr.strip()[-300:] or done.stdout[-300:]}")
-    denied = [line for line in done.stdout.splitlines() if '"permission_denials":[{' in line]
+    model = subprocess.Popen([sys.executable, str(BENCH / "model_server.py"), "--calls", str(calls),
+                              "--file", str(worktree / "small.txt")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert model.stdin is not None and model.stdout is not None
+    try:
+        full_env = claude_env(model.stdout.readline().strip(), scratch, extra=env)
+        proc = subprocess.Popen([claude, "-p", "--output-format", "stream-json", "--input-format", "stream-json",
+                                 "--verbose", "--permission-mode", "bypassPermissions", "--settings", str(settings),
+                                 "--setting-sources", ""], cwd=worktree, env=full_env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
+        errors: list[str] = []
+        drain = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        drain.start()
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(user_message_line("read the file again and again"))
+            proc.stdin.close()
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if receipts is not None:
+                    receipts(line)
+            returncode = proc.wait()
+            drain.join()
+        finally:
+            watchdog.cancel()
+    finally:
+        model.stdin.close()
+        gaps_line = model.stdout.readline()
+        model.wait(timeout=30)
+    stdout = "".join(lines)
+    if returncode != 0:
+        raise RuntimeError(f"claude exited {returncode}: {''.join(errors).strip()[-300:] or stdout[-300:]}")
+    denied = [line for line in stdout.splitlines() if '"permission_denials":[{' in line]
     if denied:
         raise RuntimeError(f"a hook denied a call: {denied[0][:300]}")
-    gaps = stamped.gaps()
+    gaps = json.loads(gaps_line)
     if len(gaps) != calls:
         raise RuntimeError(f"expected {calls} tool calls, the mock saw {len(gaps) + 1} requests")
     return gaps
@@ -119,12 +129,22 @@ class _NothingServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
 
 
+def _with_post_hooks(settings: dict[str, t.Any]) -> dict[str, t.Any]:
+    """ov's HTTP PreToolUse settings plus HTTP PostToolUse/PostToolUseFailure hooks to the endpoint's
+    ``hook.post`` (how ov took receipts before they came from the stream), for comparison."""
+    pre = settings["hooks"]["PreToolUse"][0]["hooks"][0]
+    post = {key: value for key, value in pre.items() if key != "onFailure"}
+    post["url"] = pre["url"].replace("/v1/hook.pre", "/v1/hook.post")
+    entries = [{"matcher": ".*", "hooks": [post]}]
+    return {"hooks": {**settings["hooks"], "PostToolUse": entries, "PostToolUseFailure": entries}}
+
+
 def _floor_settings(port: int, *, post: bool) -> dict[str, t.Any]:
     """ov's HTTP hook settings (same timeout, onFailure, header) pointed at the do-nothing server."""
     from overstory.endpoint.hooks import claude_settings
 
-    hooks = claude_settings(port)["hooks"]
-    return {"hooks": {name: entries for name, entries in hooks.items() if post or name == "PreToolUse"}}
+    settings = claude_settings(port)
+    return _with_post_hooks(settings) if post else settings
 
 
 def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[dict[str, t.Any], dict[str, str]]]:
@@ -147,9 +167,8 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
     if http is not None:
         # As for every runtime without HTTP hooks: `ov guard` processes, each asking the agent's loop to judge.
         variants["command hooks, ov guard asking the loop"] = (commands, http[1])
-        variants["HTTP hooks (the agent's endpoint)"] = http
-        variants["HTTP PreToolUse only (the agent's endpoint)"] = (
-            {"hooks": {"PreToolUse": http[0]["hooks"]["PreToolUse"]}}, http[1])
+        variants[OV_HTTP] = http
+        variants["HTTP Pre+Post hooks (receipts by hook, as before)"] = (_with_post_hooks(http[0]), http[1])
         nothing = _NothingServer(("127.0.0.1", 0), _NothingHandler)
         threading.Thread(target=nothing.serve_forever, daemon=True).start()
         _ENDPOINTS.append(nothing)
@@ -162,6 +181,42 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
 
 
 _ENDPOINTS: list[t.Any] = []
+
+
+class _StreamReceipts:
+    """What the agent's loop does with a turn's stdout for the ledger: parse each line and store the
+    receipts of the calls the PreToolUse hook recorded (``ledger.StreamLedger``). After the turn, every
+    call of it must have its receipt. A no-op for ``env`` None."""
+
+    def __init__(self, project: t.Any, env: dict[str, str] | None) -> None:
+        self.project, self.env = project, env
+        self.conn: t.Any = None
+
+    def __enter__(self) -> t.Callable[[str], None] | None:
+        if self.env is None:
+            return None
+        from overstory.agents.ledger import LedgerContext, StreamLedger
+        from overstory.runtimes import get_runtime
+        from overstory.store.db import open_state
+
+        self.conn = open_state(self.project.state_db)
+        self.conn.execute("DELETE FROM tool_calls WHERE agent = ?", (AGENT,))  # this turn's calls only
+        parser = get_runtime("claude").new_parser()
+        ledger = StreamLedger(self.conn, LedgerContext.from_env(self.env) or LedgerContext(AGENT), receipts_only=True)
+        return lambda line: ledger.feed(parser.feed(line, now=time.monotonic()))
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self.conn is None:
+            return
+        try:
+            open_rows = self.conn.execute("SELECT count(*) FROM tool_calls WHERE agent = ? AND status != 'succeeded'",
+                                          (AGENT,)).fetchone()[0]
+            done = self.conn.execute("SELECT count(*) FROM tool_calls WHERE agent = ? AND status = 'succeeded'",
+                                     (AGENT,)).fetchone()[0]
+        finally:
+            self.conn.close()
+        if kind is None and (open_rows or not done):
+            raise RuntimeError(f"the ledger has {open_rows} call(s) without a receipt and {done} with one")
 
 
 def _http_hooks(project: t.Any, worktree: Path, agent_env: dict[str, str]) -> tuple[dict[str, t.Any], dict[str, str]]:
@@ -215,9 +270,11 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
             settings_file = ctx.scratch / f"fig10-settings-{len(gaps[name])}-{abs(hash(name))}.json"
             settings_file.write_text(json.dumps(settings))
             try:
-                gaps[name].append(_turn(claude, calls, worktree, settings_file, env, ctx.scratch / f"fig10-{number}",
-                                        timeout=60 + calls * 3))
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                with _StreamReceipts(project, env if name in STREAM_RECEIPTS else None) as receipts:
+                    turn = _turn(claude, calls, worktree, settings_file, env, ctx.scratch / f"fig10-{number}",
+                                 timeout=60 + calls * 3, receipts=receipts)
+                gaps[name].append(turn)
+            except RuntimeError as exc:
                 errors.append(f"{name}, round {number + 1}: {exc}")
     rows: list[dict[str, t.Any]] = []
     base = gaps["no hooks"]
@@ -234,7 +291,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         added = [statistics.median(mine) - statistics.median(theirs) for mine, theirs in zip(turns, base)]
         positions = [statistics.median(b[i] for b in turns) - statistics.median(o[i] for o in base)
                      for i in range(calls)]
-        http = name == "HTTP hooks (the agent's endpoint)"
+        http = name == OV_HTTP
         rows.append(row(10, f"{name}: added per tool call", "ms", Stats(added), digits=2,
                         target=f"< {TARGET_MS:g} ms" if http else None,
                         met=statistics.median(added) < TARGET_MS if http else None,

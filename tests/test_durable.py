@@ -1,8 +1,9 @@
 """Durable runs with real agent loops on the scripted runtime: replays, mid-call crashes, resume, recovery, forks.
 
 The scripted runtime plays the same calls again when a turn is retried (like a model
-answering the same mail again) and runs the worktree's real hooks, so every tool call
-goes through the real `ov guard` and `ov guard --post` and the real ledger.
+answering the same mail again) and runs the agent's real PreToolUse hooks, so every tool
+call goes through the real guard and the real ledger; the receipts come from the turn's
+stream, which the real agent loop reads (a headless turn has no PostToolUse hook).
 """
 
 from __future__ import annotations
@@ -131,6 +132,44 @@ def test_a_side_effect_killed_mid_call_is_held_back_once_and_flagged(durable: tu
     from overstory.status import recent_problems
 
     assert any(p["kind"] == "tool_call_flagged" for p in recent_problems(events_db))
+
+
+def test_a_loop_killed_before_reading_a_receipt_holds_the_call_back_once(durable: tuple[ProjectPaths, Path],
+                                                                         state_db: t.Any, tmp_path: Path) -> None:
+    """Receipts come from the stream: the loop is frozen while the push runs, so the push's result waits
+    unread in the pipe when the whole project is killed. Its row stays ``started``: the recovered attempt
+    is told it may already have happened (flagged), not told it succeeded, and the push happens once."""
+    project, log = durable
+    pushed = shared(tmp_path) / "pushed"
+    push = f"git push origin ov/builder-unread && touch {pushed} && sleep 1"
+    scenario = {"turns": [{"actions": [
+        {"write": {"path": "work.txt", "content": "done\n"}},
+        {"bash": "git add work.txt && git commit -qm work"},
+        {"bash": push},
+        {"bash": push},  # told "may already have happened", the model checks and asks again
+        {"bash": "ov mail send --type worker_done --subject done --body finished"},
+    ], "result": "done"}]}
+    name = start_agent(project, state_db, "unread", scenario)
+    wait_for(pushed.exists, 90, "the push to run")
+    loop = row(state_db, name)
+    os.kill(loop.loop_pid, signal.SIGSTOP)  # from here on nothing reads the turn's stdout
+    transcripts = project.run_dir / name / "scripted" / "projects"
+
+    def result_written() -> bool:  # the player flushes a result to stdout before its transcript gets it
+        return any("tool_result" in line and "builder-unread" in line
+                   for path in transcripts.rglob("*.jsonl") for line in path.read_text().splitlines())
+
+    wait_for(result_written, 30, "the push's result to be written")
+    assert calls_of(state_db, name, "git push") == [(0, "started", None)]
+    kill_everything(project)
+    _resume_all(project)
+    wait_for(lambda: row(state_db, name).is_terminal, 90, "the agent to finish")
+    assert row(state_db, name).state == "completed", row(state_db, name).state_reason
+    assert pushes(log) == {"refs/heads/ov/builder-unread": 1}
+    rows = [r for r in ledger.calls(state_db, agent=name) if "git push" in r["input"]]
+    assert [(r["attempt"], r["status"], r["flagged"]) for r in rows] == [
+        (0, "started", False), (1, "denied", True), (1, "succeeded", False)]
+    assert "may already have happened" in rows[1]["reason"]
 
 
 def test_a_crash_in_the_first_turn_resumes_the_same_session(durable: tuple[ProjectPaths, Path], state_db: t.Any,

@@ -229,6 +229,37 @@ def test_a_scripted_agent_is_guarded_over_http_and_a_gone_listener_blocks_its_ne
     assert sent.returncode == 0, sent.stderr
     assert wait_terminal(project, name, timeout=60).state == "completed"
     assert (worktree / "third.txt").exists()
+    # One hook per call: the loop took each receipt from the turn's stream.
+    assert set(json.loads((project.run_dir / name / "settings.http.json").read_text())["hooks"]) == {"PreToolUse"}
+    from overstory.store import ledger
+    from overstory.store.db import open_state
+
+    conn = open_state(project.state_db)
+    try:
+        rows = {r["input"]: r for r in ledger.calls(conn, agent=name)}
+    finally:
+        conn.close()
+    ran = [(r["status"], r["exit_code"], r["source"]) for key, r in rows.items() if "first.txt" in key or "third" in key]
+    assert ran == [("succeeded", 0, "hook"), ("succeeded", 0, "hook")]
+
+
+def test_headless_settings_have_one_tool_hook_and_tmux_keeps_the_receipt_hook(tmp_path: t.Any) -> None:
+    """Headless turns take receipts from the stream, so neither transport asks for a PostToolUse hook; a
+    command-hook settings file an older ov wrote with one loses it in the HTTP settings. Tmux mode, which
+    has no stream for ov to read, keeps `ov guard --post`."""
+    from overstory.endpoint.hooks import write_settings
+    from overstory.runtimes.claude import hook_settings
+
+    headless, tmux = hook_settings(["ov"], tmux_mode=False), hook_settings(["ov"], tmux_mode=True)
+    assert set(headless["hooks"]) == {"PreToolUse"}
+    assert tmux["hooks"]["PostToolUse"][0]["hooks"][0]["command"] == "ov guard --post"
+    assert {"PreToolUse", "PostToolUse", "PostToolUseFailure", "UserPromptSubmit"} <= set(tmux["hooks"])
+    older = {**headless, "hooks": {**headless["hooks"], "PostToolUse": tmux["hooks"]["PostToolUse"],
+                                   "PostToolUseFailure": tmux["hooks"]["PostToolUse"]}, "model": "kept"}
+    (tmp_path / "settings.json").write_text(json.dumps(older))
+    written = json.loads(write_settings(tmp_path, "settings.json", 4321).read_text())
+    assert set(written["hooks"]) == {"PreToolUse"} and written["model"] == "kept"
+    assert written["hooks"]["PreToolUse"][0]["hooks"][0]["url"] == "http://127.0.0.1:4321/v1/hook.pre"
 
 
 def test_another_agents_secret_does_not_open_this_listener(served: t.Any, project: ProjectPaths,

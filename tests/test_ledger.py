@@ -273,6 +273,39 @@ def test_stream_ledger_fills_rows_for_runtimes_without_hooks(state_db: t.Any) ->
         ("Bash", "read", "succeeded", "a", "stream"), ("mcp__x__post", "side_effect", "failed", "boom", "stream")]
 
 
+def test_a_headless_turns_receipts_come_from_its_stream(state_db: t.Any) -> None:
+    """A runtime whose PreToolUse hook writes the rows gets no PostToolUse hook in a headless turn: the claude
+    parser's tool_end events (from the real CLI's captured stream) finish the rows the hook began, and nothing else."""
+    from overstory.runtimes.claude.stream import TurnStream
+
+    fixture = Path(__file__).parent / "fixtures" / "stream" / "tool_turn.jsonl"
+    stream, parsed = TurnStream(), []
+    for index, line in enumerate(fixture.read_text().splitlines()):
+        parsed += stream.feed(line, now=float(index))
+    starts = [e for e in parsed if e.kind == "tool_start"]
+    write, bash = (e.data["tool_use_id"] for e in starts)  # the capture's Write, then its Bash
+    ctx = _ctx("turn-1")
+    ledger.record_pre(state_db, {"tool_name": "Write", "tool_input": {"file_path": "/wt/hello.txt", "content": "x"},
+                                 "tool_use_id": write}, ALLOW, ctx)
+    ledger.record_pre(state_db, _hook("git log --oneline", bash), Decision.deny("not now"), ctx)  # refused
+    feed = ledger.StreamLedger(state_db, ctx, receipts_only=True)
+    feed.feed(parsed)
+    rows = store.calls(state_db)
+    assert [(r["tool"], r["status"], r["source"]) for r in rows] == [("Write", "succeeded", "hook"),
+                                                                      ("Bash", "denied", "hook")]
+    assert rows[0]["receipt"].startswith("File created successfully") and rows[0]["ended_at"]
+    # Once more with the Bash call allowed: its exit code comes with it; tool_start makes no row of its own.
+    state_db.execute("DELETE FROM tool_calls")
+    ledger.record_pre(state_db, _hook("git log --oneline", bash), ALLOW, ctx)
+    feed.feed(parsed)
+    (row,) = store.calls(state_db)
+    assert (row["status"], row["exit_code"], row["receipt"]) == ("succeeded", 0, "fb7b9cc agent-commit\n2e873f0 initial")
+    # A PostToolUse hook as well (settings an older ov wrote): the call keeps its one row.
+    assert ledger.record_post(state_db, _hook("git log --oneline", bash, "PostToolUse",
+                                              tool_response={"stdout": "again"}), ctx) == row["id"]
+    assert [r["receipt"] for r in store.calls(state_db)] == [row["receipt"]]
+
+
 def test_context_round_trips_through_the_turn_environment() -> None:
     policy = ledger.LedgerPolicy(("mcp__x__get*",), ("Bash(./deploy*)",), {**ledger.DEFAULT_REPLAY, "read": "skip"})
     env = {"OVERSTORY_AGENT_NAME": "b", "OVERSTORY_GENERATION": "3", "OVERSTORY_TURN_ID": "t9",

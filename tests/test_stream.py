@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,22 @@ def test_tool_turn_pairs_starts_and_ends():
     assert starts and len(starts) == len(ends) == stream.tool_calls
     assert {s.tool for s in starts} == {e.tool for e in ends}
     assert all(e.data["duration_ms"] >= 0 for e in ends)
+
+
+def test_a_bash_result_carries_its_exit_code():
+    _, parsed = feed("tool_turn")
+    ends = {e.tool: e.data for e in parsed if e.kind == "tool_end"}
+    assert ends["Bash"]["exit_code"] == 0 and "exit_code" not in ends["Write"]
+    # How the CLI reports a failed and an interrupted Bash (CLAUDE_PROBE_NOTES.md, PostToolUseFailure).
+    for content, summary, expected in (("Exit code 3\npartial\nbad", "Error: Exit code 3", 3),
+                                        ("Exit code 137", "Error: Exit code 137", 137),
+                                        ("Command was aborted", {"interrupted": True}, None)):
+        stream = TurnStream()
+        stream.feed(json.dumps({"type": "assistant", "message": {"id": "m1", "content": [
+            {"type": "tool_use", "id": "u1", "name": "Bash", "input": {"command": "make"}}]}}))
+        (end,) = stream.feed(json.dumps({"type": "user", "tool_use_result": summary, "message": {"content": [
+            {"type": "tool_result", "tool_use_id": "u1", "content": content, "is_error": True}]}}))
+        assert (end.kind, end.data["exit_code"]) == ("tool_end", expected)
 
 
 def test_denied_tool_is_visible():

@@ -1,8 +1,8 @@
 """Claude's tool-call hooks over HTTP with the REAL Claude Code CLI, through `ov sling` (issue 20).
 
 Only the model is mocked (tests/mockapi.py on 127.0.0.1): it cannot run here. The CLI calls
-the agent loop's listener for every PreToolUse/PostToolUse; the loop, its sandbox, git and
-SQLite are real.
+the agent loop's listener for every PreToolUse; the receipts come from the turn's stream,
+which the loop reads. The loop, its sandbox, git and SQLite are real.
 """
 
 from __future__ import annotations
@@ -53,8 +53,12 @@ def test_a_claude_builder_is_guarded_through_its_loops_http_hooks(project, tmp_p
     assert hooks["PreToolUse"][0]["hooks"][0]["onFailure"] == "block"
     assert not (project.root / "planted.txt").exists()
     assert "may only write inside its worktree" in told  # the guard's reason reached the model
-    calls = [(r["tool"], r["status"]) for r in ledger(project, name)]
+    assert set(hooks) == {"PreToolUse"}, "one hook per call: the receipts come from the stream"
+    rows = ledger(project, name)
+    calls = [(r["tool"], r["status"]) for r in rows]
     assert calls == [("Write", "denied"), ("Write", "succeeded"), ("Bash", "succeeded"), ("Bash", "succeeded")]
+    assert rows[1]["receipt"].startswith("File created successfully") and rows[1]["duration_ms"] is not None
+    assert [r["exit_code"] for r in rows[2:]] == [0, 0] and rows[3]["receipt"].startswith("sent #")
 
 
 @requires_claude

@@ -313,6 +313,9 @@ def record_post(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: 
                              receipt=receipt, duration_ms=duration_ms)
         if found is not None:
             return found
+        settled = store.row_of(conn, agent=ctx.agent, tool_use_id=tool_use_id)
+        if settled is not None:  # denied, skipped, or its receipt already came (from the stream)
+            return settled
     tool_input = hook_input.get("tool_input")
     call = _call(ctx, tool, tool_input if isinstance(tool_input, dict) else {}, tool_use_id)
     return store.record_finished(conn, call, ok=ok, exit_code=exit_code, receipt=receipt, duration_ms=duration_ms)
@@ -425,21 +428,29 @@ def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
 
 
 class StreamLedger:
-    """Ledger rows from a turn's stream, for runtimes without tool hooks (nothing can be held back there).
+    """Ledger rows from a headless turn's stream.
 
-    ``tool_start`` events make ``started`` rows (the call's input is ``data["tool_input"]``
-    when the runtime's parser gives it, else the short ``data["input"]`` text), and
-    ``tool_end`` events bring their receipts, matched by ``data["tool_use_id"]``.
+    ``tool_end`` events bring the receipts, matched by ``data["tool_use_id"]`` to the
+    ``started`` row. With ``receipts_only`` (a runtime whose PreToolUse hook writes the rows)
+    that is all it does: a headless turn sends no PostToolUse hook, so a tool call costs one
+    hook, not two. The receipt is written when the loop reads the result from the stream,
+    before the turn ends; if the loop or the CLI dies first, the row stays ``started`` and a
+    retried attempt treats the call as one that may have happened (held back once, flagged).
+
+    Without it (runtimes without tool hooks, where nothing can be held back), ``tool_start``
+    events make the ``started`` rows too (the call's input is ``data["tool_input"]`` when the
+    runtime's parser gives it, else the short ``data["input"]`` text).
     """
 
-    def __init__(self, conn: sqlite3.Connection, ctx: LedgerContext) -> None:
+    def __init__(self, conn: sqlite3.Connection, ctx: LedgerContext, *, receipts_only: bool = False) -> None:
         self.conn = conn
         self.ctx = ctx
+        self.receipts_only = receipts_only
 
     def feed(self, parsed: t.Iterable[ParsedEvent]) -> None:
         for event in parsed:
             data = event.data or {}
-            if event.kind == "tool_start" and event.tool:
+            if event.kind == "tool_start" and event.tool and not self.receipts_only:
                 tool_input = data.get("tool_input")
                 if not isinstance(tool_input, dict):
                     from overstory.guards.patterns import SHELL_TOOLS
@@ -452,7 +463,8 @@ class StreamLedger:
                 tool_use_id = data.get("tool_use_id")
                 if isinstance(tool_use_id, str) and tool_use_id:
                     output = data.get("output")
+                    exit_code = data.get("exit_code")
                     store.finish(self.conn, agent=self.ctx.agent, tool_use_id=tool_use_id,
-                                 ok=not data.get("is_error"), exit_code=None,
+                                 ok=not data.get("is_error"), exit_code=exit_code if isinstance(exit_code, int) else None,
                                  receipt=output if isinstance(output, str) else None,
                                  duration_ms=data.get("duration_ms"))

@@ -251,9 +251,10 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                            summary=f"removed stale git lock(s) left by a killed process: {', '.join(stale)}"[:300])
     checkpoint.save_start(state, agent, turn_id, attempt=attempt, scope=scope_of(dispatch), mail_ids=dispatch,
                           resume_session_id=resume_session_id, cwd=cwd, started_ms=started_ms)
-    stream_ledger = None
-    if "pre" not in runtime.tool_hooks:  # `ov guard` never runs: the ledger is filled from the stream
-        stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(env) or ledger.LedgerContext(agent.name))
+    # Receipts come from the stream (a headless turn has no PostToolUse hook); without a PreToolUse hook
+    # (`ov guard` never runs) the rows do too.
+    stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(env) or ledger.LedgerContext(agent.name),
+                                        receipts_only="pre" in runtime.tool_hooks)
     with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -1,10 +1,15 @@
 """Claude's tool-call hooks over HTTP, served by the agent's endpoint (issue 20).
 
 A command hook starts `ov guard` as a new Python process for every tool call (tens of
-milliseconds each, twice with the ledger's PostToolUse hook). Claude Code can instead POST
-the same JSON to a URL (CLAUDE_PROBE_NOTES.md, "HTTP hooks"), so during a headless turn the
-agent's loop answers it here, in its own long-lived process, outside the sandbox: the
-routes ``hook.pre``/``hook.post`` call the same functions as `ov guard`.
+milliseconds each). Claude Code can instead POST the same JSON to a URL
+(CLAUDE_PROBE_NOTES.md, "HTTP hooks"), so during a headless turn the agent's loop answers
+PreToolUse here, in its own long-lived process, outside the sandbox: the route ``hook.pre``
+calls the same functions as `ov guard`.
+
+Only PreToolUse: the call's receipt comes from the turn's stream, which the same loop reads
+(``ledger.StreamLedger``). Each hook costs the CLI 2-3 ms of its own even when the server
+does nothing (bench figure 10), so a PostToolUse hook would double the price of every call.
+``hook.post`` still answers a settings file that asks for it.
 
 Why TCP and not the endpoint's unix socket: the CLI's HTTP hooks take a URL, and it only
 speaks TCP. The listener binds 127.0.0.1 on a port the kernel picks; the turn reaches it
@@ -40,7 +45,7 @@ HOST = "127.0.0.1"
 # Test hook: the first listener closes itself after this many PreToolUse answers (fail-closed tests).
 FAULT_ENV = "OV_TEST_HOOKS_CLOSE_AFTER"
 PRE_TIMEOUT_SECONDS = 30  # the guard and the ledger take milliseconds; an approval gate writes one transaction
-POST_TIMEOUT_SECONDS = 30
+RECEIPT_EVENTS = ("PostToolUse", "PostToolUseFailure")
 MAX_HOOK_BYTES = 8 << 20  # a PostToolUse carries the tool's output
 ROUTES = {"/v1/hook.pre": "hook.pre", "/v1/hook.post": "hook.post"}
 SETTINGS_FILE = "settings.http.json"  # beside the command hooks' settings.json, in the agent's run dir
@@ -65,12 +70,15 @@ def transport_for(config: t.Any, runtime_name: str, capability: str) -> str:
 
 
 def write_settings(run_dir: t.Any, command_settings_file: str, port: int) -> t.Any:
-    """The HTTP hooks' settings file: the command hooks' settings with the tool-call hooks replaced."""
+    """The HTTP hooks' settings file: the command hooks' settings with the tool-call hooks replaced (and
+    any PostToolUse hook an older ov wrote there dropped: the receipts come from the stream)."""
     try:
         settings = json.loads((run_dir / command_settings_file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         settings = {}
     hooks = dict(settings.get("hooks") or {}) if isinstance(settings, dict) else {}
+    for event in RECEIPT_EVENTS:
+        hooks.pop(event, None)
     hooks.update(claude_settings(port)["hooks"])
     settings = {**(settings if isinstance(settings, dict) else {}), "hooks": hooks}
     path = run_dir / SETTINGS_FILE
@@ -81,21 +89,15 @@ def write_settings(run_dir: t.Any, command_settings_file: str, port: int) -> t.A
 
 
 def claude_settings(port: int) -> dict[str, t.Any]:
-    """Claude settings whose tool-call hooks POST to this agent's listener.
+    """Claude settings whose PreToolUse hook POSTs to this agent's listener.
 
     The secret goes in a header from the turn's environment (``allowedEnvVars``: the CLI
     expands only the variables listed there), so one settings file serves every turn of the loop.
     """
-    base = f"http://{HOST}:{port}"
     auth = {"headers": {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}, "allowedEnvVars": [TOKEN_ENV]}
-    pre = {"type": "http", "url": f"{base}/v1/hook.pre", "timeout": PRE_TIMEOUT_SECONDS, "onFailure": "block", **auth}
-    # PostToolUse only stores a receipt: a failure there must not turn into a failed call.
-    post = {"type": "http", "url": f"{base}/v1/hook.post", "timeout": POST_TIMEOUT_SECONDS, **auth}
-    return {"hooks": {
-        "PreToolUse": [{"matcher": ".*", "hooks": [pre]}],
-        "PostToolUse": [{"matcher": ".*", "hooks": [post]}],
-        "PostToolUseFailure": [{"matcher": ".*", "hooks": [post]}],
-    }}
+    pre = {"type": "http", "url": f"http://{HOST}:{port}/v1/hook.pre", "timeout": PRE_TIMEOUT_SECONDS,
+           "onFailure": "block", **auth}
+    return {"hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [pre]}]}}
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):

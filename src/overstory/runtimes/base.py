@@ -255,8 +255,9 @@ class Runtime(abc.ABC):
     # the sandbox's private /tmp instead (a host path there would be read-only or shared).
     tmp_env_vars: t.ClassVar[tuple[str, ...]] = ()
     # Which tool-call hooks call ov: "pre" (``ov guard`` before each call, which also writes the
-    # tool-call ledger's row) and "post" (``ov guard --post``, the call's result). Without "pre",
-    # the turn runner fills the ledger from the stream's tool_start/tool_end events instead.
+    # tool-call ledger's row) and "post" (``ov guard --post``, the call's result, in tmux mode: a
+    # headless turn's receipts come from the stream's tool_end events). Without "pre", the turn
+    # runner fills the ledger from the stream's tool_start/tool_end events instead.
     tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
     # Whether its tool-call hooks can be HTTP calls to the agent's endpoint instead of `ov guard` processes.
     http_hooks: t.ClassVar[bool] = False

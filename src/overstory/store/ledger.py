@@ -1,8 +1,8 @@
 """The tool-call ledger in state.db: one row per tool call of every agent (ARCHITECTURE §13).
 
 Stdlib only: `ov guard` writes a row on every tool call. A row is ``started`` when the
-PreToolUse hook lets the call through, then ``succeeded`` or ``failed`` when its
-PostToolUse (or PostToolUseFailure) hook brings the receipt. ``denied`` is a call the
+PreToolUse hook lets the call through, then ``succeeded`` or ``failed`` when its receipt
+comes (from the turn's stream, or a PostToolUse hook in tmux mode). ``denied`` is a call the
 guard refused (or a replay it held back), ``skipped_duplicate`` a replay of a call that
 already succeeded in an earlier attempt of the same dispatch. A ``started`` row whose
 turn is over has no receipt: the crash hit mid-call, so the call may or may not have
@@ -156,6 +156,13 @@ def finish(conn: sqlite3.Connection, *, agent: str, tool_use_id: str, ok: bool, 
         "ORDER BY id DESC LIMIT 1) RETURNING id",
         ("succeeded" if ok else "failed", exit_code, trim(receipt), duration_ms, now_ms(), agent,
          tool_use_id)).fetchone()
+    return int(row[0]) if row else None
+
+
+def row_of(conn: sqlite3.Connection, *, agent: str, tool_use_id: str) -> int | None:
+    """The newest row of this call, whatever its status; None if it has none."""
+    row = conn.execute("SELECT id FROM tool_calls WHERE agent = ? AND tool_use_id = ? ORDER BY id DESC LIMIT 1",
+                       (agent, tool_use_id)).fetchone()
     return int(row[0]) if row else None
 
 

@@ -94,16 +94,18 @@ def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str], cwd: Path) ->
 def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]:
     """Settings that send every tool call through ``ov guard`` (and, in tmux mode, mail into prompts).
 
-    PostToolUse and PostToolUseFailure (a failed Bash gets only the latter) run ``ov guard
-    --post``, which stores the call's result in the tool-call ledger.
+    In tmux mode PostToolUse and PostToolUseFailure (a failed Bash gets only the latter) run
+    ``ov guard --post``, which stores the call's result in the tool-call ledger. A headless
+    turn needs no such hook: the turn runner reads the same result from the stream
+    (``ledger.StreamLedger``), so each tool call starts one process, not two.
     """
     prefix = " ".join(shlex.quote(part) for part in ov_command)
-    post = [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard --post"}]}]
     settings: dict[str, t.Any] = {
-        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}],
-                  "PostToolUse": post, "PostToolUseFailure": post}
+        "hooks": {"PreToolUse": [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard"}]}]}
     }
     if tmux_mode:
+        post = [{"matcher": ".*", "hooks": [{"type": "command", "command": f"{prefix} guard --post"}]}]
+        settings["hooks"]["PostToolUse"] = settings["hooks"]["PostToolUseFailure"] = post
         inject = [{"hooks": [{"type": "command", "command": f"{prefix} mail check --inject"}]}]
         settings["hooks"]["UserPromptSubmit"] = inject
         settings["hooks"]["SessionStart"] = inject

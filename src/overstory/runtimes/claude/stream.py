@@ -47,6 +47,7 @@ AUTH_PATTERN = re.compile(r"authenticat|\b401\b|invalid.?(x-)?api.?key|not logge
 AUTH_ERROR = "authentication_failed"
 USAGE_LIMIT = "usage_limit_reached"
 COARSE_KIND = {RATE_LIMIT: TRANSIENT, AUTH: PERMANENT}
+EXIT_CODE = re.compile(r"^Exit code (-?\d+)")  # how a failed Bash call's result begins
 
 
 @dataclass
@@ -162,10 +163,12 @@ class TurnStream(TurnParser):
             self.current_tool = None
             is_error = bool(block.get("is_error"))
             output = _flatten(block.get("content"))
+            data = {"tool_use_id": tool_use_id, "is_error": is_error, "duration_ms": int((now - started) * 1000),
+                    "output": _trim(output, TEXT_LIMIT)}
+            if name == "Bash":
+                data["exit_code"] = _bash_exit_code(output, is_error, event.get("tool_use_result"))
             parsed.append(ParsedEvent(
-                "tool_end", tool=name, summary=("error: " if is_error else "") + _trim(output, 200),
-                data={"tool_use_id": tool_use_id, "is_error": is_error, "duration_ms": int((now - started) * 1000),
-                      "output": _trim(output, TEXT_LIMIT)}))
+                "tool_end", tool=name, summary=("error: " if is_error else "") + _trim(output, 200), data=data))
         return parsed
 
     def _note_assistant(self, event: dict[str, t.Any]) -> None:
@@ -337,6 +340,15 @@ def describe_tool_input(name: str, tool_input: t.Any) -> str:
                 return _trim(str(tool_input[key]), ARG_LIMIT)
         return _trim(json.dumps(tool_input, ensure_ascii=False), ARG_LIMIT)
     return _trim(str(tool_input), ARG_LIMIT)
+
+
+def _bash_exit_code(output: str, is_error: bool, summary: t.Any) -> int | None:
+    """A Bash call's exit code as the CLI reports it: a failure's result starts "Exit code N"; a success
+    is 0 unless it was interrupted (``tool_use_result.interrupted``, the PostToolUse hook's ``tool_response``)."""
+    if is_error:
+        match = EXIT_CODE.match(output)
+        return int(match.group(1)) if match else None
+    return None if isinstance(summary, dict) and summary.get("interrupted") else 0
 
 
 def _flatten(content: t.Any) -> str:
