@@ -118,7 +118,9 @@ def test_inputs_are_read_as_claude_calls() -> None:
     assert mapped["cwd"] == worktree("builder-a") and mapped["hook_event_name"] == "PreToolUse"
     dialect, mapped = as_claude_input(opencode("edit", {"filePath": "a.py", "oldString": "a", "newString": "b"}))
     assert dialect == "opencode" and mapped["tool_name"] == "Edit" and mapped["tool_input"]["file_path"] == "a.py"
+    assert mapped["tool_use_id"] == "call_1"  # the stream's callID: the call's receipt finds its ledger row by it
     dialect, mapped = as_claude_input(gemini("web_fetch", {"prompt": "x"}))
+    assert "tool_use_id" not in mapped  # Gemini's BeforeTool input has no id
     assert mapped["tool_name"] == "web_fetch"  # a tool ov does not know keeps its name (and is allowed)
     assert as_claude_input(codex("ls"))[0] == "claude"
 

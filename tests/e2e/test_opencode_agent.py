@@ -31,6 +31,8 @@ from mock_openai_chat import (
 from opencode_cli import MODEL_ID, OPENCODE_BIN, requires_opencode
 from overstory import procs
 from overstory.paths import ProjectPaths
+from overstory.store import ledger
+from overstory.store.db import open_state
 from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
@@ -88,6 +90,13 @@ def test_opencode_builder_writes_commits_reports_and_completes(project: ProjectP
     offered = [tool["function"]["name"] for tool in first["tools"]]
     assert "bash" in offered and "task" not in offered  # opencode's sub-agents are off: ov slings
     assert run_git(project.worktree(name), "status", "--porcelain", "--ignored") == ""
+    # The plugin's callID names the ledger row, so each call's receipt, read from the stream, finds it.
+    conn = open_state(project.state_db)
+    try:
+        rows = [(r["tool"], r["status"], r["exit_code"]) for r in ledger.calls(conn, agent=name)]
+    finally:
+        conn.close()
+    assert rows == [("Write", "succeeded", None), ("Bash", "succeeded", 0), ("Bash", "succeeded", 0)]
 
 
 @requires_opencode

@@ -63,6 +63,8 @@ def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, ob
     mapped: dict[str, object] = {"hook_event_name": "PreToolUse", "tool_name": tool, "tool_input": args}
     if isinstance(hook_input.get("cwd"), str):
         mapped["cwd"] = hook_input["cwd"]
+    if dialect == OPENCODE and isinstance(hook_input.get("callID"), str):  # the stream's id for the same call:
+        mapped["tool_use_id"] = hook_input["callID"]  # its receipt finds the ledger row by it (Gemini's has none)
     if isinstance(tool, str) and tool in table:
         claude_tool, keys = table[tool]
         mapped["tool_name"] = claude_tool

@@ -10,15 +10,9 @@ from __future__ import annotations
 import os
 import time
 
-try:  # the C module behind the sqlite3 package (same connect, Row and errors): the package only adds
-    # adapters for date and datetime values, which ov never stores, and imports datetime for them (about
-    # 2 ms of every hot command). store.tool_count does the same.
-    import _sqlite3 as sqlite3
-except ImportError:  # pragma: no cover - an interpreter that only ships the package
-    import sqlite3  # type: ignore[no-redef]
-
 from overstory.errors import DiskFull, StoreError
 from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
+from overstory.store.sqlite_module import sqlite3  # the C module, without the package's datetime adapters
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases
 if TYPE_CHECKING:

@@ -8,17 +8,13 @@ run's row (migration m005). A refusal, the rare path, is counted in
 ``refused_tool_calls``, which tells the turn runner to stop the turn and park.
 
 Standard library only, and never creates the database: this runs on every tool call.
-It talks to SQLite through ``_sqlite3``, the C module behind ``sqlite3``: the same
-``connect`` and errors (``sqlite3.connect is _sqlite3.connect``) without the package's
-``datetime`` adapters, which would add about 1.5 ms of imports to every tool call.
+It talks to SQLite through ``_sqlite3``, the C module behind ``sqlite3``, loaded by
+``store.sqlite_module`` without the package's ``datetime`` adapters and without ``functools``.
 """
 
 from __future__ import annotations
 
-try:
-    import _sqlite3 as sqlite3
-except ImportError:  # an interpreter that only ships the package
-    import sqlite3  # type: ignore[no-redef]
+from overstory.store.sqlite_module import sqlite3
 
 _COUNT = (
     "UPDATE budgets SET tool_calls = tool_calls + 1 "
