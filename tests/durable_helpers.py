@@ -42,6 +42,13 @@ def pushes(log: Path) -> Counter[str]:
     return Counter(line.split()[0] for line in log.read_text().splitlines() if line.strip())
 
 
+def remote_refs(bare: Path) -> set[str]:
+    """The refs a bare repository holds."""
+    done = subprocess.run(["git", "for-each-ref", "--format=%(refname)"], cwd=bare, capture_output=True, text=True,
+                          check=True)
+    return set(done.stdout.split())
+
+
 def project_processes(project: ProjectPaths) -> list[int]:
     """Live processes of this project: loops and drivers (by command line), turns, tools, hooks and ov
     commands inside them (by OVERSTORY_PROJECT_ROOT), and ov commands run in the project (by cwd)."""

@@ -22,7 +22,17 @@ import pytest
 import yaml
 
 from conftest import ov_command, run_ov
-from durable_helpers import assert_invariants, kill_everything, make_remote, project_processes, pushes, row, shared, wait_for
+from durable_helpers import (
+    assert_invariants,
+    kill_everything,
+    make_remote,
+    project_processes,
+    pushes,
+    remote_refs,
+    row,
+    shared,
+    wait_for,
+)
 from overstory.paths import ProjectPaths
 from overstory.store import checkpoints, ledger, sessions
 from test_watchdog import start_agent, write_local_config
@@ -423,7 +433,10 @@ def test_fault_injection_kills_everything_at_random_points(durable: tuple[Projec
         _resume_all(project)
     wait_for(lambda: all(a.is_terminal for a in sessions.list_sessions(state_db)), 240, "every agent to finish")
     assert_invariants(project, state_db, completed={lead, *workers})
-    assert pushes(log) == {f"refs/heads/ov/{w}": 1 for w in workers}
+    # Each branch reached the remote, and no ref changed twice. The remote's post-receive hook logs a push
+    # after the ref moved, so a kill in between loses the line, not the push: the remote's refs are the truth.
+    assert remote_refs(log.parent / "remote.git") >= {f"refs/heads/ov/{w}" for w in workers}
+    assert all(count == 1 for count in pushes(log).values()), pushes(log)
     ready = [r[0] for r in state_db.execute("SELECT sender FROM mail WHERE type = 'merge_ready' ORDER BY sender")]
     assert ready == sorted(workers)
     interrupted = state_db.execute("SELECT count(*) FROM turns WHERE status IN ('failed', 'interrupted', 'transient')"
