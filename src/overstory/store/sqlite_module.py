@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["sqlite3"]
+
 
 def _load() -> object:
     if "functools" in sys.modules or "_sqlite3" in sys.modules:
@@ -31,15 +33,12 @@ def _load() -> object:
 
         return _sqlite3
 
-    class CacheInfo(tuple):  # what the cache's cache_info() returns; the statement cache never calls it
-        __slots__ = ()
-
-        def __new__(cls, hits: int, misses: int, maxsize: int | None, currsize: int) -> CacheInfo:
-            return tuple.__new__(cls, (hits, misses, maxsize, currsize))
+    def cache_info(*numbers: object) -> tuple[object, ...]:  # (hits, misses, maxsize, currsize); never asked for
+        return numbers
 
     def lru_cache(maxsize: int | None = 128, typed: bool = False) -> object:
         def decorating(function: object) -> object:
-            return _functools._lru_cache_wrapper(function, maxsize, typed, CacheInfo)
+            return _functools._lru_cache_wrapper(function, maxsize, typed, cache_info)
 
         return decorating
 
