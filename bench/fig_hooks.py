@@ -9,8 +9,9 @@ Where ov's PreToolUse hook writes the ledger's rows, the turn's stdout is read w
 runs and the receipts are stored from it, as the agent's loop does (a headless turn has
 no PostToolUse hook); the HTTP Pre+Post variant shows what receipts by hook cost instead.
 
-The mock (in a process of its own: bench/model_server.py) stamps the arrival of each model request; the gap between two requests is one
-tool call's round: the mock's answer, the CLI's work, the hooks and the tool. Every round
+The mock (in a process of its own: bench/model_server.py) stamps the arrival of each model
+request; the gap between two requests is one tool call's round: the mock's answer, the
+CLI's work, the hooks and the tool. Every round
 runs each variant's turn once, back to back in a rotating order; a variant's added time
 per call is the median, over rounds, of its turn's median gap minus the no-hooks turn's
 median gap in the same round (the machine's load drifts by more than the effect between

@@ -7,8 +7,8 @@ PreToolUse here, in its own long-lived process, outside the sandbox: the route `
 calls the same functions as `ov guard`.
 
 Only PreToolUse: the call's receipt comes from the turn's stream, which the same loop reads
-(``ledger.StreamLedger``). Each hook costs the CLI 2-3 ms of its own even when the server
-does nothing (bench figure 10), so a PostToolUse hook would double the price of every call.
+(``ledger.StreamLedger``). Each hook costs the CLI 3-9 ms of its own, by machine, even when
+the server does nothing (bench figure 10), so a PostToolUse hook would double the price of every call.
 ``hook.post`` still answers a settings file that asks for it.
 
 Why TCP and not the endpoint's unix socket: the CLI's HTTP hooks take a URL, and it only
