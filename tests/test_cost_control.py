@@ -64,7 +64,9 @@ def settled(project, name, timeout=60):
 
 def test_crossing_max_usd_mid_turn_parks_and_resume_continues_the_session(project, tmp_path):
     once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
-    start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
+    # The 30 s sleep holds the first turn open until ov stops it; the resumed turn skips both (once).
+    start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30, "once": "slept-once"},
+                                           REPORT]}],
           budget={"max_usd": 0.5})
     agent = settled(project, "builder-t1")
     assert agent.state == "parked" and agent.park_kind == "budget"
@@ -135,9 +137,10 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
                      "--budget-usd", "2", cwd=project.root)
     assert started.returncode == 0, started.stderr
     for task in ("a", "b", "c"):
-        # the once marker is relative: the turn's worktree (a sandboxed turn has a private /tmp)
+        # The once markers are relative: in the agent's state dir (a sandboxed turn has a private /tmp). The
+        # sleep holds each first turn open until ov parks it; the resumed turns skip it.
         start(project, tmp_path, [{"actions": [{"usage": BIG, "once": f"once-{task}"},
-                                               {"sleep": 30}, REPORT]}], task=task)
+                                               {"sleep": 30, "once": f"slept-{task}"}, REPORT]}], task=task)
     names = ["builder-a", "builder-b", "builder-c"]
     for name in names:
         assert settled(project, name).state == "parked"
@@ -165,7 +168,7 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
             run_ov("resume", name, "--add-usd", "5", cwd=project.root)
         return agent.state == "completed"
 
-    for name in names:  # each still has its 30 s step to go
+    for name in names:
         try:
             wait_for(lambda n=name: finished(n), 150, interval=0.5, message=name)
         except AssertionError:
@@ -284,7 +287,8 @@ def test_a_loop_that_dies_between_the_budget_stop_and_the_park_parks_once_after_
     from conftest import ov_command
 
     once = "spent-once"  # in the agent's state dir: the sandbox's /tmp is private to each turn
-    start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30}, REPORT]}],
+    start(project, tmp_path, [{"actions": [{"usage": BIG, "once": str(once)}, {"sleep": 30, "once": "slept-once"},
+                                           REPORT]}],
           budget={"max_usd": 0.5}, env={"OV_TEST_DIE_AT": "park"})
     wait_for(lambda: (rows := turns_of(project, "builder-t1")) and rows[0]["status"] == "budget", 60)
     wait_for(lambda: not procs.is_alive(agent_state(project, "builder-t1").loop_pid), 10, message="the loop died")

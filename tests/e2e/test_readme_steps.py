@@ -15,7 +15,9 @@ blocks; the only ones replaced are the steps a person does that a test cannot:
   polls `ov status --all --json` for that;
 - ``bash .ci/test``: ``bash .ci/test --collect-only -q`` (it installs the test
   dependencies the same way; running the whole suite inside one of its tests would
-  recurse).
+  recurse), told where the Codex, Gemini and OpenCode CLIs the tests already use are
+  (``OV_*_BIN``, which `.ci/test` honours), as ``claude`` is on PATH: otherwise it would
+  download them again into the clone, about 850 MB.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from pathlib import Path
 import pytest
 
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
+from codex_cli import CODEX_BIN
 from conftest import REPO_ROOT, make_repo, run_git, stop_project_processes
+from gemini_cli import GEMINI_BIN
 from mockapi import MockMessagesAPI, Reply, assistant_turns, conversation_text, text_reply, tool_reply
+from opencode_cli import OPENCODE_BIN
 
 README = REPO_ROOT / "README.md"
 SECTIONS = ("## Set-up", "## Run a real team")
@@ -70,8 +75,14 @@ def substitute(step: str, *, repo_url: str, project_dir: Path, env: dict[str, st
     if step == "ov watch":
         return WAIT_FOR_BUILDER
     if step == "bash .ci/test":
-        return "bash .ci/test --collect-only -q"
+        return f"{installed_clis()} bash .ci/test --collect-only -q"
     return step
+
+
+def installed_clis() -> str:
+    """The agent CLIs this run already has, as the variables that keep `.ci/test` from installing them."""
+    found = {"OV_CODEX_BIN": CODEX_BIN, "OV_GEMINI_BIN": GEMINI_BIN, "OV_OPENCODE_BIN": OPENCODE_BIN}
+    return " ".join(f"{name}={shlex.quote(path)}" for name, path in found.items() if path)
 
 
 GREET_SCRIPT = [
