@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,17 @@ if str(TESTS_DIR) not in sys.path:
 _LEAKY_ENV = [name for name in os.environ if name.startswith(("OVERSTORY_", "OV_"))] + [
     "CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT",
 ]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest test files first (seconds per file from an earlier run: tests/file_durations.json, made by
+    .ci/file_durations.py). `.ci/test` gives pytest-xdist workers whole files in collection order; a long
+    file that starts last keeps one worker busy after the others are done, while short ones fill in well."""
+    try:
+        weights = json.loads((TESTS_DIR / "file_durations.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -weights.get(item.nodeid.split("::", 1)[0], 0))  # stable: a file keeps its order
 
 
 @pytest.fixture(scope="session")
@@ -128,4 +140,4 @@ def run_ov(*args: str, cwd: Path, env: dict[str, str] | None = None, input: str 
            timeout: float = 60) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([*ov_command(), *args], cwd=cwd, env=full_env, input=input, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
