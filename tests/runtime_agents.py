@@ -70,3 +70,14 @@ def turn_rows(project: ProjectPaths, agent: str) -> list[dict[str, t.Any]]:
         return [dict(r) for r in rows]
     finally:
         conn.close()
+
+
+def ledger_rows(project: ProjectPaths, agent: str) -> list[dict[str, t.Any]]:
+    """The agent's tool-call ledger rows, oldest first."""
+    from overstory.store import ledger
+
+    conn = open_state(project.state_db)
+    try:
+        return ledger.calls(conn, agent=agent)
+    finally:
+        conn.close()

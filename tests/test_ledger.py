@@ -306,6 +306,71 @@ def test_a_headless_turns_receipts_come_from_its_stream(state_db: t.Any) -> None
     assert [r["receipt"] for r in store.calls(state_db)] == [row["receipt"]]
 
 
+def _parsed(runtime_name: str, fixture: str) -> list[t.Any]:
+    from overstory.runtimes import get_runtime
+
+    parser, parsed = get_runtime(runtime_name).new_parser(), []
+    for index, line in enumerate((Path(__file__).parent / "fixtures" / "stream" / fixture).read_text().splitlines()):
+        parsed += parser.feed(line, now=float(index))
+    return parsed
+
+
+@pytest.mark.parametrize("runtime_name", ["codex", "gemini"])
+def test_receipts_find_their_rows_by_the_call_where_hook_and_stream_ids_differ(state_db: t.Any,
+                                                                               runtime_name: str) -> None:
+    """Codex's hook gets the model's call id and its stream item_N; Gemini's hook gets no id. The real CLIs'
+    captured streams finish the rows their hooks began, matched by the call itself (idempotency key, in the
+    order the calls started), and leave other attempts' rows and denied rows alone."""
+    from overstory.guards.runtimes import as_claude_input
+    from overstory.runtimes import get_runtime
+
+    runtime = get_runtime(runtime_name)
+    assert not runtime.hook_ids_match
+    parsed = _parsed(runtime_name, f"{runtime_name}-tool_turn.jsonl")
+    starts = [e for e in parsed if e.kind == "tool_start"]
+    if runtime_name == "codex":  # as its PreToolUse hook sends them: Claude's shape, the model's call ids
+        hooks = [{"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": command},
+                  "tool_use_id": f"call_{n}"}
+                 for n, command in enumerate(["echo written > out.txt && cat out.txt", "echo failing; exit 3"])]
+        expected = [("succeeded", 0, "written\n"), ("failed", 3, "failing\n")]
+    else:  # Gemini's BeforeTool: its own tool names, no id
+        hooks = [{"hook_event_name": "BeforeTool", "tool_name": "run_shell_command",
+                  "tool_input": {"command": "echo made-by-gemini > out.txt && cat out.txt",
+                                 "description": "write a file"}}]
+        expected = [("succeeded", None, "made-by-gemini")]
+    assert len(starts) == len(hooks)
+    ctx, older = _ctx("turn-1", attempt=1), _ctx("turn-1", attempt=0)
+    ledger.record_pre(state_db, as_claude_input(hooks[0])[1], ALLOW, older)  # the same call, an earlier attempt
+    for hook in hooks:
+        ledger.record_pre(state_db, as_claude_input(hook)[1], ALLOW, ctx)
+    ledger.StreamLedger(state_db, ctx, receipts_only=True, hook_call=runtime.hook_call).feed(parsed)
+    rows = store.calls(state_db)
+    assert rows[0]["status"] == "started", "another attempt's row is not this stream's"
+    assert [(r["status"], r["exit_code"], r["receipt"]) for r in rows[1:]] == expected
+
+    # Two identical calls in one turn: the receipts go in the order the calls started.
+    state_db.execute("DELETE FROM tool_calls")
+    first = next(e for e in parsed if e.kind == "tool_start")
+    ends = [e for e in parsed if e.kind == "tool_end" and e.data["tool_use_id"] == first.data["tool_use_id"]]
+    twice = [first, ends[0], _renamed(first, "second"), _renamed(ends[0], "second", output="again")]
+    for _ in range(2):
+        ledger.record_pre(state_db, as_claude_input(hooks[0])[1], ALLOW, ctx)
+    ledger.StreamLedger(state_db, ctx, receipts_only=True, hook_call=runtime.hook_call).feed(twice)
+    assert [r["receipt"] for r in store.calls(state_db)] == [expected[0][2], "again"]
+
+    # A denied call keeps its row as it is, and a call no hook saw has nothing to finish.
+    state_db.execute("DELETE FROM tool_calls")
+    ledger.record_pre(state_db, as_claude_input(hooks[0])[1], Decision.deny("not now"), ctx)
+    ledger.StreamLedger(state_db, ctx, receipts_only=True, hook_call=runtime.hook_call).feed(parsed)
+    assert [(r["status"], r["receipt"]) for r in store.calls(state_db)] == [("denied", None)]
+
+
+def _renamed(event: t.Any, stream_id: str, **data: t.Any) -> t.Any:
+    from dataclasses import replace
+
+    return replace(event, data={**event.data, "tool_use_id": stream_id, **data})
+
+
 def test_context_round_trips_through_the_turn_environment() -> None:
     policy = ledger.LedgerPolicy(("mcp__x__get*",), ("Bash(./deploy*)",), {**ledger.DEFAULT_REPLAY, "read": "skip"})
     env = {"OVERSTORY_AGENT_NAME": "b", "OVERSTORY_GENERATION": "3", "OVERSTORY_TURN_ID": "t9",

@@ -32,7 +32,7 @@ from mock_openai_responses import (
 )
 from overstory import procs
 from overstory.paths import ProjectPaths
-from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
+from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, ledger_rows, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "sk-mock-codex-builder"
@@ -97,6 +97,11 @@ def test_codex_builder_writes_commits_reports_and_completes(project: ProjectPath
     worktree = project.worktree(name)
     assert run_git(worktree, "status", "--porcelain", "--ignored") == ""
     assert (project.run_dir / name / "codex-home" / "AGENTS.md").is_file()
+    # The hook's rows (call ids call_...) get their receipts from the stream (item ids item_N), matched by
+    # the call itself. The apply_patch reaches the hook as a Bash heredoc but the stream as a file_change:
+    # that row stays without one.
+    rows = [(r["tool"], r["status"], r["exit_code"], "apply_patch" in r["input"]) for r in ledger_rows(project, name)]
+    assert rows == [("Bash", "started", None, True), ("Bash", "succeeded", 0, False), ("Bash", "succeeded", 0, False)]
 
 
 @requires_codex

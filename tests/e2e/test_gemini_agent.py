@@ -27,7 +27,7 @@ from mock_gemini_api import (
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.prices import cost_usd
-from runtime_agents import OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
+from runtime_agents import OFFLINE_ENV, configure, events, ledger_rows, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "mock-gemini-key-builder"
@@ -83,6 +83,9 @@ def test_gemini_builder_writes_commits_reports_and_completes(project: ProjectPat
     assert first["_headers"]["x-goog-api-key"] == KEY and first["_model"] == DEFAULT_MODEL
     assert "builder-task-42" in json.dumps(first["systemInstruction"])
     assert run_git(project.worktree(name), "status", "--porcelain", "--ignored") == ""
+    # Gemini's BeforeTool hook has no call id: each receipt from the stream finds its row by the call itself.
+    rows = [(r["tool"], r["status"]) for r in ledger_rows(project, name)]
+    assert rows == [("Write", "succeeded"), ("Bash", "succeeded"), ("Bash", "succeeded")]
 
 
 @requires_gemini

@@ -437,21 +437,31 @@ class StreamLedger:
     before the turn ends; if the loop or the CLI dies first, the row stays ``started`` and a
     retried attempt treats the call as one that may have happened (held back once, flagged).
 
-    Without it (runtimes without tool hooks, where nothing can be held back), ``tool_start``
-    events make the ``started`` rows too (the call's input is ``data["tool_input"]`` when the
-    runtime's parser gives it, else the short ``data["input"]`` text).
+    ``hook_call`` is for a runtime whose hook is given another id than its stream (codex) or
+    none (gemini): it turns a ``tool_start`` into the call as the hook saw it, and the receipt
+    goes to the oldest ``started`` row of this attempt with that call's idempotency key.
+
+    Without ``receipts_only`` (runtimes without tool hooks, where nothing can be held back),
+    ``tool_start`` events make the ``started`` rows too (the call's input is the event's
+    ``call_input`` when the runtime's parser gives it, else the short ``data["input"]`` text).
     """
 
-    def __init__(self, conn: sqlite3.Connection, ctx: LedgerContext, *, receipts_only: bool = False) -> None:
+    def __init__(self, conn: sqlite3.Connection, ctx: LedgerContext, *, receipts_only: bool = False,
+                 hook_call: t.Callable[[str, dict[str, t.Any]], tuple[str, dict[str, t.Any]] | None] | None = None
+                 ) -> None:
         self.conn = conn
         self.ctx = ctx
         self.receipts_only = receipts_only
+        self.hook_call = hook_call
+        self._keys: dict[str, str] = {}  # stream id -> idempotency key of the call as its hook recorded it
 
     def feed(self, parsed: t.Iterable[ParsedEvent]) -> None:
         for event in parsed:
             data = event.data or {}
+            if event.kind == "tool_start" and self.hook_call is not None:
+                self._remember(event)
             if event.kind == "tool_start" and event.tool and not self.receipts_only:
-                tool_input = data.get("tool_input")
+                tool_input = event.call_input
                 if not isinstance(tool_input, dict):
                     from overstory.guards.patterns import SHELL_TOOLS
 
@@ -462,9 +472,25 @@ class StreamLedger:
             elif event.kind == "tool_end":
                 tool_use_id = data.get("tool_use_id")
                 if isinstance(tool_use_id, str) and tool_use_id:
-                    output = data.get("output")
-                    exit_code = data.get("exit_code")
-                    store.finish(self.conn, agent=self.ctx.agent, tool_use_id=tool_use_id,
-                                 ok=not data.get("is_error"), exit_code=exit_code if isinstance(exit_code, int) else None,
-                                 receipt=output if isinstance(output, str) else None,
-                                 duration_ms=data.get("duration_ms"))
+                    self._finish(tool_use_id, data)
+
+    def _remember(self, event: ParsedEvent) -> None:
+        stream_id = (event.data or {}).get("tool_use_id")
+        if not event.tool or not isinstance(stream_id, str) or not isinstance(event.call_input, dict):
+            return
+        assert self.hook_call is not None
+        seen = self.hook_call(event.tool, event.call_input)
+        if seen is not None:
+            self._keys[stream_id] = _call(self.ctx, seen[0], seen[1], None).idem_key
+
+    def _finish(self, tool_use_id: str, data: dict[str, t.Any]) -> None:
+        output, exit_code = data.get("output"), data.get("exit_code")
+        receipt = {"ok": not data.get("is_error"), "exit_code": exit_code if isinstance(exit_code, int) else None,
+                   "receipt": output if isinstance(output, str) else None, "duration_ms": data.get("duration_ms")}
+        if self.hook_call is None:
+            store.finish(self.conn, agent=self.ctx.agent, tool_use_id=tool_use_id, **receipt)
+            return
+        key = self._keys.pop(tool_use_id, None)
+        if key is not None:  # else a call its hook never saw: it has no row to finish
+            store.finish_by_key(self.conn, agent=self.ctx.agent, turn_id=self.ctx.turn_id, attempt=self.ctx.attempt,
+                                idem_key=key, **receipt)

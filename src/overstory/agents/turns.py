@@ -254,7 +254,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     # Receipts come from the stream (a headless turn has no PostToolUse hook); without a PreToolUse hook
     # (`ov guard` never runs) the rows do too.
     stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(env) or ledger.LedgerContext(agent.name),
-                                        receipts_only="pre" in runtime.tool_hooks)
+                                        receipts_only="pre" in runtime.tool_hooks,
+                                        hook_call=None if runtime.hook_ids_match else runtime.hook_call)
     with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

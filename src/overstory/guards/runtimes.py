@@ -51,6 +51,20 @@ def dialect_of(hook_input: Mapping[str, object]) -> str:
     return CLAUDE
 
 
+def _mapped(tool: object, args: object, table: Mapping[str, tuple[str, dict[str, str]]]) -> tuple[object, object]:
+    """(Claude's tool, Claude's arguments) of one of their calls; unknown tools as they are."""
+    if not isinstance(tool, str) or tool not in table:
+        return tool, args
+    claude_tool, keys = table[tool]
+    return claude_tool, ({keys.get(key, key): value for key, value in args.items()} if isinstance(args, dict) else args)
+
+
+def gemini_call(tool: str, args: dict[str, object]) -> tuple[str, dict[str, object]]:
+    """A Gemini CLI call as its BeforeTool hook reaches ``ov guard``: in Claude's names."""
+    claude_tool, claude_args = _mapped(tool, args, GEMINI_TOOLS)
+    return str(claude_tool), claude_args if isinstance(claude_args, dict) else {}
+
+
 def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, object]]:
     """(dialect, the same call in Claude's PreToolUse shape)."""
     dialect = dialect_of(hook_input)
@@ -65,11 +79,7 @@ def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, ob
         mapped["cwd"] = hook_input["cwd"]
     if dialect == OPENCODE and isinstance(hook_input.get("callID"), str):  # the stream's id for the same call:
         mapped["tool_use_id"] = hook_input["callID"]  # its receipt finds the ledger row by it (Gemini's has none)
-    if isinstance(tool, str) and tool in table:
-        claude_tool, keys = table[tool]
-        mapped["tool_name"] = claude_tool
-        if isinstance(args, dict):
-            mapped["tool_input"] = {keys.get(key, key): value for key, value in args.items()}
+    mapped["tool_name"], mapped["tool_input"] = _mapped(tool, args, table)
     return dialect, mapped
 
 

@@ -58,6 +58,8 @@ class ParsedEvent:
     summary: str | None = None
     tool: str | None = None
     data: dict[str, t.Any] | None = None
+    # A tool_start's whole input where the parser has it: for the ledger only, never stored as an event.
+    call_input: dict[str, t.Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,9 @@ class Runtime(abc.ABC):
     tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
     # Whether its tool-call hooks can be HTTP calls to the agent's endpoint instead of `ov guard` processes.
     http_hooks: t.ClassVar[bool] = False
+    # Whether its pre-tool hook is given the same call id as its stream's tool events. Where it is not
+    # (codex, gemini), a receipt finds its ledger row through ``hook_call`` instead.
+    hook_ids_match: t.ClassVar[bool] = True
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()
@@ -280,6 +285,11 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def new_parser(self) -> TurnParser:
         """A parser for one turn's stdout."""
+
+    def hook_call(self, tool: str, tool_input: dict[str, t.Any]) -> tuple[str, dict[str, t.Any]] | None:
+        """A call as its stream's ``tool_start`` gives it (tool, ``call_input``), in the shape its
+        pre-tool hook was given it as ``ov guard`` reads it (Claude's); None for a call no hook sees."""
+        return tool, tool_input
 
     # The wire protocols this runtime can speak to a provider (config ``providers.<name>.protocol``).
     protocols: t.ClassVar[tuple[str, ...]] = ()

@@ -159,6 +159,20 @@ def finish(conn: sqlite3.Connection, *, agent: str, tool_use_id: str, ok: bool, 
     return int(row[0]) if row else None
 
 
+def finish_by_key(conn: sqlite3.Connection, *, agent: str, turn_id: str | None, attempt: int, idem_key: str,
+                  ok: bool, exit_code: int | None, receipt: str | None, duration_ms: int | None) -> int | None:
+    """Store the receipt of the oldest ``started`` row of this turn's attempt with this call's key: for a
+    runtime whose hook and stream give the same call different ids. Identical calls in one turn get their
+    receipts in the order they started. Its id, or None if there is none."""
+    row = conn.execute(
+        "UPDATE tool_calls SET status = ?, exit_code = ?, receipt = ?, duration_ms = ?, ended_at = ? "
+        "WHERE id = (SELECT id FROM tool_calls WHERE agent = ? AND turn_id IS ? AND attempt = ? AND idem_key = ? "
+        "AND status = 'started' ORDER BY id LIMIT 1) RETURNING id",
+        ("succeeded" if ok else "failed", exit_code, trim(receipt), duration_ms, now_ms(), agent, turn_id, attempt,
+         idem_key)).fetchone()
+    return int(row[0]) if row else None
+
+
 def row_of(conn: sqlite3.Connection, *, agent: str, tool_use_id: str) -> int | None:
     """The newest row of this call, whatever its status; None if it has none."""
     row = conn.execute("SELECT id FROM tool_calls WHERE agent = ? AND tool_use_id = ? ORDER BY id DESC LIMIT 1",

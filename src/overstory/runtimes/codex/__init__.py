@@ -33,10 +33,17 @@ EXEC_FLAGS = ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-h
 
 class CodexRuntime(Runtime):
     name = "codex"
-    tool_hooks = frozenset({"pre"})  # no post-tool hook wired yet: calls get no receipt
+    tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
+    hook_ids_match = False  # the hook gets the model's call id (call_...), the stream numbers items (item_N)
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     instructions_file = "AGENTS.md"  # in CODEX_HOME, not the worktree
     protocols = ("openai-responses",)
+
+    def hook_call(self, tool: str, tool_input: dict[str, t.Any]) -> tuple[str, dict[str, t.Any]] | None:
+        # Its hook sees a shell command as Bash with the command as the model sent it; the stream's
+        # command_execution wraps it in `/bin/bash -lc '...'`, which the parser takes off. An apply_patch
+        # reaches the hook as a Bash heredoc but the stream as a file_change: no match, no receipt.
+        return ("Bash", tool_input) if tool == "shell" else None
 
     def _bin(self, config: Config | None) -> str:
         return config.runtime.codex_bin if config is not None else os.environ.get("OV_RUNTIME_CODEX_BIN", "codex")

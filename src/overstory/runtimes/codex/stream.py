@@ -127,8 +127,11 @@ class CodexTurnStream(TurnParser):
                 self.tool_calls += 1
                 self.current_tool = tool
                 self._started[item_id] = (tool, now)
+                # A command as the model sent it (and the hook saw it), without the `/bin/bash -lc '...'`.
+                command = {"command": shell_command(item.get("command"))} if kind == "command_execution" else None
                 return [ParsedEvent("tool_start", tool=tool, summary=summary, data={"tool_use_id": item_id,
-                                                                                      "input": summary})]
+                                                                                      "input": summary},
+                                    call_input=command)]
             opened = self._started.pop(item_id, None)
             if opened is None:  # a completed item codex never announced (e.g. file_change is usually both)
                 self.tool_calls += 1

@@ -62,10 +62,16 @@ def settings(ov_command: list[str]) -> dict[str, t.Any]:
 
 class GeminiRuntime(Runtime):
     name = "gemini"
-    tool_hooks = frozenset({"pre"})  # no post-tool hook wired yet: calls get no receipt
+    tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
+    hook_ids_match = False  # its BeforeTool hook is given no call id at all
     credential_vars = ("GEMINI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     instructions_file = "GEMINI.md"  # in GEMINI_CLI_HOME/.gemini, not the worktree
     protocols = ("gemini",)
+
+    def hook_call(self, tool: str, tool_input: dict[str, t.Any]) -> tuple[str, dict[str, t.Any]] | None:
+        from overstory.guards.runtimes import gemini_call
+
+        return gemini_call(tool, tool_input)  # the stream names tools and arguments as its hook does
 
     def _bin(self, config: Config | None) -> str:
         return config.runtime.gemini_bin if config is not None else os.environ.get("OV_RUNTIME_GEMINI_BIN", "gemini")

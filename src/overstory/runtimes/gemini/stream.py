@@ -88,9 +88,11 @@ class GeminiTurnStream(TurnParser):
             self.tool_calls += 1
             self.current_tool = name
             self._started[tool_id] = (name, now)
-            args = describe_args(event.get("parameters"))
-            parsed.append(ParsedEvent("tool_start", tool=name, summary=args, data={"tool_use_id": tool_id,
-                                                                                    "input": args}))
+            parameters = event.get("parameters")
+            args = describe_args(parameters)
+            parsed.append(ParsedEvent("tool_start", tool=name, summary=args,
+                                      data={"tool_use_id": tool_id, "input": args},
+                                      call_input=parameters if isinstance(parameters, dict) else None))
         elif kind == "tool_result":
             parsed.append(self._tool_result(event, now))
         elif kind == "error":

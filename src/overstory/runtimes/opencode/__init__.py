@@ -86,7 +86,7 @@ def opencode_json(model: str) -> dict[str, t.Any]:
 
 class OpenCodeRuntime(Runtime):
     name = "opencode"
-    tool_hooks = frozenset({"pre"})  # no post-tool hook wired yet: calls get no receipt
+    tool_hooks = frozenset({"pre"})  # receipts come from the stream, found by the plugin's callID
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     instructions_file = "AGENTS.md"  # in opencode's ov-owned config dir, not the worktree
     protocols = ("openai-chat",)
