@@ -18,16 +18,17 @@ median gap in the same round (the machine's load drifts by more than the effect 
 rounds, so only turns run side by side are compared; a few long rounds measured less
 well than many short ones). The median over call positions is given beside it.
 
-Two "floor" variants send the same HTTP hooks to a server that answers ``{}`` at once and
-does nothing else: what Claude Code itself spends per hook, which no server can go below.
+The "floor" variants send the same HTTP hooks to a server that answers ``{}`` at once and
+does nothing else: in the benchmark's process (where it shares the GIL with the reading of
+the turn's stream, as ov's endpoint does in an agent's loop) and in a process of its own
+(bench/hook_floor_server.py): what Claude Code itself spends per hook, which no server can
+go below.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import socketserver
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from context import Context
 from harness import Stats, add_note, git, init_project, make_repo, not_available, row
+from hook_floor_server import NothingHandler, NothingServer
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -45,6 +47,7 @@ TARGET_MS = 5.0  # added per tool call by the HTTP hooks
 AGENT = "builder-hooks"
 OV_HTTP = "HTTP hooks as ov writes them (PreToolUse; receipts from the stream)"
 # Variants whose PreToolUse hook writes ledger rows and whose receipts the loop reads from the stream.
+FLOOR_ALONE = "floor: HTTP PreToolUse only, to a server that does nothing in its own process"
 STREAM_RECEIPTS = ("command hooks, ov guard alone (no endpoint)", "command hooks, ov guard asking the loop", OV_HTTP)
 
 
@@ -108,28 +111,6 @@ def _turn(claude: str, calls: int, worktree: Path, settings: Path, env: dict[str
     return gaps
 
 
-class _NothingHandler(socketserver.StreamRequestHandler):
-    """Reads each kept-alive request and answers ``{}`` in one write: a hook server with no work at all."""
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def handle(self) -> None:
-        while self.rfile.readline():
-            length = 0
-            while (header := self.rfile.readline()) not in (b"\r\n", b""):
-                name, _, value = header.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            self.rfile.read(length)
-            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-
-
-class _NothingServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    daemon_threads = True
-
-
 def _with_post_hooks(settings: dict[str, t.Any]) -> dict[str, t.Any]:
     """ov's HTTP PreToolUse settings plus HTTP PostToolUse/PostToolUseFailure hooks to the endpoint's
     ``hook.post`` (how ov took receipts before they came from the stream), for comparison."""
@@ -170,7 +151,7 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
         variants["command hooks, ov guard asking the loop"] = (commands, http[1])
         variants[OV_HTTP] = http
         variants["HTTP Pre+Post hooks (receipts by hook, as before)"] = (_with_post_hooks(http[0]), http[1])
-        nothing = _NothingServer(("127.0.0.1", 0), _NothingHandler)
+        nothing = NothingServer(("127.0.0.1", 0), NothingHandler)
         threading.Thread(target=nothing.serve_forever, daemon=True).start()
         _ENDPOINTS.append(nothing)
         port = nothing.server_address[1]
@@ -178,6 +159,12 @@ def _variants(ctx: Context, project: t.Any, worktree: Path) -> dict[str, tuple[d
                                                                                  http[1])
         variants["floor: HTTP PreToolUse only, to a server that does nothing"] = (_floor_settings(port, post=False),
                                                                                    http[1])
+        # The same server in a process of its own: no GIL shared with the stream's reader, so Claude Code's own cost.
+        alone = subprocess.Popen([sys.executable, str(BENCH / "hook_floor_server.py")], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        assert alone.stdout is not None
+        _ENDPOINTS.append(alone)
+        variants[FLOOR_ALONE] = (_floor_settings(int(alone.stdout.readline()), post=False), http[1])
     return variants
 
 
@@ -300,9 +287,12 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                              f"{statistics.median(positions):.2f} ms"))
     while _ENDPOINTS:
         server = _ENDPOINTS.pop()
-        if isinstance(server, _NothingServer):
+        if isinstance(server, NothingServer):
             server.shutdown()
             server.server_close()
+        elif isinstance(server, subprocess.Popen):
+            server.stdin.close()
+            server.wait(timeout=30)
         else:
             server.close()
     for error in errors:
