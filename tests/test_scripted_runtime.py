@@ -421,3 +421,16 @@ def test_missing_scenario_is_a_usage_error(runner: Runner) -> None:
                           env=runner.env, timeout=60)
     assert done.returncode == 2
     assert "scenario" in done.stderr
+
+
+def test_the_player_does_not_load_the_adapter() -> None:
+    """Every scripted turn starts the player as a new process: it must not pay for the runtime adapters
+    (the claude adapter behind the scripted one costs about as much again as the player itself)."""
+    code = ("import sys; import overstory.runtimes.scripted.player; "
+            "print(sorted(m for m in sys.modules if m.startswith('overstory.runtimes.') and 'scripted' not in m))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    from overstory.runtimes.scripted import ScriptedRuntime  # the package still names the adapter, on demand
+
+    assert get_runtime("scripted").__class__ is ScriptedRuntime

@@ -17,7 +17,7 @@ if t.TYPE_CHECKING:
 # name -> (module, class). Add a runtime here and nowhere else.
 REGISTRY: dict[str, tuple[str, str]] = {
     "claude": ("overstory.runtimes.claude", "ClaudeRuntime"),
-    "scripted": ("overstory.runtimes.scripted", "ScriptedRuntime"),
+    "scripted": ("overstory.runtimes.scripted.runtime", "ScriptedRuntime"),
     "codex": ("overstory.runtimes.codex", "CodexRuntime"),
     "gemini": ("overstory.runtimes.gemini", "GeminiRuntime"),
     "opencode": ("overstory.runtimes.opencode", "OpenCodeRuntime"),
