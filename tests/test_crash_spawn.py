@@ -55,10 +55,11 @@ NOTHING = {"session_rows": 0, "transitions": 0, "mail": 0, "intents": 0, "branch
            "worktree_dir": False, "run_dir": False, "loops": []}
 
 
-def scenario(tmp_path):
-    # The pause keeps a loop started just before the kill from committing before the undo stops it.
-    return write_scenario(tmp_path / "builder.json", [{"actions": [
-        {"sleep": 2},
+def scenario(tmp_path, pause=2):
+    # A killed sling's pause keeps a loop it started just before the kill from committing before the undo
+    # stops it (the undo keeps a branch with commits it did not make: that would be the agent's work).
+    return write_scenario(tmp_path / f"builder-{pause}.json", [{"actions": [
+        {"sleep": pause},
         {"write": {"path": "work.txt", "content": "done\n"}},
         {"bash": "git add work.txt && git commit -q -m work"},
         {"bash": 'ov mail send --type worker_done --subject done --body "committed"'},
@@ -66,7 +67,10 @@ def scenario(tmp_path):
 
 
 def sling(project, tmp_path, **env):
-    return run_ov("sling", "builder", "t1", "--runtime", "scripted", "--scenario", str(scenario(tmp_path)),
+    """A killed sling (``OV_TEST_KILL_AT``) plays a scenario that pauses long enough for any undo on a loaded
+    machine; the others pause briefly."""
+    pause = 60 if "OV_TEST_KILL_AT" in env else 2
+    return run_ov("sling", "builder", "t1", "--runtime", "scripted", "--scenario", str(scenario(tmp_path, pause)),
                   cwd=project.root, env=env)
 
 

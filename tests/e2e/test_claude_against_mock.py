@@ -693,10 +693,13 @@ def test_sigint_mid_tool_stops_the_tool_and_ends_with_an_error_result(claude: st
 
     events = parse_stream(stdout)
     assert proc.returncode in (0, 1)  # measured: 1 mostly, 0 sometimes (a race in the CLI's exit)
-    final = the_result(events)
-    assert final["subtype"] == "error_during_execution" and final["is_error"] is True
+    # Mostly an error result follows; once, on a loaded machine, the CLI exited before printing it
+    # (2026-11-28). Either way nothing says the turn succeeded, which is all ov relies on.
+    results = [e for e in events if e.get("type") == "result"]
+    assert len(results) <= 1 and all(r["subtype"] == "error_during_execution" and r["is_error"] for r in results)
     outcome = blocks(events, "user", "tool_result")[0]
     assert outcome["is_error"] is True
+    assert "[Request interrupted by user for tool use]" in stdout
     assert wait_until(lambda: not pid_alive(tool_shell), timeout=10)
     assert not (repo / "finished.txt").exists()
 
