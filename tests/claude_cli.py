@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from requires import requires
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -201,24 +203,9 @@ def run_headless_turn(
 # from the environment of each test, so a later lookup could miss an explicit binary.
 CLAUDE_BIN = find_claude()
 
-if CLAUDE_BIN is None and os.environ.get("CI", "").lower() == "true":
-
-    def requires_claude(test: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
-        """On CI a missing CLI is a failure of every test that needs it."""
-
-        def failing(*args: t.Any, **kwargs: t.Any) -> None:
-            pytest.fail(MISSING_MESSAGE + " (CI=true: e2e tests must not be skipped)", pytrace=False)
-
-        failing.__name__ = test.__name__
-        failing.__doc__ = test.__doc__
-        failing.__module__ = test.__module__
-        return pytest.mark.e2e(failing)
-
-else:
-
-    def requires_claude(test: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
-        """Mark a test as e2e and skip it when the real CLI is not installed."""
-        return pytest.mark.e2e(pytest.mark.skipif(CLAUDE_BIN is None, reason=MISSING_MESSAGE)(test))
+def requires_claude(test: t.Callable[..., t.Any]) -> t.Any:
+    """Mark a test as e2e; skip it when the real CLI is not installed (fail it under CI=true)."""
+    return requires(CLAUDE_BIN is not None, MISSING_MESSAGE, e2e=True)(test)
 
 
 @pytest.fixture

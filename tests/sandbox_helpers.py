@@ -15,25 +15,16 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from overstory.paths import ProjectPaths
 from overstory.sandbox.probe import probe
+from requires import requires
 
 MISSING = "bubblewrap is not installed or does not work here (apt-get install bubblewrap)"
 
 
-def requires_bwrap(test: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
+def requires_bwrap(test: t.Callable[..., t.Any]) -> t.Any:
     """Skip without bubblewrap; on CI (CI=true) a missing bubblewrap fails instead."""
-    if probe().ok:
-        return test
-    if os.environ.get("CI", "").lower() == "true":
-        def failing(*args: t.Any, **kwargs: t.Any) -> None:
-            pytest.fail(MISSING + " (CI=true: sandbox tests must not be skipped)", pytrace=False)
-
-        failing.__name__ = test.__name__
-        return failing
-    return pytest.mark.skip(reason=MISSING)(test)
+    return requires(probe().ok, MISSING)(test)
 
 
 def _hash_tree(root: Path, skip: t.Collection[str] = ()) -> dict[str, str]:

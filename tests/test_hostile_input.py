@@ -26,6 +26,7 @@ import pytest
 
 from conftest import make_repo, ov_command, run_git, run_ov
 from overstory.paths import ProjectPaths
+from requires import missing
 
 BIG = 2**64
 
@@ -61,11 +62,11 @@ def read_only(path: Path) -> t.Iterator[None]:
     """``path`` as a read-only bind mount of itself (root ignores permission bits, not mount flags)."""
     done = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot bind-mount {path} read-only (needs root and mount): {done.stderr.strip()}")
+        missing(f"cannot bind-mount {path} read-only (needs root and mount): {done.stderr.strip()}")
     try:
         remount = subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], capture_output=True, text=True)
         if remount.returncode != 0:
-            pytest.skip(f"cannot remount {path} read-only: {remount.stderr.strip()}")
+            missing(f"cannot remount {path} read-only: {remount.stderr.strip()}")
         yield
     finally:
         subprocess.run(["umount", str(path)], check=True)
@@ -173,7 +174,7 @@ def small_disk(tmp_path: Path) -> t.Iterator[Path]:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True,
                              text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the full-disk test (needs root): {mounted.stderr.strip()}")
+        missing(f"cannot mount a tmpfs for the full-disk test (needs root): {mounted.stderr.strip()}")
     try:
         yield disk
     finally:

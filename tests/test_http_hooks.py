@@ -22,6 +22,7 @@ from overstory.endpoint.routes import ROUTES
 from overstory.endpoint.server import AgentEndpoint
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
+from requires import missing
 
 AGENT = "builder-h"
 
@@ -196,7 +197,7 @@ def test_which_agents_get_http_hooks(tmp_path: t.Any, runtime: str, config: dict
     from sandbox_helpers import probe
 
     if not probe().ok and config.get("sandbox", {}).get("mode") != "off" and "network" in config.get("sandbox", {}):
-        pytest.skip("needs a working bubblewrap")
+        missing("needs a working bubblewrap")
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     assert transport_for(load_config(path), runtime, "builder") == expected

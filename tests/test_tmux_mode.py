@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,8 +32,9 @@ from overstory.runtimes.claude import tui as claude_tui
 from overstory.runtimes.claude.tui import activity_fingerprint, read_screen
 from overstory.store import sessions
 from overstory.tmux_server import session_name, socket_name
+from requires import need_program, requires_tmux
 
-needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+needs_tmux = requires_tmux
 NBSP = "\u00a0"
 RULE = "─" * 120
 FOOTER = "  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents"
@@ -243,8 +243,7 @@ class TmuxProject:
 
 @pytest.fixture
 def tmux_project(project: ProjectPaths, tmp_path: Path) -> t.Iterator[TmuxProject]:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
+    need_program("tmux")
     fake = tmp_path / "bin" / "fake-claude"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} {TESTS_DIR / 'fake_tui.py'} \"$@\"\n")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sqlite3
 import subprocess
 import time
@@ -24,8 +23,14 @@ from overstory.paths import ProjectPaths
 from overstory.store import events as event_store
 from overstory.store import mail, sessions
 from overstory.store.db import open_events, open_state
+from requires import need_program
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+pytestmark = pytest.mark.usefixtures("_needs_tmux")
+
+
+@pytest.fixture
+def _needs_tmux() -> None:
+    need_program("tmux")
 
 
 class Pane:

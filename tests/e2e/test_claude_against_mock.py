@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +44,7 @@ from mockapi import (
     tool_reply,
     tools_reply,
 )
+from requires import need_program
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stream"
 TURN_TIMEOUT = 60.0
@@ -787,8 +787,7 @@ TUI_BUSY_MARK = "esc to interrupt"
 
 @requires_claude
 def test_interactive_tui_in_tmux_answers_a_typed_prompt(claude: str, repo: Path, tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
+    need_program("tmux")
     socket_name = f"ov-e2e-{os.getpid()}-{tmp_path.name}"[:80]
 
     def tmux(*args: str) -> str:
