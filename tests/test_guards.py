@@ -126,11 +126,93 @@ class Case(NamedTuple):
     allowed: bool
     reason_has: str = ""
     cwd: str = "{wt}"
+    extra_env: dict[str, str] | None = None  # on top of the agent's environment
 
 
 def bash(test_id: str, agent: str, command: str, allowed: bool, reason_has: str = "",
-         cwd: str = "{wt}") -> Case:
-    return Case(test_id, agent, "Bash", {"command": command}, allowed, reason_has, cwd)
+         cwd: str = "{wt}", env: dict[str, str] | None = None) -> Case:
+    return Case(test_id, agent, "Bash", {"command": command}, allowed, reason_has, cwd, env)
+
+
+# `guards.push_remotes: [origin]` as the turn runner exports it: writers may push their own branch there.
+PUSH_TO_ORIGIN = {"OVERSTORY_PUSH_REMOTES": "origin", "OVERSTORY_BRANCH": "ov/builder-a"}
+
+
+def push(test_id: str, command: str, allowed: bool, reason_has: str = "", agent: str = "builder-a") -> Case:
+    return bash(test_id, agent, command, allowed, reason_has,
+                env={**PUSH_TO_ORIGIN, "OVERSTORY_BRANCH": f"ov/{agent}"})
+
+
+# The refusal branches one by one: pushes with a remote configured, writing options of programs
+# that otherwise only read, installers that write outside the worktree, and changes to the machine.
+REFUSALS = [
+    push("push-own-branch", "git push origin ov/builder-a", True),
+    push("push-own-head", "git push -u origin HEAD", True),
+    push("push-own-refspec", "git push origin HEAD:refs/heads/ov/builder-a", True),
+    push("esc-push-force-flag", "git push --force origin ov/builder-a", False, "`git push --force` is refused"),
+    push("esc-push-force-with-lease", "git push --force-with-lease origin ov/builder-a", False,
+         "is refused for every agent"),
+    push("esc-push-plus-refspec", "git push origin +ov/builder-a", False, "force pushes are refused"),
+    push("esc-push-delete-refspec", "git push origin :ov/builder-a", False, "deletes a remote branch"),
+    push("esc-push-delete-flag", "git push --delete origin ov/builder-a", False, "`git push --delete`"),
+    push("esc-push-other-branch", "git push origin main", False, "that is not builder-a (builder)'s own"),
+    push("esc-push-head-to-other", "git push origin HEAD:main", False, "that is not builder-a (builder)'s own"),
+    push("esc-push-tag", "git push origin v1.0", False, "that is not builder-a (builder)'s own"),
+    push("esc-push-unlisted-remote", "git push upstream ov/builder-a", False,
+         "'upstream' is not a remote agents may push to"),
+    push("esc-push-url", "git push https://example.invalid/r.git ov/builder-a", False,
+         "is not a remote agents may push to"),
+    push("esc-push-bare", "git push", False, "name the remote and the branch"),
+    push("esc-push-all", "git push --all origin", False, "`git push --all`"),
+    push("esc-push-mirror", "git push --mirror origin", False, "`git push --mirror`"),
+    push("esc-push-read-only-agent", "git push origin ov/scout-1", False, "nobody pushes", agent="scout-1"),
+    bash("wget-into-worktree", "builder-a", "wget -O {wt}/page.html http://127.0.0.1/", True),
+    bash("esc-wget-out-of-worktree", "builder-a", "wget -O /etc/x http://127.0.0.1/", False,
+         "may only write inside its worktree"),
+    bash("esc-wget-long-option", "builder-a", "wget --output-document=/etc/x http://127.0.0.1/", False,
+         "/etc/x is outside it"),
+    bash("wget-to-stdout-scout", "scout-1", "wget -q -O - http://127.0.0.1/", True),
+    bash("esc-wget-scout", "scout-1", "wget http://127.0.0.1/", False, "download into a file"),
+    bash("perl-i-in-worktree", "builder-a", "perl -i -pe s/a/b/ README.md", True),
+    bash("esc-perl-i-outside", "builder-a", "perl -i.bak -pe s/a/b/ /etc/hosts", False, "/etc/hosts is outside"),
+    bash("esc-perl-i-scout", "scout-1", "perl -i -pe s/a/b/ README.md", False, "`perl -i`"),
+    bash("esc-yq-i-outside", "builder-a", "yq eval -i .a=1 /etc/x.yaml", False, "/etc/x.yaml is outside"),
+    bash("esc-yq-i-scout", "scout-1", "yq -i .a=1 x.yaml", False, "`yq -i`"),
+    bash("xxd-dump-scout", "scout-1", "xxd README.md", True),
+    bash("esc-xxd-out-scout", "scout-1", "xxd -r dump out.bin", False, "`xxd IN OUT`"),
+    bash("esc-xxd-out-outside", "builder-a", "xxd -r dump /etc/out.bin", False, "/etc/out.bin is outside"),
+    bash("esc-uv-tool-install", "builder-a", "uv tool install ruff", False, "`uv tool install` installs outside"),
+    bash("uv-pip-into-venv", "builder-a", "uv pip install requests", True),
+    bash("esc-uv-pip-system", "builder-a", "uv pip install --system requests", False, "writes to the system"),
+    bash("esc-pipx-install", "builder-a", "pipx install ruff", False, "`pipx install`"),
+    bash("esc-pipx-run", "builder-a", "pipx run ruff", False, "`pipx run`"),
+    bash("esc-gem-install", "builder-a", "gem install rails", False, "`gem install`"),
+    bash("gem-list", "builder-a", "gem list", True),
+    bash("esc-conda-install", "builder-a", "conda install numpy", False, "`conda install`"),
+    bash("esc-conda-create", "builder-a", "conda create -p ./env", False, "`conda create`"),
+    bash("date-reads", "scout-1", "date +%s", True),
+    bash("esc-date-set-writer", "builder-a", "date -s 2020-01-01", False, "set the system clock"),
+    bash("esc-date-set-long", "scout-1", "date --set=2020-01-01", False, "set the system clock"),
+    bash("esc-timedatectl", "builder-a", "timedatectl set-time 2020-01-01", False, "set the system clock"),
+    bash("timedatectl-status", "scout-1", "timedatectl", True),
+    bash("hostname-reads", "scout-1", "hostname", True),
+    bash("esc-hostname-set", "builder-a", "hostname evil", False, "set the host name"),
+    bash("esc-reboot", "builder-a", "reboot", False, "reboot the machine"),
+    bash("esc-reboot-wrapped", "builder-a", "env reboot", False, "reboot the machine"),
+    bash("esc-reboot-substituted", "builder-a", "echo $(shutdown now)", False, "shut the machine down"),
+    bash("esc-systemctl-stop", "builder-a", "systemctl stop ssh", False, "start, stop or change services"),
+    bash("systemctl-status", "scout-1", "systemctl status ssh", True),
+    bash("esc-service-stop", "builder-a", "service ssh stop", False, "start, stop or change services"),
+    bash("esc-mount", "builder-a", "mount /dev/sda1 /mnt", False, "mount file systems"),
+    bash("mount-lists", "scout-1", "mount -t ext4", True),
+    bash("esc-umount", "builder-a", "umount /mnt", False, "unmount file systems"),
+    bash("esc-sysctl-write", "builder-a", "sysctl -w net.ipv4.ip_forward=1", False, "change kernel settings"),
+    bash("sysctl-reads", "scout-1", "sysctl kernel.hostname", True),
+    bash("esc-modprobe", "builder-a", "modprobe dummy", False, "kernel modules"),
+    bash("esc-useradd", "builder-a", "useradd mallory", False, "add users"),
+    bash("esc-iptables-flush", "builder-a", "iptables -F", False, "change the firewall"),
+    bash("iptables-lists", "scout-1", "iptables -L -n -t nat", True),
+]
 
 
 def write(test_id: str, agent: str, path: str, allowed: bool, reason_has: str = "",
@@ -688,6 +770,7 @@ CASES: list[Case] = [
          {"command": "tail -f build/log", "description": "x", "timeout_ms": 1,
           "persistent": False}, True),
     *ESCAPES,
+    *REFUSALS,
 ]
 
 
@@ -701,7 +784,7 @@ def test_table_is_large_and_ids_unique() -> None:
 @pytest.mark.parametrize("case", CASES, ids=[case.test_id for case in CASES])
 def test_guard_table(case: Case, project: Project) -> None:
     payload = hook_input(project, case.agent, case.tool, case.tool_input, case.cwd)
-    decision = guards.decide(payload, project.env(case.agent))
+    decision = guards.decide(payload, {**project.env(case.agent), **(case.extra_env or {})})
     assert decision.allow is case.allowed, decision.reason
     if case.allowed:
         assert decision.reason == ""

@@ -33,7 +33,9 @@ Policy:
   commands over 64 KB. Nobody pushes, hard-resets, force-creates/deletes/renames other
   branches, updates refs directly, manages git worktrees, changes the shared git config
   or remotes, installs packages outside the worktree, uses sudo, schedules commands
-  outside the turn (``at``, ``systemd-run``), or kills processes by name.
+  outside the turn (``at``, ``systemd-run``), kills processes by name, or changes the
+  machine itself (clock, host name, mounts, kernel modules and settings, services, users,
+  firewall, reboot: the ``machine`` module; their read-only forms stay allowed).
 - In a phase of an `ov loop` whose spec lists ``tools``, any other tool is refused
   (``OVERSTORY_PHASE_TOOLS``, set by the loop for that phase's turns).
 - ``ov`` subcommands by capability (``ov`` module): mail and reads for everyone, ``--from``

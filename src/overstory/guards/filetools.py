@@ -57,19 +57,6 @@ def _xxd(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-def _date(argv: list[str], *_: object) -> _Effect:
-    options, _ = _parse_options(argv[1:], ("-d", "--date", "-f", "--file", "-r", "--reference",
-                                           "-s", "--set", "-I"))
-    if _names(options) & {"-s", "--set"}:
-        return _Effect("write", what="set the system clock")
-    return _READ
-
-
-def _hostname(argv: list[str], *_: object) -> _Effect:
-    _, positionals = _parse_options(argv[1:])
-    return _Effect("write", what="set the host name") if positionals else _READ
-
-
 _MAX_FIND_COMMANDS = 256
 
 
@@ -297,8 +284,6 @@ HANDLERS: dict[str, _Handler] = {
     "tree": _output_option("-o", label="tree -o"),
     "split": _split,
     "csplit": _split,
-    "date": _date,
-    "hostname": _hostname,
     "find": _find,
     "rm": _targets_all("delete files", removes=True),
     "rmdir": _targets_all("delete directories", removes=True),

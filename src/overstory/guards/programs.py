@@ -42,12 +42,17 @@ _FAMILIES: dict[str, str] = {
         [[ ack ag alias file hash history less man more rg shopt zless zstdcat
     """,
     "filetools": """
-        bunzip2 bzip2 chgrp chmod chown cp csplit curl date dd find gunzip gzip hostname
-        iconv install ln mkdir mkfifo mknod mv patch perl rm rmdir rsync scp shred shuf
+        bunzip2 bzip2 chgrp chmod chown cp csplit curl dd find gunzip gzip iconv
+        install ln mkdir mkfifo mknod mv patch perl rm rmdir rsync scp shred shuf
         split tee touch tree truncate uniq unlink unxz unzip wget xxd xz yq zstd
     """,
     "git": """
         gh git
+    """,
+    "machine": """
+        date halt hostname hostnamectl hwclock groupadd groupdel insmod ip6tables iptables
+        modprobe mount nft passwd chpasswd poweroff reboot rmmod service shutdown swapoff
+        swapon sysctl systemctl telinit timedatectl umount useradd userdel usermod
     """,
     "python": """
         pip pip3 py.test pytest python
