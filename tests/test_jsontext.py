@@ -153,19 +153,14 @@ def _fresh_process_loads(text: t.Any) -> t.Any:
         sys.modules.update(saved)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(malformed)
 def test_loads_decides_and_fails_as_json_loads_on_every_input(text):
     expected = _outcome(json.loads, text)
     assert _outcome(jsontext.loads, text) == expected
-    assert _outcome(_fresh_process_loads, text) == expected
-    try:
-        raw = text.encode("utf-8", errors="surrogatepass")
-    except UnicodeEncodeError:
-        return
-    expected_raw = _outcome(json.loads, raw)
-    assert _outcome(jsontext.loads, raw) == expected_raw
-    assert _outcome(_fresh_process_loads, raw) == expected_raw
+    assert _outcome(_fresh_process_loads, text) == expected  # a fresh import of json per call: the slow part
+    raw = text.encode("utf-8", errors="surrogatepass")  # bytes are decoded as json.loads decodes them
+    assert _outcome(jsontext.loads, raw) == _outcome(json.loads, raw)
 
 
 @pytest.mark.parametrize("text", ["{", "[1", '{"a" 1}', '{"a":1,}', '"\\u12"', '"abc', '["\x01"]', "[1e999 x",
