@@ -3,8 +3,8 @@
 The loop already has the guard's modules loaded, so the hook process stays a light client
 (tests/test_fast_cli.py checks what it imports). These tests hold the answers to what the
 guard decides in its own process: the same stdout, stderr and exit status for every CLI's
-dialect, and the same decision when the endpoint cannot be reached (the process then judges
-the call itself, as before).
+dialect; and when the endpoint cannot be reached, a refusal (fail closed: the call could be
+neither counted nor recorded).
 """
 
 from __future__ import annotations
@@ -117,28 +117,39 @@ def test_an_unreadable_hook_input_gets_the_same_refusal_through_the_loop(world: 
     assert asked == alone and alone[2] == 2 and alone[1].strip()
 
 
-def test_with_the_loop_gone_the_guard_judges_the_call_itself(world: World) -> None:
-    """The turn's variables name an endpoint that no longer answers (its loop died): the call is judged here,
-    with the same policy, so the guard still refuses what it must."""
+@pytest.mark.parametrize("index", range(9))
+def test_with_the_loop_gone_every_call_is_refused_and_nothing_is_counted(world: World, index: int) -> None:
+    """Fail closed (issue 28): the turn's variables name an endpoint that no longer answers (its loop died), so
+    nothing can count the call against the budget or record it in the ledger: it is refused, in the asking
+    CLI's dialect. A call the guard refuses anyway keeps the guard's own reason."""
+    label, hook_input = _calls(world)[index]
     world.restore()
+    alone = _guard(world, hook_input, {})
+    world.restore()
+    before = world.dump()
     endpoint = AgentEndpoint(world.project, "builder-a", 1, ROUTES).start()
     turn = endpoint.open_turn()
     endpoint.close()
-    calls = dict(_calls(world))
-    stdout, _, status = _guard(world, calls["claude: git push"], turn)
-    assert status == 0 and json.loads(stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
-    assert _guard(world, calls["claude: read"], turn)[::2] == ("", 0)
+    gone = _guard(world, hook_input, turn)
+    assert world.dump() == before, "nothing counted, nothing recorded"
+    if alone[0] == "" and alone[2] == 0:  # allowed when ov can be asked: refused now
+        assert gone != alone and "ov could not be reached to count and record this call" in gone[0] + gone[1], label
+        assert "\n" not in (gone[0] + gone[1]).strip(), "one line"
+    else:
+        assert gone == alone, label
 
 
-def test_a_wrong_secret_is_not_answered_and_the_guard_judges_alone(world: World) -> None:
+def test_a_wrong_secret_is_not_answered_and_the_call_is_refused(world: World) -> None:
     world.restore()
     routes, requests = _counting_routes()
     endpoint = AgentEndpoint(world.project, "builder-a", 1, routes).start()
     try:
         turn = endpoint.open_turn()
         forged = {**turn, "OVERSTORY_ENDPOINT_TOKEN": "0" * 48}
-        stdout, _, status = _guard(world, dict(_calls(world))["claude: git push"], forged)
+        replies = [_guard(world, dict(_calls(world))[label], forged) for label in ("claude: git push", "claude: read")]
     finally:
         endpoint.close()
     assert requests == []
-    assert status == 0 and json.loads(stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+    for stdout, _, status in replies:
+        assert status == 0 and json.loads(stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "could not be reached" in replies[1][0]

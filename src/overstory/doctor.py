@@ -88,6 +88,25 @@ def check_sandbox(config: Config) -> Check:
     return Check("sandbox", OK, f"every turn runs in bubblewrap ({mode.reason})")
 
 
+SANDBOX_OFF_COSTS = (
+    "without it an agent can write ov's databases and any file you can, read other agents' endpoint secrets "
+    "from /proc and act as them, and write through interpreters, scripts and links the guard cannot follow; "
+    "still refused: `ov approve`/`ov reject` inside an agent, and every tool call its endpoint cannot count "
+    "and record")
+
+
+def check_sandbox_off(config: Config) -> Check | None:
+    """What ``sandbox.mode: off`` gives up (README "The guard alone"): a line of its own when it is off."""
+    from overstory.sandbox import effective_mode
+
+    try:
+        if effective_mode(config).name != "off":
+            return None
+    except OrchestratorError:
+        return None
+    return Check("sandbox off", WARN, SANDBOX_OFF_COSTS, "set sandbox.mode: auto (or bwrap) and install bubblewrap")
+
+
 def check_parked_for_auth(state_db: Path) -> Check | None:
     """Agents parked because their runtime's key or login was rejected (the key on record is bad)."""
     if not state_db.exists():
@@ -232,6 +251,9 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
     checks.extend(check_runtimes(config))
     if config is not None:
         checks.append(check_sandbox(config))
+        costs = check_sandbox_off(config)
+        if costs is not None:
+            checks.append(costs)
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
     hooks = check_hooks(project, project.state_db)

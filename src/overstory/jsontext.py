@@ -37,24 +37,36 @@ _scan = _json.make_scanner(_Options())
 
 
 def loads(text: str | bytes) -> t.Any:
-    """``json.loads(text)``; malformed text raises ``json.JSONDecodeError`` (a ValueError) as it would."""
-    if isinstance(text, (bytes, bytearray)):
+    """``json.loads(text)``; malformed text raises ``json.JSONDecodeError`` (a ValueError) as it would.
+
+    Any failure of the scanner is handed to the json package with the text as given: ``_json``
+    raises its ``JSONDecodeError`` only when ``json.decoder`` is already imported (in a hot
+    command it is not, and the scanner then fails with a bare ``SystemError``), and bytes are
+    decoded there as json.loads decodes them (a BOM, UTF-16/32, encoded surrogates).
+    """
+    given = text
+    if type(text) is not str:
+        if not isinstance(text, (bytes, bytearray)):
+            return _package_loads(given)  # the json package's own TypeError
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError:  # UTF-16 or -32, which json.loads also detects
-            import json
-
-            return json.loads(text)
+            return _package_loads(given)
     start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
         value, end = _scan(text, start)
-    except StopIteration:
-        value, end = None, -1
-    if end < 0 or text[end:].strip(_WHITESPACE):
-        import json  # the rare bad input: let the json package say what is wrong, in its own words
-
-        return json.loads(text)
+    except Exception:  # noqa: BLE001 - StopIteration (nothing there), a decode error, SystemError, RecursionError
+        return _package_loads(given)
+    if text[end:].strip(_WHITESPACE):
+        return _package_loads(given)
     return value
+
+
+def _package_loads(text: t.Any) -> t.Any:
+    """The rare bad input: the json package says what is wrong, in its own words (and its own exception)."""
+    import json
+
+    return json.loads(text)
 
 
 def dumps(value: t.Any, *, ensure_ascii: bool = True, sort_keys: bool = False,

@@ -39,6 +39,31 @@ def is_alive(pid: int | None, ticks: int | None = None) -> bool:
     return ticks is None or int(fields[19]) == ticks
 
 
+def ancestors(pid: int) -> list[int]:
+    """The parents of ``pid``, nearest first, up to (without) the init of its pid namespace."""
+    chain: list[int] = []
+    fields = _stat_fields(pid)
+    while fields is not None:
+        parent = int(fields[1])
+        if parent <= 1 or parent in chain:
+            break
+        chain.append(parent)
+        fields = _stat_fields(parent)
+    return chain
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with (/proc/PID/environ), or {} if it cannot be read. What a child
+    does to its own variables does not change its parents' copies."""
+    try:
+        with open(f"{_PROC}/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {os.fsdecode(key): os.fsdecode(value) for key, _, value in pairs}
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``."""
     members = []

@@ -2,9 +2,8 @@
 
 Who may decide: the operator any gate; an agent only the gates of its own descendants
 (its children, their children …). The same function serves `ov approve/reject` run by a
-person or by an agent inside its turn (``OVERSTORY_AGENT_NAME`` names the caller), and
-is the seam for the per-agent endpoint (issue 12): it passes the caller it
-authenticated as ``by``.
+person (``by`` is the operator, ``decider_without_endpoint``) and by an agent inside its
+turn, through its endpoint, which passes the caller it authenticated as ``by``.
 
 Approve: the agent gets "approved: you may now run <call>" and the guard lets exactly
 that call through once. Reject: the agent gets the reason and goes on without it. An
@@ -15,6 +14,7 @@ the decider, up to the operator, with a fresh deadline.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import typing as t
 
@@ -116,8 +116,36 @@ def _next_decider(conn: sqlite3.Connection, decider: str) -> str:
     return agent.parent
 
 
-def caller_name(env: t.Mapping[str, str]) -> str:
-    return env.get("OVERSTORY_AGENT_NAME") or OPERATOR
+def decider_without_endpoint(env: t.Mapping[str, str], project_root: str | os.PathLike[str]) -> str:
+    """Who decides when `ov approve`/`ov reject` has no agent endpoint to go through: the operator, and only
+    outside every agent of the project; inside one it is refused (fail closed).
+
+    An agent decides through its endpoint, which knows who is calling. A name in the environment
+    proves nothing: with ``sandbox.mode: off`` an agent can drop its endpoint's variables and name
+    anyone (or no one, and look like the operator). So a command that names an agent, or runs
+    below a process started as an agent of this project (``/proc``: the runtime's environment,
+    which the agent's tools cannot change), is refused here. Detached from its turn (a double
+    fork) an agent without the sandbox still escapes this check; `ov doctor` says so.
+    """
+    named = env.get("OVERSTORY_AGENT_NAME") or _agent_above(project_root)
+    if named:
+        raise ApprovalError(f"refused: this runs inside agent {named}'s turn, where a decision goes only through "
+                            "the agent's endpoint (OVERSTORY_ENDPOINT), and none is in this environment; ov does not "
+                            "take a name from the environment as proof of who decides")
+    return OPERATOR
+
+
+def _agent_above(project_root: str | os.PathLike[str]) -> str | None:
+    """The agent of this project whose process this one runs below, from the parents' environments."""
+    from overstory import procs
+
+    root = os.path.realpath(project_root)
+    for pid in procs.ancestors(os.getpid()):
+        environ = procs.environ_of(pid)
+        name, where = environ.get("OVERSTORY_AGENT_NAME"), environ.get("OVERSTORY_PROJECT_ROOT")
+        if name and where and os.path.realpath(where) == root:
+            return name
+    return None
 
 
 def _event(conn: sqlite3.Connection, events: sqlite3.Connection | None, kind: str, row: dict[str, t.Any],

@@ -1,11 +1,14 @@
 """The approval gate inside `ov guard` (ARCHITECTURE §13): "ask a person first" for matching calls.
 
 The turn runner exports the agent's rules (config ``approvals.rules`` plus ``ov sling
---approve``), its decider and timeouts as ``OVERSTORY_APPROVALS`` (JSON). A call the
-guard's policy allows and a rule matches is held: ``store.approvals.gate`` writes the
-pending row and the decider's ``decision_gate`` mail in one transaction, and only then
-is the call denied with "waiting for approval `apr-…`". After the turn the agent loop
-parks the agent until the gate is decided. The same call (same idempotency key without
+--approve``), its decider and timeouts as ``OVERSTORY_APPROVALS`` (JSON). The gate comes
+after the guard's policy and after the tool-call ledger (``agents.ledger.record_pre``): a
+call that repeats an effect an earlier attempt already had is answered from the ledger and
+never reaches a gate, so an approved call that ran is not asked for again when its turn is
+retried. A call the ledger lets run and a rule matches is held: ``gate_in_tx`` writes the
+pending row and the decider's ``decision_gate`` mail in the ledger row's transaction, and
+only then is the call denied with "waiting for approval `apr-…`". After the turn the agent
+loop parks the agent until the gate is decided. The same call (same idempotency key without
 the dispatch scope) runs once after an approval.
 
 Standard library only (`ov guard` imports it); it fails closed: a gate that cannot be
@@ -51,18 +54,6 @@ def waiting_text(approval_id: str, call: str, *, again: bool = False) -> str:
             "runs; do not try it another way. If it is approved, run exactly the same call again.")
 
 
-def check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
-          spec_text: str | None) -> Decision:
-    """The decision after the gate: ``decision`` itself, or a denial while a person decides."""
-    if not decision.allow or not spec_text:
-        return decision
-    try:
-        return _check(conn, hook_input, decision, ctx, spec_text)
-    except Exception as exc:  # noqa: BLE001 - a gate that cannot be written must not let the call through
-        return type(decision).deny(f"ov: this call needs approval, but the request could not be recorded "
-                                   f"({type(exc).__name__}: {exc}); it was refused. Try again in a moment.")
-
-
 def matching_rule(hook_input: Mapping[str, t.Any], spec: Mapping[str, t.Any]) -> Mapping[str, t.Any] | None:
     """The first of the turn's rules the call matches, or None (the call needs no approval)."""
     from overstory.guards.patterns import parse_pattern
@@ -87,12 +78,34 @@ def needs_approval(hook_input: Mapping[str, t.Any], spec_text: str | None) -> bo
         return True
 
 
-def _check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
-           spec_text: str) -> Decision:
+class Gated:
+    """What the gate answered one call: ``verdict`` is ``allow`` (an approval was used up now), ``new`` (the
+    request and its mail were written) or ``pending`` (asked already). Plain class: `ov guard` imports this."""
+
+    __slots__ = ("approval_id", "call", "decider", "reason", "tool", "verdict")
+
+    def __init__(self, verdict: str, approval_id: str, tool: str, call: str, decider: str,
+                 reason: str | None) -> None:
+        self.verdict, self.approval_id, self.tool, self.call = verdict, approval_id, tool, call
+        self.decider, self.reason = decider, reason
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the call may not run now (the model's instructions), or None when it may."""
+        if self.verdict == "allow":
+            return None
+        return waiting_text(self.approval_id, self.call, again=self.verdict == "pending")
+
+
+def gate_in_tx(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: LedgerContext,
+               spec_text: str) -> Gated | None:
+    """The gate of one call the guard and the ledger let run, inside the ledger's write transaction (so the
+    ledger row, the pending request and the decider's mail commit together); None when no rule matches.
+    Raises when the gate cannot be written: the caller refuses the call (fail closed)."""
     spec = json.loads(spec_text)
     rule = matching_rule(hook_input, spec)
     if rule is None:
-        return decision
+        return None
     tool = str(hook_input["tool_name"])
     tool_input = hook_input.get("tool_input")
     if not isinstance(tool_input, dict):
@@ -105,21 +118,32 @@ def _check(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: 
     key = idempotency_key(agent=ctx.agent, task=ctx.task, klass=klass, tool=tool, normalized=normalized,
                           scope=APPROVAL_SCOPE)
     timeout = float(rule.get("timeout") or spec.get("timeout") or 1800)
-    verdict, approval_id = approvals.gate(
-        conn, agent=ctx.agent, generation=ctx.generation, parent=str(spec.get("decider") or "operator"),
-        task_id=ctx.task, turn_id=ctx.turn_id, tool=tool, input=normalized, key=key,
+    decider = str(spec.get("decider") or "operator")
+    verdict, approval_id = approvals.gate_in_tx(
+        conn, agent=ctx.agent, generation=ctx.generation, parent=decider, task_id=ctx.task, turn_id=ctx.turn_id,
+        tool=tool, input=normalized, key=key,
         rule=approvals.Rule(str(rule["match"]), rule.get("reason"), rule.get("timeout")),
-        decider=str(spec.get("decider") or "operator"), timeout_s=timeout,
-        on_timeout=str(spec.get("on_timeout") or "reject"))
-    if verdict == "allow":
-        _event(conn, ctx, "approval_used", tool, f"{approval_id}: the approved call runs", approval_id)
-        return decision
-    call = approvals.describe_call(tool, normalized)
-    if verdict == "new":
-        _event(conn, ctx, "approval_requested", tool,
-               f"{approval_id}: {call} waits for {spec.get('decider') or 'operator'}"
-               f"{' (' + str(rule.get('reason')) + ')' if rule.get('reason') else ''}", approval_id)
-    return type(decision).deny(waiting_text(approval_id, call, again=verdict == "pending"))
+        decider=decider, timeout_s=timeout, on_timeout=str(spec.get("on_timeout") or "reject"))
+    reason = rule.get("reason")
+    return Gated(verdict, approval_id, tool, approvals.describe_call(tool, normalized), decider,
+                 str(reason) if reason else None)
+
+
+def refused(decision: Decision, exc: BaseException) -> Decision:
+    """The call a gate could not be written for: refused, never let through."""
+    return type(decision).deny(f"ov: this call needs approval, but the request could not be recorded "
+                               f"({type(exc).__name__}: {exc}); it was refused. Try again in a moment.")
+
+
+def announce(conn: sqlite3.Connection, ctx: LedgerContext, gated: Gated) -> None:
+    """The trace of the gate's answer, after the commit: the row and the mail are what count."""
+    if gated.verdict == "allow":
+        _event(conn, ctx, "approval_used", gated.tool, f"{gated.approval_id}: the approved call runs",
+               gated.approval_id)
+    elif gated.verdict == "new":
+        _event(conn, ctx, "approval_requested", gated.tool,
+               f"{gated.approval_id}: {gated.call} waits for {gated.decider}"
+               f"{' (' + gated.reason + ')' if gated.reason else ''}", gated.approval_id)
 
 
 def _event(conn: sqlite3.Connection, ctx: LedgerContext, kind: str, tool: str, summary: str,

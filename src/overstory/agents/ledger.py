@@ -207,8 +207,15 @@ def request_approval(conn: sqlite3.Connection, call: store.Call, prior: store.Pr
 
 
 def record_pre(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
-               *, events: sqlite3.Connection | None = None) -> Decision:
-    """Write the call's row after the guard decided; returns the final decision (a replay may be denied)."""
+               *, events: sqlite3.Connection | None = None, approvals_spec: str | None = None) -> Decision:
+    """Write the call's row after the guard decided; returns the final decision (a replay may be denied).
+
+    With ``approvals_spec`` (the turn's approval rules) a call the ledger lets run then meets its
+    approval gate (``agents.gate``), in the same transaction. The ledger comes first: a call that
+    repeats an effect an earlier attempt of the dispatch already had is answered from the ledger
+    (its replay policy) and never asks a person again, so an approved `./deploy.sh` that ran
+    before its loop was killed is not approved, and run, a second time.
+    """
     tool = hook_input.get("tool_name")
     if not isinstance(tool, str) or not tool:
         return decision
@@ -217,18 +224,36 @@ def record_pre(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], decisi
         tool_input = {}
     call = _call(ctx, tool, tool_input, hook_input.get("tool_use_id"))
     policy = ctx.replay.get(call.klass, "rerun")
+    asked: list[t.Any] = []  # a person's answer this call already has (ledger.replay: ask), or the gate's
 
     def explain(prior: store.Prior) -> tuple[str, str, bool]:
         if prior.status == "started" and policy == "skip" and _reruns_safely(tool, tool_input, ctx):
             return "started", "", False  # `ov mail send`/`ov sling`: the command itself happens once
         if policy == "ask":
+            asked.append(None)  # the replay's own gate asks a person; approved, it is not asked twice
             return request_approval(conn, call, prior, ctx)
         return _replay_verdict(call, prior, policy, ctx)
 
+    def admit() -> str | None:
+        if asked:
+            return None
+        from overstory.agents.gate import gate_in_tx
+
+        gated = gate_in_tx(conn, hook_input, ctx, approvals_spec or "")
+        if gated is None:
+            return None
+        asked.append(gated)
+        return gated.refusal
+
     begun = store.begin(conn, call, denied_reason=None if decision.allow else decision.reason,
-                        check_replay=policy != "rerun", explain=explain)
+                        check_replay=policy != "rerun", explain=explain,
+                        admit=admit if approvals_spec and decision.allow else None)
     if begun.flagged:
         _flag(conn, events, ctx, call, begun)
+    if asked and asked[-1] is not None:
+        from overstory.agents.gate import announce
+
+        announce(conn, ctx, asked[-1])
     if not decision.allow or begun.status == "started":
         return decision
     return type(decision).deny(begun.reason or "ov: this call repeats an earlier attempt's and was held back.")
@@ -358,16 +383,22 @@ def _summary(value: t.Any) -> str:
 
 def gate_and_record(conn: sqlite3.Connection, data: Mapping[str, t.Any], decision: Decision, ctx: LedgerContext,
                     approvals_spec: str | None, events: sqlite3.Connection | None = None) -> Decision:
-    """The guard's decision after the approval gates (``agents.gate``), recorded in the ledger.
+    """The guard's decision after the ledger's replay policy and then the approval gates (``agents.gate``),
+    recorded in the ledger (``record_pre``).
 
-    One function for `ov guard` on the database and for the agent's endpoint (``ledger.pre``).
+    One function for `ov guard` on the database and for the agent's endpoint (``ledger.pre``, ``guard``,
+    ``hook.pre``). Fails closed: a gate that cannot be written refuses the call (and the refusal is recorded).
     """
-    gated = decision
-    if approvals_spec and decision.allow:  # ask a person first
+    if not approvals_spec or not decision.allow:
+        return record_pre(conn, data, decision, ctx, events=events)
+    try:
+        return record_pre(conn, data, decision, ctx, events=events, approvals_spec=approvals_spec)
+    except Exception as exc:  # noqa: BLE001 - rolled back whole; a call that may need a person is refused
         from overstory.agents import gate
 
-        gated = gate.check(conn, data, decision, ctx, approvals_spec)
-    return record_pre(conn, data, gated, ctx, events=events)
+        if not gate.needs_approval(data, approvals_spec):
+            raise
+        return record_pre(conn, data, gate.refused(decision, exc), ctx, events=events)
 
 
 def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str]) -> Decision:

@@ -75,12 +75,12 @@ def _decide(approval_id: str, *, approve: bool, note: str | None, as_json: bool)
     if remote is not None:  # the endpoint decides as the agent it serves, whatever this process claims
         row = remote.call("approve" if approve else "reject", {"id": approval_id, "note": note})
     else:
-        from overstory.agents.approvals import caller_name, decide
+        from overstory.agents.approvals import decide, decider_without_endpoint
 
         project = project_paths()
+        by = decider_without_endpoint(os.environ, project.root)  # the operator; inside an agent: refused
         conn = state_conn(project)
-        row = decide(conn, approval_id, approve=approve, by=caller_name(os.environ), note=note,
-                     events=events_conn(project))
+        row = decide(conn, approval_id, approve=approve, by=by, note=note, events=events_conn(project))
         _send_notifications(project, conn)
     if as_json:
         echo_json(_as_json(row))

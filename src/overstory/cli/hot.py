@@ -166,34 +166,19 @@ def agent_channel(env: t.Mapping[str, str] = os.environ) -> t.Any:
 
 
 def count_tool_call(env: t.Mapping[str, str]) -> str | None:
-    """Count the call against the agent's budget; the reason to deny it, or None.
-
-    Inside a sandboxed turn the count goes through the agent's endpoint (state.db is read-only
-    there, and the endpoint knows who is calling); elsewhere it is one SQLite statement. Either
-    way a count that cannot be made allows the call (``store.tool_count``).
-    """
+    """Count the call against the agent's budget on state.db (a turn without an endpoint); the reason to deny
+    it, or None. A count that cannot be made allows the call (``store.tool_count``)."""
     agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
                                env.get("OVERSTORY_GENERATION", ""))
     if not agent or not root or not generation.isdigit():
         return None
-    remote = agent_channel(env)
-    if remote is not None:
-        from overstory.errors import EndpointError
-
-        try:
-            answer = remote.call("tool_call", {}, timeout=GUARD_TIMEOUT_SECONDS)
-        except EndpointError:
-            return None
-        deny = answer.get("deny") if isinstance(answer, dict) else None
-        return str(deny) if deny else None
     from overstory.store.tool_count import count_tool_call as count
 
     return count(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
 
 
 def _ledger_through(remote: t.Any, route: str, args: dict[str, t.Any]) -> t.Any:
-    """A ledger write through the endpoint; None (and a warning) when it cannot be made: the ledger never
-    blocks a call (as ``agents.ledger`` does with a database it cannot write)."""
+    """A receipt through the endpoint; None (and a warning) when it cannot be written: the call already ran."""
     from overstory.errors import EndpointError
 
     try:
@@ -203,23 +188,14 @@ def _ledger_through(remote: t.Any, route: str, args: dict[str, t.Any]) -> t.Any:
         return None
 
 
-def _remote_pre(remote: t.Any, hook_input: t.Any, decision: t.Any) -> t.Any:
-    answer = _ledger_through(remote, "ledger.pre", {"hook_input": dict(hook_input), "allow": decision.allow,
-                                                    "reason": decision.reason})
-    if answer is None and decision.allow and os.environ.get("OVERSTORY_APPROVALS"):
-        # an approval gate that cannot be asked must not let the call through (agents.gate fails closed too)
-        from overstory.agents.gate import needs_approval
-
-        if needs_approval(hook_input, os.environ.get("OVERSTORY_APPROVALS")):
-            return type(decision).deny("ov: this call needs approval, but ov could not be reached to ask; it "
-                                       "was refused. Try again in a moment.")
-    if isinstance(answer, dict) and answer.get("allow") is False and decision.allow:
-        return type(decision).deny(str(answer.get("reason") or "ov: this call repeats an earlier attempt's."))
-    return decision
-
-
 def guard(project_option: str | None, *, post: bool = False) -> None:
-    """`ov guard` (PreToolUse) and `ov guard --post` (PostToolUse): the one body both parsers call."""
+    """`ov guard` (PreToolUse) and `ov guard --post` (PostToolUse): the one body both parsers call.
+
+    In a turn whose environment names an endpoint, the agent's loop judges, counts and records
+    the call (route ``guard``). If it cannot be asked (the loop is gone or hung, the secret is
+    refused), the call is refused: uncounted and unrecorded it could outrun the budget, repeat a
+    side effect or skip an approval gate (fail closed, issue 28).
+    """
     try:
         stdin = getattr(sys.stdin, "buffer", None)
         raw = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", errors="replace")
@@ -236,40 +212,39 @@ def guard(project_option: str | None, *, post: bool = False) -> None:
 
         ledger.hook_post(text, os.environ)
         return
-    if remote is not None and text is not None:
-        answer = _judged_by_endpoint(remote, text)
-        if answer is not None:
-            stdout, stderr, status = answer
-            _reply(stdout, stderr, status)
-            return
-    from overstory import guards
-
     if remote is not None:
-        def record(hook_input: t.Any, decision: t.Any) -> t.Any:
-            return _remote_pre(remote, hook_input, decision)
-    else:
-        from overstory.agents import ledger
+        answer, why = _judged_by_endpoint(remote, text) if text is not None else (None, "")
+        if answer is None:  # refused in the asking CLI's dialect (the guard's own reason first, if it has one)
+            from overstory import guards
 
-        def record(hook_input: t.Any, decision: t.Any) -> t.Any:
-            return ledger.hook_pre(hook_input, decision, os.environ)
+            refusal = (f"ov: refused: ov could not be reached to count and record this call ({why}); end your "
+                       "turn (the agent's loop may be gone).")
+            answer = guards.guard_reply(text, os.environ, count_call=lambda: refusal)
+        _reply(*answer)
+        return
+    from overstory import guards
+    from overstory.agents import ledger
+
+    def record(hook_input: t.Any, decision: t.Any) -> t.Any:
+        return ledger.hook_pre(hook_input, decision, os.environ)
 
     stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ),
                                                 record=record)
     _reply(stdout, stderr, status)
 
 
-def _judged_by_endpoint(remote: t.Any, text: str) -> tuple[str, str, int] | None:
+def _judged_by_endpoint(remote: t.Any, text: str) -> tuple[tuple[str, str, int] | None, str]:
     """The agent's loop judges the call (route ``guard``): it has the guard's modules loaded, so this process
-    imports none of them. None when the endpoint cannot answer: the call is then judged here, as before."""
+    imports none of them. (None, why) when the endpoint cannot answer."""
     from overstory.errors import EndpointError
 
     try:
         answer = remote.call("guard", {"text": text}, timeout=GUARD_TIMEOUT_SECONDS)
-    except EndpointError:
-        return None
+    except EndpointError as exc:
+        return None, one_line(str(exc))
     if not isinstance(answer, dict) or not isinstance(answer.get("status"), int):
-        return None
-    return str(answer.get("stdout") or ""), str(answer.get("stderr") or ""), answer["status"]
+        return None, "its answer was not a guard decision"
+    return (str(answer.get("stdout") or ""), str(answer.get("stderr") or ""), answer["status"]), ""
 
 
 def _reply(stdout: str, stderr: str, status: int) -> None:

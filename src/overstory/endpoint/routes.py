@@ -246,7 +246,8 @@ def _ledger_context(caller: Caller, env: t.Mapping[str, str] | None = None) -> t
 
 
 def ledger_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    """`ov guard` in a sandbox: the approval gates, then the tool call's ledger row (``agents.ledger``).
+    """`ov guard` in a sandbox: the tool call's ledger row, its replay policy first, then the approval gates
+    (``agents.ledger.gate_and_record``).
 
     Returns the final decision (a call waiting for a person, or a replay of an earlier
     attempt's side effect, is denied). The row is the caller's own; a forged request can

@@ -90,13 +90,16 @@ class Begun:
 
 
 def begin(conn: sqlite3.Connection, call: Call, *, denied_reason: str | None, check_replay: bool,
-          explain: Callable[[Prior], tuple[str, str, bool]] | None = None) -> Begun:
+          explain: Callable[[Prior], tuple[str, str, bool]] | None = None,
+          admit: Callable[[], str | None] | None = None) -> Begun:
     """Insert the row for a call about to run (or refused with ``denied_reason``).
 
     With ``check_replay``, an allowed call that replays an earlier attempt's effect is
     handed to ``explain(prior) -> (status, reason, flagged)``, whose
-    answer is stored instead of ``started``. One ``BEGIN IMMEDIATE`` transaction, so two
-    hooks racing on the same key see each other.
+    answer is stored instead of ``started``. Only a call that is still ``started`` after
+    that is handed to ``admit()`` (the approval gate), which returns the reason to deny it,
+    or None. One ``BEGIN IMMEDIATE`` transaction, so two hooks racing on the same key see
+    each other, and what ``explain``/``admit`` write commits with the row or not at all.
     """
     status, reason, flagged, prior = ("denied", denied_reason, False, None) if denied_reason is not None \
         else ("started", None, False, None)
@@ -106,6 +109,10 @@ def begin(conn: sqlite3.Connection, call: Call, *, denied_reason: str | None, ch
             prior = _unconsumed_prior(conn, call)
             if prior is not None and explain is not None:
                 status, reason, flagged = explain(prior)
+        if status == "started" and admit is not None:
+            refusal = admit()
+            if refusal is not None:
+                status, reason = "denied", refusal
         row_id = _insert(conn, call, status=status, reason=reason, flagged=flagged,
                          replay_of=prior.id if prior is not None else None, started_at=now,
                          ended_at=None if status == "started" else now)
