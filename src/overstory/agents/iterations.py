@@ -51,6 +51,7 @@ from overstory.guards.policy import PHASE_TOOLS_ENV
 from overstory.store import events as event_store
 from overstory.store import lifecycle, loops, mail, sessions
 from overstory.store.db import write_transaction
+from overstory.store.dispatch import SCOPE_ENV, loop_scope
 from overstory.store.loops import Loop
 from overstory.store.sessions import Session
 
@@ -163,8 +164,10 @@ class IterationRunner:
         prompt = iteration_message(loop, number=number, attempt=attempt, progress=progress_text(worktree),
                                    finished=self._finished_phases(loop),
                                    mail_text=mail.render_for_prompt([m for m in claimed if m.type != "dispatch"]))
+        # Every attempt at this iteration shares one idempotency scope: a re-run (its loop was killed) gets
+        # what the dead attempt already did from the ledger instead of doing it again.
         extra = {"OVERSTORY_LOOP": self.name, "OVERSTORY_LOOP_ITERATION": str(number),
-                 "OVERSTORY_LOOP_PHASE": phase["name"]}
+                 "OVERSTORY_LOOP_PHASE": phase["name"], SCOPE_ENV: loop_scope(self.generation, number)}
         if phase.get("tools") is not None:
             extra[PHASE_TOOLS_ENV] = ",".join(phase["tools"])
         self.host.base_env = load_launch_env(self.project, self.name)
