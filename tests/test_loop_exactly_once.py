@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from agent_helpers import agent_state, mail_rows, wait_for
-from conftest import run_ov
+from conftest import run_git, run_ov
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store import ledger
@@ -91,3 +91,71 @@ def test_a_rerun_iteration_does_not_repeat_what_its_killed_attempt_did(project: 
         conn.close()
     assert [r["status"] for r in rerun] == ["succeeded", "skipped_duplicate"], rerun
     assert rerun[0]["scope"] == rerun[1]["scope"] == f"loop:{agent.generation}.2"
+
+
+def test_a_loop_parks_on_an_approval_and_a_pending_one_keeps_it_from_completing(project: ProjectPaths,
+                                                                                tmp_path: Path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    deployed = shared / "deploy.log"
+    script = project.root / "deploy.sh"
+    script.write_text(f"#!/bin/sh\necho deployed >> {deployed}\n")
+    script.chmod(0o755)
+    run_git(project.root, "add", "deploy.sh")
+    run_git(project.root, "commit", "-qm", "deploy script")
+    write_local_config(project, approvals={"rules": [{"match": "Bash(./deploy.sh*)"}]}, watchdog={"interval": 0.2},
+                       turns={"retry_backoff": 0.05, "kill_grace": 1}, sandbox={"writable": [str(shared)]})
+    plan = loop_scenario(tmp_path, [
+        # Refused, the model says the promise anyway and the check passes: that is not done.
+        {"actions": [{"bash": "./deploy.sh"}], "result": "Deployed, I think. LOOP_DONE"},
+        {"actions": [{"expect_in_prompt": "approved: you may now run ./deploy.sh"}, {"bash": "./deploy.sh"}],
+         "result": "Deployed. LOOP_DONE"},
+    ])
+    done = run_ov("loop", "builder", "t1", "--runtime", "scripted", "--prompt", "deploy it", "--check", "true",
+                  "--scenario", plan, cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    waited = run_ov("wait", NAME, "--timeout", "60", cwd=project.root)
+    assert waited.returncode == 7, (waited.returncode, waited.stdout, waited.stderr)
+    agent = agent_state(project, NAME)
+    assert agent.state == "parked" and agent.park_kind == "approval", (agent.state, agent.state_reason)
+    [pending] = json.loads(run_ov("approvals", "--json", cwd=project.root).stdout)
+    assert agent.state_reason == f"approval {pending['id']}"
+    [first] = records(project)
+    assert first["status"] == "done" and first["check_exit"] is None and "approval" in first["outcome"], first
+    assert mail_rows(project, type="worker_done") == [] and not deployed.exists()
+    status = json.loads(run_ov("loop", "status", NAME, "--json", cwd=project.root).stdout)
+    assert status["state"] == "parked" and status["park_kind"] == "approval"
+
+    approved = run_ov("approve", pending["id"], cwd=project.root)
+    assert approved.returncode == 0, approved.stderr
+    agent = settled(project)
+    assert agent.state == "completed", agent.state_reason
+    assert deployed.read_text() == "deployed\n", "the approved call ran once"
+    assert [(r["number"], r["check_exit"]) for r in records(project)] == [(1, None), (2, 0)]
+    assert len(mail_rows(project, type="worker_done")) == 1
+
+
+def test_deciding_an_approval_of_an_agent_that_ended_says_so(project: ProjectPaths, tmp_path: Path):
+    write_local_config(project, approvals={"rules": [{"match": "Bash(./deploy.sh*)"}]},
+                       turns={"retry_backoff": 0.05, "kill_grace": 1})
+    plan = loop_scenario(tmp_path, [{"actions": [{"bash": "./deploy.sh"}], "result": "waiting"}])
+    done = run_ov("loop", "builder", "t1", "--runtime", "scripted", "--prompt", "deploy it", "--check", "true",
+                  "--scenario", plan, cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: (a := agent_state(project, NAME)) and a.state == "parked", 60, message="the loop to park")
+    [pending] = json.loads(run_ov("approvals", "--json", cwd=project.root).stdout)
+    stopped = run_ov("stop", NAME, cwd=project.root)
+    assert stopped.returncode == 0, stopped.stderr
+    assert agent_state(project, NAME).state == "completed"
+    for verb, says in ((["approve", pending["id"]], f"{NAME} has ended (completed)"),
+                       (["reject", pending["id"], "--reason", "late"], "was dropped at")):
+        late = run_ov(*verb, cwd=project.root)
+        assert late.returncode == 1, (verb, late.stdout, late.stderr)
+        assert says in late.stderr and f"{NAME} ha" in late.stderr and "Traceback" not in late.stderr, late.stderr
+        assert len(late.stderr.strip().splitlines()) == 1
+    conn = open_state(project.state_db)
+    try:
+        row = conn.execute("SELECT status FROM approvals WHERE id = ?", (pending["id"],)).fetchone()
+    finally:
+        conn.close()
+    assert row["status"] == "expired", "dropped: nobody is left to run it"
