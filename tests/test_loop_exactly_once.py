@@ -16,6 +16,7 @@ import signal
 import typing as t
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agent_helpers import agent_state, mail_rows, wait_for
@@ -93,8 +94,11 @@ def test_a_rerun_iteration_does_not_repeat_what_its_killed_attempt_did(project: 
     assert rerun[0]["scope"] == rerun[1]["scope"] == f"loop:{agent.generation}.2"
 
 
+@pytest.mark.parametrize("kill_at", [None, "loop_held"])
 def test_a_loop_parks_on_an_approval_and_a_pending_one_keeps_it_from_completing(project: ProjectPaths,
-                                                                                tmp_path: Path):
+                                                                                tmp_path: Path, kill_at):
+    """Also killed (SIGKILL) after the iteration was set aside for the approval, before the park: the
+    watchdog's restart of the loop parks it."""
     shared = tmp_path / "shared"
     shared.mkdir()
     deployed = shared / "deploy.log"
@@ -112,8 +116,19 @@ def test_a_loop_parks_on_an_approval_and_a_pending_one_keeps_it_from_completing(
          "result": "Deployed. LOOP_DONE"},
     ])
     done = run_ov("loop", "builder", "t1", "--runtime", "scripted", "--prompt", "deploy it", "--check", "true",
-                  "--scenario", plan, cwd=project.root)
+                  "--scenario", plan, cwd=project.root, env={"OV_TEST_KILL_AT": kill_at} if kill_at else None)
     assert done.returncode == 0, done.stderr
+    if kill_at:
+        marker = project.run_dir / NAME / f"killed-at-{kill_at}"
+        first = wait_for(lambda: marker.exists() and (a := agent_state(project, NAME)) and a, 60,
+                         message=f"the loop to die at {kill_at}")
+        wait_for(lambda: not procs.is_alive(first.loop_pid, first.loop_start_ticks), 30, message="the loop to go")
+        assert first.state == "between_turns"
+        dog = make_watchdog(project)
+        try:
+            assert [(a.agent, a.kind) for a in dog.tick()] == [(NAME, "readopted")]
+        finally:
+            dog.close()
     waited = run_ov("wait", NAME, "--timeout", "60", cwd=project.root)
     assert waited.returncode == 7, (waited.returncode, waited.stdout, waited.stderr)
     agent = agent_state(project, NAME)

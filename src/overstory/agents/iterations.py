@@ -269,6 +269,7 @@ class IterationRunner:
                                    outcome=outcome)
         self._event("loop_checked", f"iteration {row['number']}: {outcome}",
                     {"number": row["number"], "attempt": row["attempt"], "approvals": pending or asked})
+        self._kill_point("loop_held")  # a loop that dies here parks on its next step (``_step``)
         if pending:
             self._park_for_approval(agent, row["turn_id"] or "")
 
