@@ -24,6 +24,7 @@ from overstory.store import sessions
 from overstory.store.approvals import ApprovalError, describe_call
 
 OPERATOR = "operator"
+LOOP_FAULT_ENV = "OV_TEST_DIE_AT"  # agents.loop.FAULT_ENV: a point at which the agent's loop kills itself (tests)
 
 
 def authorize(conn: sqlite3.Connection, row: dict[str, t.Any], by: str) -> None:
@@ -49,6 +50,8 @@ def decide(conn: sqlite3.Connection, approval_id: str, *, approve: bool, by: str
     if row is None:
         raise ApprovalError(f"no approval {approval_id}; `ov approvals --all` lists them")
     authorize(conn, row, by)
+    if row["status"] == "pending":
+        _refuse_if_ended(conn, row, approve=approve, by=by, events=events)
     if not approve and not (note or "").strip():
         raise ApprovalError("a rejection needs --reason: the agent is told why")
     call = describe_call(row["tool"], row["input"])
@@ -74,15 +77,8 @@ def expire_due(conn: sqlite3.Connection, *, now: int | None = None,
     """Settle every gate past its deadline once: [(id, "expired" | "escalated to X")]."""
     done: list[tuple[str, str]] = []
     for row in store.orphaned(conn):  # the agent ended (stopped, died, replaced): nobody waits for the answer
-        try:
-            decided = store.settle(conn, row["id"], "expired", by="watchdog", note="the agent ended",
-                                   agent_subject=f"request {row['id']} dropped: you ended",
-                                   agent_body="This request was dropped because the agent ended.",
-                                   expired_is_error=False)
-        except ApprovalError:
-            continue
-        _event(conn, events, "approval_expired", decided, f"{row['id']} dropped: {row['agent']} ended")
-        done.append((row["id"], "dropped"))
+        if _drop(conn, row, by="watchdog", events=events):
+            done.append((row["id"], "dropped"))
     for row in store.due(conn, now_ms() if now is None else now):
         if row["on_timeout"] == "escalate" and row["decider"] != OPERATOR:
             upper = _next_decider(conn, row["decider"])
@@ -107,6 +103,38 @@ def expire_due(conn: sqlite3.Connection, *, now: int | None = None,
                f"{iso(row['deadline'])}")
         done.append((row["id"], "expired"))
     return done
+
+
+def _refuse_if_ended(conn: sqlite3.Connection, row: dict[str, t.Any], *, approve: bool, by: str,
+                     events: sqlite3.Connection | None) -> None:
+    """A gate whose agent ended (completed, zombie, replaced by a new generation) has nobody left to run
+    the call: deciding it would report a success that changes nothing. It is dropped, as the watchdog
+    would, and the decider is told why."""
+    agent = sessions.get(conn, row["agent"])
+    if agent is None:  # ov keeps an agent's row until a new generation replaces it: a gate of no agent of ov's
+        return
+    if agent.generation != row["generation"]:
+        why = f"{row['agent']} has ended (generation {row['generation']} was replaced by {agent.generation})"
+    elif agent.is_terminal:
+        why = f"{row['agent']} has ended ({agent.state})"
+    else:
+        return
+    _drop(conn, row, by=by, events=events)
+    raise ApprovalError(f"{row['id']} cannot be {'approved' if approve else 'rejected'}: {why}, so nothing would "
+                        "run the call; the request is dropped")
+
+
+def _drop(conn: sqlite3.Connection, row: dict[str, t.Any], *, by: str, events: sqlite3.Connection | None) -> bool:
+    """Settle a pending gate of an agent that ended as ``expired``, once; False if it was settled meanwhile."""
+    try:
+        decided = store.settle(conn, row["id"], "expired", by=by, note=store.AGENT_ENDED,
+                               agent_subject=f"request {row['id']} dropped: you ended",
+                               agent_body="This request was dropped because the agent ended.",
+                               expired_is_error=False)
+    except ApprovalError:
+        return False
+    _event(conn, events, "approval_expired", decided, f"{row['id']} dropped: {row['agent']} ended")
+    return True
 
 
 def _next_decider(conn: sqlite3.Connection, decider: str) -> str:
@@ -241,5 +269,45 @@ def spend_gate(conn: sqlite3.Connection, agent: sessions.Session, over_usd: floa
     return False
 
 
+# ---- parking an agent while a gate of its own is pending (its mail loop, or its `ov loop`)
+
+
+def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, agent: sessions.Session, turn_id: str,
+                      *, actor: str) -> bool:
+    """After a clean turn that left approval gates pending: park the agent (reason ``approval apr-…``).
+
+    The park's transaction checks the gates are still pending, so a decision that
+    commits first (nothing to wait for) and one that commits after (it un-parks) are
+    both right; its other mail waits in the inbox while it is parked.
+    """
+    import os
+
+    from overstory.store import lifecycle
+
+    ids = store.pending_for(state, agent.name, agent.generation)
+    if not ids:
+        return False
+    if os.environ.get(LOOP_FAULT_ENV) == "approval_park" and actor == "turn-runner":
+        os._exit(9)  # dies after the turn, before the park: the next loop parks it (crash-safety tests)
+
+    def still_pending(tx: sqlite3.Connection) -> None:
+        if not store.pending_for(tx, agent.name, agent.generation):
+            raise _Decided()
+
+    try:
+        outcome = lifecycle.park(state, agent, "approval", f"approval {' '.join(ids)}"[:300], actor=actor,
+                                 escalate=False, expect={"booting", "in_turn", "stalled", "between_turns"},
+                                 also=still_pending)
+    except _Decided:
+        return False
+    if outcome.ok:
+        from overstory.store import events as event_store
+
+        event_store.record(events, "approval_parked", agent=agent.name, generation=agent.generation,
+                           turn_id=turn_id, summary=f"parked until {', '.join(ids)} is decided"[:300],
+                           data={"approvals": ids})
+    return outcome.ok
+
+
 class _Decided(Exception):
-    pass
+    """Rolls back an approval park: the gate was decided meanwhile."""

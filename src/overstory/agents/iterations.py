@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 
 from overstory import procs
+from overstory.agents.approvals import park_for_approval
 from overstory.agents.loop_boundary import (
     consume_critic_mail,
     critic_name,
@@ -48,9 +49,10 @@ from overstory.agents.process import POLL_SECONDS, acquire_turn_slot, load_launc
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.guards.policy import PHASE_TOOLS_ENV
+from overstory.store import approvals, lifecycle, loops, mail, sessions
 from overstory.store import events as event_store
-from overstory.store import lifecycle, loops, mail, sessions
 from overstory.store.db import write_transaction
+from overstory.store.dispatch import SCOPE_ENV, loop_scope
 from overstory.store.loops import Loop
 from overstory.store.sessions import Session
 
@@ -102,6 +104,14 @@ class IterationRunner:
         return 0
 
     def _step(self, agent: Session, loop: Loop) -> None:
+        pending = loops.open_iteration(self.state, self.name, self.generation)
+        if pending is not None and pending["status"] == "checking":
+            self._evaluate(agent, loop, pending)
+            return
+        # A gate still pending (its loop died before parking for it): no boundary, critic, next iteration or
+        # completion until a person has decided.
+        if agent.state in WAITING and self._park_for_approval(agent, ""):
+            return
         if loop.status == "boundary":
             self._boundary(agent, loop)
             return
@@ -110,10 +120,6 @@ class IterationRunner:
             return
         if loop.status == "escalated":  # a person resumed the loop after its critic escalated: go on
             self._advance(agent, loop, "resumed by the operator after the critic's escalation")
-            return
-        pending = loops.open_iteration(self.state, self.name, self.generation)
-        if pending is not None and pending["status"] == "checking":
-            self._evaluate(agent, loop, pending)
             return
         if loop.same_failures >= self.config.loop.same_failure_limit:  # judged stuck by a loop that then died
             self._park_stuck(agent, loop)
@@ -163,8 +169,10 @@ class IterationRunner:
         prompt = iteration_message(loop, number=number, attempt=attempt, progress=progress_text(worktree),
                                    finished=self._finished_phases(loop),
                                    mail_text=mail.render_for_prompt([m for m in claimed if m.type != "dispatch"]))
+        # Every attempt at this iteration shares one idempotency scope: a re-run (its loop was killed) gets
+        # what the dead attempt already did from the ledger instead of doing it again.
         extra = {"OVERSTORY_LOOP": self.name, "OVERSTORY_LOOP_ITERATION": str(number),
-                 "OVERSTORY_LOOP_PHASE": phase["name"]}
+                 "OVERSTORY_LOOP_PHASE": phase["name"], SCOPE_ENV: loop_scope(self.generation, number)}
         if phase.get("tools") is not None:
             extra[PHASE_TOOLS_ENV] = ",".join(phase["tools"])
         self.host.base_env = load_launch_env(self.project, self.name)
@@ -197,6 +205,10 @@ class IterationRunner:
     def _evaluate(self, agent: Session, loop: Loop, row: dict[str, t.Any]) -> None:
         """ov's own check of a finished iteration, and what follows from it (one transaction)."""
         worktree = Path(agent.worktree or self.project.root)
+        asked = approvals.requested_in(self.state, self.name, self.generation, row["turn_id"] or "")
+        if asked or approvals.pending_for(self.state, self.name, self.generation):
+            self._held_for_a_person(agent, row, asked, worktree)
+            return
         is_last = loop.phase_index >= len(loop.phases) - 1
         gates = [g for g in (loop.phase.get("gate"), loop.definition.get("final_check") if is_last else None) if g]
         check: CheckResult | None = None
@@ -242,6 +254,28 @@ class IterationRunner:
             fresh = loops.get(self.state, self.name, self.generation)
             assert fresh is not None
             self._park_stuck(agent, fresh)
+
+    def _held_for_a_person(self, agent: Session, row: dict[str, t.Any], asked: list[str], worktree: Path) -> None:
+        """An iteration that asked for an approval (or ended while one is pending) is not judged: the call it
+        wanted has not run, so neither its promise nor a check counts. Parked until a person decides; the
+        decision reaches the next iteration as mail, which runs the approved call or goes on without it."""
+        pending = approvals.pending_for(self.state, self.name, self.generation)
+        ids = ", ".join(pending or asked)
+        outcome = (f"a call waits for approval {ids}: parked, not judged" if pending else
+                   f"a call needed approval ({ids}, decided since): not judged; another iteration runs it")
+        with write_transaction(self.state):
+            loops.finish_iteration(self.state, row, check_exit=None, check_seconds=None, check_tail=None,
+                                   fingerprint=None, progress=progress_summary(progress_text(worktree)),
+                                   outcome=outcome)
+        self._event("loop_checked", f"iteration {row['number']}: {outcome}",
+                    {"number": row["number"], "attempt": row["attempt"], "approvals": pending or asked})
+        self._kill_point("loop_held")  # a loop that dies here parks on its next step (``_step``)
+        if pending:
+            self._park_for_approval(agent, row["turn_id"] or "")
+
+    def _park_for_approval(self, agent: Session, turn_id: str) -> bool:
+        """Parked (``approval``) while a gate of the agent is pending, like any agent: `ov wait` exits 7."""
+        return park_for_approval(self.state, self.events, agent, turn_id, actor=ACTOR)
 
     def _park_stuck(self, agent: Session, loop: Loop) -> None:
         """The same failure ``same_failure_limit`` times: park; the streak starts over when a person resumes it."""

@@ -38,7 +38,7 @@ import sys
 from collections.abc import Mapping
 
 from overstory.store import ledger as store
-from overstory.store.dispatch import DISPATCH_ENV, dispatch_ids, scope_of
+from overstory.store.dispatch import DISPATCH_ENV, SCOPE_ENV, dispatch_ids, scope_of
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ class LedgerContext:
         "attempt",
         "dispatch",
         "generation",
+        "loop_scope",
         "parent",
         "replay",
         "rules",
@@ -133,16 +134,17 @@ class LedgerContext:
                  attempt: int = 0, dispatch: tuple[int, ...] = (), run_id: str | None = None,
                  worktree: str | None = None, rules: LedgerRules | None = None,
                  replay: Mapping[str, str] | None = None, parent: str = "operator",
-                 approvals: str | None = None) -> None:
+                 approvals: str | None = None, loop_scope: str = "") -> None:
         self.agent, self.generation, self.task, self.turn_id = agent, generation, task, turn_id
         self.parent, self.approvals = parent, approvals  # approvals: the turn's OVERSTORY_APPROVALS (agents.gate)
         self.attempt, self.dispatch, self.run_id, self.worktree = attempt, tuple(dispatch), run_id, worktree
         self.rules = rules  # None: the default rules
+        self.loop_scope = loop_scope  # an `ov loop` iteration's (store.dispatch.loop_scope): it names the work
         self.replay = dict(DEFAULT_REPLAY if replay is None else replay)
 
     @property
     def scope(self) -> str:
-        return scope_of(self.dispatch)
+        return self.loop_scope or scope_of(self.dispatch)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LedgerContext | None:
@@ -155,7 +157,8 @@ class LedgerContext:
                    turn_id=env.get("OVERSTORY_TURN_ID") or None, attempt=_int(env.get(ENV_ATTEMPT)),
                    dispatch=dispatch_ids(env), run_id=env.get(ENV_RUN_ID) or None,
                    worktree=env.get("OVERSTORY_WORKTREE") or None, rules=policy.rules(), replay=policy.replay,
-                   parent=env.get("OVERSTORY_PARENT") or "operator", approvals=env.get("OVERSTORY_APPROVALS"))
+                   parent=env.get("OVERSTORY_PARENT") or "operator", approvals=env.get("OVERSTORY_APPROVALS"),
+                   loop_scope=env.get(SCOPE_ENV, ""))
 
 
 def turn_env(*, attempt: int, dispatch: t.Sequence[int], run_id: str | None, policy: LedgerPolicy) -> dict[str, str]:

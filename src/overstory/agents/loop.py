@@ -17,6 +17,7 @@ import typing as t
 from pathlib import Path
 
 from overstory import procs
+from overstory.agents.approvals import park_for_approval
 from overstory.agents.process import (
     POLL_SECONDS,
     AgentProcess,
@@ -450,45 +451,6 @@ class AgentLoop(AgentProcess):
                 conn.close()
             except sqlite3.Error:
                 pass
-
-
-def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, *,
-                      actor: str) -> bool:
-    """After a clean turn that left approval gates pending: park the agent (reason ``approval apr-…``).
-
-    The park's transaction checks the gates are still pending, so a decision that
-    commits first (nothing to wait for) and one that commits after (it un-parks) are
-    both right; its other mail waits in the inbox while it is parked.
-    """
-    from overstory.store import approvals, lifecycle
-
-    ids = approvals.pending_for(state, agent.name, agent.generation)
-    if not ids:
-        return False
-    if os.environ.get(FAULT_ENV) == "approval_park" and actor == "turn-runner":
-        os._exit(9)  # dies after the turn, before the park: the next loop parks it (crash-safety tests)
-
-    def still_pending(tx: sqlite3.Connection) -> None:
-        if not approvals.pending_for(tx, agent.name, agent.generation):
-            raise _Decided()
-
-    try:
-        outcome = lifecycle.park(state, agent, "approval", f"approval {' '.join(ids)}"[:300], actor=actor,
-                                 escalate=False, expect={"booting", "in_turn", "stalled", "between_turns"},
-                                 also=still_pending)
-    except _Decided:
-        return False
-    if outcome.ok:
-        from overstory.store import events as event_store
-
-        event_store.record(events, "approval_parked", agent=agent.name, generation=agent.generation,
-                           turn_id=turn_id, summary=f"parked until {', '.join(ids)} is decided"[:300],
-                           data={"approvals": ids})
-    return outcome.ok
-
-
-class _Decided(Exception):
-    """Rolls back an approval park: the gates were decided while the turn ended."""
 
 
 def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, str]) -> Config:

@@ -39,7 +39,7 @@ from overstory.store import budgets, checkpoints, sessions
 from overstory.store import events as event_store
 from overstory.store import turns as turn_rows
 from overstory.store.budgets import Crossing
-from overstory.store.dispatch import claimed_ids, scope_of
+from overstory.store.dispatch import claimed_ids, turn_scope
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
@@ -249,7 +249,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     if stale:
         event_store.record(events, "git_lock_removed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                            summary=f"removed stale git lock(s) left by a killed process: {', '.join(stale)}"[:300])
-    checkpoint.save_start(state, agent, turn_id, attempt=attempt, scope=scope_of(dispatch), mail_ids=dispatch,
+    checkpoint.save_start(state, agent, turn_id, attempt=attempt, scope=turn_scope(env), mail_ids=dispatch,
                           resume_session_id=resume_session_id, cwd=cwd, started_ms=started_ms)
     # Receipts come from the stream (a headless turn has no PostToolUse hook); without a PreToolUse hook
     # (`ov guard` never runs) the rows do too.

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 STATUSES = ("pending", "approved", "rejected", "expired")
 DECIDED = ("approved", "rejected", "expired")
+AGENT_ENDED = "the agent ended"  # the note of a gate dropped because its agent ended
 
 
 class ApprovalError(OrchestratorError):
@@ -73,6 +74,13 @@ def list_approvals(conn: sqlite3.Connection, *, include_decided: bool = False,
 def pending_for(conn: sqlite3.Connection, agent: str, generation: int) -> list[str]:
     rows = conn.execute("SELECT id FROM approvals WHERE agent = ? AND generation = ? AND status = 'pending' "
                         "ORDER BY requested_at", (agent, generation)).fetchall()
+    return [r[0] for r in rows]
+
+
+def requested_in(conn: sqlite3.Connection, agent: str, generation: int, turn_id: str) -> list[str]:
+    """The gates a turn of the agent asked for (whatever became of them since)."""
+    rows = conn.execute("SELECT id FROM approvals WHERE agent = ? AND generation = ? AND turn_id = ? "
+                        "ORDER BY requested_at", (agent, generation, turn_id)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -243,6 +251,9 @@ def _check_pending(row: dict[str, t.Any] | None, approval_id: str, expired_is_er
 def _decided_text(row: dict[str, t.Any] | None, approval_id: str) -> str:
     if row is None:
         return f"no approval {approval_id}"
+    if row["status"] == "expired" and row["note"] == AGENT_ENDED:
+        return f"{approval_id} was dropped at {iso(row['decided_at'])}: {row['agent']} had ended; it can no longer " \
+               "be decided"
     if row["status"] == "expired":
         return f"{approval_id} expired at {iso(row['decided_at'] or row['deadline'])}; it can no longer be decided"
     return f"{approval_id} was already {row['status']} by {row['decided_by']} at {iso(row['decided_at'])}"

@@ -7,6 +7,12 @@ The turn runner exports the claimed ids as ``OVERSTORY_DISPATCH``; the tool-call
 ledger, ``ov mail send`` and ``ov sling`` scope their idempotency keys to it, so a
 retried turn that repeats a send or a sling gets the first one's result back.
 
+An `ov loop` iteration answers no mail of its own: its unit of work is the iteration.
+Every attempt at iteration N (a loop process killed mid-turn leaves it to be run again)
+exports ``OVERSTORY_SCOPE=loop:<generation>.<N>``, which takes the place of the mail
+scope: the re-run gets the dead attempt's results back, and no other iteration (of this
+phase or another: the count never restarts) shares its keys.
+
 Stdlib only: ``ov mail send`` and ``ov guard`` use it.
 """
 
@@ -19,12 +25,22 @@ if TYPE_CHECKING:
     import typing as t
 
 DISPATCH_ENV = "OVERSTORY_DISPATCH"
-
+SCOPE_ENV = "OVERSTORY_SCOPE"
 
 
 def scope_of(dispatch: t.Sequence[int]) -> str:
     """``mail:<lowest id>`` of the mail a turn claimed; empty when it claimed none."""
     return f"mail:{min(dispatch)}" if dispatch else ""
+
+
+def loop_scope(generation: int, number: int) -> str:
+    """The scope of every attempt at iteration ``number`` of an `ov loop` agent's generation."""
+    return f"loop:{generation}.{number}"
+
+
+def turn_scope(env: t.Mapping[str, str]) -> str:
+    """The scope a turn's environment names: its loop iteration's, else its dispatch's; empty outside a turn."""
+    return env.get(SCOPE_ENV) or scope_of(dispatch_ids(env))
 
 
 def dispatch_ids(env: t.Mapping[str, str]) -> tuple[int, ...]:
@@ -49,7 +65,7 @@ def agent_key(env: t.Mapping[str, str], kind: str, *parts: t.Any) -> str | None:
     commands are never deduplicated.
     """
     agent = env.get("OVERSTORY_AGENT_NAME")
-    scope = scope_of(dispatch_ids(env))
+    scope = turn_scope(env)
     if not agent or not scope:
         return None
     return f"agent:{agent}:{kind}:{scope}:{digest(agent, kind, *parts)}"
