@@ -122,8 +122,8 @@ class ForkResult:
         if loop is not None:
             kept.append(f"loop (until {loop['until']}, max_iterations {loop['max_iterations']}, "
                         f"{len(loop['phases'])} phase(s))")
-        lines = [f"forked {self.source} as {self.sling.name} (branch {self.sling.branch}, worktree "
-                 f"{self.sling.worktree})", "  kept: " + "; ".join(kept)]
+        lines = [(f"forked {self.source} as {self.sling.name} (branch {self.sling.branch}, worktree "
+                  f"{self.sling.worktree})"), "  kept: " + "; ".join(kept)]
         lines += [f"  budget: {note}" for note in self.sling.budget_notes]
         lines.append("  not carried over: " + "; ".join(self.not_carried))
         return lines
