@@ -31,10 +31,12 @@ MINUTE = 60_000
 SLING = ["sling", "builder", "t-{n}", "--runtime", "scripted", "--prompt", "scheduled work"]
 
 
-def add_cron(project: ProjectPaths, name: str, cron: str, argv: list[str], cursor: int) -> schedules.Schedule:
+def add_cron(project: ProjectPaths, name: str, cron: str, argv: list[str], cursor: int, *,
+             overlap: str = "skip", agent: str | None = None) -> schedules.Schedule:
     conn = open_state(project.state_db)
     try:
-        return schedules.add(conn, name, kind=schedules.CRON, argv=argv, cron=cron, cursor=cursor)
+        return schedules.add(conn, name, kind=schedules.CRON, argv=argv, cron=cron, cursor=cursor, overlap=overlap,
+                             agent=agent)
     finally:
         conn.close()
 
@@ -105,7 +107,7 @@ def start_driver(project: ProjectPaths, clock: Path, stop: Path, **env: str) -> 
 
 
 def test_two_racing_schedulers_one_killed_mid_fire_fire_once_per_minute(project, tmp_path):
-    add_cron(project, "every-minute", "* * * * *", SLING, cursor=T0)
+    add_cron(project, "every-minute", "* * * * *", SLING, cursor=T0, overlap="allow")  # a fire each minute
     clock, stop = tmp_path / "clock", tmp_path / "stop"
     set_clock(clock, T0)
     dying = start_driver(project, clock, stop, OV_TEST_KILL_AT="schedule_claimed")
@@ -135,7 +137,7 @@ def test_two_racing_schedulers_one_killed_mid_fire_fire_once_per_minute(project,
 
 def test_a_real_watchdog_fires_twice_in_real_time_and_a_restart_does_not_refire(project):
     """Real time, real `ov watchdog` processes (killed with SIGKILL and restarted between the fires)."""
-    added = run_ov("schedule", "add", "rt", "--cron", "* * * * * */15", "--",
+    added = run_ov("schedule", "add", "rt", "--cron", "* * * * * */15", "--overlap", "allow", "--",
                    "sling", "builder", "rt-{n}", "--runtime", "scripted", "--prompt", "go", cwd=project.root)
     assert added.returncode == 0, added.stderr
 
@@ -167,11 +169,12 @@ def test_a_mail_trigger_fires_once_per_matching_mail(project, monkeypatch):
 
     conn = open_state(project.state_db)
     mail.insert_message(conn, sender="builder-a", recipient="operator", type="merge_ready", subject="before")
-    schedules.add(conn, "review", kind=schedules.MAIL, mail_type="merge_ready", mail_from=None,
+    schedules.add(conn, "review", kind=schedules.MAIL, mail_type="merge_ready", mail_from=None, overlap="allow",
                   argv=["sling", "scout", "rev-{from}-{n}", "--runtime", "scripted", "--prompt", "review {from}"],
                   cursor=schedules.max_mail_id(conn))
     schedules.add(conn, "only-b", kind=schedules.MAIL, mail_type="merge_ready", mail_from="builder-b",
-                  argv=["sling", "scout", "b-{mail_id}", "--runtime", "scripted"], cursor=schedules.max_mail_id(conn))
+                  overlap="allow", argv=["sling", "scout", "b-{mail_id}", "--runtime", "scripted"],
+                  cursor=schedules.max_mail_id(conn))
     ids = [mail.insert_message(conn, sender=s, recipient=r, type=k, subject="x") for s, r, k in [
         ("builder-a", "operator", "merge_ready"), ("builder-b", "operator", "merge_ready"),
         ("builder-a", "operator", "status"), ("builder-b", "lead-1", "merge_ready")]]
@@ -196,7 +199,8 @@ def test_a_mail_trigger_fires_once_per_matching_mail(project, monkeypatch):
 def test_missed_fires_catch_up_once_or_not_at_all(project, catch_up, expected):
     from overstory.scheduler import Scheduler
 
-    add_cron(project, "hourly", "0 * * * *", ["sling", "builder", "h-{n}", "--runtime", "scripted"], cursor=T0)
+    add_cron(project, "hourly", "0 * * * *", ["sling", "builder", "h-{n}", "--runtime", "scripted"], cursor=T0,
+             overlap="allow")  # its fires are never run here: they stay open
     conn = open_state(project.state_db)
     now = {"ms": T0 + 5 * 3600_000}  # five hours later: five missed
     scheduler = Scheduler(project, conn, clock=lambda: now["ms"], catch_up=catch_up, launch=lambda p, i: None)
@@ -213,7 +217,8 @@ def test_a_failed_fire_is_an_event_and_a_notification_never_a_crash(project):
     from overstory import scheduler as scheduler_module
     from overstory.schedule_runner import run_fire
 
-    add_cron(project, "fixed", "* * * * *", ["sling", "builder", "same", "--runtime", "scripted"], cursor=T0)
+    add_cron(project, "fixed", "* * * * *", ["sling", "builder", "same", "--runtime", "scripted"], cursor=T0,
+             overlap="allow")
     conn = open_state(project.state_db)
     now = {"ms": T0 + 40_000}
     scheduler = scheduler_module.Scheduler(project, conn, clock=lambda: now["ms"], launch=lambda p, i: None)
@@ -268,7 +273,7 @@ def test_a_trigger_on_escalations_does_not_fire_on_its_own_failure_notices(proje
     from overstory.scheduler import Scheduler
 
     conn = open_state(project.state_db)
-    schedules.add(conn, "echo", kind=schedules.MAIL, mail_type="escalation", mail_from=None,
+    schedules.add(conn, "echo", kind=schedules.MAIL, mail_type="escalation", mail_from=None, overlap="allow",
                   argv=["sling", "builder", "taken", "--runtime", "scripted"], cursor=schedules.max_mail_id(conn))
     mail.insert_message(conn, sender="builder-a", recipient="operator", type="escalation", subject="help")
     scheduler = Scheduler(project, conn)

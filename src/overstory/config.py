@@ -168,6 +168,8 @@ class LoopSection(_Section):
 class SchedulesSection(_Section):
     catch_up: t.Literal["latest", "none"] = "latest"
     timeout: float = Field(600, gt=0)
+    backoff: float = Field(60, gt=0)
+    backoff_max: float = Field(3600, gt=0)
 
 
 class LedgerSection(_Section):

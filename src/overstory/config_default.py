@@ -167,6 +167,11 @@ schedules:
   catch_up: latest
   # Seconds a fired command (`ov sling ...`) may run before it is stopped and the fire counts as failed.
   timeout: 600
+  # After a failed fire the schedule waits this many seconds before firing again, twice as long after each
+  # further failure in a row (only the first failure of a row mails you).
+  backoff: 60
+  # The longest wait between failed fires, in seconds.
+  backoff_max: 3600
 
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),

@@ -95,15 +95,56 @@ def _uncertain_calls(state: sqlite3.Connection) -> list[dict[str, t.Any]]:
 # --------------------------------------------------------------------------- forks
 
 
+@dataclass
+class ForkResult:
+    """A fork: the agent it slung, and what it kept of its source and what it could not carry over."""
+
+    sling: SlingResult
+    source: str
+    kept: dict[str, t.Any]
+    not_carried: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.sling.name
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {**self.sling.as_dict(), "source": self.source, "kept": self.kept, "not_carried": self.not_carried}
+
+    def summary_lines(self) -> list[str]:
+        from overstory.store.budgets import format_limit
+
+        limits = {k: v for k, v in self.sling.budget.items() if v is not None}
+        kept = [f"budget {', '.join(f'{k} {format_limit(k, v)}' for k, v in limits.items()) or 'none'}"]
+        if self.kept["approve"]:
+            kept.append(f"approval gates {', '.join(self.kept['approve'])}")
+        loop = self.kept["loop"]
+        if loop is not None:
+            kept.append(f"loop (until {loop['until']}, max_iterations {loop['max_iterations']}, "
+                        f"{len(loop['phases'])} phase(s))")
+        lines = [(f"forked {self.source} as {self.sling.name} (branch {self.sling.branch}, worktree "
+                  f"{self.sling.worktree})"), "  kept: " + "; ".join(kept)]
+        lines += [f"  budget: {note}" for note in self.sling.budget_notes]
+        lines.append("  not carried over: " + "; ".join(self.not_carried))
+        return lines
+
+
 def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, source_name: str, *,
          name: str | None = None, prompt: str | None = None, environ: t.Mapping[str, str] | None = None
-         ) -> SlingResult:
+         ) -> ForkResult:
     """Start a new agent from ``source_name``'s checkpoint: its commit, task and scope, a new name and branch.
 
     The new branch starts at the HEAD of the source's newest checkpoint (its branch tip
     when it has none); uncommitted changes are not carried over. The fork gets the
     source's task text plus a note saying where it starts, and ``prompt`` (a different
     direction to try). It starts a fresh runtime session.
+
+    It keeps everything that limits or gates its source: the budget limits as they stand
+    now (raises by `ov resume --add-*` included; spend counts from zero, and no limit goes
+    beyond what is left of the open run's budget), its ``ov sling --approve`` gates (config
+    ``approvals.rules`` apply to every agent anyway) and, for an `ov loop` agent, the loop
+    (objective, promise, check, phases, critic, max_iterations) with the note added to its
+    constraints: a loop fork starts at iteration 1 of the first phase.
     """
     from overstory.agents.spawn import SlingRequest, sling
     from overstory.gitutil import git
@@ -124,13 +165,40 @@ def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, sourc
             f"{start[:12]} of {source.branch}"
             + (f", after its turn {mark['turn_id']}" if mark else "") + "). "
             + (prompt or "Try a different direction from the one it took."))
+    budget, approve, loop = _inherited(state, source, note)
     scenario = source.spec.get("scenario")
     request = SlingRequest(capability=source.capability, task_id=source.task_id, name=name,
                            prompt=f"{source.spec.get('prompt') or ''}\n\n{note}".strip(),
                            files=list(source.spec.get("files") or ()), parent=parent, runtime=source.runtime,
                            model=source.model, base_branch=source.base_branch, start_point=start,
-                           scenario=_path(scenario), tmux=source.mode == "tmux")
-    return sling(project, config, state, request, environ)
+                           scenario=_path(scenario), tmux=source.mode == "tmux",
+                           budget=budget, approve=approve, loop=loop)
+    result = sling(project, config, state, request, environ)
+    not_carried = ["uncommitted changes", "its runtime session (the fork starts a fresh one)",
+                   "its spend (the fork's counts from zero)"]
+    if loop is not None:
+        not_carried.append("its loop's progress file and count (the fork starts at iteration 1 of the first phase)")
+    if parent != source.parent:
+        not_carried.append(f"its parent {source.parent} (no longer active: the fork reports to the operator)")
+    return ForkResult(result, source_name, {"budget": budget, "approve": approve, "loop": loop}, not_carried)
+
+
+def _inherited(state: sqlite3.Connection, source: sessions.Session, note: str
+               ) -> tuple[dict[str, t.Any] | None, list[str], dict[str, t.Any] | None]:
+    """What a fork keeps of its source: budget limits (as they stand now), approval gates, the loop."""
+    from overstory.store import budgets, loops
+
+    row = budgets.get_agent(state, source.name, source.generation)
+    budget = {limit: getattr(row, limit) for limit in budgets.LIMITS} if row is not None else None
+    approve = [str(p) for p in source.spec.get("approve") or ()]
+    loop = source.spec.get("loop")
+    if loop is not None:
+        loop = dict(loop)
+        current = loops.get(state, source.name, source.generation)
+        if current is not None:  # `ov resume --add-iterations` raised it
+            loop["max_iterations"] = current.max_iterations
+        loop["constraints"] = [*(loop.get("constraints") or []), note]
+    return budget, approve, loop
 
 
 def _fork_name(state: sqlite3.Connection, source: str) -> str:

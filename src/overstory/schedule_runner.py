@@ -4,9 +4,9 @@ Started detached by the watchdog (``scheduler``) right after it claimed the fire
 in the foreground by `ov schedule run-now`. It takes the fire (``claimed`` -> ``running``,
 a compare-and-swap only one runner ever wins), runs the fire's `ov` command line as the
 operator would in the project, and settles the row ``ok`` or ``failed`` with the exit
-code and the end of the output. A failure is a ``schedule_failed`` event and one
-``escalation`` mail to the operator, written with the settled row (``scheduler.failure_notice``);
-never a crash. If this process dies while the command runs, the next watchdog tick marks
+code and the end of the output. A failure is a ``schedule_failed`` event and, when it is
+the first of a row, one ``escalation`` mail to the operator, written with the settled row
+(``scheduler.failure_notice``); never a crash. If this process dies while the command runs, the next watchdog tick marks
 the fire ``lost`` (with its own mail).
 """
 
@@ -28,7 +28,7 @@ from overstory.store.db import open_state
 def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = None) -> dict[str, t.Any] | None:
     """Take fire ``fire_id`` and run it; its settled row, or None when another runner has it."""
     from overstory.resources import ov_executable
-    from overstory.scheduler import failure_notice, record_event
+    from overstory.scheduler import backoff_of, failure_notice, record_event
 
     state = open_state(project.state_db)
     try:
@@ -36,26 +36,28 @@ def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = Non
             return None
         fire = schedules.fire(state, fire_id)
         assert fire is not None
-        if timeout is None:
-            from overstory.config import load_config
-
-            timeout = load_config(project.config_file, project.local_config_file).schedules.timeout
+        settings, broken = _settings(project)
+        timeout = settings.timeout if timeout is None else timeout
         command, _ = ov_executable()
         env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}  # it acts as the operator
         procs.kill_point("schedule_running")
-        try:
-            done = subprocess.run([*command, "--project", str(project.root), *fire["argv"]], cwd=project.root,
-                                  env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-            code: int | None = done.returncode
-            output = (done.stdout + done.stderr).strip()
-        except subprocess.TimeoutExpired as exc:
-            code, output = None, f"{_text(exc.stdout)}{_text(exc.stderr)}\n[ov] stopped after {timeout:g}s " \
-                                 "(schedules.timeout)"
-        except OSError as exc:
-            code, output = None, f"could not run ov: {exc}"
+        code: int | None = None
+        if broken is not None:  # `ov` would refuse it too: a failed fire that says why, not a lost one
+            output = f"the project's configuration cannot be read: {broken}"
+        else:
+            try:
+                done = subprocess.run([*command, "--project", str(project.root), *fire["argv"]], cwd=project.root,
+                                      env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                      timeout=timeout)
+                code = done.returncode
+                output = (done.stdout + done.stderr).strip()
+            except subprocess.TimeoutExpired as exc:
+                output = f"{_text(exc.stdout)}{_text(exc.stderr)}\n[ov] stopped after {timeout:g}s (schedules.timeout)"
+            except OSError as exc:
+                output = f"could not run ov: {exc}"
         status = "ok" if code == 0 else "failed"
         last = output.splitlines()[-1] if output else ""
-        schedules.finish(state, fire_id, status=status, exit_code=code, output=output,
+        schedules.finish(state, fire_id, status=status, exit_code=code, output=output, backoff=backoff_of(settings),
                          notice=failure_notice(fire, last or "no output") if status != "ok" else None)
         name = fire["schedule"] or "-"
         line = f"fire {fire['n']}: ov {' '.join(fire['argv'])} -> " + (f"exit {code}" if code is not None else "error")
@@ -64,6 +66,17 @@ def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = Non
         return schedules.fire(state, fire_id)
     finally:
         state.close()
+
+
+def _settings(project: ProjectPaths) -> tuple[t.Any, str | None]:
+    """Config ``schedules`` (its defaults, and why, when the configuration cannot be read)."""
+    from overstory.config import SchedulesSection, load_config
+    from overstory.errors import OrchestratorError
+
+    try:
+        return load_config(project.config_file, project.local_config_file).schedules, None
+    except OrchestratorError as exc:
+        return SchedulesSection(), str(exc)
 
 
 def _text(value: t.Any) -> str:

@@ -15,6 +15,14 @@ fire whose runner died while the command ran is ``lost`` (reported, not repeated
 command may already have started work). Missed occasions while no watchdog ran:
 ``schedules.catch_up: latest`` fires once, for the latest; ``none`` skips them.
 
+Overlap and failures: the claim first asks whether the occasion is held back (in the
+same transaction, ``store.schedules.holding_back``): after failed fires the schedule
+backs off (``schedules.backoff``, doubling up to ``schedules.backoff_max``); with the
+overlap policy ``skip`` (the default, like a Kubernetes CronJob's ``Forbid``) it does not
+fire while its previous fire runs or an agent a fire started is still active or waits
+for an approval. A held-back occasion is a ``schedule_skipped`` event and a count on the
+schedule, never a fire. Only the first failed fire of a row mails a person.
+
 ``croniter`` is imported only here and by `ov schedule`, never on a hot path.
 """
 
@@ -114,15 +122,25 @@ def render(argv: t.Sequence[str], *, at_ms: int, n: int, mail: t.Mapping[str, t.
     return filled
 
 
+def agent_name(schedule: Schedule, *, at_ms: int, n: int, mail: t.Mapping[str, t.Any] | None = None) -> str | None:
+    """The agent a fire of ``schedule`` starts (its template with the fire's placeholders filled), if known."""
+    return render([schedule.agent], at_ms=at_ms, n=n, mail=mail)[0] if schedule.agent else None
+
+
+def backoff_of(settings: t.Any) -> tuple[int, int]:
+    """(first, cap) of the back-off after failed fires, in ms, from config ``schedules``."""
+    return int(settings.backoff * 1000), int(settings.backoff_max * 1000)
+
+
 # ---- telling a person ----------------------------------------------------------------
 
 
 def failure_notice(fire: t.Mapping[str, t.Any], reason: str, status: str = "failed") -> dict[str, t.Any]:
     """The one ``escalation`` mail to the operator that tells a person a fire failed (or was lost).
 
-    It is written with the fire's settled row, in one transaction (``schedules.finish``);
-    its dedup key (``schedule_fire:<fire id>``) keeps it single and keeps mail triggers off it.
-    Outside notifications (issue 17) can forward it when they exist."""
+    It is written with the fire's settled row, in one transaction (``schedules.finish``),
+    and only for the first failure of a row (later ones are events); its dedup key
+    (``schedule_fire:<fire id>``) keeps it single and keeps mail triggers off it."""
     name = fire.get("schedule") or "-"
     argv = " ".join(fire.get("argv") or [])
     what = "was lost (its runner died mid-command; not run again)" if status == "lost" else "failed"
@@ -130,7 +148,9 @@ def failure_notice(fire: t.Mapping[str, t.Any], reason: str, status: str = "fail
         "sender": "ov", "recipient": "operator", "type": "escalation", "priority": "high",
         "subject": f"schedule {name}: fire {fire['n']} {what.split(' (')[0]}",
         "body": (f"The fire {fire['n']} of schedule {name} (`ov {argv}`) {what}: {reason}\n"
-                 f"The schedule goes on. See `ov schedule list`; the runner's output is in "
+                 f"The schedule goes on, backing off: after each further failure it waits twice as long before "
+                 f"firing again (schedules.backoff, up to schedules.backoff_max). Until a fire succeeds, further "
+                 f"failures are events, not mail. See `ov schedule list`; the runner's output is in "
                  f".overstory/logs/schedules/fire-{fire['id']}.log."),
         "payload": {"severity": "warning", "agent": None, "task_id": None, "kind": "schedule_" + status,
                     "reason": reason[:300], "details": {"schedule": name, "fire": fire["id"], "n": fire["n"]}},
@@ -159,13 +179,14 @@ class Scheduler:
 
     def __init__(self, project: ProjectPaths, state: sqlite3.Connection, *, interval: float = 5.0,
                  clock: t.Callable[[], int] = now_ms, launch: Launch = launch_runner,
-                 catch_up: str | None = None) -> None:
+                 catch_up: str | None = None, backoff: tuple[int, int] | None = None) -> None:
         self.project = project
         self.state = state
         self.clock = clock
         self.launch = launch
         self.late_after = max(LATE_AFTER_MS, int(3 * interval * 1000))
         self._catch_up = catch_up
+        self._backoff = backoff
         self._runners: dict[int, subprocess.Popen[bytes]] = {}
         self._me: tuple[int, int | None] | None = None
         self._events: sqlite3.Connection | None = None
@@ -179,10 +200,19 @@ class Scheduler:
     @property
     def catch_up(self) -> str:
         if self._catch_up is None:
-            from overstory.config import load_config
-
-            self._catch_up = load_config(self.project.config_file, self.project.local_config_file).schedules.catch_up
+            self._catch_up = self._settings().catch_up
         return self._catch_up
+
+    @property
+    def backoff(self) -> tuple[int, int]:
+        if self._backoff is None:
+            self._backoff = backoff_of(self._settings())
+        return self._backoff
+
+    def _settings(self) -> t.Any:
+        from overstory.config import load_config
+
+        return load_config(self.project.config_file, self.project.local_config_file).schedules
 
     def tick(self) -> list[tuple[str, str, str]]:
         """Settle what dead processes left, then claim and launch what is due: (schedule, kind, detail) each."""
@@ -215,10 +245,13 @@ class Scheduler:
                                                           "(schedules.catch_up: none)", {"due_at": due})
             return [(schedule.name, "skipped", f"missed fires up to {local_text(due)} (catch_up: none)")]
         fire = schedules.claim(self.state, schedule, f"cron:{due}", cursor=due, claimer_pid=self.me[0],
-                               claimer_ticks=self.me[1], due_at=due,
-                               render=lambda n: render(schedule.argv, at_ms=due, n=n))
+                               claimer_ticks=self.me[1], due_at=due, hold_at=now,
+                               render=lambda n: render(schedule.argv, at_ms=due, n=n),
+                               agent=lambda n: agent_name(schedule, at_ms=due, n=n))
         if fire is None:
-            return []  # another watchdog claimed it first
+            return []  # another watchdog claimed (or skipped) it first
+        if isinstance(fire, schedules.Skip):
+            return [self._skipped(schedule, f"the fire due {local_text(due)}", fire.reason, due_at=due)]
         procs.kill_point("schedule_claimed")
         return [self._start(fire, f"due {local_text(due)}" + (" (caught up)" if missed else ""))]
 
@@ -229,11 +262,21 @@ class Scheduler:
             mail = {"id": row["id"], "sender": row["sender"]}
             fire = schedules.claim(self.state, schedule, f"mail:{row['id']}", cursor=int(row["id"]),
                                    claimer_pid=self.me[0], claimer_ticks=self.me[1], mail_id=int(row["id"]),
-                                   render=lambda n, mail=mail: render(schedule.argv, at_ms=now, n=n, mail=mail))
-            if fire is not None:
+                                   due_at=now, hold_at=now,
+                                   render=lambda n, mail=mail: render(schedule.argv, at_ms=now, n=n, mail=mail),
+                                   agent=lambda n, mail=mail: agent_name(schedule, at_ms=now, n=n, mail=mail))
+            if isinstance(fire, schedules.Skip):
+                actions.append(self._skipped(schedule, f"the fire for mail #{row['id']} from {row['sender']}",
+                                             fire.reason, mail_id=int(row["id"])))
+            elif fire is not None:
                 procs.kill_point("schedule_claimed")
                 actions.append(self._start(fire, f"mail #{row['id']} from {row['sender']}"))
         return actions
+
+    def _skipped(self, schedule: Schedule, what: str, reason: str, **data: t.Any) -> tuple[str, str, str]:
+        """An occasion held back (recorded on the schedule by the claim): the event a person sees."""
+        self.event("schedule_skipped", schedule.name, f"{what} skipped: {reason}"[:300], {"reason": reason, **data})
+        return schedule.name, "skipped", f"{what}: {reason}"
 
     def _start(self, fire: dict[str, t.Any], why: str) -> tuple[str, str, str]:
         name = fire["schedule"] or "-"
@@ -272,7 +315,7 @@ class Scheduler:
 
     def _fail(self, fire: t.Mapping[str, t.Any], reason: str, code: int | None, *, status: str = "failed") -> bool:
         if not schedules.finish(self.state, int(fire["id"]), status=status, exit_code=code, output=reason,
-                                notice=failure_notice(fire, reason, status)):
+                                notice=failure_notice(fire, reason, status), backoff=self.backoff):
             return False
         self.event("schedule_failed", fire["schedule"] or "-", f"fire {fire['n']}: {reason}"[:300],
                    {"fire": fire["id"], "status": status})

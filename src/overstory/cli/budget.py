@@ -142,7 +142,9 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     agents that cannot go on are retired with one worker_died to their parent. `ov
     watch` and `ov watchdog` do the same when they start; while one runs, this only
     says so. --fork slings a new agent with AGENT's capability and task, on a new
-    branch that starts at the commit of AGENT's newest checkpoint.
+    branch that starts at the commit of AGENT's newest checkpoint; it keeps AGENT's
+    budget limits (within what is left of the run's), its --approve gates and its
+    loop, and says what it cannot carry over.
 
     \b
     ov resume builder-task-42 --add-usd 5
@@ -164,7 +166,8 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
         raise click.UsageError("give an AGENT (or --all)")
     if fork:
         if raised:
-            raise click.UsageError("--fork starts a new agent; raise its limits with --max-* in `ov sling`")
+            raise click.UsageError("--fork keeps AGENT's limits; raise the fork's afterwards with "
+                                   "`ov resume FORK --add-usd ...`")
         from overstory.cli.resume import fork as do_fork
 
         do_fork(agent, name, prompt, as_json)

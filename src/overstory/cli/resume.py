@@ -45,4 +45,5 @@ def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> Non
     if as_json:
         echo_json(result.as_dict())
         return
-    click.echo(f"forked {agent} as {result.name} (branch {result.branch}, worktree {result.worktree})")
+    for line in result.summary_lines():
+        click.echo(line)

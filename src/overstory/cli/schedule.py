@@ -26,15 +26,23 @@ def schedule() -> None:
 @click.option("--cron", "cron", help="Cron expression in the local time zone (5 fields; a 6th is seconds).")
 @click.option("--on-mail", "mail_type", help="Fire once for each mail of this type that reaches the operator.")
 @click.option("--from", "mail_from", help="With --on-mail: only mail from this agent.")
+@click.option("--overlap", type=click.Choice(["skip", "allow"]), default="skip", show_default=True,
+              help="skip: no fire while the previous fire's agent is still working, parked or waiting for a "
+                   "decision; allow: fire anyway.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @json_option
-def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | None, command: tuple[str, ...],
-        as_json: bool) -> None:
+def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | None, overlap: str,
+        command: tuple[str, ...], as_json: bool) -> None:
     """Add a schedule NAME that runs `ov COMMAND...` (sling, loop or coordinator send).
 
     In the command, {date} (YYYYMMDD) and {time} (HHMM) are the due time's, {n} the
     fire's number; a mail trigger also fills {from} and {mail_id}. Missed fires while no
-    watchdog ran: config schedules.catch_up (latest: once; none: skipped).
+    watchdog ran: config schedules.catch_up (latest: once; none: skipped). With
+    --overlap skip (the default) an occasion that comes while the agent of an earlier
+    fire is still active, or its fire still runs, is skipped (an event, counted in `ov
+    schedule list`). After a failed fire the schedule backs off (config
+    schedules.backoff, doubling up to schedules.backoff_max) and mails you only once
+    until a fire succeeds again.
 
     \b
     ov schedule add nightly --cron "0 2 * * *" -- loop builder green-{date} --prompt "..." --check "pytest -q"
@@ -52,24 +60,25 @@ def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | Non
     if mail_from and not mail_type:
         raise UsageError("--from goes with --on-mail")
     argv = check_command(command)
-    _parse_check(argv)
+    agent = _agent_template(_parse_check(argv))
     conn = state_conn(project_paths())
     now = now_ms()
     if cron:
         expression = check_cron(cron)
-        created = schedules.add(conn, name, kind=schedules.CRON, argv=argv, cron=expression, cursor=now)
+        created = schedules.add(conn, name, kind=schedules.CRON, argv=argv, cron=expression, cursor=now,
+                                overlap=overlap, agent=agent)
     else:
         assert mail_type is not None
         mail.check_type(mail_type)
         if mail_from:
             validate_name(mail_from, "--from agent")
         created = schedules.add(conn, name, kind=schedules.MAIL, argv=argv, mail_type=mail_type, mail_from=mail_from,
-                                cursor=schedules.max_mail_id(conn))
+                                cursor=schedules.max_mail_id(conn), overlap=overlap, agent=agent)
     following = next_due(created.cron, now) if created.cron else None
     if as_json:
         echo_json({**_document(created, following), "next_at": iso(following)})
         return
-    click.echo(f"added schedule {name}: {created.trigger()} -> ov {' '.join(argv)}")
+    click.echo(f"added schedule {name}: {created.trigger()} -> ov {' '.join(argv)} (overlap: {overlap})")
     if following is not None:
         from overstory.scheduler import local_text
 
@@ -77,8 +86,9 @@ def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | Non
     click.echo("  fired by the watchdog: keep `ov watch` or `ov watchdog` running")
 
 
-def _parse_check(argv: list[str]) -> None:
-    """Parse the command line as `ov` would (without running it), so a typo fails now, not at 2 am."""
+def _parse_check(argv: list[str]) -> dict[str, t.Any]:
+    """Parse the command line as `ov` would (without running it), so a typo fails now, not at 2 am; its
+    parameters."""
     from overstory.cli.main import cli
 
     ctx = click.Context(cli, info_name="ov")
@@ -91,11 +101,18 @@ def _parse_check(argv: list[str]) -> None:
         ctx = click.Context(command, info_name=args[0], parent=ctx)
         args = args[1:]
     try:
-        command.make_context(ctx.info_name, args, parent=ctx.parent)
+        return dict(command.make_context(ctx.info_name, args, parent=ctx.parent).params)
     except click.exceptions.Exit:
-        pass
+        return {}
     except click.ClickException as exc:
         raise click.UsageError(f"the scheduled command `ov {' '.join(argv)}` would fail: {exc.format_message()}")
+
+
+def _agent_template(params: t.Mapping[str, t.Any]) -> str | None:
+    """The agent a `sling` or `loop` command starts, placeholders unfilled (as `ov sling` names it)."""
+    if not params.get("capability") or not params.get("task_id"):
+        return None  # coordinator send: it mails the coordinator, which lives on
+    return str(params.get("name") or f"{params['capability']}-{params['task_id']}")
 
 
 def _document(item: t.Any, following: int | None) -> dict[str, t.Any]:
@@ -103,7 +120,10 @@ def _document(item: t.Any, following: int | None) -> dict[str, t.Any]:
 
     return {"name": item.name, "trigger": item.trigger(), "kind": item.kind, "cron": item.cron,
             "on_mail": item.mail_type, "from": item.mail_from, "command": ["ov", *item.argv],
-            "paused": item.paused, "fires": item.fired, "next_at": iso(following)}
+            "paused": item.paused, "fires": item.fired, "next_at": iso(following), "overlap": item.overlap,
+            "agent": item.agent, "skipped": item.skipped, "last_skip": item.last_skip,
+            "last_skip_at": iso(item.last_skip_at), "failures_in_a_row": item.failures,
+            "backoff_until": iso(item.backoff_until)}
 
 
 @schedule.command(name="list")
@@ -142,11 +162,15 @@ def list_schedules(as_json: bool) -> None:
     for item, following, last in rows:
         state = "paused" if item.paused else "active"
         when = local_text(following) if following else ("on each mail" if item.kind == "mail" else "-")
-        click.echo(f"{item.name}  [{state}]  {item.trigger()}")
-        click.echo(f"  next: {when}   fires: {item.fired}   command: ov {' '.join(item.argv)}")
+        click.echo(f"{item.name}  [{state}]  {item.trigger()}  overlap: {item.overlap}")
+        click.echo(f"  next: {when}   fires: {item.fired}   skipped: {item.skipped}   command: ov {' '.join(item.argv)}")
         if last is not None:
             click.echo(f"  last: #{last['n']} {local_text(last['claimed_at'])} {last['status']}"
                        + (f" (exit {last['exit_code']})" if last["exit_code"] not in (None, 0) else ""))
+        if item.failures:
+            click.echo(f"  failing: {item.failures} fire(s) in a row; backing off until {local_text(item.backoff_until)}")
+        if item.last_skip:
+            click.echo(f"  last skipped: {local_text(item.last_skip_at)}: {item.last_skip}")
 
 
 @schedule.command(name="remove")
@@ -201,7 +225,8 @@ def resume(name: str) -> None:
 @click.argument("name")
 @json_option
 def run_now(name: str, as_json: bool) -> None:
-    """Fire a schedule now, in the foreground (paused ones too); exits 1 when its command failed.
+    """Fire a schedule now, in the foreground (paused ones too, and past its overlap policy and back-off);
+    exits 1 when its command failed.
 
     \b
     ov schedule run-now nightly
@@ -212,7 +237,7 @@ def run_now(name: str, as_json: bool) -> None:
     from overstory.clock import now_ms
     from overstory.errors import ScheduleError
     from overstory.schedule_runner import run_fire
-    from overstory.scheduler import render
+    from overstory.scheduler import agent_name, render
     from overstory.store import schedules
 
     project = project_paths()
@@ -224,11 +249,12 @@ def run_now(name: str, as_json: bool) -> None:
     try:
         fire = schedules.claim(conn, found, f"manual:{now}", cursor=found.cursor, due_at=now,
                                claimer_pid=os.getpid(), claimer_ticks=procs.start_ticks(os.getpid()),
-                               render=lambda n: render(found.argv, at_ms=now, n=n))
+                               render=lambda n: render(found.argv, at_ms=now, n=n),
+                               agent=lambda n: agent_name(found, at_ms=now, n=n))
     finally:
         if found.paused:
             schedules.set_paused(conn, name, True)
-    if fire is None:
+    if fire is None or isinstance(fire, schedules.Skip):  # a manual fire is never held back
         raise ScheduleError(f"schedule {name} was just fired by someone else")
     done = run_fire(project, int(fire["id"]))
     if done is None:

@@ -522,10 +522,28 @@ def _state_m008_loops_and_schedules(conn: sqlite3.Connection) -> None:
     )
 
 
+def _state_m009_schedule_overlap(conn: sqlite3.Connection) -> None:
+    """Schedules: an overlap policy, the agent each fire starts, skipped occasions, failures in a row and back-off."""
+    run_script(conn,
+        """
+        ALTER TABLE schedules ADD COLUMN overlap TEXT NOT NULL DEFAULT 'skip';
+        ALTER TABLE schedules ADD COLUMN agent TEXT;
+        ALTER TABLE schedules ADD COLUMN skipped INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE schedules ADD COLUMN last_skip TEXT;
+        ALTER TABLE schedules ADD COLUMN last_skip_at INTEGER;
+        ALTER TABLE schedules ADD COLUMN failures INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE schedules ADD COLUMN backoff_until INTEGER;
+        ALTER TABLE schedule_fires ADD COLUMN agent TEXT;
+        CREATE INDEX schedule_fires_agent ON schedule_fires(schedule_id, agent);
+        """
+    )
+
+
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
                                      _state_m005_budgets, _state_m006_tool_ledger,
                                      _state_m008_loops_and_schedules,
-                                     _state_m007_approvals]  # m007 lands after m008: databases at m008 exist
+                                     _state_m007_approvals,  # m007 lands after m008: databases at m008 exist
+                                     _state_m009_schedule_overlap]
 
 
 # ---------------------------------------------------------------------------
