@@ -244,7 +244,7 @@ class Preview:
                 recorded.append({"method": self.command, "path": self.path, "headers": dict(self.headers.items()),
                                  "body": self.rfile.read(length).decode("utf-8", "replace") if length else ""})
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 self._record()
                 body = PREVIEW_PAGE if not self.path.startswith("/favicon") else b""
                 self.send_response(200 if body else 404)
@@ -253,7 +253,7 @@ class Preview:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._record()
                 self.send_response(204)
                 self.end_headers()

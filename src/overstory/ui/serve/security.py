@@ -134,7 +134,7 @@ class Gate:
     def _stream_ticket(self, scope: Scope, method: str) -> bool:
         if scope["path"] != STREAM_PATH or method not in ("GET", "HEAD"):
             return False
-        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("ticket")
+        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("ticket") or []
         return bool(given) and self.tickets.redeem(given[-1])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
