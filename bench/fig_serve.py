@@ -30,7 +30,7 @@ from pathlib import Path
 from context import Context
 from harness import Stats, add_note, init_project, make_repo, row, start_ticks
 
-URL_LINE = re.compile(r"^ov serve: http://([^:/]+):(\d+)/\?token=(\S+)$")
+URL_LINE = re.compile(r"^ov serve: http://([^:/]+):(\d+)/#token=(\S+)$")
 
 
 def _cpu_seconds(pid: int) -> float:

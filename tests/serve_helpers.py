@@ -18,7 +18,7 @@ import httpx
 from conftest import ov_command
 from overstory.paths import ProjectPaths
 
-URL_LINE = re.compile(r"^ov serve: (http://[^/]+)/\?token=(\S+)$")
+URL_LINE = re.compile(r"^ov serve: (http://[^/]+)/[?#]token=(\S+)$")  # `?` was an older ov's form
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Served:
     base: str
     token: str
     output: list[str] = field(default_factory=list)
+    sign_in: str = ""  # the address `ov serve` printed, as a person would open it
 
     @property
     def auth(self) -> dict[str, str]:
@@ -78,7 +79,7 @@ def start_server(project: ProjectPaths, *extra: str, timeout: float = 30) -> Ser
         seen.append(line)
         match = URL_LINE.match(line)
         if match:
-            served = Served(proc, match.group(1), match.group(2), seen)
+            served = Served(proc, match.group(1), match.group(2), seen, sign_in=line.split(" ", 2)[2])
             _wait_ready(served)
             return served
     proc.kill()

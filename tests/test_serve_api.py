@@ -173,41 +173,97 @@ def test_the_app_serves_exactly_the_documented_routes(client: TestClient) -> Non
     assert routes == {(e.method, e.path) for e in ENDPOINTS}
 
 
+PUBLIC = {("GET", "/"), ("GET", "/static/app.js"), ("GET", "/api/docs"), ("GET", "/api/openapi.json")}
+
+
 def test_every_route_refuses_a_missing_or_wrong_token(client: TestClient, token: str) -> None:
     routes = every_route(client.app) + [("GET", "/no/such/route"), ("POST", "/api/nothing")]
     assert len(routes) > len(ENDPOINTS)
     wrong = token[:-4] + ("aaaa" if not token.endswith("aaaa") else "bbbb")
-    attempts = {"no token": {}, "wrong bearer": bearer(wrong), "wrong cookie": {"Cookie": f"{COOKIE}={wrong}"},
-                "token in the query": {}, "empty bearer": {"Authorization": "Bearer "},
-                "basic auth": {"Authorization": f"Basic {token}"}}
+    attempts = {"no token": {}, "wrong bearer": bearer(wrong), "token in the query": {},
+                "empty bearer": {"Authorization": "Bearer "}, "basic auth": {"Authorization": f"Basic {token}"},
+                # the cookie an older ov set, with the right token: no cookie authenticates any more
+                "old cookie": {"Cookie": f"{COOKIE}={token}"}, "ticket that was never issued": {}}
     for method, path in routes:
+        if (method.replace("HEAD", "GET"), path) in PUBLIC:
+            continue
         for label, headers in attempts.items():
-            url = path + (f"?token={token}" if label == "token in the query" and path != "/" else "")
+            query = {"token in the query": f"?token={token}", "ticket that was never issued": f"?ticket={token}"}
+            url = path + query.get(label, "")
             response = client.request(method, url, headers={"Origin": ORIGIN, **headers}, content=b"{}")
             assert response.status_code == 401, (method, path, label, response.status_code, response.text[:200])
             if path.startswith(("/api", "/events")) and method != "HEAD":
                 assert response.json() == {"error": "missing or wrong token"}
             assert response.headers["www-authenticate"].startswith("Bearer")
-    # A wrong sign-in link is a 401 too; the right token works on every GET route (control).
-    assert client.get(f"/?token={wrong}").status_code == 401
+    # The right token works on every GET route (control).
     for method, path in routes:
         if method == "GET" and path != "/events/stream" and "no/such" not in path:
             assert client.get(path, headers=bearer(token)).status_code != 401, path
 
 
-def test_the_sign_in_link_sets_a_strict_cookie_and_drops_the_token_from_the_address(client: TestClient,
-                                                                                       token: str) -> None:
-    signed = client.get(f"/?token={token}")
-    assert signed.status_code == 303 and signed.headers["location"] == "/"
-    cookie = signed.headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE}={token};")
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
-    jar = {"Cookie": f"{COOKIE}={token}"}
-    page = client.get("/", headers=jar)
-    assert page.status_code == 200 and "<title>ov</title>" in page.text
-    assert "default-src 'none'" in page.headers["content-security-policy"]
-    assert client.get("/api/agents", headers=jar).json() == []
-    assert client.get("/static/app.js", headers=jar).status_code == 200
+def test_the_page_and_the_docs_need_no_token_and_hold_no_data(client: TestClient, token: str,
+                                                              state_db: sqlite3.Connection) -> None:
+    add_agent(state_db, "secret-agent-name")
+    for method, path in PUBLIC:
+        response = client.request(method, path)
+        assert response.status_code == 200, path
+        assert "secret-agent-name" not in response.text and token not in response.text
+        assert "set-cookie" not in response.headers
+        assert "default-src 'none'" in response.headers["content-security-policy"]
+        assert response.headers["referrer-policy"] == "same-origin"
+
+
+def test_an_old_sign_in_link_fails_clearly_and_sets_no_cookie(client: TestClient, token: str) -> None:
+    wrong = "x" * len(token)
+    for link in (f"/?token={token}", f"/?token={wrong}", "/?token="):
+        response = client.get(link)
+        assert response.status_code == 410, link
+        assert "older ov" in response.text and "/#token=" in response.text
+        assert token not in response.text
+        assert "set-cookie" not in response.headers
+
+
+def test_a_cookie_an_older_ov_set_is_expired_and_never_accepted(client: TestClient, token: str) -> None:
+    jar = {"Cookie": f"other=1; {COOKIE}={token}"}
+    for path in ("/", "/api/agents"):
+        response = client.get(path, headers=jar)
+        expired = [v for k, v in response.headers.multi_items() if k == "set-cookie"]
+        assert expired and expired[0].startswith(f"{COOKIE}=;") and "Max-Age=0" in expired[0], path
+        assert token not in expired[0]
+    assert client.get("/api/agents", headers=jar).status_code == 401
+    assert "set-cookie" not in client.get("/api/agents", headers=bearer(token)).headers
+
+
+def test_a_stream_ticket_works_once_only_for_the_stream_and_only_for_a_while() -> None:
+    from overstory.ui.serve.security import Gate, Tickets
+
+    async def downstream(scope: t.Any, receive: t.Any, send: t.Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"through"})
+
+    now = [1000.0]
+    tickets = Tickets(seconds=30, kept=3, clock=lambda: now[0])
+    gate = TestClient(Gate(downstream, token="t" * 40, cookie_name=COOKIE, tickets=tickets), base_url=BASE)
+    first = tickets.issue()
+    assert gate.get(f"/events/stream?ticket={first}").status_code == 200
+    assert gate.get(f"/events/stream?ticket={first}").status_code == 401, "a ticket is single use"
+    other = tickets.issue()
+    assert gate.get(f"/api/agents?ticket={other}").status_code == 401, "a ticket opens only the stream"
+    late = tickets.issue()
+    now[0] += 31
+    assert gate.get(f"/events/stream?ticket={late}").status_code == 401, "a ticket expires"
+    many = [tickets.issue() for _ in range(4)]
+    assert gate.get(f"/events/stream?ticket={many[0]}").status_code == 401, "only the newest are kept"
+    assert gate.get(f"/events/stream?ticket={many[-1]}").status_code == 200
+
+
+def test_the_ticket_route_needs_the_token_and_hands_out_distinct_tickets(client: TestClient, token: str) -> None:
+    assert client.post("/api/events/ticket", json={}).status_code == 401
+    answers = [client.post("/api/events/ticket", json={}, headers=bearer(token)) for _ in range(2)]
+    assert [a.status_code for a in answers] == [201, 201]
+    first, second = (a.json()["ticket"] for a in answers)
+    assert first != second and len(first) >= 24 and token not in (first, second)
+    assert answers[0].json()["expires_in"] == 30
 
 
 # ---- same origin, same host -------------------------------------------------------------------
@@ -216,22 +272,20 @@ def test_the_sign_in_link_sets_a_strict_cookie_and_drops_the_token_from_the_addr
 def test_cross_origin_writes_are_refused_and_change_nothing(client: TestClient, token: str,
                                                               project: ProjectPaths) -> None:
     send = {"to": "operator", "subject": "hello", "body": "from the page"}
-    jar = {"Cookie": f"{COOKIE}={token}"}
     before = database_snapshot(project)
     refused = [
-        {**jar, "Origin": "http://evil.example"},
-        {**jar, "Origin": "http://127.0.0.1:9999"},
-        {**jar, "Origin": "null"},
-        {**jar},  # a cookie with neither Origin nor Referer
-        {**jar, "Referer": "http://evil.example/page"},
         {**bearer(token), "Origin": "http://evil.example"},  # credentials do not excuse a foreign origin
+        {**bearer(token), "Origin": "http://127.0.0.1:9999"},  # another port is another origin
+        {**bearer(token), "Origin": "null"},
+        {**bearer(token), "Referer": "http://evil.example/page"},
     ]
     for headers in refused:
         response = client.post("/api/mail", json=send, headers=headers)
         assert response.status_code == 403, headers
         assert "cross-origin" in response.json()["error"]
     assert database_snapshot(project) == before
-    for headers in ({**jar, "Origin": ORIGIN}, {**jar, "Referer": ORIGIN + "/#agent=x"}, bearer(token)):
+    for headers in ({**bearer(token), "Origin": ORIGIN}, {**bearer(token), "Referer": ORIGIN + "/#agent=x"},
+                    bearer(token)):
         assert client.post("/api/mail", json=send, headers=headers).status_code == 201, headers
     conn = sqlite3.connect(project.state_db)
     assert conn.execute("SELECT count(*) FROM mail WHERE recipient = 'operator'").fetchone()[0] == 3

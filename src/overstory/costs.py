@@ -14,6 +14,7 @@ import json
 import sqlite3
 import typing as t
 
+from overstory import printable
 from overstory.clock import iso
 
 GROUPINGS = ("agent", "run", "capability", "model")
@@ -132,7 +133,7 @@ def render_text(document: dict[str, t.Any]) -> str:
                 str(entry["output_tokens"]), f"{entry['cache_read_tokens']}/{entry['cache_write_tokens']}", usd)
 
     for entry in document["groups"]:
-        lines.append(cells(str(entry[by]), entry))
+        lines.append(cells(printable.line(entry[by]), entry))  # a model name is whatever the runtime reported
     lines.append(cells("total", document["totals"]))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in lines]
@@ -141,7 +142,7 @@ def render_text(document: dict[str, t.Any]) -> str:
     if any(entry["usd_estimated"] for entry in document["groups"]):
         text.append("est. = priced by ov from streamed usage (the turn stopped before the runtime reported its cost)")
     text.extend(document.get("estimates_of_unknown_models", []))
-    return "\n".join(text)
+    return printable.lines(text)
 
 
 def costs_report(project: t.Any, conn: sqlite3.Connection, *, by: str | None = None,

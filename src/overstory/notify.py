@@ -106,7 +106,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
 
                 links.append(running_address(project))
             if links[0]:
-                body += f"\nOr decide on the dashboard: {links[0]}/ (the `ov serve` sign-in link opens it first)"
+                body += f"\nOr decide on the dashboard: {links[0]}/ (sign in with the address `ov serve` printed)"
         errors = []
         for target in config.notify.targets:
             if target in delivered:

@@ -112,7 +112,7 @@ def address_file(project: ProjectPaths) -> Path:
 
 
 def record_address(project: ProjectPaths, base: str) -> None:
-    """Written once the socket is bound; a link made from it still needs the sign-in cookie."""
+    """Written once the socket is bound; a page opened from a link made from it still has to sign in."""
     pid = os.getpid()
     target = address_file(project)
     target.parent.mkdir(parents=True, exist_ok=True)

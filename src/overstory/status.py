@@ -8,7 +8,7 @@ agents and 100k events stays fast.
 
 from __future__ import annotations
 
-from overstory import procs
+from overstory import printable, procs
 from overstory.clock import iso, now_ms
 from overstory.store import budgets
 from overstory.store.db import sqlite3
@@ -140,9 +140,10 @@ def waiting_text(waiting: list[dict[str, t.Any]]) -> list[str]:
     if not waiting:
         return []
     lines = ["waiting for you:"]
-    for gate in waiting:
-        lines.append(f"  {gate['id']}  {gate['agent']} wants `{gate['call'][:80]}` (decider {gate['decider']}, "
-                     f"{gate['seconds_left']}s left): ov approve {gate['id']} | ov reject {gate['id']} --reason ...")
+    for gate in waiting:  # the call is the agent's own text: escaped, so it cannot redraw these lines
+        gate_id, agent, decider = (printable.line(gate[key]) for key in ("id", "agent", "decider"))
+        lines.append(f"  {gate_id}  {agent} wants `{printable.line(gate['call'])[:80]}` (decider {decider}, "
+                     f"{gate['seconds_left']}s left): ov approve {gate_id} | ov reject {gate_id} --reason ...")
     return lines
 
 
@@ -244,7 +245,7 @@ def state_text(agent: dict[str, t.Any]) -> str:
 
 
 def reason_text(agent: dict[str, t.Any], limit: int = 70) -> str:
-    reason = agent.get("state_reason") or ""
+    reason = printable.line(agent.get("state_reason"))
     if agent["state"] not in ("parked", "stalled", "zombie", "completed") or not reason:
         return "-"
     if agent["state"] == "parked" and agent.get("park_until"):
@@ -263,11 +264,12 @@ def render_text(document: dict[str, t.Any]) -> str:
         lines.append("no agents (start one with `ov sling CAPABILITY TASK_ID`)")
     else:
         header = ("NAME", "CAPABILITY", "STATE", "TASK", "PARENT", "TURNS", "IDLE", "TOKENS", "COST", "TOOL", "WHY")
-        rows = [header]
+        rows: list[tuple[str, ...]] = [header]
         for a in agents:
-            rows.append((a["name"], a["capability"], state_text(a), a["task_id"], a["parent"], str(a["turns"]),
-                         format_idle(a["idle_seconds"]), f"{a['input_tokens'] + a['output_tokens']}",
-                         spend_text(a["cost_usd"], a.get("budget")), a["current_tool"] or "-", reason_text(a)))
+            rows.append(tuple(printable.line(cell) for cell in (
+                a["name"], a["capability"], state_text(a), a["task_id"], a["parent"], str(a["turns"]),
+                format_idle(a["idle_seconds"]), f"{a['input_tokens'] + a['output_tokens']}",
+                spend_text(a["cost_usd"], a.get("budget")), a["current_tool"] or "-", reason_text(a))))
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
         for row in rows:
             lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -287,4 +289,4 @@ def render_text(document: dict[str, t.Any]) -> str:
         if run.get("budget"):
             spent = f", spent {spend_text(0.0, run['budget'])}"
         lines.append(f"run {run['id']}: {run['status']}, {run['agents']} agents{spent}, started {run['started_at']}")
-    return "\n".join(lines)
+    return printable.lines(lines)

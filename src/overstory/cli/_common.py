@@ -62,7 +62,9 @@ def events_conn(project: ProjectPaths) -> sqlite3.Connection:
 
 
 def echo_json(document: t.Any) -> None:
-    click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+    from overstory.printable import json_text
+
+    click.echo(json_text(json.dumps(document, indent=2, ensure_ascii=False, default=str)))
 
 
 # Ids are SQLite integers: anything past 2**63 - 1 cannot name a row (and would overflow the driver).

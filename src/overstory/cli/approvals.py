@@ -85,7 +85,9 @@ def _decide(approval_id: str, *, approve: bool, note: str | None, as_json: bool)
     if as_json:
         echo_json(_as_json(row))
         return
-    click.echo(f"{row['status']} {approval_id}: {row['agent']} was told")
+    from overstory.printable import line
+
+    click.echo(line(f"{row['status']} {approval_id}: {row['agent']} was told"))
 
 
 def _send_notifications(project: t.Any, conn: t.Any) -> None:
@@ -113,14 +115,18 @@ def _as_json(row: dict[str, t.Any]) -> dict[str, t.Any]:
 
 
 def _line(row: dict[str, t.Any]) -> str:
+    """One request, as two lines while it waits. What the agent wrote (its call, its reason) is escaped
+    (``printable``), so a command cannot erase its own line or draw a fake request above the real one."""
     from overstory.clock import iso, now_ms
+    from overstory.printable import line
     from overstory.store.approvals import describe_call
 
-    call = describe_call(row["tool"], row["input"])
+    call = line(describe_call(row["tool"], row["input"]))
+    approval_id, agent = line(row["id"]), line(row["agent"])
     if row["status"] == "pending":
         left = max(0, (row["deadline"] - now_ms()) // 1000)
-        return (f"{row['id']}  {row['agent']} wants `{call}`  decider {row['decider']}  {left}s left"
-                f"{'  (' + row['reason'] + ')' if row['reason'] else ''}\n"
-                f"    ov approve {row['id']}   |   ov reject {row['id']} --reason TEXT")
-    return (f"{row['id']}  {row['agent']} `{call}`  {row['status']} by {row['decided_by'] or '-'} at "
-            f"{iso(row['decided_at']) if row['decided_at'] else '-'}{'  ' + row['note'] if row['note'] else ''}")
+        return (f"{approval_id}  {agent} wants `{call}`  decider {line(row['decider'])}  {left}s left"
+                f"{'  (' + line(row['reason']) + ')' if row['reason'] else ''}\n"
+                f"    ov approve {approval_id}   |   ov reject {approval_id} --reason TEXT")
+    return (f"{approval_id}  {agent} `{call}`  {line(row['status'])} by {line(row['decided_by'] or '-')} at "
+            f"{iso(row['decided_at']) if row['decided_at'] else '-'}{'  ' + line(row['note']) if row['note'] else ''}")

@@ -55,11 +55,13 @@ def clean(completed: bool, merged_only: bool, dry_run: bool, force: bool, as_jso
         echo_json({"dry_run": dry_run, "removed": [i.as_dict() for i in done],
                    "kept": [i.as_dict() for i in chosen.kept]})
         return
+    from overstory.printable import line
+
     verb = "would remove" if dry_run else "removed"
     for item in done:
-        click.echo(f"{verb} {_describe(item)}")
-    for item in chosen.kept:
-        click.echo(f"kept {item.target}: {item.detail}")
+        click.echo(line(f"{verb} {_describe(item)}"))
+    for item in chosen.kept:  # the detail may quote git (an agent's file names)
+        click.echo(line(f"kept {item.target}: {item.detail}"))
     if not done and not chosen.kept:
         click.echo("nothing to clean")
 

@@ -124,7 +124,9 @@ def coordinator_ask(question: str, timeout: float, subject: str | None, as_json:
     if as_json:
         echo_json(answer.as_dict())
         return
-    click.echo(answer.reply.body if answer.reply.body else answer.reply.subject)
+    from overstory.printable import block, line
+
+    click.echo(block(answer.reply.body) if answer.reply.body else line(answer.reply.subject))
 
 
 @coordinator.command(name="status")
@@ -147,9 +149,11 @@ def coordinator_status(as_json: bool) -> None:
     if agent is None:
         click.echo("no coordinator has been started; `ov coordinator start`")
         return
+    from overstory.printable import line
+
     label = "running" if document["running"] else "not running"
-    click.echo(f"coordinator: {label} ({agent['state']}" + (f": {agent['state_reason']}" if agent["state_reason"]
-                                                               and not document["running"] else "") + ")")
+    click.echo(line(f"coordinator: {label} ({agent['state']}" + (f": {agent['state_reason']}" if agent["state_reason"]
+                                                                    and not document["running"] else "") + ")"))
     click.echo(f"  turns: {agent['turns']}, cost ${agent['cost_usd']:.4f}, idle {agent['idle_seconds']}s, "
                f"pending mail {agent['pending_mail']}")
     if document["run"]:
@@ -158,7 +162,7 @@ def coordinator_status(as_json: bool) -> None:
         click.echo(f"  child: {child['name']} ({child['capability']}, {child['state']})")
     if document["last_report"]:
         report = document["last_report"]
-        click.echo(f"  last report to operator: #{report['id']} [{report['type']}] {report['subject']}")
+        click.echo(line(f"  last report to operator: #{report['id']} [{report['type']}] {report['subject']}"))
 
 
 @coordinator.command(name="stop")

@@ -39,6 +39,9 @@ def diff(agent: str, stat: bool, no_pager: bool) -> None:
     if not text:
         click.echo(f"{agent} has no changes against its base")
         return
+    from overstory.printable import block, colored_block
+
+    text = colored_block(text) if color else block(text)  # the files are the agent's: no control reaches you
     if on_terminal:
         os.environ.setdefault("LESS", "FRX")
         click.echo_via_pager(text)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from overstory import jsontext
+from overstory import jsontext, printable
 
 TYPE_CHECKING = False  # typing costs milliseconds on a hot path
 if TYPE_CHECKING:
@@ -79,11 +79,12 @@ def echo(text: str, *, err: bool = False) -> None:
 
 
 def echo_json(document: t.Any) -> None:
-    echo(jsontext.dumps(document, indent=2, ensure_ascii=False, default=str))
+    echo(printable.json_text(jsontext.dumps(document, indent=2, ensure_ascii=False, default=str)))
 
 
 def one_line(text: str) -> str:
-    return " ".join(text.split()) if "\n" in text else text
+    """An error message on one line; what it quotes of an agent's text cannot drive the terminal."""
+    return printable.line(" ".join(text.split()) if "\n" in text else text)
 
 
 def debug_requested(argv: t.Sequence[str]) -> bool:

@@ -14,7 +14,9 @@ FOLLOW_POLL_SECONDS = 0.5
 
 
 def _line(event: t.Any, *, show_agent: bool) -> str:
+    """One event on one line; its summary (an agent's text, a tool's output) escaped by ``printable``."""
     from overstory.clock import iso
+    from overstory.printable import line
 
     parts = [iso(event.at) or "-"]
     if show_agent:
@@ -24,18 +26,19 @@ def _line(event: t.Any, *, show_agent: bool) -> str:
         parts.append(f"[{event.tool}]")
     if event.summary:
         parts.append(" ".join(event.summary.split()))
-    return " ".join(parts)
+    return line(" ".join(parts))
 
 
 def _print_events(events_conn: t.Any, *, agent: str | None, kinds: tuple[str, ...], limit: int, follow: bool,
                   as_json: bool) -> None:
+    from overstory.printable import json_text
     from overstory.store import events as event_store
 
     batch = event_store.query(events_conn, agent=agent, kinds=kinds or None, limit=limit, newest=True)
     last_id = 0
     while True:
         for event in batch:
-            click.echo(json.dumps(event.as_dict(), ensure_ascii=False, default=str) if as_json
+            click.echo(json_text(json.dumps(event.as_dict(), ensure_ascii=False, default=str)) if as_json
                        else _line(event, show_agent=agent is None))
             last_id = max(last_id, event.id)
         if not follow:

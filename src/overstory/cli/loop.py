@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from overstory import printable
 from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.runtimes import RUNTIME_NAMES
 
@@ -92,4 +93,4 @@ def _status(name: str, as_json: bool, given: list[object]) -> None:
     if as_json:
         echo_json(document)
         return
-    click.echo("\n".join(status_lines(document)))
+    click.echo(printable.lines(status_lines(document)))  # progress, reasons and outcomes are agents' text

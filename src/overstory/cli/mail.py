@@ -153,12 +153,13 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
         click.echo("No mail.")
         return
     from overstory.clock import iso
+    from overstory.printable import line
 
-    for m in messages:
+    for m in messages:  # one line each: the subject is the sender's text, escaped (``printable``)
         state = "read" if m.is_read else ("claimed" if m.claimed_by else "unread")
         thread_mark = f" thread #{m.thread_id}" if m.thread_id != m.id else ""
-        click.echo(f"#{m.id:<5} {iso(m.created_at)}  {m.sender} -> {m.recipient}  "
-                   f"[{m.type}/{m.priority}] {m.subject}  ({state}{thread_mark})")
+        click.echo(line(f"#{m.id:<5} {iso(m.created_at)}  {m.sender} -> {m.recipient}  "
+                        f"[{m.type}/{m.priority}] {m.subject}  ({state}{thread_mark})"))
 
 
 @mail.command(name="read")

@@ -68,31 +68,38 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | N
         raise click.exceptions.Exit(1)
 
 
+def _echo(text: str) -> None:
+    """One line of the report: branch names, paths and git's reasons come from agents, so escaped."""
+    from overstory.printable import line
+
+    click.echo(line(text))
+
+
 def _render(run: t.Any, merge_all_: bool) -> None:
     if merge_all_ and not run.reports:
-        click.echo("nothing to merge: no finished builder has unmerged commits and no merge_ready mail is pending")
+        _echo("nothing to merge: no finished builder has unmerged commits and no merge_ready mail is pending")
     for report in run.reports:
         label = report.agent or report.branch
         if report.nothing_to_merge:
-            click.echo(f"{label}: {report.reason}")
+            _echo(f"{label}: {report.reason}")
         elif report.dry_run:
-            click.echo(f"{label}: {report.branch} -> {report.target}: {report.reason}")
+            _echo(f"{label}: {report.branch} -> {report.target}: {report.reason}")
             for path in report.conflicts:
-                click.echo(f"  conflict: {path}: {report.resolutions.get(path, 'conflicts')}")
+                _echo(f"  conflict: {path}: {report.resolutions.get(path, 'conflicts')}")
         elif report.merged:
             short = (report.commit or "")[:12]
             count = len(report.commits)
             if report.already_merged:
-                click.echo(f"{label}: {report.reason} ({count} commit{'s' if count != 1 else ''})")
+                _echo(f"{label}: {report.reason} ({count} commit{'s' if count != 1 else ''})")
             else:
-                click.echo(f"{label}: merged {report.branch} into {report.target} (tier {report.tier}, {short}): "
+                _echo(f"{label}: merged {report.branch} into {report.target} (tier {report.tier}, {short}): "
                            f"{count} commit{'s' if count != 1 else ''}")
         else:
-            click.echo(f"{label}: NOT merged into {report.target}: {report.reason}")
+            _echo(f"{label}: NOT merged into {report.target}: {report.reason}")
             for path in report.conflicts:
-                click.echo(f"  conflict: {path}")
+                _echo(f"  conflict: {path}")
         if report.next_step:
-            click.echo(f"  next: {report.next_step}")
+            _echo(f"  next: {report.next_step}")
     for item in run.skipped:
-        click.echo(f"skipped {item.agent} ({item.branch}): {item.reason}")
+        _echo(f"skipped {item.agent} ({item.branch}): {item.reason}")
 

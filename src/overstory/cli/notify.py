@@ -55,6 +55,7 @@ def pending(as_json: bool) -> None:
     ov notify pending --json
     """
     from overstory.clock import iso
+    from overstory.printable import line
     from overstory.store.outbox import pending as unsent
 
     rows = unsent(state_conn(project_paths()))
@@ -64,5 +65,5 @@ def pending(as_json: bool) -> None:
     if not rows:
         click.echo("nothing waiting to be sent")
     for row in rows:
-        click.echo(f"#{row['id']} {row['kind']} {row['title']} (attempts {row['attempts']}, next "
-                   f"{iso(row['next_at'])}{', last error: ' + row['last_error'] if row['last_error'] else ''})")
+        click.echo(line(f"#{row['id']} {row['kind']} {row['title']} (attempts {row['attempts']}, next "
+                        f"{iso(row['next_at'])}{', last error: ' + row['last_error'] if row['last_error'] else ''})"))

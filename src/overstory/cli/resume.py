@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from overstory import printable
 from overstory.cli._common import echo_json, project_paths, state_conn
 
 
@@ -25,13 +26,13 @@ def recover_all(as_json: bool) -> None:
         if as_json:
             echo_json({"recovered_by_watchdog": True, "detail": str(running)})
         else:
-            click.echo(str(running))
+            click.echo(printable.line(running))
         return
     if as_json:
         echo_json(report.as_dict())
         return
-    for line in report.summary_lines():
-        click.echo(line)
+    for line in report.summary_lines():  # they quote agents' reasons
+        click.echo(printable.line(line))
 
 
 def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import click
 
+from overstory import printable
 from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import add_options, budget_lines
 
@@ -98,10 +99,10 @@ def run_show(run_ref: str | None, show_turns: bool, as_json: bool) -> None:
             ledger = turn["ledger"]
             calls = ", ".join(f"{n} {status}" for status, n in sorted(ledger["by_status"].items())) or "no tool calls"
             flagged = f", {ledger['flagged']} FLAGGED (ov trace {turn['agent']})" if ledger["flagged"] else ""
-            click.echo(f"  turn {turn['id']} {turn['agent']} #{turn['number']} attempt {turn['attempt']} "
-                       f"{turn['status']} ${turn['cost_usd']:.4f} {_duration(turn['duration_seconds'])}"
-                       f" [{turn['dispatch'] or 'no dispatch'}; {calls}{flagged}]"
-                       + (f" ({turn['error']})" if turn["error"] else ""))
+            click.echo(printable.line(f"  turn {turn['id']} {turn['agent']} #{turn['number']} attempt "
+                                      f"{turn['attempt']} {turn['status']} ${turn['cost_usd']:.4f} "
+                                      f"{_duration(turn['duration_seconds'])} [{turn['dispatch'] or 'no dispatch'}; "
+                                      f"{calls}{flagged}]" + (f" ({turn['error']})" if turn["error"] else "")))
 
 
 @run.command(name="complete")

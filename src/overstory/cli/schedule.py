@@ -158,19 +158,22 @@ def list_schedules(as_json: bool) -> None:
     if not rows:
         click.echo("no schedules; add one with `ov schedule add NAME --cron \"0 2 * * *\" -- sling ...`")
         return
+    from overstory.printable import line
+
     click.echo(f"times are local: {zone_label(now)}")
     for item, following, last in rows:
         state = "paused" if item.paused else "active"
         when = local_text(following) if following else ("on each mail" if item.kind == "mail" else "-")
-        click.echo(f"{item.name}  [{state}]  {item.trigger()}  overlap: {item.overlap}")
-        click.echo(f"  next: {when}   fires: {item.fired}   skipped: {item.skipped}   command: ov {' '.join(item.argv)}")
+        click.echo(line(f"{item.name}  [{state}]  {item.trigger()}  overlap: {item.overlap}"))
+        click.echo(line(f"  next: {when}   fires: {item.fired}   skipped: {item.skipped}   "
+                        f"command: ov {' '.join(item.argv)}"))
         if last is not None:
             click.echo(f"  last: #{last['n']} {local_text(last['claimed_at'])} {last['status']}"
                        + (f" (exit {last['exit_code']})" if last["exit_code"] not in (None, 0) else ""))
         if item.failures:
             click.echo(f"  failing: {item.failures} fire(s) in a row; backing off until {local_text(item.backoff_until)}")
         if item.last_skip:
-            click.echo(f"  last skipped: {local_text(item.last_skip_at)}: {item.last_skip}")
+            click.echo(line(f"  last skipped: {local_text(item.last_skip_at)}: {item.last_skip}"))
 
 
 @schedule.command(name="remove")
@@ -263,9 +266,11 @@ def run_now(name: str, as_json: bool) -> None:
         echo_json({"schedule": name, "n": done["n"], "status": done["status"], "exit_code": done["exit_code"],
                    "command": ["ov", *done["argv"]], "output": done["output"]})
     else:
-        click.echo(f"fired {name} #{done['n']}: ov {' '.join(done['argv'])} -> {done['status']}"
-                   + (f" (exit {done['exit_code']})" if done["exit_code"] not in (None, 0) else ""))
+        from overstory.printable import block, line
+
+        click.echo(line(f"fired {name} #{done['n']}: ov {' '.join(done['argv'])} -> {done['status']}"
+                        + (f" (exit {done['exit_code']})" if done["exit_code"] not in (None, 0) else "")))
         if done["output"]:
-            click.echo(done["output"])
+            click.echo(block(done["output"]))
     if done["status"] != "ok":
         raise click.exceptions.Exit(1)

@@ -22,10 +22,11 @@ def serve(host: str, port: int, open_browser: bool, heartbeat: float) -> None:
     """Serve the HTTP API, the live event stream and the web dashboard until Ctrl-C.
 
     It prints an address with the token (`.overstory/serve-token`, made by `ov init`
-    or here); open it once to sign in. Scripts send `Authorization: Bearer TOKEN`.
+    or here) after `#`; open it to sign that browser tab in (the token never goes into
+    a cookie). Scripts send `Authorization: Bearer TOKEN`.
 
     \b
-    ov serve                          # http://127.0.0.1:7321/?token=...
+    ov serve                          # http://127.0.0.1:7321/#token=...
     ov serve --port 0 --open          # any free port, and open the page
     curl -H "Authorization: Bearer $(cat .overstory/serve-token)" http://127.0.0.1:7321/api/agents
     ov serve --host 0.0.0.0           # reachable from your phone on the same network (plain HTTP!)
@@ -47,7 +48,8 @@ def serve(host: str, port: int, open_browser: bool, heartbeat: float) -> None:
 
     def announce(listening: t.Any) -> None:
         click.echo(f"ov serve: {listening.url}")
-        click.echo(f"  open that address once to sign in; API docs at {listening.base}/api/docs; Ctrl-C stops")
+        click.echo(f"  open that address to sign a browser tab in; API docs at {listening.base}/api/docs; "
+                   "Ctrl-C stops")
 
     run_server(project, host=host, port=port, open_browser=open_browser, heartbeat=heartbeat, on_listening=announce)
     click.echo("ov serve: stopped")

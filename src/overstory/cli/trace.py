@@ -7,6 +7,7 @@ import typing as t
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.printable import line
 
 
 def _clock(entry: dict[str, t.Any]) -> str:
@@ -21,11 +22,11 @@ def _ms(value: int | None) -> str:
 
 def render(document: dict[str, t.Any]) -> list[str]:
     session = document["session"]
-    lines = [f"{document['agent']}: " + (
+    lines = [line(f"{document['agent']}: " + (
         f"{session['capability']} on {session['task_id']}, {session['state']}"
         + (f" ({session['reason']})" if session["reason"] else "")
         + f", generation {session['generation']}, {session['turns']} turn(s), ${session['cost_usd']:.4f}, "
-          f"session {session['runtime_session_id'] or '-'}" if session else "no session row (only history)")]
+          f"session {session['runtime_session_id'] or '-'}" if session else "no session row (only history)"))]
     for entry in document["timeline"]:
         kind = entry["kind"]
         if kind == "state":
@@ -46,20 +47,23 @@ def render(document: dict[str, t.Any]) -> list[str]:
             mark = " FLAGGED" if entry["flagged"] else ""
             replay = f" (replay of #{entry['replay_of']})" if entry["replay_of"] else ""
             result = entry["receipt"] if entry["status"] in ("succeeded", "failed") else entry["reason"]
-            text = (f"  tool #{entry['id']:<4} {entry['tool']} [{entry['class']}] {entry['status']}{mark}{replay} "
-                    f"{_ms(entry['duration_ms'])}: {entry['input']}" + (f"\n{'':14}-> {result}" if result else ""))
+            lines.append(line(f"{_clock(entry)}    tool #{entry['id']:<4} {entry['tool']} [{entry['class']}] "
+                              f"{entry['status']}{mark}{replay} {_ms(entry['duration_ms'])}: {entry['input']}"))
+            if result:
+                lines.append(line(f"{'':14}-> {result}"))
+            continue
         else:
             arrow = f"-> {entry['to']}" if entry["direction"] == "out" else f"<- {entry['from']}"
             text = f"mail {entry['direction']:<5} #{entry['id']} {arrow} [{entry['type']}] {entry['subject']}"
-        lines.append(f"{_clock(entry)}  {text}")
+        lines.append(line(f"{_clock(entry)}  {text}"))
     for gate in document.get("approvals") or []:
         decided = f" by {gate['decided_by']} at {gate['decided_at']}" if gate["decided_at"] else ""
         used = f", ran at {gate['used_at']}" if gate["used_at"] else ""
-        lines.append(f"approval {gate['id']} `{gate['call']}`: {gate['status']}{decided}{used}"
-                     + (f" ({gate['note']})" if gate["note"] else ""))
+        lines.append(line(f"approval {gate['id']} `{gate['call']}`: {gate['status']}{decided}{used}"
+                          + (f" ({gate['note']})" if gate["note"] else "")))
     if document["flagged"]:
-        lines.append(f"{len(document['flagged'])} tool call(s) flagged for the operator: "
-                     + ", ".join(f"#{c['id']} {c['tool']}" for c in document["flagged"]))
+        lines.append(line(f"{len(document['flagged'])} tool call(s) flagged for the operator: "
+                          + ", ".join(f"#{c['id']} {c['tool']}" for c in document["flagged"])))
     return lines
 
 
@@ -84,5 +88,5 @@ def trace(agent: str, as_json: bool) -> None:
     if as_json:
         echo_json(document)
         return
-    for line in render(document):
-        click.echo(line)
+    for text in render(document):
+        click.echo(text)

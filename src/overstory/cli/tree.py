@@ -36,5 +36,7 @@ def tree(active: bool, run_ref: str | None, as_json: bool) -> None:
     if not roots:
         click.echo("operator\n(no agents" + (" active" if active else "") + ")")
         return
-    for line in hierarchy.render_lines(roots):
-        click.echo(line)
+    from overstory.printable import line as escaped
+
+    for line in hierarchy.render_lines(roots):  # states' reasons are agents' text
+        click.echo(escaped(line))

@@ -30,6 +30,7 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
     ov wait builder-task-42 --json
     """
     from overstory.errors import UsageError
+    from overstory.printable import line
     from overstory.store import runs
     from overstory.waiting import wait as wait_for
 
@@ -43,7 +44,7 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
     elif not quiet:
         for member in result.agents:
             reason = f": {member.state_reason}" if member.state_reason and member.state != "completed" else ""
-            click.echo(f"{member.name}: {member.state}{reason}")
+            click.echo(line(f"{member.name}: {member.state}{reason}"))
         if result.timed_out:
             click.echo(f"timed out after {timeout:g}s", err=True)
     raise click.exceptions.Exit(result.code)

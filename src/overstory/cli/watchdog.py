@@ -6,6 +6,7 @@ import typing as t
 
 import click
 
+from overstory import printable
 from overstory.cli._common import project_paths
 
 
@@ -40,15 +41,15 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
     def on_signal(signum: int, frame: object) -> None:
         stopping["flag"] = True
 
-    def emit(document: dict[str, t.Any], text: str) -> None:
-        click.echo(json.dumps(document, default=str) if as_json else text)
+    def emit(document: dict[str, t.Any], text: str) -> None:  # details quote agents' text: escaped
+        click.echo(json.dumps(document, default=str) if as_json else printable.line(text))
 
     def on_reconcile(report: ReconcileReport) -> None:
         if as_json:
             emit({"kind": "reconcile", **report.as_dict()}, "")
             return
         for line in report.summary_lines():
-            click.echo(f"{iso(now_ms())} {line}")
+            click.echo(printable.line(f"{iso(now_ms())} {line}"))
 
     def on_tick(actions: list[Action]) -> None:
         for action in actions:

@@ -16,6 +16,7 @@ import os
 from _collections_abc import Mapping  # what collections.abc re-exports, without importing collections
 
 from overstory import jsontext as json
+from overstory import printable
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
 from overstory.records import Record
@@ -549,9 +550,10 @@ def _headers(message: Message) -> list[str]:
 
 
 def render_message(message: Message) -> str:
-    """One message for a human: headers, a blank line, the body."""
-    text = "\n".join([f"Message #{message.id}", *_headers(message)])
-    return f"{text}\n\n{message.body}" if message.body else text
+    """One message for a person: headers, a blank line, the body; the sender's control characters escaped
+    (``printable``: each header stays on its line, the body keeps only its newlines and tabs)."""
+    text = printable.lines([f"Message #{message.id}", *_headers(message)])
+    return f"{text}\n\n{printable.block(message.body)}" if message.body else text
 
 
 def render_for_prompt(messages: t.Sequence[Message]) -> str:
@@ -577,19 +579,20 @@ INJECT_BODY_LIMIT = 2000
 
 
 def render_inject(messages: t.Sequence[Message], *, body_limit: int = INJECT_BODY_LIMIT) -> str:
-    """A compact block for a hook to add to a model's context; empty when there is no mail."""
+    """A compact block for a hook to add to a model's context (escaped as ``render_message`` is); empty when
+    there is no mail."""
     if not messages:
         return ""
     count = len(messages)
     lines = [f"[ov mail] {count} new message{'s' if count != 1 else ''}:"]
     for message in messages:
         payload = f" payload={json.dumps(message.payload, ensure_ascii=False, sort_keys=True)}" if message.payload else ""
-        lines.append(f"#{message.id} from {message.sender} [{message.type}/{message.priority}] "
-                     f"{message.subject}{payload}")
+        lines.append(printable.line(f"#{message.id} from {message.sender} [{message.type}/{message.priority}] "
+                                    f"{message.subject}{payload}"))
         body = message.body
         if len(body) > body_limit:
             body = body[:body_limit] + f" … (truncated; `ov mail read {message.id}` for all of it)"
         if body:
-            lines.extend(f"  {line}" for line in body.splitlines())
+            lines.extend(f"  {printable.line(line)}" for line in body.splitlines())
     lines.append("[ov mail] reply with `ov mail reply ID --body ...`")
     return "\n".join(lines)

@@ -2,6 +2,10 @@
 
 Pure rendering: no database, no clock. Columns are dropped from the least to the
 most important as the terminal narrows, so names, states and costs always show.
+
+Every text from the snapshot goes on screen through ``_plain``: its control characters
+escaped (``printable.line``) and as a rich ``Text``, never as a string rich would read
+as markup (a subject of ``[bold red]...`` stays those characters).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from overstory.printable import line as escaped
 from overstory.status import format_idle, reason_text, spend_text
 
 STATE_STYLES = {
@@ -42,33 +47,38 @@ AGENT_COLUMNS: tuple[tuple[str, int], ...] = (
 )
 
 
+def _plain(value: object, style: str = "") -> Text:
+    """Text shown as it is: one line, control characters escaped, no markup."""
+    return Text(escaped(value), style=style)
+
+
 def _state_text(agent: dict[str, t.Any]) -> Text:
     label = agent["state"]
     if label == "parked" and agent.get("park_kind"):
         label += f":{agent['park_kind']}"
     if agent.get("loop_alive") is False:
         label += " !"
-    return Text(label, style=STATE_STYLES.get(agent["state"], ""))
+    return _plain(label, style=STATE_STYLES.get(agent["state"], ""))
 
 
 def _cell(agent: dict[str, t.Any], column: str) -> RenderableType:
     if column == "state":
         return _state_text(agent)
     if column == "cost":
-        return spend_text(agent["cost_usd"], agent.get("budget"))
+        return _plain(spend_text(agent["cost_usd"], agent.get("budget")))
     if column == "why":
-        return reason_text(agent, limit=60)
+        return _plain(reason_text(agent, limit=60))
     if column == "idle":
-        return format_idle(agent["idle_seconds"])
+        return _plain(format_idle(agent["idle_seconds"]))
     if column == "turns":
-        return str(agent["turns"]) + (f"+{agent['retries']}r" if agent.get("retries") else "")
+        return _plain(str(agent["turns"]) + (f"+{agent['retries']}r" if agent.get("retries") else ""))
     if column == "tool":
-        return agent.get("current_tool") or "-"
+        return _plain(agent.get("current_tool") or "-")
     if column == "task":
-        return agent["task_id"]
+        return _plain(agent["task_id"])
     if column == "tokens":
-        return str(agent["input_tokens"] + agent["output_tokens"])
-    return str(agent.get(column) or "-")
+        return _plain(str(agent["input_tokens"] + agent["output_tokens"]))
+    return _plain(agent.get(column) or "-")
 
 
 def sort_agents(agents: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
@@ -118,7 +128,7 @@ def header_lines(snapshot: dict[str, t.Any], watchdog_note: str, width: int) -> 
     for state, count in totals["by_state"].items():
         second.append(f"{count} {state}  ", style=STATE_STYLES.get(state, ""))
     if watchdog_note:
-        second.append(f"| {watchdog_note}", style="dim")
+        second.append(f"| {escaped(watchdog_note)}", style="dim")
     for line in (first, second):
         line.no_wrap = True
         line.truncate(width, overflow="ellipsis")
@@ -133,8 +143,8 @@ def waiting_lines(snapshot: dict[str, t.Any], width: int, limit: int = 4) -> lis
     lines = [Text("waiting for you", style="bold reverse")]
     for gate in gates[:limit]:
         line = Text()
-        line.append(f"{gate['id']} ", style="bold")
-        line.append(f"{gate['agent']} wants `{gate['call']}`  {gate['seconds_left']}s left  "
+        line.append(f"{escaped(gate['id'])} ", style="bold")
+        line.append(f"{escaped(gate['agent'])} wants `{escaped(gate['call'])}`  {gate['seconds_left']}s left  "
                     f"(select it: y approve, x reject)")
         lines.append(line)
     if len(gates) > limit:
@@ -153,9 +163,9 @@ def _mail_table(messages: list[dict[str, t.Any]], width: int) -> Table:
     if width >= 70:
         table.add_column("SUBJECT", no_wrap=True, overflow="ellipsis", ratio=3)
     for message in messages:
-        cells = [str(message["id"]), f"{message['from']} > {message['to']}", message["type"]]
+        cells = [_plain(message["id"]), _plain(f"{message['from']} > {message['to']}"), _plain(message["type"])]
         if width >= 70:
-            cells.append(message["subject"])
+            cells.append(_plain(message["subject"]))
         table.add_row(*cells, style="dim" if message["state"] == "read" else None)
     return table
 
@@ -169,9 +179,10 @@ def _events_table(title: str, events: list[dict[str, t.Any]], width: int) -> Tab
         table.add_column("SUMMARY", no_wrap=True, overflow="ellipsis", ratio=3)
     for event in events:
         clock = (event["at"] or "")[11:19]
-        cells = [clock, event["agent"] or "-", Text(event["kind"], style=EVENT_STYLES.get(event["kind"], ""))]
+        cells = [_plain(clock), _plain(event["agent"] or "-"),
+                 _plain(event["kind"], style=EVENT_STYLES.get(event["kind"], ""))]
         if width >= 70:
-            cells.append(" ".join((event["summary"] or "").split()))
+            cells.append(_plain(" ".join((event["summary"] or "").split())))
         table.add_row(*cells)
     return table
 
@@ -182,7 +193,7 @@ def _merge_table(entries: list[dict[str, t.Any]]) -> Table:
     table.add_column("BRANCH", no_wrap=True, overflow="ellipsis")
     table.add_column("STATUS", no_wrap=True)
     for entry in entries:
-        table.add_row(str(entry["id"]), entry["branch"], entry["status"])
+        table.add_row(_plain(entry["id"]), _plain(entry["branch"]), _plain(entry["status"]))
     return table
 
 
@@ -236,13 +247,13 @@ def to_lines(console: t.Any, renderable: RenderableType) -> list[str]:
 
 
 def title(text: str, width: int, *, bold: bool = True) -> Text:
-    line = Text(text, style="bold" if bold else "", no_wrap=True)
+    line = Text(escaped(text), style="bold" if bold else "", no_wrap=True)
     line.truncate(width, overflow="ellipsis")
     return line
 
 
 def dim(text: str, width: int) -> Text:
-    line = Text(text, style="dim", no_wrap=True)
+    line = Text(escaped(text), style="dim", no_wrap=True)
     line.truncate(width, overflow="ellipsis")
     return line
 
@@ -255,6 +266,6 @@ def view_line(text: str, width: int, *, diff: bool = False) -> Text:
     style = ""
     if diff:
         style = next((s for prefix, s in DIFF_STYLES if text.startswith(prefix)), "")
-    line = Text(text.expandtabs(4), style=style, no_wrap=True)
+    line = Text(escaped(text.expandtabs(4)), style=style, no_wrap=True)
     line.truncate(width, overflow="ellipsis")
     return line

@@ -20,7 +20,7 @@ from overstory.ui.serve import routes
 from overstory.ui.serve.actions import NotAvailable
 from overstory.ui.serve.bodies import BadBody
 from overstory.ui.serve.events import EventHub
-from overstory.ui.serve.security import LOOPBACK_NAMES, Gate
+from overstory.ui.serve.security import LOOPBACK_NAMES, Gate, Tickets
 from overstory.ui.serve.spec import ENDPOINTS, STATIC_PREFIX
 
 log = logging.getLogger("overstory.serve")
@@ -72,8 +72,12 @@ def build_routes() -> list[BaseRoute]:
 def create_app(project: ProjectPaths, *, token: str, cookie_name: str = "ov_serve",
                allowed_hosts: t.Collection[str] | None = LOOPBACK_NAMES, heartbeat: float = DEFAULT_HEARTBEAT,
                poll_interval: float = 0.2) -> Starlette:
-    """The application for ``project``; ``allowed_hosts`` None when it listens beyond loopback."""
+    """The application for ``project``; ``allowed_hosts`` None when it listens beyond loopback.
+
+    ``cookie_name``: the sign-in cookie older versions set (expired when a browser still sends it).
+    """
     hub = EventHub(project.events_db, interval=poll_interval)
+    tickets = Tickets()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> t.AsyncIterator[None]:
@@ -85,11 +89,13 @@ def create_app(project: ProjectPaths, *, token: str, cookie_name: str = "ov_serv
 
     app = Starlette(
         routes=build_routes(),
-        middleware=[Middleware(Gate, token=token, cookie_name=cookie_name, allowed_hosts=allowed_hosts)],
+        middleware=[Middleware(Gate, token=token, cookie_name=cookie_name, tickets=tickets,
+                               allowed_hosts=allowed_hosts)],
         exception_handlers={OrchestratorError: _ov_error, HTTPException: _http_error, Exception: _bug},
         lifespan=lifespan,
     )
     app.state.project = project
     app.state.hub = hub
+    app.state.tickets = tickets
     app.state.heartbeat = heartbeat
     return app

@@ -11,11 +11,13 @@ from overstory import __version__
 from overstory.ui.serve import bodies
 from overstory.ui.serve.spec import ENDPOINTS, STATIC_PREFIX, Endpoint
 
+PUBLIC_OPS = frozenset({"page", "api_docs", "openapi"})
 DESCRIPTION = (
-    "The HTTP API of `ov serve`: the same core functions as the `ov` commands. Every route needs the token in "
-    "`.overstory/serve-token`, as `Authorization: Bearer <token>` or the cookie that the sign-in address "
-    "(`/?token=<token>`, printed by `ov serve`) sets. Requests that change state and authenticate by cookie must "
-    "come from this server's own page (same Origin). Errors are JSON `{\"error\": \"one line\"}`: 400/422 for a "
+    "The HTTP API of `ov serve`: the same core functions as the `ov` commands. Every route but the page, its "
+    "files and these docs needs the token in `.overstory/serve-token`, as `Authorization: Bearer <token>`; "
+    "`GET /events/stream` also takes `?ticket=` from `POST /api/events/ticket` (single use, 30 s), for browsers. "
+    "No cookie carries a credential (a cookie would reach every port of this machine). Requests that change "
+    "state and name a foreign Origin are refused. Errors are JSON `{\"error\": \"one line\"}`: 400/422 for a "
     "bad request, 401 without the token, 403 cross-origin, 404 for something that does not exist, 409 when the "
     "project's state refuses the action, 501 for a feature this version of ov does not have."
 )
@@ -39,6 +41,10 @@ def _operation(endpoint: Endpoint) -> dict[str, t.Any]:
         "parameters": [_parameter(p) for p in endpoint.params],
         "responses": {str(endpoint.status): success, **{code: {"description": text} for code, text in ERRORS.items()}},
     }
+    if endpoint.op in PUBLIC_OPS:
+        operation["security"] = []
+    elif endpoint.op == "event_stream":
+        operation["security"] = [{"bearer": []}, {"ticket": []}]
     if endpoint.body:
         operation["requestBody"] = {"required": False, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{endpoint.body}"}}}}
@@ -53,7 +59,7 @@ def document() -> dict[str, t.Any]:
     paths[STATIC_PREFIX + "/{file}"] = {"get": {"operationId": "static", "summary": "The page's files.",
                                                 "parameters": [{"name": "file", "in": "path", "required": True,
                                                                 "schema": {"type": "string"}}],
-                                                "responses": {"200": {"description": "the file"}}}}
+                                                "security": [], "responses": {"200": {"description": "the file"}}}}
     schemas = {name: model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
                for name, model in bodies.MODELS.items()}
     return {
@@ -62,9 +68,9 @@ def document() -> dict[str, t.Any]:
         "paths": paths,
         "components": {"schemas": schemas, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer", "description": "the token in .overstory/serve-token"},
-            "cookie": {"type": "apiKey", "in": "cookie", "name": "ov_serve_<port>",
-                       "description": "set by /?token=<token>"}}},
-        "security": [{"bearer": []}, {"cookie": []}],
+            "ticket": {"type": "apiKey", "in": "query", "name": "ticket",
+                       "description": "from POST /api/events/ticket; only for GET /events/stream"}}},
+        "security": [{"bearer": []}],
     }
 
 

@@ -248,6 +248,13 @@ async def events(request: Request) -> Response:
     return _json(await run(request, work))
 
 
+async def event_ticket(request: Request) -> Response:
+    """A single-use ticket for ``GET /events/stream?ticket=...`` (a browser's EventSource sends no header)."""
+    await _body(request, bodies.EmptyBody)
+    tickets = request.app.state.tickets
+    return _json({"ticket": tickets.issue(), "expires_in": tickets.seconds}, status_code=201)
+
+
 async def event_stream(request: Request) -> Response:
     header = request.headers.get("last-event-id")
     if header is not None and header.strip():
@@ -387,7 +394,8 @@ HANDLERS: dict[str, t.Callable[[Request], t.Awaitable[Response]]] = {
     "page": page, "api_docs": api_docs, "openapi": openapi_document, "health": health, "status": status_document,
     "agents": agents, "agent": agent, "agent_diff": agent_diff, "agent_mail": agent_mail, "agent_stop": agent_stop,
     "agent_nudge": agent_nudge, "agent_resume": agent_resume, "sling": sling, "events": events,
-    "event_stream": event_stream, "mail_list": mail_list, "mail_send": mail_send, "mail_get": mail_get,
+    "event_ticket": event_ticket, "event_stream": event_stream, "mail_list": mail_list, "mail_send": mail_send,
+    "mail_get": mail_get,
     "mail_reply": mail_reply, "mail_read": mail_read, "runs": runs, "run": run_report, "merge_queue": merge_queue,
     "merge_predict": merge_predict, "waiting": waiting, "approvals": approvals,
     "approval_approve": approval_approve, "approval_reject": approval_reject, "costs": costs,

@@ -32,7 +32,7 @@ GRACEFUL_SECONDS = 3
 
 @dataclass(frozen=True)
 class Listening:
-    url: str  # the sign-in address, token included
+    url: str  # the sign-in address, the token in its fragment (never sent to the server)
     base: str
     loopback: bool
 
@@ -99,7 +99,7 @@ def serve(project: ProjectPaths, *, host: str = "127.0.0.1", port: int = 7321, o
                             loop="asyncio", timeout_graceful_shutdown=GRACEFUL_SECONDS, server_header=False)
     server = _Server(config, on_exit=app.state.hub.stop_soon)
     base = f"http://{_url_host(host)}:{actual_port}"
-    listening = Listening(url=f"{base}/?token={token}", base=base, loopback=loopback)
+    listening = Listening(url=f"{base}/#token={token}", base=base, loopback=loopback)
     if on_listening is not None:
         on_listening(listening)
     if open_browser:

@@ -38,11 +38,12 @@ LIMIT = Param("limit", "query", "integer", "how many (newest first, returned old
 ALL = Param("all", "query", "boolean", "include completed agents")
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("GET", "/", "page", "The web page. `/?token=T` (the URL `ov serve` prints) signs in: it sets a cookie "
-             "and redirects to `/`.", (Param("token", "query", "string", "the token, once, to sign in"),),
+    Endpoint("GET", "/", "page", "The web page (no token needed: it holds no data). The address `ov serve` prints, "
+             "`/#token=T`, signs the page in: the fragment never reaches the server; the page keeps the token in "
+             "the tab's sessionStorage and sends it as a header. An older ov's `/?token=T` link answers 410.",
              media="text/html"),
-    Endpoint("GET", "/api/docs", "api_docs", "This API, as a readable page.", media="text/html"),
-    Endpoint("GET", "/api/openapi.json", "openapi", "This API as an OpenAPI 3.1 document."),
+    Endpoint("GET", "/api/docs", "api_docs", "This API, as a readable page (no token needed).", media="text/html"),
+    Endpoint("GET", "/api/openapi.json", "openapi", "This API as an OpenAPI 3.1 document (no token needed)."),
     Endpoint("GET", "/api/health", "health", "Liveness: version, project, event cursor, connected stream clients."),
     Endpoint("GET", "/api/status", "status", "The `ov status --json` document.", (ALL,)),
     Endpoint("GET", "/api/agents", "agents", "Every agent, as in `ov status --json` (completed ones with ?all=1).",
@@ -69,11 +70,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         Param("turn", "query", "string", "only this turn's events"),
         Param("newest", "query", "boolean", "the newest `limit` events instead of the first after `since`"),
         LIMIT)),
+    Endpoint("POST", "/api/events/ticket", "event_ticket", "A ticket for one `GET /events/stream?ticket=...`: "
+             "single use, valid for 30 seconds (a browser's EventSource cannot send the token header).",
+             body="EmptyBody", status=201),
     Endpoint("GET", "/events/stream", "event_stream", "Server-sent events: every new event as it is committed "
              "(`id:` is the event id). Resume with the `Last-Event-ID` header (browsers send it by themselves) or "
              "?since=N; without either, only new events. A comment line every heartbeat keeps proxies open.", (
                  Param("Last-Event-ID", "header", "integer", "resume after this event id (wins over ?since)"),
                  Param("since", "query", "integer", "resume after this event id"),
+                 Param("ticket", "query", "string", "instead of the token: a ticket from POST /api/events/ticket"),
                  Param("agent", "query", "string", "only this agent's events"),
                  Param("kind", "query", "string", "only events of this kind (repeatable)", repeat=True)),
              media="text/event-stream"),
@@ -123,9 +128,9 @@ def _first_sentence(text: str) -> str:
 
 def help_text() -> str:
     """The route list for `ov serve --help` (click's ``\\b`` keeps the lines as they are)."""
-    lines = ["\b", "Every route needs the token: `Authorization: Bearer <.overstory/serve-token>`,",
-             "or the cookie the printed address sets (then POSTs must come from the page itself).", "", "\b",
-             "Routes:"]
+    lines = ["\b", "Every route but the page, its files and the docs needs the token:",
+             "`Authorization: Bearer <.overstory/serve-token>` (the stream also takes a one-use ticket).",
+             "No cookie carries it. POSTs naming a foreign Origin are refused.", "", "\b", "Routes:"]
     width = max(len(e.path) for e in ENDPOINTS) + 2
     for endpoint in ENDPOINTS:
         lines.append(f"  {endpoint.method:<5}{endpoint.path:<{width}}{_first_sentence(endpoint.summary)}")

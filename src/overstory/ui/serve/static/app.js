@@ -24,8 +24,29 @@ function el(tag, props, ...children) {
   return node;
 }
 
+// ---- signing in ----------------------------------------------------------------------------------
+// The token arrives once in the address's fragment (#token=..., never sent to any server), lives in
+// this tab's sessionStorage (per origin, so per port) and goes out only as a header to this server.
+// No cookie: a cookie of 127.0.0.1 would also reach every other program listening on this machine.
+
+const TOKEN_KEY = "ov-serve-token";
+
+function takeToken() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const given = params.get("token");
+  if (given) {
+    sessionStorage.setItem(TOKEN_KEY, given);
+    params.delete("token");
+    const rest = params.toString();
+    history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
 async function api(path, { method, body } = {}) {
-  const init = { method: method || (body !== undefined ? "POST" : "GET"), credentials: "same-origin", headers: {} };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const init = { method: method || (body !== undefined ? "POST" : "GET"), credentials: "omit", headers: {} };
+  if (token) init.headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -53,7 +74,11 @@ function toast(message, isError) {
 }
 
 function signedOut() {
-  setLive(false, "signed out: open the address `ov serve` printed");
+  sessionStorage.removeItem(TOKEN_KEY);
+  page.signedOut = true;
+  if (page.source) { page.source.close(); page.source = null; }
+  setLive(false, "signed out");
+  $("sign-in").hidden = false;
 }
 
 function setLive(on, text) {
@@ -431,6 +456,7 @@ function onEvent(event) {
 let pendingKinds = new Set();
 let pendingFull = false;
 function scheduleRefresh(delay, event) {
+  if (page.signedOut) return;
   if (event) pendingKinds.add(event.kind);
   else pendingFull = true;
   if (page.refreshSoon) return;
@@ -458,19 +484,44 @@ function scheduleRefresh(delay, event) {
   }, delay);
 }
 
-function connect() {
-  if (page.source) page.source.close();
-  const source = new EventSource(`/events/stream?since=${page.lastEventId}`);
+// EventSource cannot send the token header: each connection asks for a single-use ticket first. The
+// browser's own reconnect would reuse a spent ticket, so every error closes the stream and this reconnects
+// with a fresh ticket, resuming after the last event it showed.
+async function connect() {
+  if (page.source) { page.source.close(); page.source = null; }
+  if (page.signedOut) return;
+  let ticket;
+  try {
+    ticket = (await api("/api/events/ticket", { body: {} })).ticket;
+  } catch (error) {
+    if (error.status !== 401) { setLive(false, "server unreachable"); setTimeout(connect, 3000); }
+    return;
+  }
+  const source = new EventSource(`/events/stream?since=${page.lastEventId}&ticket=${encodeURIComponent(ticket)}`);
   page.source = source;
   source.onopen = () => setLive(true);
   source.onmessage = (message) => onEvent(JSON.parse(message.data));
   source.onerror = () => {
+    source.close();
+    if (page.source !== source) return;
+    page.source = null;
     setLive(false);
-    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 3000);  // refused (e.g. 401): try again later
+    setTimeout(connect, 2000);
   };
 }
 
 async function start() {
+  $("sign-in").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = $("sign-in-token").value.trim();
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    location.reload();
+  });
+  if (!takeToken()) {
+    signedOut();
+    return;
+  }
   $("show-completed").addEventListener("change", (event) => { page.showCompleted = event.target.checked; renderTree(); });
   $("stop-btn").addEventListener("click", onStop);
   for (const button of document.querySelectorAll(".tabs button")) button.addEventListener("click", () => showTab(button.dataset.tab));
