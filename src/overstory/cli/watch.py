@@ -74,8 +74,9 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     On a terminal it is interactive: active agents first, up/down selects one,
     enter shows its live stream, d its diff, a attaches (tmux mode), n nudges,
     m mails, s stops, r resumes, y/x approve or reject its pending gate, ? lists
-    the keys and q quits. Not on a terminal (or with --once, or --width) it
-    prints the plain dashboard. NO_COLOR=1 removes every style.
+    the keys and q quits. Not on a terminal it prints a plain frame every
+    interval (--once: one frame); --width renders at that width. NO_COLOR=1
+    removes every style.
 
     Runs the watchdog too, unless --no-watchdog or another process already holds
     the project's watchdog lock (then it only displays). A state marked `!` has
@@ -124,6 +125,12 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
             dog.stop()
         return
     try:
+        if not console.is_terminal:  # piped or redirected: one plain frame per interval, as it happens
+            while True:
+                console.print(frame(dog.note, False))
+                console.print()
+                sys.stdout.flush()
+                time.sleep(interval)
         with Live(frame(dog.note, True), console=console, auto_refresh=False, screen=False,
                   vertical_overflow="crop") as live:
             while True:
