@@ -39,6 +39,7 @@ from overstory.store.lifecycle import (
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
+    from overstory.agents.spending import ToolCallGate
     from overstory.config import Config
     from overstory.endpoint.server import AgentEndpoint
 
@@ -62,16 +63,19 @@ class AgentLoop(AgentProcess):
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
         self.endpoint: AgentEndpoint | None = None
+        self.gate: ToolCallGate | None = None
         self.hook_settings: Path | None = None
         self._next_idle_check = 0
 
     def _serve_endpoint(self) -> None:
         """The agent's channel to ov (see overstory.endpoint): served for the loop's whole life."""
+        from overstory.agents.spending import ToolCallGate
         from overstory.endpoint.routes import ROUTES
         from overstory.endpoint.server import AgentEndpoint
 
+        self.gate = ToolCallGate()  # tool calls wait there until their turn's stream is priced (budgets)
         self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env,
-                                      config=self.config).start()
+                                      config=self.config, before_tool_call=self.gate.ask).start()
         self.hook_settings = self._serve_hooks(self.endpoint)
 
     def _serve_hooks(self, endpoint: AgentEndpoint) -> Path | None:
@@ -120,7 +124,8 @@ class AgentLoop(AgentProcess):
             return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
                             resume_session_id=resume, base_env=self.base_env, attempt=attempt,
                             should_stop=self.should_stop, extra_env=extra, settings_file=self.hook_settings,
-                            env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None)
+                            env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None,
+                            gate=self.gate)
         finally:
             if self.endpoint is not None:
                 self.endpoint.revoke()
@@ -445,6 +450,8 @@ class AgentLoop(AgentProcess):
     def close(self) -> None:
         if self.endpoint is not None:
             self.endpoint.close()
+        if self.gate is not None:
+            self.gate.close()
         for conn in (self.state, self.events):
             try:
                 conn.close()

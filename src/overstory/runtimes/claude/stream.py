@@ -188,7 +188,10 @@ class TurnStream(TurnParser):
         seen = self._message_usage.get(key)
         if seen is not None:
             tokens = Tokens(*(max(a, b) for a, b in zip(seen[1], tokens)))
+            if tokens == seen[1]:
+                return  # the same message's usage repeated on its next block: nothing new to price
         self._message_usage[key] = (model, tokens)
+        self.live_reports += 1
 
     def final_text(self) -> str:
         """The last result's text (the turn's final answer, untrimmed), else the last assistant text."""
