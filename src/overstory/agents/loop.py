@@ -45,8 +45,9 @@ if t.TYPE_CHECKING:
 
 SUMMARY_CHECK_SECONDS = 1.0
 FAULT_ENV = "OV_TEST_DIE_AT"  # test hook: a point at which the loop kills itself (crash-safety tests)
-# Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult).
-PARKING_STATUSES = frozenset({"budget", "rate_limit", "auth", "parked"})
+# Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult). An error the runtime's
+# parser cannot classify (unknown) is not retried: the same turn could fail again at full price.
+PARKING_STATUSES = frozenset({"budget", "rate_limit", "auth", "unknown", "parked"})
 
 
 class _Interrupted:
@@ -391,7 +392,8 @@ class AgentLoop(AgentProcess):
             time.sleep(min(POLL_SECONDS, delay))
 
     def _park_after_turn(self, agent: Session, turn_id: str, result: t.Any) -> None:
-        """A turn stopped by a budget, a quota or an auth failure: park (retries are not consumed)."""
+        """A turn stopped by a budget, a quota, an auth failure or an error ov cannot classify: park (retries are
+        not consumed)."""
         from overstory.agents.budgeting import park_for_crossing
         from overstory.store import budgets, lifecycle, mail, quota
         from overstory.store import events as event_store
@@ -414,6 +416,9 @@ class AgentLoop(AgentProcess):
                                turn_id=turn_id, summary=f"{crossing.reason}; parked: {', '.join(parked) or 'none'}"[:300],
                                data={"crossing": crossing.as_dict(), "parked": parked,
                                      "turn_cost_usd": round(result.cost_usd, 6)})
+            return
+        if result.status == "unknown":  # the turn may have worked and spent: its turn stays counted
+            park_for_error(self.state, self.events, fresh, turn_id, result.reason, expect=expect)
             return
         budgets.refund_turn(self.state, self.name, self.generation)  # the turn did no work
         if result.status == "rate_limit":
@@ -491,6 +496,25 @@ def park_for_approval(state: sqlite3.Connection, events: sqlite3.Connection, age
         event_store.record(events, "approval_parked", agent=agent.name, generation=agent.generation,
                            turn_id=turn_id, summary=f"parked until {', '.join(ids)} is decided"[:300],
                            data={"approvals": ids})
+    return outcome.ok
+
+
+def park_for_error(state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str,
+                   message: str, *, expect: t.Collection[str]) -> bool:
+    """A turn that failed with an error ov cannot classify: park with the runtime's own message, and tell the
+    parent (one escalation, in the park's transaction) instead of retrying a turn that may fail again at full
+    price. `ov resume NAME` retries it (the same session, the same mail)."""
+    from overstory.store import lifecycle
+    from overstory.store import events as event_store
+
+    reason = f"error: {message}"[:300]
+    outcome = lifecycle.park(state, agent, "error", reason, actor="turn-runner", expect=expect,
+                             details={"runtime": agent.runtime, "message": message, "turn_id": turn_id})
+    if outcome.ok:
+        event_store.record(events, "error_parked", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                           summary=f"{reason} -- not retried (ov cannot tell whether it would fail again); "
+                                   f"look at `ov logs {agent.name}`, then `ov resume {agent.name}`"[:300],
+                           data={"runtime": agent.runtime, "message": message})
     return outcome.ok
 
 

@@ -30,6 +30,7 @@ from overstory.runtimes.base import (
     AUTH,
     PERMANENT,
     RATE_LIMIT,
+    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -51,13 +52,14 @@ NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_
 ACTIVITY_WRITE_INTERVAL = 1.0
 PERIODIC_SECONDS = 1.0
 # The turn statuses of failure kinds the loop parks for instead of retrying.
-PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth"}
+PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth", UNKNOWN: "unknown"}
 
 
 @dataclass
 class TurnResult:
     # ok | transient | permanent | resume_failed | stalled | aborted, or what parks the agent:
-    # budget (a limit crossed), rate_limit (quota), auth, parked (parked by someone else)
+    # budget (a limit crossed), rate_limit (quota), auth, unknown (an error ov cannot classify), parked
+    # (parked by someone else)
     status: str
     reason: str
     session_id: str | None

@@ -37,13 +37,16 @@ from overstory.prices import Tokens
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
-# The kinds of failed turn. The turn runner decides what each means for the agent.
+# The kinds of failed turn. The turn runner decides what each means for the agent. A parser says
+# TRANSIENT only for a failure it recognises as one; an error it cannot place is UNKNOWN, never a guess.
 TRANSIENT = "transient"          # crashed, killed, overloaded, 5xx: retry with the same mail
 RATE_LIMIT = "rate_limit"        # 429 or a usage limit; ``reset_at_ms`` when the runtime said when it ends
 AUTH = "auth"                    # not logged in, bad key: retrying cannot help until a person fixes it
 PERMANENT = "permanent"          # a request the API will never accept
 RESUME_FAILED = "resume_failed"  # the session to resume is gone: start a fresh one
-FAILURE_KINDS = (TRANSIENT, RATE_LIMIT, AUTH, PERMANENT, RESUME_FAILED)
+UNKNOWN = "unknown"              # an error ov cannot classify: not retried (it could cost a whole turn again);
+#                                  the agent parks with the runtime's message until a person looks
+FAILURE_KINDS = (TRANSIENT, RATE_LIMIT, AUTH, PERMANENT, RESUME_FAILED, UNKNOWN)
 
 
 @dataclass

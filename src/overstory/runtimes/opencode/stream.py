@@ -22,6 +22,7 @@ from overstory.runtimes.base import (
     RATE_LIMIT,
     RESUME_FAILED,
     TRANSIENT,
+    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -171,15 +172,18 @@ class OpenCodeTurnStream(TurnParser):
                 line = _last_line(self.stderr_tail) or f"opencode exited {self.exit_code} before starting the turn"
                 return TurnFailure(PERMANENT, line)
             if self.final_reason is not None and self.final_reason not in _ENDED + ("tool-calls",):
-                return TurnFailure(TRANSIENT, f"the model's answer ended with {self.final_reason!r}")
+                # content-filter, error, other...: the same request would end the same way
+                return TurnFailure(UNKNOWN, f"the model's answer ended with {self.final_reason!r}")
             return TurnFailure(TRANSIENT, "opencode exited without finishing the turn (killed or crashed)")
         data = self.error.get("data") if isinstance(self.error.get("data"), dict) else {}
         message = str(data.get("message") or self.error.get("name") or "error")
         status = data.get("statusCode")
         if isinstance(status, int):
             kind = kind_of_status(status)
-        else:
-            kind = TRANSIENT if data.get("isRetryable") or self.error.get("name") != "APIError" else PERMANENT
+        elif data.get("isRetryable"):
+            kind = TRANSIENT
+        else:  # an APIError opencode will not retry, or an error ov does not recognise
+            kind = PERMANENT if self.error.get("name") == "APIError" else UNKNOWN
         reset = None
         if kind == RATE_LIMIT:
             headers = data.get("responseHeaders") if isinstance(data.get("responseHeaders"), dict) else {}

@@ -53,12 +53,14 @@ TOOLS = ["Task", "Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "TodoWr
          "WebFetch", "WebSearch", "Write"]
 VERSION = "scripted-1"
 
-# kind -> (HTTP status, CLI error label, message, retried first?)
-API_ERRORS: dict[str, tuple[int, str, str, bool]] = {
+# kind -> (HTTP status or None, CLI error label, message, retried first?)
+API_ERRORS: dict[str, tuple[int | None, str, str, bool]] = {
     "overloaded": (529, "overloaded", "API Error: 529 Overloaded. This is a server-side issue, usually temporary.", True),
     "rate_limit": (429, "rate_limit", "API Error: Request rejected (429) · rate limit exceeded", True),
     "invalid_request": (400, "invalid_request", "API Error: 400 invalid request", False),
     "authentication": (401, "authentication_failed", "Invalid API key · Fix external API key", False),
+    # An error with no HTTP status and a message no parser knows: what ov must not retry blindly.
+    "unclassified": (None, "unknown", "The tool runner lost its state (code 0x2a); the turn cannot go on", False),
 }
 USAGE_LIMIT_TEXT = "You've hit your 5-hour limit"
 NOT_LOGGED_IN_TEXT = "Not logged in · Please run /login"
