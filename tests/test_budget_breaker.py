@@ -96,6 +96,7 @@ def test_a_dollar_figure_the_runtime_reports_counts_as_it_arrives(conn):
         "reason": "tool-calls", "tokens": {"input": 100_000, "output": 0, "reasoning": 0, "cache": {}}, "cost": 0}}
     assert meter.poll(stream, stream.feed(json.dumps(finished)), now=0.0) is None
     assert meter.estimate == pytest.approx(0.2)  # priced as the model the turn was started with
+    assert list(meter.usage_of(stream)) == ["claude-sonnet-5-5"]  # and recorded under its name in the turn row
     finished["part"] = {**finished["part"], "cost": 0.4}
     stop = meter.poll(stream, stream.feed(json.dumps(finished)), now=0.1)
     assert stop is not None and stop.reason.startswith("budget: max_usd 0.50 reached (0.60")

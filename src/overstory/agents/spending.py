@@ -73,12 +73,16 @@ class TurnMeter:
         self._priced_reports = 0
         self.stopped_by: Stop | None = None
 
-    def price(self, stream: TurnParser) -> float:
+    def usage_of(self, stream: TurnParser) -> dict[str, Tokens]:
+        """The stream's live tokens per model, the usage it does not name under the turn's own model."""
         usage: dict[str, Tokens] = {}
         for model, tokens in stream.live_usage().items():
             key = model or self.model or ""
             usage[key] = usage.get(key, Tokens()) + tokens
-        cost, notes = self.prices.cost(usage)
+        return usage
+
+    def price(self, stream: TurnParser) -> float:
+        cost, notes = self.prices.cost(self.usage_of(stream))
         for note in notes:
             if note not in self.notes:
                 self.notes.append(note)

@@ -391,13 +391,13 @@ def _cost_detail(stream: TurnParser, meter: TurnMeter, estimated: bool, cost: fl
     if reported:
         by_model = {model: {**entry.tokens._asdict(), "cost_usd": entry.cost_usd} for model, entry in reported.items()}
     else:
-        live = stream.live_usage()
+        live = meter.usage_of(stream)
         by_model = {model: {**tokens._asdict(), "cost_usd": None} for model, tokens in live.items() if tokens.total}
         if not estimated and len(by_model) == 1:
             next(iter(by_model.values()))["cost_usd"] = cost
     totals = {key: sum(int(entry[key]) for entry in by_model.values()) for key in ("cache_read", "cache_write")}
     model = max(by_model, key=lambda m: by_model[m]["input"] + by_model[m]["output"]) if by_model else stream_model(stream)
-    return {"model": model, "cache_read_tokens": totals["cache_read"], "cache_write_tokens": totals["cache_write"],
+    return {"model": model or None, "cache_read_tokens": totals["cache_read"], "cache_write_tokens": totals["cache_write"],
             "cost_estimated": estimated, "usage_by_model": by_model or None}
 
 
