@@ -41,11 +41,12 @@ EXIT_BUDGET = 4
 EXIT_QUOTA = 5
 EXIT_AUTH = 6
 EXIT_APPROVAL = 7
+EXIT_ERROR_PARKED = 8  # parked by a runtime error ov could not classify
 EXIT_TIMEOUT = 124
 # A parked `ov loop` (its iteration limit, the same failure again, its critic) asks a person whether to spend
 # more, as a budget does.
 PARK_EXIT = {"budget": EXIT_BUDGET, "loop": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH,
-             "approval": EXIT_APPROVAL}
+             "approval": EXIT_APPROVAL, "error": EXIT_ERROR_PARKED}
 POLL_SECONDS = 0.25
 
 

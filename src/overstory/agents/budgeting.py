@@ -21,6 +21,7 @@ from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
+    from overstory.runtimes.base import Runtime
 
 
 class BudgetExhausted(OrchestratorError):
@@ -28,21 +29,26 @@ class BudgetExhausted(OrchestratorError):
 
 
 def agent_limits(conn: sqlite3.Connection, config: Config, run_id: str | None,
-                 requested: t.Mapping[str, t.Any] | None) -> tuple[dict[str, t.Any], list[str]]:
-    """A new agent's limits: config defaults, then the request, clamped to what its run has left."""
+                 requested: t.Mapping[str, t.Any] | None,
+                 runtime: Runtime | None = None) -> tuple[dict[str, t.Any], list[str]]:
+    """A new agent's limits: config defaults, then the request, clamped to what its run has left; and notes
+    (a limit lowered to the run's; dollars that ``runtime`` lets ov check only between turns)."""
     limits = dict(config.budgets.agent.model_dump())
     limits.update({k: v for k, v in (requested or {}).items() if v is not None})
-    if run_id is None:
-        return limits, []
-    run = budgets.get_run(conn, run_id)
-    if run is None:
-        return limits, []
-    now = now_ms()
-    crossing = run.crossing(now, starting_turn=True)
-    if crossing is not None:
-        raise BudgetExhausted(f"run {run_id} has no budget left ({crossing.reason}); raise it with "
-                              f"`ov run resume {run_id} --add-usd ...` before slinging more agents")
-    return budgets.clamp_to_run(limits, run, now)
+    run = budgets.get_run(conn, run_id) if run_id is not None else None
+    notes: list[str] = []
+    if run is not None:
+        now = now_ms()
+        crossing = run.crossing(now, starting_turn=True)
+        if crossing is not None:
+            raise BudgetExhausted(f"run {run_id} has no budget left ({crossing.reason}); raise it with "
+                                  f"`ov run resume {run_id} --add-usd ...` before slinging more agents")
+        limits, notes = budgets.clamp_to_run(limits, run, now)
+    if runtime is not None and not runtime.usage_during_turn and limits.get("max_usd") is not None \
+            and limits.get("max_tool_calls") is None and limits.get("max_wallclock") is None:
+        notes.append(f"{runtime.name} reports usage only when a turn ends: max_usd is checked between turns, "
+                     "and nothing bounds one turn's spend; add --max-tool-calls or --max-wallclock")
+    return limits, notes
 
 
 def open_run_budget(conn: sqlite3.Connection, config: Config, run: runs.Run,

@@ -40,13 +40,15 @@ from overstory.store.lifecycle import (
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
+    from overstory.agents.spending import ToolCallGate
     from overstory.config import Config
     from overstory.endpoint.server import AgentEndpoint
 
 SUMMARY_CHECK_SECONDS = 1.0
 FAULT_ENV = "OV_TEST_DIE_AT"  # test hook: a point at which the loop kills itself (crash-safety tests)
-# Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult).
-PARKING_STATUSES = frozenset({"budget", "rate_limit", "auth", "parked"})
+# Turn statuses after which the agent parks instead of retrying (agents.turns.TurnResult). An error the runtime's
+# parser cannot classify (unknown) is not retried: the same turn could fail again at full price.
+PARKING_STATUSES = frozenset({"budget", "rate_limit", "auth", "unknown", "parked"})
 
 
 class _Interrupted:
@@ -63,16 +65,19 @@ class AgentLoop(AgentProcess):
         self.events = open_events(project.events_db)
         self._next_summary_check = 0.0
         self.endpoint: AgentEndpoint | None = None
+        self.gate: ToolCallGate | None = None
         self.hook_settings: Path | None = None
         self._next_idle_check = 0
 
     def _serve_endpoint(self) -> None:
         """The agent's channel to ov (see overstory.endpoint): served for the loop's whole life."""
+        from overstory.agents.spending import ToolCallGate
         from overstory.endpoint.routes import ROUTES
         from overstory.endpoint.server import AgentEndpoint
 
+        self.gate = ToolCallGate()  # tool calls wait there until their turn's stream is priced (budgets)
         self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env,
-                                      config=self.config).start()
+                                      config=self.config, before_tool_call=self.gate.ask).start()
         self.hook_settings = self._serve_hooks(self.endpoint)
 
     def _serve_hooks(self, endpoint: AgentEndpoint) -> Path | None:
@@ -121,7 +126,8 @@ class AgentLoop(AgentProcess):
             return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
                             resume_session_id=resume, base_env=self.base_env, attempt=attempt,
                             should_stop=self.should_stop, extra_env=extra, settings_file=self.hook_settings,
-                            env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None)
+                            env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None,
+                            gate=self.gate)
         finally:
             if self.endpoint is not None:
                 self.endpoint.revoke()
@@ -387,7 +393,8 @@ class AgentLoop(AgentProcess):
             time.sleep(min(POLL_SECONDS, delay))
 
     def _park_after_turn(self, agent: Session, turn_id: str, result: t.Any) -> None:
-        """A turn stopped by a budget, a quota or an auth failure: park (retries are not consumed)."""
+        """A turn stopped by a budget, a quota, an auth failure or an error ov cannot classify: park (retries are
+        not consumed)."""
         from overstory.agents.budgeting import park_for_crossing
         from overstory.store import budgets, lifecycle, mail, quota
         from overstory.store import events as event_store
@@ -410,6 +417,9 @@ class AgentLoop(AgentProcess):
                                turn_id=turn_id, summary=f"{crossing.reason}; parked: {', '.join(parked) or 'none'}"[:300],
                                data={"crossing": crossing.as_dict(), "parked": parked,
                                      "turn_cost_usd": round(result.cost_usd, 6)})
+            return
+        if result.status == "unknown":  # the turn may have worked and spent: its turn stays counted
+            park_for_error(self.state, self.events, fresh, turn_id, result.reason, expect=expect)
             return
         budgets.refund_turn(self.state, self.name, self.generation)  # the turn did no work
         if result.status == "rate_limit":
@@ -446,11 +456,32 @@ class AgentLoop(AgentProcess):
     def close(self) -> None:
         if self.endpoint is not None:
             self.endpoint.close()
+        if self.gate is not None:
+            self.gate.close()
         for conn in (self.state, self.events):
             try:
                 conn.close()
             except sqlite3.Error:
                 pass
+
+
+def park_for_error(state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str,
+                   message: str, *, expect: t.Collection[str]) -> bool:
+    """A turn that failed with an error ov cannot classify: park with the runtime's own message, and tell the
+    parent (one escalation, in the park's transaction) instead of retrying a turn that may fail again at full
+    price. `ov resume NAME` retries it (the same session, the same mail)."""
+    from overstory.store import lifecycle
+    from overstory.store import events as event_store
+
+    reason = f"error: {message}"[:300]
+    outcome = lifecycle.park(state, agent, "error", reason, actor="turn-runner", expect=expect,
+                             details={"runtime": agent.runtime, "message": message, "turn_id": turn_id})
+    if outcome.ok:
+        event_store.record(events, "error_parked", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                           summary=f"{reason} -- not retried (ov cannot tell whether it would fail again); "
+                                   f"look at `ov logs {agent.name}`, then `ov resume {agent.name}`"[:300],
+                           data={"runtime": agent.runtime, "message": message})
+    return outcome.ok
 
 
 def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, str]) -> Config:

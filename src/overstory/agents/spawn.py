@@ -212,7 +212,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     from overstory.agents.budgeting import agent_limits
     from overstory.agents.turns import provider_of
 
-    limits, budget_notes = agent_limits(conn, config, run_id, request.budget)
+    limits, budget_notes = agent_limits(conn, config, run_id, request.budget, adapter)
     ov_command, ov_bin_dir = ov_executable()
     run_dir = project.run_dir / name
     # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from overstory import procs, sandbox
 from overstory.agents import checkpoint, ledger
-from overstory.agents.spending import TurnMeter
+from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
@@ -29,6 +30,7 @@ from overstory.runtimes.base import (
     AUTH,
     PERMANENT,
     RATE_LIMIT,
+    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -50,13 +52,14 @@ NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_
 ACTIVITY_WRITE_INTERVAL = 1.0
 PERIODIC_SECONDS = 1.0
 # The turn statuses of failure kinds the loop parks for instead of retrying.
-PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth"}
+PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth", UNKNOWN: "unknown"}
 
 
 @dataclass
 class TurnResult:
     # ok | transient | permanent | resume_failed | stalled | aborted, or what parks the agent:
-    # budget (a limit crossed), rate_limit (quota), auth, parked (parked by someone else)
+    # budget (a limit crossed), rate_limit (quota), auth, unknown (an error ov cannot classify), parked
+    # (parked by someone else)
     status: str
     reason: str
     session_id: str | None
@@ -177,26 +180,53 @@ def approval_rules(config: Config, agent: Session) -> list[dict[str, t.Any]]:
 
 
 class _LineReader:
-    """Read whole lines from a pipe without blocking past a deadline."""
+    """Read whole lines from a pipe without blocking past a deadline.
 
-    def __init__(self, stream: t.IO[bytes]) -> None:
+    With a ``gate`` (``spending.ToolCallGate``) it also wakes when a tool call asks the gate: it then
+    takes the gate's tickets (``ticket``) and reads everything the pipe holds at that moment, so the
+    turn runner can answer them once those lines are priced.
+    """
+
+    DRY_READ_LIMIT = 4 << 20  # bytes read in one go for a waiting tool call (a flood must not starve the loop)
+
+    def __init__(self, stream: t.IO[bytes], gate: ToolCallGate | None = None) -> None:
         self.fd = stream.fileno()
         self.buffer = b""
         self.eof = False
+        self.gate = gate
+        self.ticket = 0
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.fd, selectors.EVENT_READ)
+        if gate is not None:
+            self.selector.register(gate.fileno(), selectors.EVENT_READ)
 
     def lines(self, timeout: float) -> list[bytes]:
         if self.eof:
             return []
-        if not self.selector.select(timeout):
+        ready = self.selector.select(timeout)
+        if not ready:
             return []
-        chunk = os.read(self.fd, 65536)
-        if not chunk:
-            self.eof = True
-            rest, self.buffer = self.buffer, b""
-            return [rest] if rest.strip() else []
-        self.buffer += chunk
+        if self.gate is not None and any(key.fd != self.fd for key, _ in ready):
+            self.ticket = self.gate.take()  # before reading: what the runtime printed before it asked is in the pipe
+            return self._read(dry=True)
+        return self._read(dry=False)
+
+    def _read(self, *, dry: bool) -> list[bytes]:
+        read = 0
+        while True:
+            if dry and not select.select([self.fd], [], [], 0)[0]:
+                break
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.eof = True
+                rest, self.buffer = self.buffer, b""
+                if rest.strip():
+                    self.buffer = rest + b"\n"
+                break
+            self.buffer += chunk
+            read += len(chunk)
+            if not dry or read >= self.DRY_READ_LIMIT:
+                break
         *complete, self.buffer = self.buffer.split(b"\n")
         return complete
 
@@ -208,10 +238,12 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
              agent: Session, prompt: str, turn_id: str, *, resume_session_id: str | None,
              base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
              extra_env: t.Mapping[str, str] | None = None, settings_file: Path | None = None,
-             env_ready: t.Callable[[t.Mapping[str, str]], None] | None = None) -> TurnResult:
+             env_ready: t.Callable[[t.Mapping[str, str]], None] | None = None,
+             gate: ToolCallGate | None = None) -> TurnResult:
     """Run one turn of ``agent`` in its sandbox. ``extra_env``: variables for this turn only (the endpoint's
     per-turn secret; an `ov loop` names its iteration and phase there). ``settings_file``: the loop's HTTP
-    hooks instead of the command hooks; ``env_ready`` is told the turn's whole environment before it starts."""
+    hooks instead of the command hooks; ``env_ready`` is told the turn's whole environment before it starts;
+    ``gate``: where the endpoint's tool-call hooks wait for this turn's stream to be priced (``spending``)."""
     started_ms = now_ms()
     log_dir = project.logs_dir / agent.name / turn_id
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -242,7 +274,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
                     attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
     turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)
-    meter = TurnMeter(state, agent, config)
+    meter = TurnMeter(state, agent, config, model=model)
     (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
     cwd = agent.worktree or str(project.root)
     stale = checkpoint.clear_stale_git_locks(agent.worktree, agent.branch)
@@ -279,14 +311,20 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
         except BrokenPipeError:
             pass
         assert proc.stdout is not None
-        reader = _LineReader(proc.stdout)
-        status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id, meter,
-                               stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
-                               price=lambda data: _price_result(data, stream.model or model, config),
-                               periodic=lambda: _record_take_back(events, agent, turn_id,
-                                                                  sandbox.take_back(project, agent)),
-                               stream_ledger=stream_ledger)
-        reader.close()
+        if gate is not None:
+            gate.open_turn(watch=meter.enabled and meter.watches_usd)
+        reader = _LineReader(proc.stdout, gate)
+        try:
+            status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id, meter,
+                                   stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
+                                   price=lambda data: _price_result(data, stream.model or model, config),
+                                   periodic=lambda: _record_take_back(events, agent, turn_id,
+                                                                      sandbox.take_back(project, agent)),
+                                   stream_ledger=stream_ledger)
+        finally:
+            if gate is not None:  # every call still waiting is answered: refused when the turn was stopped
+                gate.close_turn(meter.stopped_by)
+            reader.close()
         if status == "running":
             try:
                 proc.wait(timeout=30)
@@ -318,7 +356,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     # or the runtime reports tokens only (priced with the same table).
     estimated = not stream.finished or (not reported.cost_usd and cost > 0)
     live = stream.live_usage()
-    if not stream.finished and live:
+    if not stream.finished and (live or stream.live_cost_usd()):
         cost = meter.price(stream)
         input_tokens = sum(tk.input + tk.cache_read + tk.cache_write for tk in live.values())
         output_tokens = sum(tk.output for tk in live.values())
@@ -353,13 +391,13 @@ def _cost_detail(stream: TurnParser, meter: TurnMeter, estimated: bool, cost: fl
     if reported:
         by_model = {model: {**entry.tokens._asdict(), "cost_usd": entry.cost_usd} for model, entry in reported.items()}
     else:
-        live = stream.live_usage()
+        live = meter.usage_of(stream)
         by_model = {model: {**tokens._asdict(), "cost_usd": None} for model, tokens in live.items() if tokens.total}
         if not estimated and len(by_model) == 1:
             next(iter(by_model.values()))["cost_usd"] = cost
     totals = {key: sum(int(entry[key]) for entry in by_model.values()) for key in ("cache_read", "cache_write")}
     model = max(by_model, key=lambda m: by_model[m]["input"] + by_model[m]["output"]) if by_model else stream_model(stream)
-    return {"model": model, "cache_read_tokens": totals["cache_read"], "cache_write_tokens": totals["cache_write"],
+    return {"model": model or None, "cache_read_tokens": totals["cache_read"], "cache_write_tokens": totals["cache_write"],
             "cost_estimated": estimated, "usage_by_model": by_model or None}
 
 
@@ -437,7 +475,10 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
             event_store.record(events, "auth_failed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                                summary=f"auth: {early.reason}"[:300], data={"reason": early.reason})
             return PARKING_STATUS.get(early.kind, early.kind), early.reason
-        stop = meter.poll(stream, batch, now)
+        ticket, reader.ticket = reader.ticket, 0
+        stop = meter.poll(stream, batch, now, force=bool(ticket))
+        if ticket and reader.gate is not None:
+            reader.gate.answer(ticket, stop)  # the tool calls that asked: refused if this batch crossed a limit
         if stop is not None:
             meter.stopped_by = stop
             event_store.record(events, "budget_crossed" if stop.status == "budget" else "turn_parked",

@@ -32,7 +32,7 @@ def status(include_completed: bool, as_json: bool) -> None:
                  "input_tokens", "output_tokens", "cost_usd", "current_tool", "runtime",
                  "mode", "branch", "generation", "retries", "pending_mail",
                  "loop_alive" (true/false; null for tmux or terminal agents), "run_id",
-                 "park_kind" (budget/quota/auth/approval when parked), "park_until" (ISO or null),
+                 "park_kind" (budget/quota/auth/approval/loop/error when parked), "park_until" (ISO or null),
                  "budget": {"usd"|"turns"|"tool_calls"|"wallclock": {"limit", "used"}} or null}],
      "mail": {"pending": N, "by_agent": {NAME: N}},
      "runs": [{"id", "coordinator", "status", "started_at", "completed_at", "agents",

@@ -21,6 +21,7 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
       0 all completed      3 an agent died (zombie)   5 parked by a quota
       1 ov error           4 parked by a budget       6 parked by an auth failure
       2 usage error        7 waits for an approval (ov approvals)
+      8 parked by an error ov could not classify (its message)
                            124 timeout
     When agents end differently the highest code wins.
 

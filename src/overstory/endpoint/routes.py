@@ -231,6 +231,9 @@ def tool_call(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     """
     from overstory.store.tool_count import count_tool_call
 
+    refused = caller.tool_call_refused()  # its turn's stream priced first: a crossed budget refuses the call
+    if refused:
+        return {"deny": refused}
     return {"deny": count_tool_call(str(caller.project.state_db), caller.name, caller.agent.generation)}
 
 
@@ -295,7 +298,7 @@ def _guard_reply(caller: Caller, text: str) -> tuple[str, str, int]:
     spec = ctx.approvals
 
     def count() -> str | None:
-        return count_on(caller.conn, caller.name, caller.agent.generation)
+        return caller.tool_call_refused() or count_on(caller.conn, caller.name, caller.agent.generation)
 
     def record(hook_input: t.Mapping[str, t.Any], decision: Decision) -> Decision:
         try:

@@ -57,6 +57,12 @@ class Caller:
     events: sqlite3.Connection | None = None
     turn_env: t.Mapping[str, str] = field(default_factory=dict)  # the current turn's own variables (dispatch, ...)
     config: Config | None = None  # the configuration the agent's loop runs with (None: load it)
+    # Asked before a tool call is counted: the reason to refuse it (its turn crossed a budget), else None.
+    # The loop's ``agents.spending.ToolCallGate.ask``: it waits until the turn's stream is priced.
+    before_tool_call: t.Callable[[], str | None] | None = None
+
+    def tool_call_refused(self) -> str | None:
+        return self.before_tool_call() if self.before_tool_call is not None else None
 
     @property
     def name(self) -> str:
@@ -128,13 +134,15 @@ class AgentEndpoint:
     """One agent's endpoint: start it once, open a turn (a fresh secret) per turn, close it at the end."""
 
     def __init__(self, project: ProjectPaths, name: str, generation: int, routes: t.Mapping[str, Route],
-                 launch_env: t.Mapping[str, str] | None = None, *, config: Config | None = None) -> None:
+                 launch_env: t.Mapping[str, str] | None = None, *, config: Config | None = None,
+                 before_tool_call: t.Callable[[], str | None] | None = None) -> None:
         self.project = project
         self.name = name
         self.generation = generation
         self.routes = dict(routes)
         self.launch_env = dict(launch_env or {})
         self.config = config
+        self.before_tool_call = before_tool_call
         self.path = socket_path(project, name)
         self._token: str | None = None
         self._turn_env: dict[str, str] = {}
@@ -254,7 +262,8 @@ class AgentEndpoint:
                 self._take_back(agent, events)
             with self._lock:
                 turn_env = dict(self._turn_env)
-            result = handler(Caller(self.project, agent, conn, self.launch_env, events, turn_env, self.config), args)
+            result = handler(Caller(self.project, agent, conn, self.launch_env, events, turn_env, self.config,
+                                    self.before_tool_call), args)
             return 200, {"ok": True, "result": result}
         except NotPermitted as exc:
             self._record_refusal(route, str(exc))

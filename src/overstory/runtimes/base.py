@@ -37,13 +37,16 @@ from overstory.prices import Tokens
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
-# The kinds of failed turn. The turn runner decides what each means for the agent.
+# The kinds of failed turn. The turn runner decides what each means for the agent. A parser says
+# TRANSIENT only for a failure it recognises as one; an error it cannot place is UNKNOWN, never a guess.
 TRANSIENT = "transient"          # crashed, killed, overloaded, 5xx: retry with the same mail
 RATE_LIMIT = "rate_limit"        # 429 or a usage limit; ``reset_at_ms`` when the runtime said when it ends
 AUTH = "auth"                    # not logged in, bad key: retrying cannot help until a person fixes it
 PERMANENT = "permanent"          # a request the API will never accept
 RESUME_FAILED = "resume_failed"  # the session to resume is gone: start a fresh one
-FAILURE_KINDS = (TRANSIENT, RATE_LIMIT, AUTH, PERMANENT, RESUME_FAILED)
+UNKNOWN = "unknown"              # an error ov cannot classify: not retried (it could cost a whole turn again);
+#                                  the agent parks with the runtime's message until a person looks
+FAILURE_KINDS = (TRANSIENT, RATE_LIMIT, AUTH, PERMANENT, RESUME_FAILED, UNKNOWN)
 
 
 @dataclass
@@ -125,11 +128,21 @@ class TurnParser(abc.ABC):
         are asked. For runtimes that report some outcomes only there (an unknown session to resume, a
         broken config, a turn that has no closing event)."""
 
-    # ---- for budgets (optional: a runtime that reports none is only checked between turns)
+    # ---- for budgets (optional: a runtime that reports none is priced only at the turn's end, and its
+    # turns are bounded by the other limits: tool calls in the guard, wall clock in the turn runner)
+
+    # How many usage reports (a model message's tokens, a step's cost) the stream has carried so far in
+    # this turn: the turn runner prices the turn again whenever it changes.
+    live_reports: int = 0
 
     def live_usage(self) -> dict[str, Tokens]:
-        """Tokens per model that the stream has reported so far in this turn (priced live by ov)."""
+        """Tokens per model that the stream has reported so far in this turn (priced live by ov); a model
+        named '' is the one the turn was started with. Not the tokens ``live_cost_usd`` already covers."""
         return {}
+
+    def live_cost_usd(self) -> float:
+        """Dollars the runtime itself reported so far in this turn, for work not in ``live_usage``."""
+        return 0.0
 
     def model_costs(self) -> dict[str, ModelCost]:
         """Per model, what the finished turn used and cost (empty when the runtime did not say)."""
@@ -266,6 +279,9 @@ class Runtime(abc.ABC):
     # Whether its pre-tool hook is given the same call id as its stream's tool events. Where it is not
     # (codex, gemini), a receipt finds its ledger row through ``hook_call`` instead.
     hook_ids_match: t.ClassVar[bool] = True
+    # Whether its stream reports usage (tokens or dollars) as each model message or step arrives, so a
+    # budget can stop a turn inside it (``TurnParser.live_usage``); else only at the turn's end.
+    usage_during_turn: t.ClassVar[bool] = False
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()

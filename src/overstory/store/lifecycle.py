@@ -39,7 +39,8 @@ TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {
 }
 PERSISTENT_CAPABILITIES = frozenset({"coordinator"})
 # loop: an `ov loop` that reached its iterations, repeats one check failure, or whose critic escalated.
-PARK_KINDS = frozenset({"budget", "quota", "auth", "approval", "loop"})
+# error: its turn failed with an error the runtime's parser could not classify (not retried blindly).
+PARK_KINDS = frozenset({"budget", "quota", "auth", "approval", "loop", "error"})
 
 
 def declare_zombie(conn: sqlite3.Connection, agent: Session, reason: str, *, actor: str,
@@ -192,6 +193,9 @@ def _park_body(agent: Session, kind: str, reason: str, until_ms: int | None) -> 
                      "--add-time); `ov budget " + agent.name + "` shows the figures.")
     elif kind == "auth":
         lines.append(f"Fix the runtime's key or login (`ov doctor`), then `ov resume {agent.name}`.")
+    elif kind == "error":
+        lines.append(f"ov could not tell whether retrying would help, so it did not retry. Its turn's log: "
+                     f"`ov logs {agent.name}`; `ov resume {agent.name}` retries the turn.")
     elif kind == "loop":
         lines.append(f"`ov loop status {agent.name}` shows its iterations; `ov resume {agent.name} --add-iterations 3` "
                      "lets it go on.")

@@ -131,6 +131,7 @@ class ClaudeRuntime(Runtime):
     name = "claude"
     tool_hooks = frozenset({"pre", "post"})
     http_hooks = True  # since 2.1.63; fail-closed ("onFailure") since MIN_VERSION
+    usage_during_turn = True  # each assistant event carries its API message's usage
     instructions_file = ".claude/CLAUDE.md"
     run_instructions_file = "CLAUDE.md"
     run_settings_file = "settings.json"

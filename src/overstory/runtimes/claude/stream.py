@@ -24,6 +24,7 @@ from overstory.runtimes.base import (
     RATE_LIMIT,
     RESUME_FAILED,
     TRANSIENT,
+    UNKNOWN,
     ModelCost,
     ParsedEvent,
     TurnFailure,
@@ -188,7 +189,10 @@ class TurnStream(TurnParser):
         seen = self._message_usage.get(key)
         if seen is not None:
             tokens = Tokens(*(max(a, b) for a, b in zip(seen[1], tokens)))
+            if tokens == seen[1]:
+                return  # the same message's usage repeated on its next block: nothing new to price
         self._message_usage[key] = (model, tokens)
+        self.live_reports += 1
 
     def final_text(self) -> str:
         """The last result's text (the turn's final answer, untrimmed), else the last assistant text."""
@@ -251,7 +255,8 @@ class TurnStream(TurnParser):
         return self.result is not None and not self.result.get("is_error")
 
     def failure_kind(self, *, resumed: bool) -> str:
-        """'resume_failed', 'permanent' or 'transient' (rate limits count as transient, auth as permanent)."""
+        """'resume_failed', 'permanent', 'transient' or 'unknown' (rate limits count as transient, auth as
+        permanent)."""
         kind = self.failure(resumed=resumed).kind
         return COARSE_KIND.get(kind, kind)
 
@@ -275,6 +280,8 @@ class TurnStream(TurnParser):
         if resumed and (RESUME_PATTERN.search(text) or (self.assistant_blocks == 0 and not self.api_retries
                                                          and self.result.get("subtype") == "error_during_execution")):
             return RESUME_FAILED
+        if str(self.result.get("terminal_reason") or "").startswith("aborted"):
+            return TRANSIENT  # interrupted mid-request or mid-tool (aborted_streaming, aborted_tools): go again
         status = self.result.get("api_error_status")
         if status is not None:
             return _kind_of_status(status)
@@ -285,7 +292,7 @@ class TurnStream(TurnParser):
             return AUTH
         if PERMANENT_PATTERN.search(text):
             return PERMANENT
-        return TRANSIENT
+        return UNKNOWN  # an error result ov does not recognise (no API status, no known message)
 
     def failure_reason(self) -> str:
         if self.result is None:
@@ -312,7 +319,7 @@ def _kind_of_status(status: t.Any) -> str:
     try:
         code = int(status)
     except (TypeError, ValueError):
-        return TRANSIENT
+        return UNKNOWN
     if code == 429:
         return RATE_LIMIT
     if code in (401, 403):

@@ -20,6 +20,7 @@ from overstory.runtimes.base import (
     RATE_LIMIT,
     RESUME_FAILED,
     TRANSIENT,
+    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -199,11 +200,14 @@ class CodexTurnStream(TurnParser):
             kind = kind_of_status(int(status.group(1)))
         elif _PERMANENT_TEXT.search(message) or message.lstrip().startswith("{"):
             kind = PERMANENT
-        else:
+        elif _TRANSIENT_TEXT.search(message):
             kind = TRANSIENT
+        else:
+            kind = UNKNOWN  # a message ov does not recognise: parked, not retried at full price
         if kind == RATE_LIMIT and _PERMANENT_TEXT.search(message):
             kind = PERMANENT
-        if kind == TRANSIENT and re.search(r"unauthori[sz]ed|invalid api key|incorrect api key", message, re.IGNORECASE):
+        if kind in (TRANSIENT, UNKNOWN) and re.search(r"unauthori[sz]ed|invalid api key|incorrect api key", message,
+                                                      re.IGNORECASE):
             kind = AUTH
         reset = reset_after(retry_seconds(message)) if kind == RATE_LIMIT else None
         return TurnFailure(kind, trim(message, 300) or "turn failed", reset)

@@ -21,6 +21,7 @@ from overstory.runtimes.base import (
     RATE_LIMIT,
     RESUME_FAILED,
     TRANSIENT,
+    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -38,6 +39,9 @@ from overstory.runtimes.common import (
 
 _CODE = re.compile(r'"code"\s*:\s*(\d{3})')
 _QUOTA = re.compile(r"quota|rate limit|resource.?exhausted|try again later", re.IGNORECASE)
+# What the CLI says when the model's reply stayed empty after its own retries, or the stream dropped.
+_TRANSIENT_TEXT = re.compile(r"empty response|stream (was )?(interrupted|disconnected|ended)|connection|timed? ?out",
+                             re.IGNORECASE)
 _AUTH_TEXT = re.compile(r"api.?key.?invalid|api key not valid|unauthenticated|permission.?denied", re.IGNORECASE)
 # Exit statuses of failures that print nothing on stdout (measured with 0.61.0).
 EXIT_AUTH_CONFIG = 41
@@ -169,8 +173,10 @@ class GeminiTurnStream(TurnParser):
             kind = RATE_LIMIT
         elif error_type.startswith("Fatal"):
             kind = PERMANENT
+        elif _TRANSIENT_TEXT.search(message):
+            kind = TRANSIENT  # an empty reply after the CLI's own retries, a dropped stream
         else:
-            kind = TRANSIENT  # an empty or blocked reply, a dropped stream
+            kind = UNKNOWN  # a blocked reply, anything ov does not recognise: parked, not retried at full price
         reset = reset_after(retry_seconds(message)) if kind == RATE_LIMIT else None
         return TurnFailure(kind, trim(message, 300) or "error", reset)
 

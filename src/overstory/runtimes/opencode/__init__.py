@@ -87,6 +87,7 @@ def opencode_json(model: str) -> dict[str, t.Any]:
 class OpenCodeRuntime(Runtime):
     name = "opencode"
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, found by the plugin's callID
+    usage_during_turn = True  # each step_finish carries the step's tokens and cost
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     instructions_file = "AGENTS.md"  # in opencode's ov-owned config dir, not the worktree
     protocols = ("openai-chat",)

@@ -3,7 +3,8 @@
 Pure logic, tested against captured output of the real CLI (tests/fixtures/stream/opencode-*.jsonl).
 Facts from tests/fixtures/OPENCODE_PROBE_NOTES.md: every line carries ``sessionID`` and there
 is no start or result event; a turn is a run of steps, each ending in ``step_finish`` (with
-its tokens and cost), and the last one's ``reason`` is not ``tool-calls``; tool calls are
+its tokens and cost: the turn's live usage, priced as each step ends), and the last one's
+``reason`` is not ``tool-calls``; tool calls are
 printed once, finished; an API failure after opencode's own retries is one ``error`` line;
 an unknown session to resume prints nothing and says ``Session not found`` on stderr.
 """
@@ -15,11 +16,13 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.prices import Tokens
 from overstory.runtimes.base import (
     PERMANENT,
     RATE_LIMIT,
     RESUME_FAILED,
     TRANSIENT,
+    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
@@ -57,6 +60,8 @@ class OpenCodeTurnStream(TurnParser):
     exit_code: int | None = None
     stderr_tail: str = ""
     _announced: bool = field(default=False)
+    _live_tokens: Tokens = field(default=Tokens())  # steps that reported no cost: ov prices their tokens
+    _live_cost: float = 0.0                         # steps that reported their cost (a model with a price)
 
     def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:
         now = time.monotonic() if now is None else now
@@ -125,9 +130,17 @@ class OpenCodeTurnStream(TurnParser):
         tokens = part.get("tokens") if isinstance(part.get("tokens"), dict) else {}
         cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
         # opencode reports input without the cached part, and reasoning apart from output.
-        self.input_tokens += int(tokens.get("input") or 0) + int(cache.get("read") or 0) + int(cache.get("write") or 0)
-        self.output_tokens += int(tokens.get("output") or 0) + int(tokens.get("reasoning") or 0)
-        self.cost += float(part.get("cost") or 0.0)
+        step = Tokens(int(tokens.get("input") or 0), int(tokens.get("output") or 0) + int(tokens.get("reasoning") or 0),
+                      int(cache.get("read") or 0), int(cache.get("write") or 0))
+        cost = float(part.get("cost") or 0.0)
+        self.input_tokens += step.input + step.cache_read + step.cache_write
+        self.output_tokens += step.output
+        self.cost += cost
+        if cost > 0:
+            self._live_cost += cost
+        else:
+            self._live_tokens += step
+        self.live_reports += 1
         reason = str(part.get("reason") or "")
         self.final_reason = reason
         if reason == "tool-calls":
@@ -159,15 +172,18 @@ class OpenCodeTurnStream(TurnParser):
                 line = _last_line(self.stderr_tail) or f"opencode exited {self.exit_code} before starting the turn"
                 return TurnFailure(PERMANENT, line)
             if self.final_reason is not None and self.final_reason not in _ENDED + ("tool-calls",):
-                return TurnFailure(TRANSIENT, f"the model's answer ended with {self.final_reason!r}")
+                # content-filter, error, other...: the same request would end the same way
+                return TurnFailure(UNKNOWN, f"the model's answer ended with {self.final_reason!r}")
             return TurnFailure(TRANSIENT, "opencode exited without finishing the turn (killed or crashed)")
         data = self.error.get("data") if isinstance(self.error.get("data"), dict) else {}
         message = str(data.get("message") or self.error.get("name") or "error")
         status = data.get("statusCode")
         if isinstance(status, int):
             kind = kind_of_status(status)
-        else:
-            kind = TRANSIENT if data.get("isRetryable") or self.error.get("name") != "APIError" else PERMANENT
+        elif data.get("isRetryable"):
+            kind = TRANSIENT
+        else:  # an APIError opencode will not retry, or an error ov does not recognise
+            kind = PERMANENT if self.error.get("name") == "APIError" else UNKNOWN
         reset = None
         if kind == RATE_LIMIT:
             headers = data.get("responseHeaders") if isinstance(data.get("responseHeaders"), dict) else {}
@@ -177,6 +193,13 @@ class OpenCodeTurnStream(TurnParser):
 
     def usage(self) -> Usage:
         return Usage(self.input_tokens, self.output_tokens, self.cost)
+
+    def live_usage(self) -> dict[str, Tokens]:
+        """The tokens of the steps so far that reported no cost; the stream does not name the model ('')."""
+        return {"": self._live_tokens} if self._live_tokens.total else {}
+
+    def live_cost_usd(self) -> float:
+        return self._live_cost
 
 
 def _last_line(stderr: str) -> str | None:

@@ -20,7 +20,9 @@ Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more 
 `ov loop` (``$OVERSTORY_LOOP_ITERATION`` set), a section with ``iterations`` plays
 ``iterations[N-1]`` as the first turn of iteration N's fresh session.
 Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
-usage (see ``_Turn.perform``). Any action may carry ``"once": PATH``: it is played only
+usage (see ``_Turn.perform``). ``usage`` alone is a text message with that bill; beside a
+tool action (``{"bash": ..., "usage": {...}}``) it is the bill of the tool call's own message,
+which comes before the call's hooks run, as claude prints it. Any action may carry ``"once": PATH``: it is played only
 while PATH does not exist, and creates it (so a retried or resumed turn skips it); a
 relative PATH is in the agent's state dir (an absolute one under /tmp would be private
 to one turn inside ov's sandbox).
@@ -44,18 +46,21 @@ from pathlib import Path
 from overstory.runtimes.scripted.hooks import Hooks
 
 NOTHING_MORE = "nothing more to do"
+TOOL_ACTIONS = frozenset({"write", "edit", "read", "bash", "tool"})  # actions that are a tool call
 COST_PER_STEP = 0.001
 DEFAULT_MODEL = "scripted"
 TOOLS = ["Task", "Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "TodoWrite",
          "WebFetch", "WebSearch", "Write"]
 VERSION = "scripted-1"
 
-# kind -> (HTTP status, CLI error label, message, retried first?)
-API_ERRORS: dict[str, tuple[int, str, str, bool]] = {
+# kind -> (HTTP status or None, CLI error label, message, retried first?)
+API_ERRORS: dict[str, tuple[int | None, str, str, bool]] = {
     "overloaded": (529, "overloaded", "API Error: 529 Overloaded. This is a server-side issue, usually temporary.", True),
     "rate_limit": (429, "rate_limit", "API Error: Request rejected (429) · rate limit exceeded", True),
     "invalid_request": (400, "invalid_request", "API Error: 400 invalid request", False),
     "authentication": (401, "authentication_failed", "Invalid API key · Fix external API key", False),
+    # An error with no HTTP status and a message no parser knows: what ov must not retry blindly.
+    "unclassified": (None, "unknown", "The tool runner lost its state (code 0x2a); the turn cannot go on", False),
 }
 USAGE_LIMIT_TEXT = "You've hit your 5-hour limit"
 NOT_LOGGED_IN_TEXT = "Not logged in · Please run /login"
@@ -243,6 +248,17 @@ class _Turn:
     def _base(self) -> Event:
         return {"parent_tool_use_id": None, "session_id": self.session.id, "uuid": str(uuid.uuid4())}
 
+    def bill(self, spec: dict[str, t.Any]) -> dict[str, t.Any]:
+        """``say``'s arguments for a scenario's ``usage`` spec: its tokens, model and dollar figure. The figure
+        rides on the message (``cost_usd``, a scripted extension of claude's event), so ov counts it toward
+        the turn's live estimate as it arrives; the turn's result reports it again in its total."""
+        tokens = usage(int(spec.get("input_tokens", 0)), int(spec.get("output_tokens", 0)))
+        tokens["cache_read_input_tokens"] = int(spec.get("cache_read", 0))
+        tokens["cache_creation_input_tokens"] = int(spec.get("cache_write", 0))
+        cost = float(spec.get("cost_usd", 0))
+        self.extra_cost += cost
+        return {"tokens": tokens, "model": spec.get("model"), "extra": {"cost_usd": cost} if cost else None}
+
     def say(self, block: dict[str, t.Any], *, error: str | None = None, tokens: dict[str, int] | None = None,
             extra: Event | None = None, model: str | None = None) -> None:
         self.steps += 1
@@ -257,9 +273,9 @@ class _Turn:
         if block["type"] == "text":
             self.last_text = block["text"]
 
-    def tool(self, name: str, tool_input: dict[str, t.Any]) -> None:
+    def tool(self, name: str, tool_input: dict[str, t.Any], bill: dict[str, t.Any] | None = None) -> None:
         tool_id = f"toolu_scripted_{uuid.uuid4().hex[:20]}"
-        self.say({"type": "tool_use", "id": tool_id, "name": name, "input": tool_input})
+        self.say({"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}, **(bill or {}))
         payload = {"session_id": self.session.id, "transcript_path": str(self.session.path),
                    "cwd": self.session.cwd, "permission_mode": "bypassPermissions",
                    "hook_event_name": "PreToolUse", "tool_name": name, "tool_input": tool_input,
@@ -354,29 +370,26 @@ class _Turn:
                     continue
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.touch()
-            if "usage" in action:
-                spec = action["usage"]
-                tokens = usage(int(spec.get("input_tokens", 0)), int(spec.get("output_tokens", 0)))
-                tokens["cache_read_input_tokens"] = int(spec.get("cache_read", 0))
-                tokens["cache_creation_input_tokens"] = int(spec.get("cache_write", 0))
-                self.extra_cost += float(spec.get("cost_usd", 0))
-                self.say({"type": "text", "text": str(spec.get("text", "working on it"))}, tokens=tokens,
-                         model=spec.get("model"))
+            spec = action.pop("usage", None) if isinstance(action, dict) else None
+            bill = self.bill(spec) if isinstance(spec, dict) else None
+            if bill is not None and not TOOL_ACTIONS.intersection(action):
+                self.say({"type": "text", "text": str(spec.get("text", "working on it"))}, **bill)
             elif "text" in action:
                 self.say({"type": "text", "text": str(action["text"])})
             elif "write" in action:
                 spec = action["write"]
-                self.tool("Write", {"file_path": _absolute(cwd, spec["path"]), "content": spec.get("content", "")})
+                self.tool("Write", {"file_path": _absolute(cwd, spec["path"]), "content": spec.get("content", "")},
+                          bill)
             elif "edit" in action:
                 spec = action["edit"]
                 self.tool("Edit", {"file_path": _absolute(cwd, spec["path"]), "old_string": spec["old"],
-                                   "new_string": spec["new"], "replace_all": False})
+                                   "new_string": spec["new"], "replace_all": False}, bill)
             elif "read" in action:
-                self.tool("Read", {"file_path": _absolute(cwd, action["read"])})
+                self.tool("Read", {"file_path": _absolute(cwd, action["read"])}, bill)
             elif "bash" in action:
-                self.tool("Bash", {"command": action["bash"], "description": "scripted command"})
+                self.tool("Bash", {"command": action["bash"], "description": "scripted command"}, bill)
             elif "tool" in action:
-                self.tool(action["tool"]["name"], dict(action["tool"].get("input") or {}))
+                self.tool(action["tool"]["name"], dict(action["tool"].get("input") or {}), bill)
             elif "sleep" in action:
                 time.sleep(float(action["sleep"]))
             elif "crash" in action:

@@ -1,8 +1,9 @@
 """The ``scripted`` runtime's adapter: a built-in stand-in for the claude CLI that plays a scenario file.
 
 It speaks the same stream-json and runs the same hooks as claude (so it reuses the
-claude adapter's parser and settings), needs no model and no key, and is headless
-only. The player itself is ``overstory.runtimes.scripted.player``.
+claude adapter's parser, with one extension in ``stream``, and its settings), needs no
+model and no key, and is headless only. The player itself is
+``overstory.runtimes.scripted.player``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import typing as t
 from pathlib import Path
 
-from overstory.runtimes.base import RuntimeProbe, Tui, TurnRequest
+from overstory.runtimes.base import RuntimeProbe, Tui, TurnParser, TurnRequest
 from overstory.runtimes.claude import ClaudeRuntime
 
 if t.TYPE_CHECKING:
@@ -21,6 +22,11 @@ if t.TYPE_CHECKING:
 class ScriptedRuntime(ClaudeRuntime):
     name = "scripted"
     tmp_env_vars = ()
+
+    def new_parser(self) -> TurnParser:
+        from overstory.runtimes.scripted.stream import ScriptedTurnStream
+
+        return ScriptedTurnStream()
 
     def program(self, config: Config) -> list[str]:
         return [sys.executable, "-m", "overstory.runtimes.scripted"]
