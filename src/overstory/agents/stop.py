@@ -105,6 +105,9 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         if isinstance(outcome, sessions.IllegalTransition):
             result.already_completed = True  # it completed by itself a moment ago
     _stop_processes(conn, agent, result, force=force, kill_grace=kill_grace)
+    from overstory.sandbox.checks import kill_leftover, loop_record
+
+    kill_leftover(loop_record(project.run_dir, name))  # a loop's check its killed loop left running
     if agent.mode == "tmux":
         from overstory.agents import tmux_panes
 
