@@ -120,6 +120,19 @@ def test_a_failure_fingerprint_ignores_times_and_addresses_but_not_the_failure()
     assert fingerprint(1, one) != fingerprint(2, one)
 
 
+def test_protected_paths_come_from_the_config_and_the_spec_and_stay_inside_the_repository():
+    made = definition({"objective": "x", "protected_paths": ["tests/", "conftest.py"], "allow_protected": "tests/new.py"},
+                      protected=["conftest.py"], allow_protected=("pyproject.toml",))
+    assert made["protected_paths"] == ["conftest.py", "tests/"]
+    assert made["allow_protected"] == ["tests/new.py", "pyproject.toml"]
+    assert definition(prompt="x")["protected_paths"] == [] and definition(prompt="x")["allow_protected"] == []
+    for bad in (["/etc/passwd"], ["../up"], [":(top)x"], [""], [3], "tests/../.."):
+        with pytest.raises(LoopError, match="protected_paths"):
+            definition({"objective": "x", "protected_paths": bad})
+    with pytest.raises(LoopError, match="--allow-protected"):
+        definition(prompt="x", allow_protected=("../x",))
+
+
 def root_checker(project, env=None):
     """A LoopChecker of an agent at the project root (no branch): it checks the root's last commit."""
     from types import SimpleNamespace
@@ -151,6 +164,19 @@ def test_gates_run_over_the_last_commit(project):
         tree = checker.tree
     assert ran.exit_code == 3 and "a.py" in ran.tail and "OVERSTORY=\n" in ran.tail, "ov's check is not the agent's"
     assert tree is not None and not tree.exists(), "the checkout goes with the checker"
+
+
+def test_a_check_runs_in_the_projects_own_virtual_environment(project):
+    from conftest import run_git
+
+    fake = project.root / ".venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho the project python\n")
+    fake.chmod(0o755)
+    run_git(project.root, "commit", "-q", "--allow-empty", "-m", "x")
+    with root_checker(project, {"PATH": "/usr/bin:/bin", "VIRTUAL_ENV": "/somewhere/ov/venv"}) as checker:
+        ran = checker.run({"kind": "command", "command": "python; echo VENV=$VIRTUAL_ENV"})
+    assert ran.passed and "the project python" in ran.tail and f"VENV={project.root.resolve() / '.venv'}" in ran.tail
 
 
 def test_a_hung_check_is_stopped_whole(project):
