@@ -5,7 +5,7 @@
     objective: Make the whole test suite pass without skipping tests.
     constraints: ["do not edit tests/", "keep the public API"]   # or one text
     until: LOOP_DONE            # the completion promise (default LOOP_DONE)
-    check: python -m pytest -q  # run by ov in the worktree after every iteration
+    check: python -m pytest -q  # run by ov after every iteration (sandboxed, over the branch)
     max_iterations: 12
     max_usd: 5
     critic: reviewer            # or {capability: reviewer, runtime: ..., model: ...}

@@ -17,7 +17,9 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path),
               help="YAML: objective, constraints, check, phases with gates, critic (or a text: the objective).")
 @click.option("--until", help="The completion promise the model's last message must hold (default LOOP_DONE).")
-@click.option("--check", help="Shell command ov runs in the worktree after each iteration; must exit 0 to finish.")
+@click.option("--check",
+              help="Shell command ov runs after each iteration (in the sandbox, over the agent's branch); must exit 0 "
+                   "to finish.")
 @click.option("--max-iterations", type=click.IntRange(min=1), help="Park after this many (default: config loop).")
 @click.option("--max-usd", type=click.FloatRange(min=0), help="The loop's budget in dollars (parks when reached).")
 @click.option("--name", help="Loop (and agent) name (default: CAPABILITY-TASK_ID).")
