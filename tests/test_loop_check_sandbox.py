@@ -293,6 +293,8 @@ def test_ov_stop_mid_check_leaves_no_check_running(calc, tmp_path):
     stopped = run_ov("stop", "builder-t1", cwd=calc.root)
     assert stopped.returncode == 0, stopped.stderr
     assert gate_copies(token) == [], "a check outlived `ov stop`"
+    assert list((calc.ov_dir / "tmp").glob("check-*")) == [], "its checkout went with it"
+    assert "check-" not in run_git(calc.root, "worktree", "list")
 
 
 # ---- merge gates ------------------------------------------------------------------------------------------
