@@ -10,7 +10,7 @@ import time
 import pytest
 
 from overstory import guards
-from overstory.agents.loop_checks import fingerprint, progress_summary, run_gate
+from overstory.agents.loop_checks import LoopChecker, fingerprint, progress_summary
 from overstory.agents.loop_prompt import iteration_message
 from overstory.agents.loop_spec import build_definition, limit_reached, parse_gate, read_spec
 from overstory.errors import LoopError
@@ -120,22 +120,72 @@ def test_a_failure_fingerprint_ignores_times_and_addresses_but_not_the_failure()
     assert fingerprint(1, one) != fingerprint(2, one)
 
 
-def test_gates_run_in_the_worktree(tmp_path):
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "a.py").write_text("")
-    files = run_gate({"kind": "files", "glob": "src/*.py", "min": 2}, tmp_path, timeout=5, tail=500, env={})
+def test_protected_paths_come_from_the_config_and_the_spec_and_stay_inside_the_repository():
+    made = definition({"objective": "x", "protected_paths": ["tests/", "conftest.py"], "allow_protected": "tests/new.py"},
+                      protected=["conftest.py"], allow_protected=("pyproject.toml",))
+    assert made["protected_paths"] == ["conftest.py", "tests/"]
+    assert made["allow_protected"] == ["tests/new.py", "pyproject.toml"]
+    assert definition(prompt="x")["protected_paths"] == [] and definition(prompt="x")["allow_protected"] == []
+    for bad in (["/etc/passwd"], ["../up"], [":(top)x"], [""], [3], "tests/../.."):
+        with pytest.raises(LoopError, match="protected_paths"):
+            definition({"objective": "x", "protected_paths": bad})
+    with pytest.raises(LoopError, match="--allow-protected"):
+        definition(prompt="x", allow_protected=("../x",))
+
+
+def root_checker(project, env=None):
+    """A LoopChecker of an agent at the project root (no branch): it checks the root's last commit."""
+    from types import SimpleNamespace
+
+    from test_watchdog import load
+
+    agent = SimpleNamespace(name="builder-x", branch=None, base_branch=None, spec={}, worktree=None,
+                            capability="builder", runtime="scripted")
+    return LoopChecker(project, load(project), agent, {}, env=env or {"PATH": "/usr/bin:/bin"})
+
+
+def test_gates_run_over_the_last_commit(project):
+    from conftest import run_git
+
+    (project.root / "src").mkdir()
+    (project.root / "src" / "a.py").write_text("")
+    run_git(project.root, "add", "src")
+    run_git(project.root, "commit", "-q", "-m", "a")
+    (project.root / "src" / "b.py").write_text("")  # not committed: not checked
+    gate = {"kind": "files", "glob": "src/*.py", "min": 2}
+    with root_checker(project) as checker:
+        files = checker.run(gate)
     assert not files.passed and files.fingerprint and "1 file(s) match `src/*.py`" in files.tail
-    (tmp_path / "src" / "b.py").write_text("")
-    assert run_gate({"kind": "files", "glob": "src/*.py", "min": 2}, tmp_path, timeout=5, tail=500, env={}).passed
-    ran = run_gate({"kind": "command", "command": "ls src; echo OVERSTORY=$OVERSTORY_AGENT_NAME; exit 3"}, tmp_path,
-                   timeout=5, tail=500, env={"PATH": "/usr/bin:/bin", "OVERSTORY_AGENT_NAME": "builder-x"})
+    run_git(project.root, "add", "src")
+    run_git(project.root, "commit", "-q", "-m", "b")
+    with root_checker(project, {"PATH": "/usr/bin:/bin", "OVERSTORY_AGENT_NAME": "builder-x"}) as checker:
+        assert checker.run(gate).passed
+        ran = checker.run({"kind": "command", "command": "ls src; echo OVERSTORY=$OVERSTORY_AGENT_NAME; exit 3"})
+        tree = checker.tree
     assert ran.exit_code == 3 and "a.py" in ran.tail and "OVERSTORY=\n" in ran.tail, "ov's check is not the agent's"
+    assert tree is not None and not tree.exists(), "the checkout goes with the checker"
 
 
-def test_a_hung_check_is_stopped_whole(tmp_path):
+def test_a_check_runs_in_the_projects_own_virtual_environment(project):
+    from conftest import run_git
+
+    fake = project.root / ".venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho the project python\n")
+    fake.chmod(0o755)
+    run_git(project.root, "commit", "-q", "--allow-empty", "-m", "x")
+    with root_checker(project, {"PATH": "/usr/bin:/bin", "VIRTUAL_ENV": "/somewhere/ov/venv"}) as checker:
+        ran = checker.run({"kind": "command", "command": "python; echo VENV=$VIRTUAL_ENV"})
+    assert ran.passed and "the project python" in ran.tail and f"VENV={project.root.resolve() / '.venv'}" in ran.tail
+
+
+def test_a_hung_check_is_stopped_whole(project):
+    from test_watchdog import write_local_config
+
+    write_local_config(project, loop={"check_timeout": 1})
     started = time.monotonic()
-    hung = run_gate({"kind": "command", "command": "sleep 30 & sleep 30; echo never"}, tmp_path, timeout=1, tail=500,
-                    env={"PATH": "/usr/bin:/bin"})
+    with root_checker(project) as checker:
+        hung = checker.run({"kind": "command", "command": "sleep 30 & sleep 30; echo never"})
     assert hung.exit_code == 124 and "stopped after 1s" in hung.tail and time.monotonic() - started < 20
     assert subprocess.run(["pgrep", "-f", "sleep 30 & sleep 30"], capture_output=True).stdout == b""
 

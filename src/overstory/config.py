@@ -163,6 +163,15 @@ class LoopSection(_Section):
     check_timeout: float = Field(900, gt=0)
     output_tail: int = Field(3000, ge=200)
     critic_timeout: float = Field(1800, gt=0)
+    protected_paths: list[str] = Field(default_factory=list)
+
+    @field_validator("protected_paths")
+    @classmethod
+    def _inside(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.strip() or path.startswith(("/", ":")) or ".." in path.split("/"):
+                raise ValueError(f"{path!r}: a protected path is relative to the repository root, without `..`")
+        return [p.strip() for p in value]
 
 
 class SchedulesSection(_Section):

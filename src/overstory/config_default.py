@@ -74,7 +74,8 @@ merge:
   ai_resolve: false
   # Model used by tier 3.
   model: claude-sonnet-4-5
-  # Shell commands run on the merged tree before committing, e.g. ["python -m pytest -q"].
+  # Shell commands run on the merged tree before committing, e.g. ["python -m pytest -q"], in the
+  # agents' sandbox (they run the agent's code); a branch that changes loop.protected_paths is refused.
   gates: []
   # Seconds to wait for another merge into the same branch before giving up.
   lock_wait: 30
@@ -161,6 +162,11 @@ loop:
   output_tail: 3000
   # Seconds to wait for a phase's critic (`critic: reviewer`) to send its verdict before parking the loop.
   critic_timeout: 1800
+  # What a check depends on, which the agent must not change to pass it, e.g. [tests/, "**/conftest.py",
+  # pyproject.toml]: a loop's checks and gates, and merge gates, see them as they are on the base branch,
+  # and a change to one fails the check until the operator allows it (`ov loop --allow-protected PATH`,
+  # `ov merge --allow-protected`). Git glob pathspecs from the repository root.
+  protected_paths: []
 
 schedules:
   # Fires missed while no watchdog ran: latest (fire once, for the latest missed time) or none (skip them).

@@ -170,8 +170,8 @@ def kill_group(pgid: int | None, leader_ticks: int | None, *, grace: float = 5.0
 TURN_TAG = "OVERSTORY_TURN_ID"
 
 
-def tagged_processes(turn_id: str) -> list[int]:
-    """Live pids whose environment carries ``OVERSTORY_TURN_ID=<turn_id>``.
+def tagged_processes(turn_id: str, *, tag: str = TURN_TAG) -> list[int]:
+    """Live pids whose environment carries ``OVERSTORY_TURN_ID=<turn_id>`` (or ``<tag>=<turn_id>``).
 
     The runtime starts its tool processes in sessions of their own (so they leave
     the turn's process group), but they inherit the environment ov gave the turn,
@@ -179,7 +179,7 @@ def tagged_processes(turn_id: str) -> list[int]:
     """
     if not turn_id:
         return []
-    needle = f"{TURN_TAG}={turn_id}".encode()
+    needle = f"{tag}={turn_id}".encode()
     found = []
     me = os.getpid()
     for entry in os.scandir(_PROC):
@@ -198,12 +198,13 @@ def tagged_processes(turn_id: str) -> list[int]:
 
 
 def kill_turn(pgid: int | None, leader_ticks: int | None, turn_id: str | None, *, grace: float = 5.0,
-              force: bool = False) -> bool:
-    """Stop everything a turn started: its process group, then any tagged stragglers. True if all gone."""
+              force: bool = False, tag: str = TURN_TAG) -> bool:
+    """Stop everything a turn (or a check: ``tag``) started: its process group, then any tagged stragglers.
+    True if all gone."""
     import signal  # not at the top: `ov status` imports this module, and signal imports enum
 
     gone = kill_group(pgid, leader_ticks, grace=grace, force=force)
-    stragglers = tagged_processes(turn_id or "")
+    stragglers = tagged_processes(turn_id or "", tag=tag)
     for pid in stragglers:
         try:
             os.kill(pid, signal.SIGTERM if not force else signal.SIGKILL)
@@ -211,14 +212,14 @@ def kill_turn(pgid: int | None, leader_ticks: int | None, turn_id: str | None, *
             pass
     deadline = time.monotonic() + (0.5 if force else min(grace, 2.0))
     while stragglers and time.monotonic() < deadline:
-        stragglers = tagged_processes(turn_id or "")
+        stragglers = tagged_processes(turn_id or "", tag=tag)
         time.sleep(0.05)
     for pid in stragglers:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return gone and not tagged_processes(turn_id or "")
+    return gone and not tagged_processes(turn_id or "", tag=tag)
 
 
 KILL_AT_ENV = "OV_TEST_KILL_AT"  # fault injection for the tests: see kill_point

@@ -333,6 +333,10 @@ class Watchdog:
             procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
                             grace=self.settings.kill_grace)
             killed = f"; killed its orphaned turn group {agent.turn_pgid}"
+        from overstory.sandbox.checks import kill_leftover, loop_record
+
+        if kill_leftover(loop_record(self.project.run_dir, agent.name)):  # a loop's check (or gate) it left running
+            killed += "; killed the check its loop left running"
         latest = self.state.execute(
             "SELECT id, status, started_at FROM turns WHERE agent = ? AND generation = ? ORDER BY rowid DESC LIMIT 1",
             (agent.name, agent.generation)).fetchone()

@@ -42,7 +42,13 @@ from overstory.agents.loop_boundary import (
     save_checkpoint,
     start_critic,
 )
-from overstory.agents.loop_checks import CheckResult, progress_summary, progress_text, run_gate
+from overstory.agents.loop_checks import (
+    CheckInterrupted,
+    CheckResult,
+    LoopChecker,
+    progress_summary,
+    progress_text,
+)
 from overstory.agents.loop_prompt import critic_message, iteration_message
 from overstory.agents.loop_spec import MAX_CRITIC_RETRIES, PROGRESS_FILE, limit_reached
 from overstory.agents.process import POLL_SECONDS, acquire_turn_slot, load_launch_env
@@ -213,12 +219,17 @@ class IterationRunner:
         gates = [g for g in (loop.phase.get("gate"), loop.definition.get("final_check") if is_last else None) if g]
         check: CheckResult | None = None
         settings = self.config.loop
-        for index, gate in enumerate(gates):
-            log = self.project.logs_dir / self.name / "loop" / f"check-{row['number']}-{row['attempt']}-{index}.txt"
-            check = run_gate(gate, worktree, timeout=settings.check_timeout, tail=settings.output_tail,
-                             env=self.host.base_env, log_file=log)
-            if not check.passed:
-                break
+        try:  # in the sandbox, over the agent's branch (loop_checks)
+            with LoopChecker(self.project, self.config, agent, loop.definition, env=self.host.base_env,
+                             should_stop=self.host.should_stop,
+                             commit_message=f"ov loop {self.name}: iteration {row['number']}") as checker:
+                for index, gate in enumerate(gates):
+                    check = checker.run(gate, self.project.logs_dir / self.name / "loop" /
+                                        f"check-{row['number']}-{row['attempt']}-{index}.txt")
+                    if not check.passed:
+                        break
+        except CheckInterrupted:
+            return  # the loop is stopping: the next loop process checks this iteration again
         progress = progress_summary(progress_text(worktree))
         promise = bool(row["promise_seen"])
         passed = check is None or check.passed
@@ -235,6 +246,8 @@ class IterationRunner:
             outcome = "the check passed without the promise: another iteration"
         else:
             outcome = "the check failed: another iteration"
+        if check is not None and check.problem:  # a protected path changed: said first
+            outcome = f"{check.problem}; {outcome}"
         tail = f"$ {check.label}\n{check.tail}" if check is not None else None
         with write_transaction(self.state):
             loops.finish_iteration(self.state, row, check_exit=check.exit_code if check else None,

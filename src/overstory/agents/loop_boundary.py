@@ -17,6 +17,7 @@ from pathlib import Path
 
 from overstory.gitutil import git
 from overstory.paths import ProjectPaths
+from overstory.sandbox.check_tree import on_own_branch
 from overstory.store import loops
 from overstory.store.loops import Loop
 from overstory.store.sessions import Session
@@ -40,7 +41,8 @@ def save_checkpoint(conn: sqlite3.Connection, agent: Session, loop: Loop, progre
         if existing["phase"] == phase and existing["phase_round"] == loop.phase_round:
             return existing
     worktree = Path(agent.worktree or ".")
-    if git(worktree, "status", "--porcelain", check=False).stdout.strip():
+    own = bool(agent.branch) and on_own_branch(worktree, agent.branch or "")  # never commit onto another branch
+    if own and git(worktree, "status", "--porcelain", check=False).stdout.strip():
         git(worktree, "add", "-A")
         done = git(worktree, *_identity(worktree), "commit", "-q", "-m",
                    f"ov loop {loop.name}: checkpoint after phase {phase}", check=False)

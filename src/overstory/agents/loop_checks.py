@@ -1,19 +1,22 @@
-"""ov's own judgement of an iteration: the check command or a phase's gate, run in the worktree.
+"""ov's own judgement of an iteration: the check command or a phase's gate, over the agent's branch.
 
-The model never runs these for ov: the loop process does, after the iteration's turn,
-in the agent's worktree, with a timeout, in a process group of its own (so a hung test
-run is stopped whole). Its full output is kept under the agent's logs; the loop keeps
-the tail (for the next iteration's message) and a fingerprint of the failure (for
-"the same failure again": the exit code and output with times, durations, addresses
-and temp paths blanked out).
+The model never runs these for ov: the loop process does, after the iteration's turn. A
+check runs agent-written code, so it runs as the agent's turns do (``sandbox.checks``): in
+bubblewrap, with no agent secret, in a process group of its own that dies with the loop.
+What it judges is a fresh checkout of the agent's branch (``sandbox.check_tree``), never the
+worktree: ov first commits what the iteration left uncommitted (as a checkpoint does), so
+the check judges exactly what the branch holds (no ignored file, nothing beside it), and the
+loop's protected paths are put back as they are at the base; a change to one of them that
+the operator did not allow (``--allow-protected``) fails the check. Its full output is kept
+under the agent's logs; the loop keeps the tail (for the next iteration's message) and a
+fingerprint of the failure (for "the same failure again": the exit code and output with
+times, durations, addresses and temp paths blanked out).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import signal
 import subprocess
 import time
 import typing as t
@@ -21,8 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory.agents.loop_spec import PROGRESS_FILE
+from overstory.errors import SandboxError
+from overstory.sandbox import check_tree
+from overstory.sandbox.checks import kill_leftover, loop_record, run_check
+
+if t.TYPE_CHECKING:
+    from overstory.config import Config
+    from overstory.paths import ProjectPaths
+    from overstory.store.sessions import Session
 
 TIMED_OUT = 124
+CANNOT_RUN = 126
+_READ_LIMIT = 8 << 20
 _NOISE = [
     re.compile(r"0x[0-9a-fA-F]+"),                                  # addresses
     re.compile(r"\d+(?:\.\d+)?\s*(?:ms|s|sec|secs|seconds|minutes?)\b"),  # durations
@@ -39,10 +52,15 @@ class CheckResult:
     seconds: float
     tail: str           # the end of the output
     fingerprint: str | None  # None when it passed
+    problem: str | None = None  # why it failed besides its exit code (a protected path changed)
 
     @property
     def passed(self) -> bool:
         return self.exit_code == 0
+
+
+class CheckInterrupted(Exception):
+    """The loop is stopping: the check was killed; the next loop process checks the iteration again."""
 
 
 def fingerprint(exit_code: int, output: str) -> str:
@@ -53,62 +71,149 @@ def fingerprint(exit_code: int, output: str) -> str:
     return hashlib.sha256(f"{exit_code}\n{text}".encode()).hexdigest()[:16]
 
 
-def run_gate(gate: dict[str, t.Any], worktree: Path, *, timeout: float, tail: int, env: t.Mapping[str, str],
-             log_file: Path | None = None) -> CheckResult:
-    if gate["kind"] == "files":
-        return _count_files(gate, worktree, tail)
-    return _run_command(gate["command"], worktree, timeout=timeout, tail=tail, env=env, log_file=log_file)
+def _result(label: str, code: int, started: float, output: str, tail: int, problem: str | None = None) -> CheckResult:
+    return CheckResult(label, code, time.monotonic() - started, output[-tail:],
+                       None if code == 0 else fingerprint(code, output), problem)
 
 
-def _count_files(gate: dict[str, t.Any], worktree: Path, tail: int) -> CheckResult:
-    started = time.monotonic()
-    matches = sorted(str(p.relative_to(worktree)) for p in worktree.glob(gate["glob"])
-                     if p.is_file() and ".git" not in p.relative_to(worktree).parts)
+class LoopChecker:
+    """The checks of one finished iteration: one checkout of the agent's last commit, every gate run over it.
+
+    ``with LoopChecker(...) as checker: checker.run(gate, log_file)``. Entering kills a check that a
+    dead loop of this agent left running and removes its checkout; the first gate makes the
+    checkout, leaving removes it.
+    """
+
+    def __init__(self, project: ProjectPaths, config: Config, agent: Session, definition: t.Mapping[str, t.Any], *,
+                 env: t.Mapping[str, str], should_stop: t.Callable[[], bool] | None = None,
+                 commit_message: str | None = None) -> None:
+        self.project, self.config, self.agent, self.env, self.should_stop = project, config, agent, env, should_stop
+        self.commit_message = commit_message  # what ov commits the agent's leftovers with (None: it does not)
+        self.root = project.root.resolve()
+        self.ov_dir = self.root / project.ov_dir.name
+        self.protected = list(definition.get("protected_paths") or [])
+        self.allowed = list(definition.get("allow_protected") or [])
+        self.record = loop_record(project.run_dir, agent.name)
+        self.tree: Path | None = None
+        self.broken: str | None = None        # why no checkout could be made (every gate fails with it)
+        self.changes: list[check_tree.Change] = []
+        self.notes: list[str] = []            # told to the model after the output
+
+    def __enter__(self) -> t.Self:
+        kill_leftover(self.record)
+        for old in check_tree.leftovers(self.ov_dir, self.agent.name):
+            check_tree.remove(self.root, old)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tree is not None:
+            check_tree.remove(self.root, self.tree)
+
+    @property
+    def violations(self) -> list[check_tree.Change]:
+        return [c for c in self.changes if not c.allowed]
+
+    def _checkout(self) -> None:
+        agent = self.agent
+        from overstory import sandbox
+
+        if agent.branch and agent.worktree and sandbox.effective_mode(self.config).name == "bwrap":
+            sandbox.take_back(self.project, agent)  # the turn's last commits, if its loop died before it took them
+        if agent.branch and agent.worktree and self.commit_message:
+            check_tree.commit_leftovers(Path(agent.worktree), agent.branch, self.commit_message)
+        head = check_tree.commit_of(self.root, f"refs/heads/{agent.branch}" if agent.branch else "HEAD")
+        if head is None:
+            raise OSError(f"{agent.branch or 'HEAD'} names no commit")
+        base = check_tree.base_of(self.root, head, (agent.spec or {}).get("base_commit"), agent.base_branch)
+        if self.protected and base is None:
+            self.notes.append("[ov] the loop's base commit is unknown: its protected paths are not pinned")
+        if self.protected and base is not None:
+            self.changes = check_tree.protected_changes(self.root, base, head, self.protected, self.allowed)
+        tree = check_tree.scratch_dir(self.ov_dir, agent.name)
+        self.tree = tree
+        check_tree.checkout(self.root, head, tree, base=base, pinned=[c.path for c in self.violations])
+        if agent.worktree:
+            left = check_tree.uncommitted(Path(agent.worktree), ignore=[PROGRESS_FILE])
+            if left:
+                shown = ", ".join(left[:10]) + (" ..." if len(left) > 10 else "")
+                self.notes.append(f"[ov] not checked, because git would not commit them: {shown}")
+        if self.violations:
+            pinned = ", ".join(c.path for c in self.violations)
+            self.notes.append(f"[ov] {self.problem}: the check ran with them as they are at the base "
+                              f"{(base or '')[:12]}, and fails until they are back (git checkout {(base or '')[:12]} -- "
+                              f"{pinned}; a file the base lacks: git rm it); only the operator can allow a change "
+                              "there (ov loop --allow-protected PATH)")
+
+    @property
+    def problem(self) -> str | None:
+        return f"protected path(s) changed: {check_tree.describe(self.violations)}" if self.violations else None
+
+    def run(self, gate: dict[str, t.Any], log_file: Path | None = None) -> CheckResult:
+        settings = self.config.loop
+        label = gate["command"] if gate["kind"] == "command" else f"files: {gate['glob']} >= {gate['min']}"
+        started = time.monotonic()
+        if self.tree is None and self.broken is None:
+            try:
+                self._checkout()
+            except (subprocess.CalledProcessError, OSError, SandboxError) as exc:
+                detail = " ".join(str(getattr(exc, "stderr", None) or exc).split())[:400]
+                self.broken = f"[ov] could not check out the agent's last commit: {detail}"
+        if self.broken is not None or self.tree is None:
+            return _result(label, CANNOT_RUN, started, self.broken or "[ov] no checkout", settings.output_tail)
+        if gate["kind"] == "files":
+            code, output = _count_files(gate, self.tree)
+        else:
+            code, output = self._command(gate["command"], log_file)
+        notes = "\n".join(self.notes)
+        output = output + ("\n" + notes if notes else "")
+        if self.violations and code == 0:
+            code = 1
+        return _result(label, code, started, output, settings.output_tail, self.problem)
+
+    def _command(self, command: str, log_file: Path | None) -> tuple[int, str]:
+        assert self.tree is not None
+        settings = self.config.loop
+        log = log_file or (self.project.run_dir / self.agent.name / "check-output.txt")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:
+            out.write(f"$ {command}\n".encode())
+            out.flush()
+            try:
+                ran = run_check(self.project, self.config, command, self.tree, capability=self.agent.capability,
+                                environ=self.env, timeout=settings.check_timeout, output=out, record=self.record,
+                                should_stop=self.should_stop)
+            except SandboxError as exc:
+                out.write(f"[ov] {exc}\n".encode())
+                return CANNOT_RUN, f"[ov] the check did not run: {exc}"
+            if ran.stopped:
+                raise CheckInterrupted(command)
+            code = TIMED_OUT if ran.timed_out else t.cast(int, ran.exit_code)
+            note = f"\n[ov] the check was stopped after {settings.check_timeout:g}s (loop.check_timeout)" \
+                if ran.timed_out else ""
+            out.write(f"{note}\n[exit {code}]\n".encode())
+        return code, _output_of(log, len(f"$ {command}\n".encode()))
+
+
+def _output_of(log: Path, skip: int) -> str:
+    """The check's output from its log (the header line skipped, the footer left out; at most the end)."""
+    with open(log, "rb") as handle:
+        size = handle.seek(0, 2)
+        start = max(skip, size - _READ_LIMIT)
+        handle.seek(start)
+        data = handle.read()
+    text = data.decode("utf-8", errors="replace")
+    footer = text.rfind("\n[exit ")
+    return text[:footer] if footer >= 0 else text
+
+
+def _count_files(gate: dict[str, t.Any], tree: Path) -> tuple[int, str]:
+    matches = sorted(str(p.relative_to(tree)) for p in tree.glob(gate["glob"])
+                     if p.is_file() and ".git" not in p.relative_to(tree).parts)
     enough = len(matches) >= int(gate["min"])
     listing = ", ".join(matches[:50]) + (" ..." if len(matches) > 50 else "")
-    output = (f"{len(matches)} file(s) match `{gate['glob']}` (the gate needs at least {gate['min']})"
-              + (f": {listing}" if matches else ""))
-    code = 0 if enough else 1
-    label = f"files: {gate['glob']} >= {gate['min']}"
-    return CheckResult(label, code, time.monotonic() - started, output[-tail:],
-                       None if enough else fingerprint(code, output))
-
-
-def _run_command(command: str, worktree: Path, *, timeout: float, tail: int, env: t.Mapping[str, str],
-                 log_file: Path | None) -> CheckResult:
-    started = time.monotonic()
-    clean_env = {k: v for k, v in env.items() if not k.startswith("OVERSTORY_")}
-    clean_env["PWD"] = str(worktree)
-    proc = subprocess.Popen(["/bin/bash", "-c", command], cwd=worktree, env=clean_env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        raw, _ = proc.communicate(timeout=timeout)
-        code = proc.returncode
-        note = ""
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        raw, _ = proc.communicate()
-        code = TIMED_OUT
-        note = f"\n[ov] the check was stopped after {timeout:g}s (loop.check_timeout)"
-    else:
-        _kill_group(proc.pid)  # what it left running in the background goes too
-    output = raw.decode("utf-8", errors="replace") + note
-    if log_file is not None:
-        try:
-            log_file.parent.mkdir(parents=True, exist_ok=True)
-            log_file.write_text(f"$ {command}\n{output}\n[exit {code}]\n", encoding="utf-8")
-        except OSError:
-            pass
-    code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
-    return CheckResult(command, code, time.monotonic() - started, output[-tail:],
-                       None if code == 0 else fingerprint(code, output))
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    output = (f"{len(matches)} file(s) match `{gate['glob']}` in the last commit (the gate needs at least "
+              f"{gate['min']})" + (f": {listing}" if matches else ""))
+    return (0 if enough else 1), output
 
 
 def progress_text(worktree: Path | None, limit: int = 8000) -> str | None:

@@ -61,13 +61,24 @@ def iteration_message(loop: Loop, *, number: int, attempt: int, progress: str | 
         "## How this ends\n"
         f"- Keep {PROGRESS_FILE} in your worktree up to date: its first line is a one-line summary of where the "
         "work stands, then what is done, what is next and what you learned. ov keeps it out of commits.\n"
-        "- Commit your work as you go.\n"
+        "- Commit your work as you go. ov commits what you leave uncommitted, then checks your branch as it "
+        "will be merged (a fresh checkout: files git ignores are not there).\n"
         f"- After this iteration ov itself checks: {checked}.\n"
+        + _protected_line(definition) +
         f"- Only when the objective{' of this phase' if definition.get('phased') else ''} is met, end your last "
         f"message with {promise}. Saying {promise} while the check fails only starts another iteration with "
         "its output.\n"
         "- Do not send worker_done: ov reports to your parent when the loop is complete.")
     return "\n\n".join(parts)
+
+
+def _protected_line(definition: t.Mapping[str, t.Any]) -> str:
+    paths = definition.get("protected_paths") or []
+    if not paths:
+        return ""
+    allowed = definition.get("allow_protected") or []
+    return (f"- Protected paths: {', '.join(paths)}. ov checks with them as they are on the base branch, and a "
+            "change to one fails the check" + (f" (except {', '.join(allowed)})" if allowed else "") + ".\n")
 
 
 def critic_message(loop: Loop, *, loop_agent: str, phase: dict[str, t.Any], diff: str, diff_range: str,

@@ -5,10 +5,12 @@
     objective: Make the whole test suite pass without skipping tests.
     constraints: ["do not edit tests/", "keep the public API"]   # or one text
     until: LOOP_DONE            # the completion promise (default LOOP_DONE)
-    check: python -m pytest -q  # run by ov in the worktree after every iteration
+    check: python -m pytest -q  # run by ov after every iteration (sandboxed, over the branch)
     max_iterations: 12
     max_usd: 5
     critic: reviewer            # or {capability: reviewer, runtime: ..., model: ...}
+    protected_paths: [tests/]   # added to config loop.protected_paths: pinned to the base for every check
+    allow_protected: [tests/test_new.py]   # protected paths this loop may change (the operator's allowance)
     phases:
       - name: scaffold
         objective: Lay out the modules.
@@ -19,8 +21,9 @@
 
 A file that is not a YAML mapping is the objective itself. Without ``phases`` the loop
 is one phase whose gate is ``check``. With phases, ``check`` (if any) must also pass
-after the last phase. Command-line flags win over the file. The result, the loop's
-definition, is plain JSON: it is kept in the agent's row and never changes.
+after the last phase. Command-line flags win over the file (``--allow-protected`` adds to
+it). The result, the loop's definition, is plain JSON: it is kept in the agent's row and
+never changes (the protected paths of the config are copied into it at the start).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ DEFAULT_PROMISE = "LOOP_DONE"
 MAX_CRITIC_RETRIES = 2
 _FILES_GATE = re.compile(r"\Afiles:\s*(?P<glob>\S.*?)\s*>=\s*(?P<min>\d+)\s*\Z")
 _PHASE_KEYS = {"name", "objective", "gate", "max_iterations", "max_usd", "tools"}
-_SPEC_KEYS = {"objective", "constraints", "until", "check", "max_iterations", "max_usd", "critic", "phases"}
+_SPEC_KEYS = {"objective", "constraints", "until", "check", "max_iterations", "max_usd", "critic", "phases",
+              "protected_paths", "allow_protected"}
 
 
 def parse_gate(value: t.Any, where: str) -> dict[str, t.Any] | None:
@@ -89,6 +93,24 @@ def _usd(value: t.Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise LoopError(f"{where}: expected a number of dollars > 0, got {value!r}")
     return float(value)
+
+
+def repo_paths(value: t.Any, where: str) -> list[str]:
+    """Paths (git glob pathspecs) relative to the repository root, e.g. ``tests/``, ``**/conftest.py``."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p.strip() for p in value):
+        raise LoopError(f"{where}: expected a list of paths relative to the repository root, e.g. [tests/, conftest.py]")
+    paths = []
+    for raw in value:
+        path = raw.strip()
+        if path.startswith(("/", ":")) or ".." in path.split("/"):
+            raise LoopError(f"{where}: {path!r} must be a path inside the repository (relative, no `..`)")
+        if path not in paths:
+            paths.append(path)
+    return paths
 
 
 def _critic(value: t.Any) -> dict[str, t.Any] | None:
@@ -148,8 +170,11 @@ def read_spec(text: str, source: str) -> dict[str, t.Any]:
 
 
 def build_definition(spec: t.Mapping[str, t.Any] | None, *, prompt: str | None, until: str | None,
-                     check: str | None, max_iterations: int | None, default_max_iterations: int) -> dict[str, t.Any]:
-    """The loop's definition from the spec (if any) and the command line (which wins)."""
+                     check: str | None, max_iterations: int | None, default_max_iterations: int,
+                     protected: t.Sequence[str] = (), allow_protected: t.Sequence[str] = ()) -> dict[str, t.Any]:
+    """The loop's definition from the spec (if any) and the command line (which wins).
+
+    ``protected``: config ``loop.protected_paths``; ``allow_protected``: ``--allow-protected``."""
     spec = dict(spec or {})
     objective = spec.get("objective") or prompt
     if not objective:
@@ -178,7 +203,11 @@ def build_definition(spec: t.Mapping[str, t.Any] | None, *, prompt: str | None, 
     return {"objective": objective, "constraints": [c.strip() for c in constraints if c.strip()],
             "until": promise, "final_check": final_check, "max_iterations": limit, "phased": bool(raw_phases),
             "critic": _critic(spec.get("critic")), "phases": phases,
-            "max_usd": _usd(spec["max_usd"], "max_usd") if spec.get("max_usd") is not None else None}
+            "max_usd": _usd(spec["max_usd"], "max_usd") if spec.get("max_usd") is not None else None,
+            "protected_paths": repo_paths([*protected, *repo_paths(spec.get("protected_paths"), "protected_paths")],
+                                          "protected_paths"),
+            "allow_protected": repo_paths([*repo_paths(spec.get("allow_protected"), "allow_protected"),
+                                           *allow_protected], "--allow-protected")}
 
 
 # ---- limits --------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class LoopRequest:
     base_branch: str | None = None
     scenario: Path | None = None
     budget: dict[str, t.Any] = field(default_factory=dict)
+    allow_protected: tuple[str, ...] = ()
 
 
 def start_loop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, request: LoopRequest,
@@ -57,7 +58,8 @@ def start_loop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         spec = read_spec(_spec_text(request.spec_file), f"--spec {request.spec_file}")
     definition = build_definition(spec, prompt=request.prompt, until=request.until, check=request.check,
                                   max_iterations=request.max_iterations,
-                                  default_max_iterations=config.loop.max_iterations)
+                                  default_max_iterations=config.loop.max_iterations,
+                                  protected=config.loop.protected_paths, allow_protected=request.allow_protected)
     budget = dict(request.budget)
     max_usd = request.max_usd if request.max_usd is not None else definition.get("max_usd")
     if max_usd is not None:
@@ -83,8 +85,9 @@ def _spec_text(path: Path) -> str:
         raise UsageError(f"--spec {path} is not UTF-8 text (byte {exc.start})") from None
 
 
-def status_document(conn: sqlite3.Connection, name: str) -> dict[str, t.Any]:
-    """What `ov loop status NAME --json` prints: the loop, its agent, every iteration, the checkpoints."""
+def status_document(conn: sqlite3.Connection, name: str, root: Path | None = None) -> dict[str, t.Any]:
+    """What `ov loop status NAME --json` prints: the loop, its agent, every iteration, the checkpoints, and
+    (given the project ``root``) the protected paths its branch changes now."""
     agent = sessions.get(conn, name)
     if agent is None or not agent.spec.get("loop"):
         known = [r[0] for r in conn.execute("SELECT DISTINCT name FROM loops ORDER BY name")]
@@ -102,7 +105,11 @@ def status_document(conn: sqlite3.Connection, name: str) -> dict[str, t.Any]:
         "phase": None, "phases": [p["name"] for p in phases] if definition.get("phased") else [],
         "same_failures": loop.same_failures if loop else 0, "critic": loop.critic_agent if loop else None,
         "records": [], "checkpoints": [],
+        "protected": {"paths": definition.get("protected_paths") or [],
+                      "allowed": definition.get("allow_protected") or [], "changed": []},
     }
+    if root is not None:
+        document["protected"]["changed"] = [c.as_dict() for c in _protected_changes(root, agent, definition)]
     if loop is None:
         return document
     if definition.get("phased"):
@@ -119,6 +126,25 @@ def status_document(conn: sqlite3.Connection, name: str) -> dict[str, t.Any]:
                                         "commit": mark["commit_sha"], "ref": mark["ref"], "verdict": mark["verdict"],
                                         "at": iso(mark["created_at"])})
     return document
+
+
+def _protected_changes(root: Path, agent: sessions.Session, definition: t.Mapping[str, t.Any]) -> list[t.Any]:
+    """The protected paths the loop's branch changes against its base (what its next check will say)."""
+    import subprocess
+
+    from overstory.sandbox import check_tree
+
+    if not definition.get("protected_paths") or not agent.branch:
+        return []
+    try:
+        head = check_tree.commit_of(root, f"refs/heads/{agent.branch}")
+        base = head and check_tree.base_of(root, head, agent.spec.get("base_commit"), agent.base_branch)
+        if not head or not base:
+            return []
+        return check_tree.protected_changes(root, base, head, definition["protected_paths"],
+                                            definition.get("allow_protected") or [])
+    except (subprocess.CalledProcessError, OSError):
+        return []
 
 
 def status_lines(document: dict[str, t.Any]) -> list[str]:
@@ -145,6 +171,13 @@ def status_lines(document: dict[str, t.Any]) -> list[str]:
         lines.append(f"  {number:>4} {(row['phase'] or '-')[:12]:<12} {(row['session_id'] or '-')[:8]:<10} "
                      f"{row['cost_usd']:>8.4f} {promise:<7} {check:>5} {seconds:>6}  "
                      f"{row['outcome'] or row['status']}" + (f" | {row['progress']}" if row["progress"] else ""))
+    protected = document.get("protected") or {}
+    if protected.get("paths"):
+        lines.append(f"  protected: {', '.join(protected['paths'])}"
+                     + (f" (allowed to change: {', '.join(protected['allowed'])})" if protected.get("allowed") else ""))
+    for change in protected.get("changed") or []:
+        lines.append(f"  protected path changed on its branch: {change['path']} ({change['change']})"
+                     + (" - allowed" if change["allowed"] else " - its checks fail until it is back"))
     for mark in document["checkpoints"]:
         lines.append(f"  checkpoint {mark['seq']}: phase {mark['phase']} run {mark['round']} {mark['commit'][:12]} "
                      f"{mark['ref']}" + (f" (critic: {mark['verdict']})" if mark["verdict"] else ""))

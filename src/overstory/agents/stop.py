@@ -105,6 +105,12 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         if isinstance(outcome, sessions.IllegalTransition):
             result.already_completed = True  # it completed by itself a moment ago
     _stop_processes(conn, agent, result, force=force, kill_grace=kill_grace)
+    from overstory.sandbox import check_tree
+    from overstory.sandbox.checks import kill_leftover, loop_record
+
+    kill_leftover(loop_record(project.run_dir, name))  # a loop's check its killed loop left running, and its checkout
+    for leftover in check_tree.leftovers(project.ov_dir, name):
+        check_tree.remove(project.root, leftover)
     if agent.mode == "tmux":
         from overstory.agents import tmux_panes
 

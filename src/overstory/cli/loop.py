@@ -18,7 +18,9 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path),
               help="YAML: objective, constraints, check, phases with gates, critic (or a text: the objective).")
 @click.option("--until", help="The completion promise the model's last message must hold (default LOOP_DONE).")
-@click.option("--check", help="Shell command ov runs in the worktree after each iteration; must exit 0 to finish.")
+@click.option("--check",
+              help="Shell command ov runs after each iteration (in the sandbox, over the agent's branch); must exit 0 "
+                   "to finish.")
 @click.option("--max-iterations", type=click.IntRange(min=1), help="Park after this many (default: config loop).")
 @click.option("--max-usd", type=click.FloatRange(min=0), help="The loop's budget in dollars (parks when reached).")
 @click.option("--name", help="Loop (and agent) name (default: CAPABILITY-TASK_ID).")
@@ -28,20 +30,24 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
               help="Scenario file for the scripted runtime (`iterations:` plays one per iteration).")
+@click.option("--allow-protected", "allow_protected", multiple=True, metavar="PATH",
+              help="Let the loop change this protected path (config loop.protected_paths); repeatable.")
 @json_option
 def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | None, until: str | None,
          check: str | None, max_iterations: int | None, max_usd: float | None, name: str | None, runtime: str | None,
          model: str | None, parent: str | None, base_branch: str | None, scenario: Path | None,
-         as_json: bool) -> None:
+         allow_protected: tuple[str, ...], as_json: bool) -> None:
     """Run an agent in iterations until the work is provably done; `ov loop status NAME [--json]` shows them.
 
     Each iteration is a fresh session of the same agent in the same worktree and branch;
     its first message repeats the objective and constraints, the iteration number and
     limit, the agent's progress file (.overstory-progress.md) and the end of the last
     check's output. The loop completes only when the model's last message holds the
-    promise AND the check exits 0. It parks (one escalation) at --max-iterations, at
-    --max-usd, or when the same check failure repeats (config loop.same_failure_limit);
-    `ov resume NAME --add-iterations N` goes on.
+    promise AND the check exits 0. The check runs in the agents' sandbox over the
+    agent's last commit, with config loop.protected_paths as on the base branch (a
+    change there fails it unless --allow-protected). It parks (one escalation) at
+    --max-iterations, at --max-usd, or when the same check failure repeats (config
+    loop.same_failure_limit); `ov resume NAME --add-iterations N` goes on.
 
     \b
     ov loop builder green --prompt "make the test suite pass" --check "python -m pytest -q"
@@ -52,7 +58,7 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
 
     if capability == "status":
         _status(task_id, as_json, given=[prompt, spec_file, until, check, max_iterations, max_usd, name, runtime,
-                                         model, parent, base_branch, scenario])
+                                         model, parent, base_branch, scenario, allow_protected or None])
         return
     from overstory.agents.loop_start import LoopRequest, start_loop
     from overstory.config import load_config
@@ -63,7 +69,8 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
     config = load_config(project.config_file, project.local_config_file)
     request = LoopRequest(capability=capability, task_id=task_id, prompt=prompt, spec_file=spec_file, until=until,
                           check=check, max_iterations=max_iterations, max_usd=max_usd, name=name, runtime=runtime,
-                          model=model, parent=parent, base_branch=base_branch, scenario=scenario)
+                          model=model, parent=parent, base_branch=base_branch, scenario=scenario,
+                          allow_protected=tuple(allow_protected))
     result, definition = start_loop(project, config, state_conn(project), request)
     if as_json:
         echo_json({**result.as_dict(), "loop": definition})
@@ -89,7 +96,8 @@ def _status(name: str, as_json: bool, given: list[object]) -> None:
 
     if any(value is not None for value in given):
         raise UsageError("`ov loop status NAME` takes only --json")
-    document = status_document(state_conn(project_paths()), name)
+    project = project_paths()
+    document = status_document(state_conn(project), name, project.root)
     if as_json:
         echo_json(document)
         return

@@ -18,13 +18,18 @@ from overstory.cli._common import agent_channel, completer, echo_json, json_opti
               help="Predict with git merge-tree (the tier, each conflicting file); touch nothing.")
 @click.option("--tier-max", type=click.IntRange(1, 3), help="Highest resolution tier to try (default: config merge.tier_max).")
 @click.option("--force", is_flag=True, help="Merge an agent that is still working (has not sent its terminal mail).")
+@click.option("--allow-protected", is_flag=True,
+              help="You have looked at the branch's changes to protected paths (config loop.protected_paths): "
+                   "let the merge gates judge them.")
 @json_option
 def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | None, dry_run: bool,
-          tier_max: int | None, force: bool, as_json: bool) -> None:
+          tier_max: int | None, force: bool, allow_protected: bool, as_json: bool) -> None:
     """Merge agents' branches back, never dropping content; the result is mailed to the parent.
 
     The merge is made in a scratch worktree and the target moves to it in one step:
-    an interrupted `ov merge` never leaves a half-done merge in your checkout.
+    an interrupted `ov merge` never leaves a half-done merge in your checkout. Its
+    gates (config merge.gates) run there in the agents' sandbox; a branch that
+    changes a protected path is not merged without --allow-protected.
 
     \b
     ov merge builder-task-42
@@ -39,7 +44,11 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | N
     chosen = sum(bool(x) for x in (agent, branch, merge_all_))
     if chosen != 1:
         raise UsageError("name exactly one of: an AGENT, --branch B, or --all")
+    if allow_protected and merge_all_:
+        raise UsageError("--allow-protected is for one merge you have looked at: ov merge AGENT --allow-protected")
     remote = agent_channel()
+    if remote is not None and allow_protected:
+        raise UsageError("only the operator can allow a change to protected paths (--allow-protected)")
     if remote is not None:  # an agent merges through its endpoint, outside its sandbox
         run = MergeRun([MergeReport(**remote.call("merge", {
             "agent": agent, "branch": branch, "all": merge_all_, "into": into, "dry_run": dry_run,
@@ -57,7 +66,8 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | N
                             on_lock_wait=waiting)
         else:
             run = MergeRun([merge_one(project, config, conn, agent_name=agent, branch=branch, into=into,
-                                      dry_run=dry_run, tier_max=tier_max, force=force, on_lock_wait=waiting)])
+                                      dry_run=dry_run, tier_max=tier_max, force=force, on_lock_wait=waiting,
+                                      allow_protected=allow_protected)])
     failed = [r for r in run.reports if r.failed]
     if as_json:
         echo_json({"merges": [r.as_dict() for r in run.reports], "skipped": [s.as_dict() for s in run.skipped],

@@ -16,7 +16,9 @@ The flow, all under the target's ``TargetLock``:
    own ``merge=union`` counts here), tier 3 (a ``ModelResolver``). Every resolution must
    pass ``lost_lines``. Model calls are only made once every other conflict is known
    to be resolvable.
-4. Quality gates run in the merged scratch tree; then the merge commit is made there.
+4. Quality gates run in the merged scratch tree (through ``gate_runner``: `ov merge` runs them in
+   the agents' sandbox, ``merge.gates``); a source that changes a ``protected`` path is refused
+   first, unless allowed. Then the merge commit is made there.
 5. Publish (``merge.publish``): the target moves to the merge commit by compare-and-swap,
    and a checkout of it at the root is fast-forwarded by one git process. A failure
    before this leaves the target exactly as it was.
@@ -38,6 +40,7 @@ from overstory.errors import MergeError
 from overstory.gitutil import worktree_admin_lock
 from overstory.merge._git import OVERSTORY_DIR, Git, describe, parse_stage_entries, unredirected_env
 from overstory.merge.conflicts import MECHANICAL, NEEDS_MODEL, ConflictPlan, plan_conflict, union_saved_files
+from overstory.merge.gates import GateRunner
 from overstory.merge.lock import TargetLock
 from overstory.merge.model import ModelResolver, accept_model_reply
 from overstory.merge.publish import clear_journal, journal_path, publish, recover, remove_worktree, write_journal
@@ -55,6 +58,8 @@ from overstory.merge.worktree_state import (
     touched_paths,
 )
 from overstory.procs import kill_point
+from overstory.sandbox.check_tree import describe as describe_changes
+from overstory.sandbox.check_tree import protected_changes
 
 DEFAULT_LOCK_WAIT = 60.0
 DEFAULT_GATE_TIMEOUT = 1800.0
@@ -73,6 +78,10 @@ class _Job:
     gates: tuple[str, ...]
     message: str | None
     gate_timeout: float | None
+    gate_runner: GateRunner | None = None
+    protected: tuple[str, ...] = ()
+    allowed: tuple[str, ...] = ()      # protected paths the source may change
+    allow_protected: bool = False      # the operator allowed every change to them
 
     def failed(self, conflicts: t.Iterable[str], reason: str, **extra: t.Any) -> MergeResult:
         return MergeResult(
@@ -101,6 +110,10 @@ def merge_branch(
     on_lock_wait: t.Callable[[int | None], None] | None = None,
     gate_timeout: float | None = DEFAULT_GATE_TIMEOUT,
     source_name: str | None = None,
+    gate_runner: GateRunner | None = None,
+    protected: Sequence[str] = (),
+    allowed: Sequence[str] = (),
+    allow_protected: bool = False,
 ) -> MergeResult:
     """Merge ``source`` (any commit-ish) into branch ``target`` of the repository at ``repo_root``.
 
@@ -110,6 +123,9 @@ def merge_branch(
     merge into the same target holds the lock for longer than ``lock_wait`` seconds.
     ``lock_dir`` defaults to ``<repo_root>/.overstory/locks``. ``source_name`` is how messages
     name the source when ``source`` is a commit id (the branch it was read from).
+    ``gate_runner`` runs each gate (default: a plain subprocess; `ov merge` passes the sandboxed one).
+    ``protected``: paths the gates depend on; a source that changes one (since the merge base) is not
+    merged while there are gates, unless it is in ``allowed`` or ``allow_protected``.
     """
     if tier_max not in (1, 2, 3):
         raise MergeError(f"tier_max must be 1, 2 or 3, not {tier_max!r}")
@@ -132,7 +148,7 @@ def merge_branch(
         if not root.out("merge-base", target_sha, source_sha, check=False):
             raise MergeError(f"{source} and {target} share no history; ov does not merge unrelated histories")
         job = _Job(source, source_sha, target, target_sha, tier_max, model_resolver, tuple(gates), message,
-                   gate_timeout)
+                   gate_timeout, gate_runner, tuple(protected), tuple(allowed), allow_protected)
         location = checkout_location(root, target)
         at_root = location == root_path
         if location is not None and not at_root:
@@ -276,9 +292,12 @@ def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str]) 
     if left:
         raise MergeError(f"files still unmerged after resolution: {', '.join(sorted(left))}")
 
+    refused = _protected_refusal(git, job, base)
+    if refused:
+        return job.failed([], refused, tier=tier, resolutions=resolutions)
     unstaged_before = git.paths("diff", "--name-only", "-z")
     for command in job.gates:
-        code, output = _run_gate(command, git.cwd, job.gate_timeout)
+        code, output = (job.gate_runner or _run_gate)(command, git.cwd, job.gate_timeout)
         if code != 0:
             status = "timed out" if code is None else f"exited {code}"
             return job.failed(
@@ -314,6 +333,17 @@ def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str]) 
         source_commit=job.source_sha,
         target_before=job.target_sha,
     )
+
+
+def _protected_refusal(git: Git, job: _Job, base: str) -> str | None:
+    """Why the gates may not judge this merge: the source changed what they depend on."""
+    if not job.gates or not job.protected or job.allow_protected:
+        return None
+    changes = [c for c in protected_changes(git.cwd, base, job.source_sha, job.protected, job.allowed) if not c.allowed]
+    if not changes:
+        return None
+    return (f"protected path(s) changed: {describe_changes(changes)}; the merge gates depend on them "
+            "(loop.protected_paths), so a person must look at the change first")
 
 
 def _stage(git: Git, path: str, mode: str, content: bytes) -> None:

@@ -9,9 +9,10 @@ process, so a killed ``ov merge`` cannot let another merge in before git is done
 
 A journal file next to the lock (``merge-<target>.journal``) records the scratch worktree
 and the publish step before they happen. Whoever next holds the lock (the next merge into
-that target, or the watchdog) reads it: the scratch worktree goes, and a publish at the
-root that git itself did not finish is rolled back file by file, touching only files
-whose content is exactly one of the two versions ov was moving between.
+that target, or the watchdog) reads it: a gate the merge left running is killed, the scratch
+worktree goes, and a publish at the root that git itself did not finish is rolled back file
+by file, touching only files whose content is exactly one of the two versions ov was moving
+between.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from pathlib import Path
 from overstory.errors import LockHeld, MergeError
 from overstory.gitutil import worktree_admin_lock
 from overstory.merge._git import Git, describe
+from overstory.merge.gates import gate_record
 from overstory.merge.lock import TargetLock, lock_path
 from overstory.merge.worktree_state import branch_head, checkout_location, is_temporary_merge_worktree
+from overstory.sandbox.checks import kill_leftover
 
 
 def journal_path(lock_dir: Path, target: str) -> Path:
@@ -90,6 +93,8 @@ def recover(root: Git, root_path: Path, lock_dir: Path, target: str) -> list[str
         clear_journal(path)
         return done
     scratch = Path(str(data.get("worktree") or ""))
+    if data.get("worktree") and kill_leftover(gate_record(scratch)):
+        done.append(f"killed the gate the interrupted merge left running in {scratch}")
     if data.get("worktree") and (scratch.exists() or _registered(root, scratch)):
         remove_worktree(root, root_path, scratch)
         done.append(f"removed the scratch worktree {scratch} of an interrupted merge")

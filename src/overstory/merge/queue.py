@@ -27,6 +27,7 @@ from overstory.merge import intents as merge_intents
 from overstory.merge.announce import announce, merge_commit_of
 from overstory.merge.branch_merge import merge_branch
 from overstory.merge.candidates import Skipped, agent_commits, gather, target_for, unmerged_commits
+from overstory.merge.gates import protected_for, sandboxed_gates
 from overstory.merge.predict import predict_merge
 from overstory.paths import ProjectPaths
 from overstory.procs import kill_point
@@ -148,7 +149,10 @@ def effective_tier_max(config: Config, requested: int | None) -> int:
 def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, agent_name: str | None = None,
               branch: str | None = None, into: str | None = None, dry_run: bool = False,
               tier_max: int | None = None, queue_id: int | None = None, force: bool = False,
-              on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None) -> MergeReport:
+              on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None,
+              allow_protected: bool = False) -> MergeReport:
+    """Merge one agent's branch (or ``branch``). ``allow_protected``: the operator has looked at the
+    branch's changes to protected paths and lets the merge gates judge them."""
     agent = None
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
@@ -187,10 +191,14 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     intent_id = merge_intents.begin(conn, agent=agent, branch=branch, target=target, source_commit=source_sha,
                                     target_before=target_sha, queue_id=queue_id)
     kill_point("merge:intent")
+    protected, allowed = protected_for(config, agent.spec.get("loop") if agent is not None else None)
+    runner = sandboxed_gates(project, config, capability=agent.capability if agent is not None else "merger",
+                             environ=os.environ)
     try:
         result = merge_branch(project.root, source_sha, target, tier_max=levels, model_resolver=resolver,
                               gates=config.merge.gates, lock_dir=project.locks_dir, lock_wait=config.merge.lock_wait,
-                              on_lock_wait=on_lock_wait, source_name=branch)
+                              on_lock_wait=on_lock_wait, source_name=branch, gate_runner=runner,
+                              protected=protected, allowed=allowed, allow_protected=allow_protected)
     except BaseException:
         # Usually nothing was merged; if it was (interrupted while publishing), this announces it.
         row = next((r for r in intents.list_merges(conn) if r["id"] == intent_id), None)
@@ -276,6 +284,9 @@ def _next_step(project: ProjectPaths, config: Config, report: MergeReport, level
         steps.append(f"resolve by hand in {project.root}: `{switch}git merge --no-ff {report.branch}`, fix "
                      f"{', '.join(report.conflicts)}, `git add` them, `git commit`; then `ov merge {label}` "
                      "reports it merged")
+    elif report.reason.startswith("protected path(s) changed"):
+        steps.append(f"look at the change (`ov diff {label}`); to let the gates judge it: "
+                     f"`ov merge {label} --allow-protected`")
     elif "quality gate" in report.reason:
         steps.append(f"fix what the gate reports on {report.branch}, then `ov merge {label}` again")
     return "; or ".join(steps)

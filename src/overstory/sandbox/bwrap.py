@@ -31,7 +31,7 @@ def _under_tmp(path: Path) -> bool:
     return len(path.parts) > 2 and path.parts[:2] == ("/", "tmp")
 
 
-def _host_tmp_paths(layout: Layout, command: t.Sequence[str]) -> list[str]:
+def _host_tmp_paths(root: Path, command: t.Sequence[str]) -> list[str]:
     """What must stay visible (read-only) from the host's /tmp under the private one: the program the
     turn runs and the Python environment ov runs from (an install there: its whole top-level dir,
     symlinks resolved or not), and the project (a checkout there)."""
@@ -44,9 +44,19 @@ def _host_tmp_paths(layout: Layout, command: t.Sequence[str]) -> list[str]:
             top = Path(*path.parts[:3])
             if _under_tmp(path) and top not in shown:
                 shown.append(top)
-    if _under_tmp(layout.root) and not any(p == layout.root or p in layout.root.parents for p in shown):
-        shown.append(layout.root)
+    if _under_tmp(root) and not any(p == root or p in root.parents for p in shown):
+        shown.append(root)
     return [arg for path in shown for arg in _bind("--ro-bind", path)]
+
+
+def _machine(tmp_size_mb: int) -> list[str]:
+    """The part every sandbox shares: the machine read-only, a private /tmp, pids and ipc, no capabilities."""
+    return ["--ro-bind", "/", "/",              # the whole machine, read-only
+            "--dev", "/dev", "--proc", "/proc",
+            "--size", str(tmp_size_mb << 20), "--tmpfs", "/tmp",   # private /tmp (also hides tmux sockets)
+            "--unshare-pid", "--die-with-parent",  # every process of the turn dies with it
+            "--unshare-ipc",
+            "--cap-drop", "ALL"]                # mandatory as root: with capabilities, root remounts / rw (K02)
 
 
 def build_argv(bwrap: str, layout: Layout, command: t.Sequence[str], *, network: bool, tty: bool,
@@ -55,22 +65,9 @@ def build_argv(bwrap: str, layout: Layout, command: t.Sequence[str], *, network:
 
     ``tty``: the command needs its terminal (a TUI in tmux), so no ``--new-session``.
     """
-    argv = [bwrap,
-            "--ro-bind", "/", "/",              # the whole machine, read-only
-            "--dev", "/dev", "--proc", "/proc",
-            "--size", str(tmp_size_mb << 20), "--tmpfs", "/tmp",   # private /tmp (also hides tmux sockets)
-            "--unshare-pid", "--die-with-parent",  # every process of the turn dies with it
-            "--unshare-ipc",
-            "--cap-drop", "ALL"]                # mandatory as root: with capabilities, root remounts / rw (K02)
-    argv += _host_tmp_paths(layout, command)
-    if not tty:
-        argv.append("--new-session")            # no controlling terminal: nothing to push keystrokes into
-    if not network:
-        argv.append("--unshare-net")
-    argv += ["--tmpfs", "/run"]                 # host unix sockets (databases, dbus) stay out of reach
-    resolv = _resolv_conf_dir()
-    if resolv is not None:
-        argv += _bind("--ro-bind", resolv)
+    argv = [bwrap, *_machine(tmp_size_mb)]
+    argv += _host_tmp_paths(layout.root, command)
+    argv += _cut_off(network, tty)
     # The secret of `ov serve` (its HTTP API acts as the operator) is masked with an empty file.
     if layout.serve_token is not None and layout.serve_token.exists():
         argv += ["--ro-bind", "/dev/null", str(layout.serve_token)]
@@ -93,6 +90,44 @@ def build_argv(bwrap: str, layout: Layout, command: t.Sequence[str], *, network:
     for key, value in (setenv or {}).items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", str(layout.cwd), "--", *command]
+    return argv
+
+
+def _cut_off(network: bool, tty: bool) -> list[str]:
+    """What a sandbox is cut off from: the terminal (unless a TUI), the network (unless shared), host sockets."""
+    argv = [] if tty else ["--new-session"]     # no controlling terminal: nothing to push keystrokes into
+    if not network:
+        argv.append("--unshare-net")
+    argv += ["--tmpfs", "/run"]                 # host unix sockets (databases, dbus) stay out of reach
+    resolv = _resolv_conf_dir()
+    if resolv is not None:
+        argv += _bind("--ro-bind", resolv)
+    return argv
+
+
+def build_check_argv(bwrap: str, *, root: Path, ov_dir: Path, tree: Path, command: t.Sequence[str], network: bool,
+                     tmp_size_mb: int, writable: t.Sequence[str] = (), serve_token: Path | None = None) -> list[str]:
+    """The argv of a check or gate over agent-written code (a loop's check, a phase's gate, a merge gate).
+
+    The same boundary as a turn, around a scratch checkout instead of the agent's worktree: the
+    machine read-only, ``tree`` (the checkout the check judges) the one writable place besides the
+    private /tmp and ``sandbox.writable``; every agent's run dir (their endpoint sockets) and
+    worktree hidden; `ov serve`'s secret masked. No git view: the checkout's git metadata is
+    read-only, so a check can read history but not move a branch.
+    """
+    argv = [bwrap, *_machine(tmp_size_mb)]
+    argv += _host_tmp_paths(root, command)
+    argv += _cut_off(network, tty=False)
+    if serve_token is not None and serve_token.exists():
+        argv += ["--ro-bind", "/dev/null", str(serve_token)]
+    for hidden in (ov_dir / "run", ov_dir / "worktrees"):
+        if hidden.is_dir():
+            argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
+    argv += _bind("--bind", tree)
+    for path in writable:
+        if os.path.exists(path):
+            argv += _bind("--bind", os.path.realpath(path))
+    argv += ["--chdir", str(tree), "--", *command]
     return argv
 
 
