@@ -113,7 +113,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     ctx = Context(quick=args.quick, scratch=scratch, ov=find_ov())
     commit = commit_info()
     document: dict[str, t.Any] = {
-        "taken_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "taken_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "mode": mode, "command": "python bench/run.py" + (" --quick" if args.quick else ""),
         **commit, "machine": machine_info(), "ov": ctx.ov, "ov_interpreter": script_interpreter(ctx.ov),
         "bytecode": bytecode_state(),

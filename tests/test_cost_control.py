@@ -173,7 +173,7 @@ def test_a_run_budget_parks_every_agent_of_the_run_and_starts_no_turn(project, t
             wait_for(lambda n=name: finished(n), 150, interval=0.5, message=name)
         except AssertionError:
             agent = agent_state(project, name)
-            raise AssertionError(f"{name} is {agent.state} ({agent.state_reason}); turns {turns_of(project, name)}")
+            raise AssertionError(f"{name} is {agent.state} ({agent.state_reason}); turns {turns_of(project, name)}") from None
     assert len(mail_rows(project, type="worker_done")) == 3
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import typing as t
 import subprocess
 import sys
+import typing as t
 
 import pytest
 from hypothesis import given, settings

@@ -253,7 +253,7 @@ def test_a_runner_killed_mid_command_is_reported_lost_not_rerun(project, monkeyp
     scheduler = Scheduler(project, conn, clock=lambda: T0 + 40_000)
     try:
         assert [a[1] for a in scheduler.tick()] == ["fired"]
-        wait_for(lambda: fires(project)[0]["status"] == "running" and not scheduler._runners[1].poll() is None,
+        wait_for(lambda: fires(project)[0]["status"] == "running" and scheduler._runners[1].poll() is not None,
                  30, message="the runner to take the fire and die")
         actions = scheduler.tick()
     finally:

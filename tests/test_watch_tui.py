@@ -170,7 +170,7 @@ def test_select_stream_mail_stop_and_quit(project: ProjectPaths, tmp_path: Path,
     pane.wait(lambda s: f"mail to {target}:" in s, "the mail prompt")
     pane.keys("-l", "please also update the docs")
     pane.keys("Enter")
-    pane.wait(lambda s: f"sent #" in s and f"to {target}" in s, "the mail is sent")
+    pane.wait(lambda s: "sent #" in s and f"to {target}" in s, "the mail is sent")
     conn = open_state(project.state_db)
     sent = [m for m in mail.list_messages(conn, to=target) if m.subject == "please also update the docs"]
     assert len(sent) == 1 and sent[0].sender == "operator"

@@ -63,12 +63,12 @@ def parse_since(text: str, *, now: int | None = None) -> int:
         return (now if now is not None else now_ms()) - int(parse_duration(text) * 1000)
     except ValueError:
         pass
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"not a duration or ISO time: {text!r} (use e.g. 10m, 2h or 2026-01-31T12:00:00Z)") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)

@@ -39,7 +39,7 @@ def _version_of(argv: list[str]) -> str | None:
 
 def check_python() -> Check:
     version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info >= (3, 11):
+    if sys.version_info >= (3, 11):  # noqa: UP036 (doctor reports an interpreter pip should have refused)
         return Check("python", OK, f"Python {version}")
     return Check("python", FAIL, f"Python {version}", "ov needs Python 3.11 or newer")
 

@@ -27,9 +27,9 @@ import time
 import typing as t
 from pathlib import Path
 
-import containment_rows as rows_module
 import pytest
 
+import containment_rows as rows_module
 from agent_helpers import agent_state, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov

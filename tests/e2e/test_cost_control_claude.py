@@ -10,7 +10,6 @@ git, SQLite and every process are real.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time

@@ -470,8 +470,8 @@ def park_for_error(state: sqlite3.Connection, events: sqlite3.Connection, agent:
     """A turn that failed with an error ov cannot classify: park with the runtime's own message, and tell the
     parent (one escalation, in the park's transaction) instead of retrying a turn that may fail again at full
     price. `ov resume NAME` retries it (the same session, the same mail)."""
-    from overstory.store import lifecycle
     from overstory.store import events as event_store
+    from overstory.store import lifecycle
 
     reason = f"error: {message}"[:300]
     outcome = lifecycle.park(state, agent, "error", reason, actor="turn-runner", expect=expect,

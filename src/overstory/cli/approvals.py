@@ -7,8 +7,15 @@ import typing as t
 
 import click
 
-from overstory.cli._common import (agent_channel, completer, echo_json, events_conn, json_option, project_paths,
-                                   state_conn)
+from overstory.cli._common import (
+    agent_channel,
+    completer,
+    echo_json,
+    events_conn,
+    json_option,
+    project_paths,
+    state_conn,
+)
 
 
 @click.command(name="approvals")

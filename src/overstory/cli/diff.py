@@ -10,7 +10,6 @@ import click
 from overstory.cli._common import completer, project_paths, state_conn
 
 
-
 @click.command(name="diff")
 @click.argument("agent", shell_complete=completer("complete_agents"))
 @click.option("--stat", is_flag=True, help="Only the files changed and their line counts.")

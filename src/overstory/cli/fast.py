@@ -117,7 +117,7 @@ def parse(args: t.Sequence[str], environ: t.Mapping[str, str] = os.environ) -> _
         project = environ["OVERSTORY_PROJECT_ROOT"]  # click reads the option's envvar and checks it the same way
     if project is not None and not _path_is_usable(project, directory=True):
         return None
-    for path, (body, options, required) in HOT_COMMANDS.items():
+    for path, (body, options, required) in HOT_COMMANDS.items():  # noqa: B007 (the entry found is used below)
         if tuple(args[index:index + len(path)]) == path:
             break
     else:

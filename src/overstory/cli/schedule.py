@@ -105,7 +105,7 @@ def _parse_check(argv: list[str]) -> dict[str, t.Any]:
     except click.exceptions.Exit:
         return {}
     except click.ClickException as exc:
-        raise click.UsageError(f"the scheduled command `ov {' '.join(argv)}` would fail: {exc.format_message()}")
+        raise click.UsageError(f"the scheduled command `ov {' '.join(argv)}` would fail: {exc.format_message()}") from None
 
 
 def _agent_template(params: t.Mapping[str, t.Any]) -> str | None:

@@ -17,14 +17,14 @@ from overstory.guards.agent import _Agent
 from overstory.guards.effects import _READ, _Effect, _Handler, _names, _parse_options, _values
 
 
-def _alias(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _alias(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     if any("=" in a for a in argv[1:]):
         return _Effect("deny", reason=(f"{agent.who} may not define aliases: an alias makes a name "
                                        "ov checks as one program run another. Write the command out."))
     return _READ
 
 
-def _hash(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _hash(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-p",))
     if "-p" in _names(options):
         return _Effect("deny", reason=(f"{agent.who} may not use `hash -p`: it makes a name ov checks "
@@ -32,7 +32,7 @@ def _hash(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _READ
 
 
-def _shopt(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _shopt(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, names = _parse_options(argv[1:])
     if "-s" in _names(options) and set(names) & {"expand_aliases", "cdable_vars", "autocd"}:
         return _Effect("deny", reason=(f"{agent.who} may not turn on `{' '.join(names)}`: it changes "
@@ -40,7 +40,7 @@ def _shopt(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _READ
 
 
-def _history(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _history(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-d",))
     if _names(options) & {"-w", "-a", "-r", "-n"}:
         files = positionals or [agent.env.get("HISTFILE") or "~/.bash_history"]
@@ -51,7 +51,7 @@ def _history(argv: list[str], agent: _Agent, *_: object) -> _Effect:
 _ARITHMETIC_TESTS = frozenset({"-eq", "-ne", "-lt", "-le", "-gt", "-ge"})
 
 
-def _double_bracket(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _double_bracket(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     words = argv[1:]
     for index, word in enumerate(words):
         if word in _ARITHMETIC_TESTS:
@@ -62,7 +62,7 @@ def _double_bracket(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _READ
 
 
-def _less(argv: list[str], *_: object) -> _Effect:
+def _less(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-o", "-O", "--log-file", "--LOG-FILE", "-k",
                                            "--lesskey-file", "-p", "--pattern", "-t", "--tag",
                                            "-x", "--tabs", "-y", "-z", "-j", "-b", "-h", "-P"))
@@ -74,7 +74,7 @@ def _less(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-def _man(argv: list[str], *_: object) -> _Effect:
+def _man(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-P", "--pager", "-p", "--preprocessor", "-M",
                                            "--manpath", "-C", "--config-file", "-E", "-L", "-m"))
     names = _names(options)
@@ -84,7 +84,7 @@ def _man(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-def _file(argv: list[str], *_: object) -> _Effect:
+def _file(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-m", "--magic-file", "-f", "--files-from", "-F",
                                            "--separator", "-P", "--parameter", "-e", "--exclude"))
     if _names(options) & {"-C", "--compile"}:
@@ -92,7 +92,7 @@ def _file(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-def _zstdcat(argv: list[str], *_: object) -> _Effect:
+def _zstdcat(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-o", "--output-dir-flat", "--output-dir-mirror", "-D"))
     outputs = [o for o in _values(options, "-o", "--output-dir-flat", "--output-dir-mirror")
                if o != "-"]
@@ -104,7 +104,7 @@ def _zstdcat(argv: list[str], *_: object) -> _Effect:
 def _pager_option(*options: str) -> _Handler:
     """A searcher whose pager (or output template) option runs a program."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], *_rest: object) -> _Effect:
         for arg in argv[1:]:
             if arg.split("=", 1)[0] in options:
                 return _Effect("code", what=f"`{os.path.basename(argv[0])} {arg.split('=', 1)[0]}` "
@@ -114,7 +114,7 @@ def _pager_option(*options: str) -> _Handler:
     return handler
 
 
-def _ripgrep(argv: list[str], *_: object) -> _Effect:
+def _ripgrep(argv: list[str], *_rest: object) -> _Effect:
     for arg in argv[1:]:
         if (arg.startswith("--pre") and not arg.startswith("--pre-glob")) or arg.startswith(
                 "--hostname-bin"):

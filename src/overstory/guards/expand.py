@@ -116,6 +116,8 @@ def _parameter_value(text: str, lookup: Lookup) -> str | None:
     value = lookup(name) if (name[0].isalpha() or name[0] == "_") else _UNKNOWN
     if op is None or value == _UNKNOWN:
         return None if value is None or _UNKNOWN in value else value
+    if default is None:  # the pattern gives an operator only with its word
+        return None
     if "$" in default or "`" in default or _UNKNOWN in default or "\\" in default or any(
             q in default for q in "'\""):
         return None

@@ -23,7 +23,7 @@ from overstory.guards.effects import (
 )
 
 
-def _tee(argv: list[str], *_: object) -> _Effect:
+def _tee(argv: list[str], *_rest: object) -> _Effect:
     _, files = _parse_options(argv[1:], ("--output-error",))
     files = [f for f in files if f not in _NULL_SINKS]
     if not files:
@@ -31,7 +31,7 @@ def _tee(argv: list[str], *_: object) -> _Effect:
     return _Effect("write", what=f"write files with tee ({' '.join(files)})", targets=files)
 
 
-def _uniq(argv: list[str], *_: object) -> _Effect:
+def _uniq(argv: list[str], *_rest: object) -> _Effect:
     _, positionals = _parse_options(argv[1:], ("-f", "-s", "-w", "--skip-fields",
                                                      "--skip-chars", "--check-chars"))
     if len(positionals) >= 2:
@@ -40,7 +40,7 @@ def _uniq(argv: list[str], *_: object) -> _Effect:
 
 
 def _output_option(*flags: str, label: str) -> _Handler:
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], *_rest: object) -> _Effect:
         options, _ = _parse_options(argv[1:], flags)
         outputs = [o for o in _values(options, *flags) if o != "-"]
         if outputs:
@@ -50,7 +50,7 @@ def _output_option(*flags: str, label: str) -> _Handler:
     return handler
 
 
-def _xxd(argv: list[str], *_: object) -> _Effect:
+def _xxd(argv: list[str], *_rest: object) -> _Effect:
     _, positionals = _parse_options(argv[1:], ("-c", "-g", "-l", "-s", "-o", "-n", "-C"))
     if len(positionals) >= 2:
         return _Effect("write", what="write a file with `xxd IN OUT`", targets=positionals[1:2])
@@ -60,7 +60,7 @@ def _xxd(argv: list[str], *_: object) -> _Effect:
 _MAX_FIND_COMMANDS = 256
 
 
-def _find(argv: list[str], *_: object) -> _Effect:
+def _find(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     roots: list[str] = []
     i = 0
@@ -102,7 +102,7 @@ def _find(argv: list[str], *_: object) -> _Effect:
 def _targets_all(label: str, value_options: tuple[str, ...] = (), *, removes: bool = False) -> _Handler:
     """A command that writes every positional argument (rm, touch, mkdir …)."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], *_rest: object) -> _Effect:
         _, positionals = _parse_options(argv[1:], value_options)
         return _Effect("write", what=label, targets=positionals, removes=removes)
 
@@ -117,7 +117,7 @@ _MODE_RE = re.compile(rf"^{_MODE_CLAUSE}(?:,{_MODE_CLAUSE})*$|^[0-7]{{3,4}}$|^-[
 def _chmod_like(label: str, *, has_mode: bool) -> _Handler:
     """chmod/chown/chgrp: the first positional (mode, owner) is not a file."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], *_rest: object) -> _Effect:
         options, positionals = _parse_options(argv[1:], ("--reference", "--from"))
         if not _values(options, "--reference"):
             modes = [a for a in argv[1:] if has_mode and _MODE_RE.match(a)]
@@ -134,7 +134,7 @@ def _copy_like(label: str, value_options: tuple[str, ...] = (), *, moves: bool =
                one_means_cwd: bool = False) -> _Handler:
     """cp, mv, ln, install, rsync: the destination is written; mv also removes its sources."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], *_rest: object) -> _Effect:
         options, positionals = _parse_options(
             argv[1:], ("-t", "--target-directory", "-S", "--suffix", *value_options)
         )
@@ -154,17 +154,17 @@ def _copy_like(label: str, value_options: tuple[str, ...] = (), *, moves: bool =
 _REMOTE_PATH = re.compile(r"^([\w.-]+@)?[\w.-]+:")
 
 
-def _dd(argv: list[str], *_: object) -> _Effect:
+def _dd(argv: list[str], *_rest: object) -> _Effect:
     outputs = [a[3:] for a in argv[1:] if a.startswith("of=")]
     return _Effect("write", what="write a file with dd", targets=outputs) if outputs else _READ
 
 
-def _truncate(argv: list[str], *_: object) -> _Effect:
+def _truncate(argv: list[str], *_rest: object) -> _Effect:
     _, positionals = _parse_options(argv[1:], ("-s", "--size", "-r", "--reference"))
     return _Effect("write", what="truncate files", targets=positionals)
 
 
-def _patch(argv: list[str], *_: object) -> _Effect:
+def _patch(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(
         argv[1:], ("-d", "--directory", "-o", "--output", "-i", "--input", "-p", "--strip",
                    "-B", "--prefix", "-r", "--reject-file", "-z", "--suffix", "-F", "--fuzz")
@@ -177,7 +177,7 @@ def _patch(argv: list[str], *_: object) -> _Effect:
                    writes_cwd=not (outputs or positionals), chdir=directory[0] if directory else None)
 
 
-def _unzip(argv: list[str], *_: object) -> _Effect:
+def _unzip(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-d", "-x"))
     if _names(options) & {"-l", "-t", "-v", "-Z", "-p", "-c", "-z"}:
         return _READ
@@ -186,7 +186,7 @@ def _unzip(argv: list[str], *_: object) -> _Effect:
                    writes_cwd=not directory)
 
 
-def _compressor(argv: list[str], *_: object) -> _Effect:
+def _compressor(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-S", "--suffix", "-T", "--threads"))
     if _names(options) & {"-c", "--stdout", "--to-stdout", "-l", "--list", "-t", "--test",
                           "-h", "--help", "-V", "--version"} or not positionals:
@@ -195,7 +195,7 @@ def _compressor(argv: list[str], *_: object) -> _Effect:
                    targets=positionals)
 
 
-def _curl(argv: list[str], *_: object) -> _Effect:
+def _curl(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(
         argv[1:], ("-o", "--output", "-D", "--dump-header", "-c", "--cookie-jar",
                    "--output-dir", "-H", "--header", "-d", "--data", "-X", "--request",
@@ -213,7 +213,7 @@ def _curl(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-def _wget(argv: list[str], *_: object) -> _Effect:
+def _wget(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-O", "--output-document", "-P",
                                            "--directory-prefix", "-o", "--output-file",
                                            "-a", "--append-output", "-U", "--user-agent",
@@ -229,7 +229,7 @@ def _wget(argv: list[str], *_: object) -> _Effect:
                    writes_cwd=not documents and not _values(options, "-P", "--directory-prefix"))
 
 
-def _yq(argv: list[str], *_: object) -> _Effect:
+def _yq(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-o", "--output-format", "-p",
                                                      "--input-format", "--indent"))
     if _names(options) & {"-i", "--inplace"}:
@@ -237,7 +237,7 @@ def _yq(argv: list[str], *_: object) -> _Effect:
     return _READ
 
 
-def _perl(argv: list[str], *_: object) -> _Effect:
+def _perl(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     if args and all(a in _VERSION_FLAGS for a in args):
         return _READ
@@ -271,7 +271,7 @@ def _perl(argv: list[str], *_: object) -> _Effect:
     return _Effect("code", what="`perl` code")
 
 
-def _split(argv: list[str], *_: object) -> _Effect:
+def _split(argv: list[str], *_rest: object) -> _Effect:
     return _Effect("write", what=f"write files with {argv[0]}", writes_cwd=True)
 
 

@@ -389,7 +389,7 @@ def _git_branch_switch(
     return reason
 
 
-def _gh(argv: list[str], *_: object) -> _Effect:
+def _gh(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     words = [a for a in args if not a.startswith("-")]
     reads = {("pr", "view"), ("pr", "list"), ("pr", "diff"), ("pr", "status"), ("pr", "checks"),

@@ -22,7 +22,7 @@ def _refuse(argv: list[str], agent: _Agent, what: str) -> _Effect:
         "worktree, never the machine. Ask your parent with `ov mail send` if the task needs it."))
 
 
-def _date(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _date(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], ("-d", "--date", "-f", "--file", "-r", "--reference",
                                            "-s", "--set", "-I"))
     if _names(options) & {"-s", "--set"}:
@@ -30,7 +30,7 @@ def _date(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _READ
 
 
-def _hostname(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _hostname(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-F", "--file"))
     if positionals or _names(options) & {"-F", "--file", "-b", "--boot"}:
         return _refuse(argv, agent, "set the host name")
@@ -40,7 +40,7 @@ def _hostname(argv: list[str], agent: _Agent, *_: object) -> _Effect:
 def _reads_when(first_words: frozenset[str], what: str, *, bare_reads: bool = True) -> _Handler:
     """Read-only when the first non-option word is one of ``first_words`` (or absent, if ``bare_reads``)."""
 
-    def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    def handler(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
         _, positionals = _parse_options(argv[1:])
         if (not positionals and bare_reads) or (positionals and positionals[0] in first_words):
             return _READ
@@ -53,7 +53,7 @@ def _reads_with_options(read_options: frozenset[str], what: str, *, bare_reads: 
                         with_value: tuple[str, ...] = ()) -> _Handler:
     """Read-only when every option is one of ``read_options`` and nothing else is given."""
 
-    def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    def handler(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
         options, positionals = _parse_options(argv[1:], with_value)
         names = _names(options)
         if not argv[1:] and bare_reads:
@@ -66,7 +66,7 @@ def _reads_with_options(read_options: frozenset[str], what: str, *, bare_reads: 
 
 
 def _always(what: str) -> _Handler:
-    def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    def handler(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
         if argv[1:] in (["--help"], ["--version"], ["-h"], ["-V"]):
             return _READ
         return _refuse(argv, agent, what)
@@ -74,14 +74,14 @@ def _always(what: str) -> _Handler:
     return handler
 
 
-def _sysctl(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _sysctl(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:])
     if _names(options) & {"-w", "--write", "-p", "--load", "--system"} or any("=" in word for word in positionals):
         return _refuse(argv, agent, "change kernel settings")
     return _READ
 
 
-def _service(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _service(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     if argv[1:] == ["--status-all"] or (len(argv) == 3 and argv[2] == "status"):
         return _READ
     return _refuse(argv, agent, "start, stop or change services")

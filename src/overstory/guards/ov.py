@@ -46,7 +46,7 @@ _VALUE_OPTIONS = ("--to", "--subject", "--body", "--body-file", "--type", "--pri
 _FREE_TEXT = frozenset({"--subject", "--body", "--body-file", "--payload", "--prompt", "--note", "--reason"})
 
 
-def ov_command(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def ov_command(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     args = argv[1:]
     i = 0
     while i < len(args) and args[i].startswith("-"):

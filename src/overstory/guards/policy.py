@@ -68,6 +68,8 @@ class Decision:
     """Allowed, or denied with the reason shown to the model. Immutable."""
 
     __slots__ = ("allow", "reason")
+    allow: bool
+    reason: str
 
     def __init__(self, allow: bool, reason: str = "") -> None:
         object.__setattr__(self, "allow", allow)

@@ -29,7 +29,7 @@ _COMMON_OPTIONS = frozenset({"-q", "-qq", "-x", "-v", "-vv", "-s", "-xq", "-qx",
                              "--tb=no", "--tb=line"})
 
 
-def _pytest(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _pytest(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     return _test_args(argv[1:], "pytest", agent)
 
 

@@ -22,7 +22,7 @@ _SED_SAFE = frozenset({"-n", "--quiet", "--silent", "-E", "-r", "--regexp-extend
                        "--help", "--version", "-b", "--binary"})
 
 
-def _sed(argv: list[str], *_: object) -> _Effect:
+def _sed(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], _SED_VALUE)
     names = _names(options)
     scripts = _values(options, "-e", "--expression")
@@ -177,7 +177,7 @@ _AWK_SAFE = frozenset({"-F", "--field-separator", "-v", "--assign", "-e", "--sou
 _AWK_RUNS = re.compile(r"\bsystem\b|\||@")
 
 
-def _awk(argv: list[str], *_: object) -> _Effect:
+def _awk(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], _AWK_VALUE)
     if "inplace" in _values(options, "-i", "--include"):
         return _Effect("write", what="edit files in place (`awk -i inplace`)",
@@ -250,7 +250,7 @@ _SORT_SAFE = frozenset({"-b", "--ignore-leading-blanks", "-d", "--dictionary-ord
                         "--help", "--version"})
 
 
-def _sort(argv: list[str], *_: object) -> _Effect:
+def _sort(argv: list[str], *_rest: object) -> _Effect:
     options, _ = _parse_options(argv[1:], _SORT_VALUE)
     names = _names(options)
     if names & {"--compress-program"}:
@@ -287,7 +287,7 @@ _TAR_READ_SAFE = frozenset({"-t", "--list", "-x", "--extract", "--get", "-O", "-
                             "-w", "--help", "--version", "-R", "--block-number"})
 
 
-def _tar(argv: list[str], *_: object) -> _Effect:
+def _tar(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     if args and not args[0].startswith("-"):
         args = ["-" + args[0]] + args[1:]  # `tar xzf a.tgz`

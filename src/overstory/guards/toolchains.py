@@ -28,7 +28,7 @@ from overstory.guards.python import _PIP_READ, _first_word, _test_args
 def _fixable(check_flags: frozenset[str], fix_flags: frozenset[str] = frozenset()) -> _Handler:
     """Formatters/linters: read-only with a check flag and without a fix flag."""
 
-    def handler(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+    def handler(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
         tool = os.path.basename(argv[0])
         args = {a.split("=", 1)[0] for a in argv[1:]}
         if not check_flags or args & check_flags:
@@ -41,7 +41,7 @@ def _fixable(check_flags: frozenset[str], fix_flags: frozenset[str] = frozenset(
     return handler
 
 
-def _ruff(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _ruff(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     args = argv[1:]
     fix = {"--fix", "--unsafe-fixes", "--add-noqa", "--fix-only"}
     sub = next((a for a in args if not a.startswith("-")), "check")
@@ -56,13 +56,13 @@ def _ruff(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _Effect("write", what=f"rewrite files with `ruff {sub}`", writes_cwd=True)
 
 
-def _tsc(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _tsc(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     if {"--noEmit", "--version", "-v", "--help", "-h"} & set(argv[1:]):
         return _test_args(argv[1:], "tsc --noEmit", agent, "tsc")
     return _Effect("write", what="emit compiled files with `tsc`", writes_cwd=True)
 
 
-def _make(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _make(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-C", "--directory", "-f", "--file",
                                                      "--makefile", "-j", "--jobs", "-l",
                                                      "-o", "-W", "-I"))
@@ -96,7 +96,7 @@ _SYSTEM_PACKAGE_READ = frozenset({"list", "show", "search", "policy", "info", "d
                                   "help", "outdated", "deps", "desc", "leaves", "query"})
 
 
-def _node_pm(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _node_pm(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     tool = os.path.basename(argv[0])
     args = argv[1:]
     sub, rest = _first_word(args)
@@ -118,7 +118,7 @@ def _node_pm(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _Effect("unknown", what=f"{tool} {sub}", writes_cwd=True)
 
 
-def _cargo(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _cargo(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if not sub or sub in ("tree", "metadata", "version", "help", "search", "locate-project",
                           "pkgid", "verify-project") or argv[1:2] == ["--version"]:
@@ -132,7 +132,7 @@ def _cargo(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _Effect("unknown", what=f"cargo {sub}", writes_cwd=True)
 
 
-def _go(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _go(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if sub in ("version", "list", "doc", "help") or (sub == "env" and "-w" not in rest):
         return _READ
@@ -143,7 +143,7 @@ def _go(argv: list[str], agent: _Agent, *_: object) -> _Effect:
     return _Effect("unknown", what=f"go {sub}", writes_cwd=True)
 
 
-def _system_packages(argv: list[str], *_: object) -> _Effect:
+def _system_packages(argv: list[str], *_rest: object) -> _Effect:
     tool = os.path.basename(argv[0])
     sub, _ = _first_word(argv[1:])
     if tool == "apt-cache" or not sub or sub in _SYSTEM_PACKAGE_READ:
@@ -151,7 +151,7 @@ def _system_packages(argv: list[str], *_: object) -> _Effect:
     return _Effect("install", what=f"`{tool} {sub}` changes the system's packages")
 
 
-def _global_installer(argv: list[str], *_: object) -> _Effect:
+def _global_installer(argv: list[str], *_rest: object) -> _Effect:
     tool = os.path.basename(argv[0])
     sub, _ = _first_word(argv[1:])
     if not sub or sub in ("list", "info", "search", "help", "environment", "show", "query"):
@@ -161,7 +161,7 @@ def _global_installer(argv: list[str], *_: object) -> _Effect:
     return _Effect("install", what=f"`{tool} {sub}` installs outside the worktree")
 
 
-def _uv(argv: list[str], *_: object) -> _Effect:
+def _uv(argv: list[str], *_rest: object) -> _Effect:
     sub, rest = _first_word(argv[1:])
     if not sub or sub in ("tree", "version", "help") or argv[1:2] == ["--version"]:
         return _READ

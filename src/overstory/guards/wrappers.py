@@ -31,7 +31,7 @@ _XARGS_VALUE = ("-I", "-n", "-P", "-L", "-s", "-d", "-E", "-a", "--arg-file", "-
                 "--max-args", "--max-procs", "--max-chars", "--process-slot-var")
 
 
-def _xargs(argv: list[str], *_: object) -> _Effect:
+def _xargs(argv: list[str], *_rest: object) -> _Effect:
     options, command = _parse_options(argv[1:], _XARGS_VALUE, stop_at_positional=True)
     if not command:
         return _READ
@@ -49,7 +49,7 @@ def _xargs(argv: list[str], *_: object) -> _Effect:
     return _Effect("read", inner=[command])
 
 
-def _shell(argv: list[str], *_: object) -> _Effect:
+def _shell(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     if len(args) == 1 and args[0] in _VERSION_FLAGS:
         return _READ
@@ -75,48 +75,48 @@ def _shell(argv: list[str], *_: object) -> _Effect:
     return _Effect("code", what=f"a shell script with `{os.path.basename(argv[0])}`")
 
 
-def _trap(argv: list[str], *_: object) -> _Effect:
+def _trap(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:])
     if _names(options) & {"-p", "-l"} or len(positionals) < 2:
         return _READ
     return _Effect("read", scripts=positionals[:1])
 
 
-def _eval(argv: list[str], *_: object) -> _Effect:
+def _eval(argv: list[str], *_rest: object) -> _Effect:
     if not argv[1:]:
         return _READ
     return _Effect("read", scripts=[" ".join(argv[1:])], opaque=True)
 
 
-def _exec(argv: list[str], *_: object) -> _Effect:
+def _exec(argv: list[str], *_rest: object) -> _Effect:
     options, rest = _parse_options(argv[1:], ("-a",), stop_at_positional=True)
     clear = "-c" in _names(options)
     return _Effect("read", inner=[rest] if rest else [], env_clear=clear)
 
 
-def _source(argv: list[str], *_: object) -> _Effect:
+def _source(argv: list[str], *_rest: object) -> _Effect:
     return _Effect("code", what="`source`, which runs a script", opaque=True)
 
 
-def _privileged(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _privileged(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     return _Effect("deny", reason=f"{agent.who} may not use `{os.path.basename(argv[0])}`: "
                    "agents run unprivileged. Ask your parent with `ov mail send`.")
 
 
-def _outside_the_turn(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _outside_the_turn(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     return _Effect("deny", reason=(
         f"{agent.who} may not use `{os.path.basename(argv[0])}`: it runs commands outside this "
         "turn, where ov can neither see nor stop them. Run the command directly."))
 
 
-def _killers(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _killers(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     return _Effect("deny", reason=(
         f"{agent.who} may not use `{os.path.basename(argv[0])}`: matching processes by name can "
         "stop other agents or ov itself. Use `kill` with the PID of a process you started "
         "(`$!`), or `ov stop` for agents."))
 
 
-def _tmux_like(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _tmux_like(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     args = argv[1:]
     sub = next((a for a in args if not a.startswith("-")), "")
     if os.path.basename(argv[0]) == "tmux" and (
@@ -138,7 +138,7 @@ def _wrapper(with_value: tuple[str, ...] = (), *, leading_positionals: int = 0,
     """A command that runs the rest of its arguments; ``outputs`` are options naming files
     it writes."""
 
-    def handler(argv: list[str], *_: object) -> _Effect:
+    def handler(argv: list[str], *_rest: object) -> _Effect:
         options, rest = _parse_options(argv[1:], with_value + outputs, stop_at_positional=True)
         rest = rest[leading_positionals:]
         files = [v for v in _values(options, *outputs) if v != "-"]
@@ -149,7 +149,7 @@ def _wrapper(with_value: tuple[str, ...] = (), *, leading_positionals: int = 0,
     return handler
 
 
-def _nice(argv: list[str], *_: object) -> _Effect:
+def _nice(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     if args and re.match(r"^-\d+$", args[0]):
         args = args[1:]
@@ -157,7 +157,7 @@ def _nice(argv: list[str], *_: object) -> _Effect:
     return _Effect("read", inner=[rest]) if rest else _READ
 
 
-def _env(argv: list[str], *_: object) -> _Effect:
+def _env(argv: list[str], *_rest: object) -> _Effect:
     options, rest = _parse_options(argv[1:], ("-u", "--unset", "-C", "--chdir", "-S",
                                               "--split-string"), stop_at_positional=True)
     assignments: list[tuple[str, str]] = []
@@ -179,14 +179,14 @@ def _env(argv: list[str], *_: object) -> _Effect:
     return effect
 
 
-def _command(argv: list[str], *_: object) -> _Effect:
+def _command(argv: list[str], *_rest: object) -> _Effect:
     options, rest = _parse_options(argv[1:], (), stop_at_positional=True)
     if _names(options) & {"-v", "-V"} or not rest:
         return _READ
     return _Effect("read", inner=[rest])
 
 
-def _watch(argv: list[str], *_: object) -> _Effect:
+def _watch(argv: list[str], *_rest: object) -> _Effect:
     options, rest = _parse_options(argv[1:], ("-n", "--interval", "-q", "--equexit"),
                                    stop_at_positional=True)
     if not rest:
@@ -196,13 +196,13 @@ def _watch(argv: list[str], *_: object) -> _Effect:
     return _Effect("read", scripts=[" ".join(rest)])
 
 
-def _setsid(argv: list[str], *_: object) -> _Effect:
+def _setsid(argv: list[str], *_rest: object) -> _Effect:
     _, rest = _parse_options(argv[1:], (), stop_at_positional=True)
     return _Effect("write", what="start a process in a new session with `setsid` (it can "
                    "outlive the turn)", inner=[rest] if rest else [])
 
 
-def _flock(argv: list[str], *_: object) -> _Effect:
+def _flock(argv: list[str], *_rest: object) -> _Effect:
     options, rest = _parse_options(argv[1:], ("-w", "--timeout", "-E", "--conflict-exit-code",
                                               "-c", "--command"), stop_at_positional=True)
     lock, command = rest[:1], rest[1:]
@@ -216,7 +216,7 @@ def _flock(argv: list[str], *_: object) -> _Effect:
     return effect
 
 
-def _coproc(argv: list[str], *_: object) -> _Effect:
+def _coproc(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
     name = "COPROC"
     if len(args) >= 2 and args[1] == "{":
@@ -227,7 +227,7 @@ def _coproc(argv: list[str], *_: object) -> _Effect:
                    inner=[args] if args else [], sets_vars=[name])
 
 
-def _script(argv: list[str], *_: object) -> _Effect:
+def _script(argv: list[str], *_rest: object) -> _Effect:
     options, positionals = _parse_options(argv[1:], ("-c", "--command", "-E", "--echo", "-I",
                                                      "--log-in", "-O", "--log-out", "-B",
                                                      "--log-io", "-T", "--log-timing", "-m",
@@ -239,7 +239,7 @@ def _script(argv: list[str], *_: object) -> _Effect:
                    scripts=_values(options, "-c", "--command")[-1:])
 
 
-def _crontab(argv: list[str], agent: _Agent, *_: object) -> _Effect:
+def _crontab(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     if argv[1:] == ["-l"]:
         return _READ
     return _outside_the_turn(argv, agent)

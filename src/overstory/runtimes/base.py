@@ -123,7 +123,7 @@ class TurnParser(abc.ABC):
         looks for its completion promise."""
         return self.last_text
 
-    def finish(self, exit_code: int | None, stderr_tail: str) -> None:
+    def finish(self, exit_code: int | None, stderr_tail: str) -> None:  # noqa: B027 (an optional hook)
         """The process has exited: its status and the end of its stderr, before ``succeeded``/``failure``
         are asked. For runtimes that report some outcomes only there (an unknown session to resume, a
         broken config, a turn that has no closing event)."""

@@ -44,7 +44,7 @@ def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration], *,
     except sqlite3.DatabaseError as exc:
         conn.close()
         if _no_space_left(path):
-            raise DiskFull(f"no space left on device for {path}: it cannot even be opened; nothing was written")
+            raise DiskFull(f"no space left on device for {path}: it cannot even be opened; nothing was written") from exc
         raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
     except BaseException:
         conn.close()
@@ -114,7 +114,7 @@ class write_transaction:  # used as a function: ``with write_transaction(conn):`
         self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> t.Literal[False]:
         conn = self.conn
         if exc is None:
             try:

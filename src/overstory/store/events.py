@@ -57,7 +57,8 @@ def record(conn: sqlite3.Connection, kind: str, *, agent: str | None = None, gen
 def query(conn: sqlite3.Connection, *, agent: str | None = None, kinds: t.Collection[str] | None = None,
           turn_id: str | None = None, after_id: int = 0, limit: int = 200, newest: bool = False) -> list[Event]:
     """Events by indexed filters. ``newest`` returns the last ``limit`` (still in id order)."""
-    clauses, params = ["id > ?"], [after_id]
+    clauses: list[str] = ["id > ?"]
+    params: list[t.Any] = [after_id]
     if agent is not None:
         clauses.append("agent = ?")
         params.append(agent)

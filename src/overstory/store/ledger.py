@@ -101,8 +101,9 @@ def begin(conn: sqlite3.Connection, call: Call, *, denied_reason: str | None, ch
     or None. One ``BEGIN IMMEDIATE`` transaction, so two hooks racing on the same key see
     each other, and what ``explain``/``admit`` write commits with the row or not at all.
     """
-    status, reason, flagged, prior = ("denied", denied_reason, False, None) if denied_reason is not None \
-        else ("started", None, False, None)
+    status, reason, flagged = ("denied", denied_reason, False) if denied_reason is not None \
+        else ("started", None, False)
+    prior: Prior | None = None
     now = now_ms()
     with write_transaction(conn):
         if denied_reason is None and check_replay and call.turn_id and call.scope:

@@ -251,14 +251,14 @@ def report(conn: sqlite3.Connection, run: Run, *, now: int | None = None) -> dic
     from overstory.store import checkpoints, ledger
 
     calls = ledger.turn_summaries(conn, [r["id"] for r in turn_rows])
-    marks = checkpoints.by_turn(conn, [r["id"] for r in turn_rows])
+    turn_marks = checkpoints.by_turn(conn, [r["id"] for r in turn_rows])
     turns = [{
         "id": r["id"], "agent": r["agent"], "generation": r["generation"], "number": r["number"],
         "attempt": r["attempt"], "status": r["status"], "started_at": iso(r["started_at"]),
         "ended_at": iso(r["ended_at"]), "duration_seconds": _seconds(r["started_at"], r["ended_at"]),
         "input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"], "cost_usd": round(r["cost_usd"], 6),
         "tool_calls": r["tool_calls"], "error": r["error"], "session_id": r["session_id"], "resumed": bool(r["resumed"]),
-        "dispatch": (marks.get(r["id"]) or {}).get("scope"), "head": (marks.get(r["id"]) or {}).get("head"),
+        "dispatch": (turn_marks.get(r["id"]) or {}).get("scope"), "head": (turn_marks.get(r["id"]) or {}).get("head"),
         "ledger": calls.get(r["id"], {"calls": 0, "by_status": {}, "by_class": {}, "flagged": 0}),
     } for r in turn_rows]
     document = run.as_dict()

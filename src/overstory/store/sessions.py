@@ -142,7 +142,7 @@ class Session(Record):  # a Record, not a dataclass: `ov status` imports this mo
 
     # Unlike other Records, a Session may be changed in place (a loop keeps its copy up to date), as the
     # dataclass it replaces could; so, like that dataclass, it is not hashable.
-    __setattr__ = object.__setattr__
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
     __hash__ = None  # type: ignore[assignment]
 
     @property
@@ -162,7 +162,7 @@ class Session(Record):  # a Record, not a dataclass: `ov status` imports this mo
         sessions = []
         for row in rows:
             values = [row[i] if i >= 0 else _LATER_COLUMNS[name] for name, i in zip(fields, picks)]
-            values[spec] = json.loads(values[spec] or "{}")
+            values[spec] = json.loads(values[spec] or "{}")  # type: ignore[arg-type]
             sessions.append(cls(*values, {name: row[i] for name, i in others}))
         return sessions
 
