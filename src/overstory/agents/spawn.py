@@ -62,6 +62,7 @@ class SlingRequest:
     base_branch: str | None = None
     scenario: Path | None = None
     scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
+    scenario_name: str | None = None  # the file scenario_text came from (its suffix says YAML or JSON)
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
@@ -188,9 +189,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     scenario_text = request.scenario_text
     if scenario_text is None and request.scenario is not None:
         scenario_text = _read_text_file(request.scenario, "--scenario")
-    elif scenario_text is None:
-        built_in = adapter.default_scenario(capability, task_id)
-        scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
+    from overstory.agents.scenario import checked_scenario
+
+    scenario_text, scenario_file = checked_scenario(adapter, scenario_text, request.scenario or request.scenario_name,
+                                                    capability=capability, task_id=task_id)
 
     at_root = request.at_project_root
     branch = None if at_root else f"ov/{name}"
@@ -274,8 +276,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             _write_run_files(run_dir, adapter, instructions, ov_command=ov_command, tmux_mode=tmux)
         scenario_path = None
         if scenario_text is not None:
-            yaml_file = request.scenario is not None and request.scenario.suffix in (".yaml", ".yml")
-            scenario_path = run_dir / ("scenario.yaml" if yaml_file else "scenario.json")  # the player reads by suffix
+            scenario_path = run_dir / scenario_file  # the player reads by suffix
             scenario_path.write_text(scenario_text, encoding="utf-8")
         from overstory.agents.process import save_launch_env
 
