@@ -95,3 +95,60 @@ def _session(project: ProjectPaths, name: str) -> dict[str, t.Any] | None:
         return dict(row) if row else None
     finally:
         conn.close()
+
+
+# ---- a name slung again -------------------------------------------------------------------------
+
+
+def _transcript(project: ProjectPaths, name: str) -> str:
+    """Every prompt the scripted agent's sessions were given (its run dir is new for each generation)."""
+    return "".join(p.read_text() for p in sorted((project.run_dir / name / "scripted").rglob("*.jsonl")))
+
+
+def test_a_later_generation_never_answers_mail_sent_to_an_earlier_one(team: ProjectPaths,  # noqa: F811
+                                                                      tmp_path: Path) -> None:
+    from test_coordinator import wait_state
+
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps({"turns": [{"actions": [
+        {"write": {"path": "old.txt", "content": "old\n"}},
+        {"bash": "git add old.txt && git commit -q -m old"},
+        {"sleep": 60},  # stopped here, mid-turn: its dispatch goes back unread
+    ]}]}))
+    slung = run_ov("sling", "builder", "s1", "--runtime", "scripted", "--scenario", str(first),
+                   "--prompt", "OLD TASK: write old.txt", cwd=team.root)
+    assert slung.returncode == 0, slung.stderr
+    wait_for(lambda: run_git(team.root, "log", "--format=%s", "-1", "ov/builder-s1").strip() == "old", timeout=60,
+             message="generation 1 to commit")
+    wait_state(team, "builder-s1", {"in_turn"})
+    stopped = run_ov("stop", "builder-s1", "--json", cwd=team.root)
+    assert stopped.returncode == 0, stopped.stderr
+    dispatch = mail_rows(team, recipient="builder-s1", type="dispatch")
+    assert [(m["read_at"], m["claimed_by"]) for m in dispatch] == [(None, None)]  # given back unread
+    assert run_ov("merge", "builder-s1", cwd=team.root).returncode == 0
+    cleaned = run_ov("clean", cwd=team.root)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert run_git(team.root, "branch", "--list", "ov/builder-s1").strip() == ""
+
+    second = tmp_path / "second.json"
+    second.write_text(json.dumps({"turns": [{"actions": [
+        {"expect_in_prompt": "NEW TASK"},
+        {"bash": 'ov mail send --type worker_done --subject "new done" --body "done"'},
+    ], "result": "done"}]}))
+    again = run_ov("sling", "builder", "s1", "--runtime", "scripted", "--scenario", str(second),
+                   "--prompt", "NEW TASK: write new.txt", "--json", cwd=team.root)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["generation"] == 2
+    assert wait_terminal(team, "builder-s1").state == "completed"
+    prompts = _transcript(team, "builder-s1")
+    assert "NEW TASK" in prompts and "OLD TASK" not in prompts
+    assert [m["subject"] for m in mail_rows(team, sender="builder-s1")] == ["new done"]
+
+    old, new = mail_rows(team, recipient="builder-s1", type="dispatch")
+    assert "OLD TASK" in old["body"] and "NEW TASK" in new["body"]
+    assert old["superseded_by"] == 2 and old["claimed_by"] is None  # kept, closed, never delivered
+    assert new["superseded_by"] is None and new["read_at"] is not None
+    listed = run_ov("mail", "list", "--to", "builder-s1", cwd=team.root).stdout.splitlines()
+    assert "never delivered: generation 2 took the name" in listed[0] and "(read)" in listed[1]
+    shown = json.loads(run_ov("mail", "list", "--to", "builder-s1", "--json", cwd=team.root).stdout)
+    assert [m["superseded_by"] for m in shown] == [2, None]

@@ -432,7 +432,8 @@ class AgentLoop(AgentProcess):
 
     def _fresh_session_summary(self, agent: Session) -> str:
         rows = self.state.execute(
-            "SELECT sender, type, subject FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT 10", (self.name,)
+            "SELECT sender, type, subject FROM mail WHERE recipient = ? AND created_at >= ? ORDER BY id DESC LIMIT 10",
+            (self.name, agent.created_at),  # this generation's: an earlier one's mail is not its business
         ).fetchall()
         recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
         prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions)"

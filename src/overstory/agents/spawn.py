@@ -449,8 +449,8 @@ def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult
     """What the first `ov sling` of this agent printed (a retried turn slings it again)."""
     from overstory.store import budgets
 
-    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' ORDER BY id LIMIT 1",
-                       (agent.name,)).fetchone()
+    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' AND created_at >= ? "
+                       "ORDER BY id LIMIT 1", (agent.name, agent.created_at)).fetchone()  # this generation's
     limits = budgets.get_agent(conn, agent.name, agent.generation)
     budget = {k: getattr(limits, k) for k in ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")} \
         if limits is not None else {}

@@ -156,6 +156,8 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
 
     for m in messages:
         state = "read" if m.is_read else ("claimed" if m.claimed_by else "unread")
+        if m.superseded_by is not None:
+            state = f"never delivered: generation {m.superseded_by} took the name"
         thread_mark = f" thread #{m.thread_id}" if m.thread_id != m.id else ""
         click.echo(f"#{m.id:<5} {iso(m.created_at)}  {m.sender} -> {m.recipient}  "
                    f"[{m.type}/{m.priority}] {m.subject}  ({state}{thread_mark})")

@@ -50,7 +50,7 @@ CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger",
 class Message(Record):
     """One row of the mail table, priority as its name."""
     __slots__ = ("id", "thread_id", "reply_to", "sender", "recipient", "type", "priority", "subject", "body",
-                 "payload", "created_at", "read_at", "claimed_by", "claimed_at")
+                 "payload", "created_at", "read_at", "claimed_by", "claimed_at", "superseded_by")
     id: int
     thread_id: int
     reply_to: int | None
@@ -65,6 +65,7 @@ class Message(Record):
     read_at: int | None
     claimed_by: str | None
     claimed_at: int | None
+    superseded_by: int | None  # the recipient's later generation that took its name first: never delivered
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Message:
@@ -73,7 +74,8 @@ class Message(Record):
             reply_to=row["reply_to"], sender=row["sender"], recipient=row["recipient"], type=row["type"],
             priority=PRIORITY_NAMES.get(row["priority"], str(row["priority"])), subject=row["subject"],
             payload=json.loads(row["payload"]) if row["payload"] else None, created_at=row["created_at"],
-            read_at=row["read_at"], claimed_by=row["claimed_by"], claimed_at=row["claimed_at"])
+            read_at=row["read_at"], claimed_by=row["claimed_by"], claimed_at=row["claimed_at"],
+            superseded_by=row["superseded_by"])
 
     @property
     def is_read(self) -> bool:
@@ -85,6 +87,7 @@ class Message(Record):
             "to": self.recipient, "type": self.type, "priority": self.priority, "subject": self.subject,
             "body": self.body, "payload": self.payload, "created_at": iso(self.created_at),
             "read_at": iso(self.read_at), "claimed_by": self.claimed_by, "claimed_at": iso(self.claimed_at),
+            "superseded_by": self.superseded_by,
         }
 
 
@@ -137,7 +140,7 @@ def _encode_payload(payload: t.Mapping[str, t.Any] | None) -> str | None:
 
 
 _COLUMNS = "id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, " \
-           "created_at, read_at, claimed_by, claimed_at"
+           "created_at, read_at, claimed_by, claimed_at, superseded_by"
 _DELIVERY_ORDER = "priority DESC, id"
 
 
