@@ -28,7 +28,7 @@ from overstory.errors import (
     StoreError,
     UsageError,
 )
-from overstory.gitutil import branch_exists, current_branch, git, keep_out_of_commits, worktree_admin_lock
+from overstory.gitutil import branch_exists, current_branch, git, keep_out_of_commits
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
@@ -239,11 +239,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             assert worktree is not None and branch is not None
             _fault("branch", environ)
             spawn_journal.step(conn, intent, "branch")
-            git(project.root, "branch", branch, base_commit or base_branch)
+            spawn_journal.run_git(project.root, "branch", branch, base_commit or base_branch)
             spawn_journal.kill_point("branch", environ)
             _fault("worktree", environ)
-            spawn_journal.step(conn, intent, "worktree")
-            _add_worktree(project, worktree, branch)
+            spawn_journal.add_worktree(project, conn, intent, worktree, branch)  # notes the step first
             spawn_journal.kill_point("worktree", environ)
             home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                       worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
@@ -504,14 +503,6 @@ def _launch_env(project: ProjectPaths, environ: dict[str, str]) -> dict[str, str
 def _open_run_id(conn: sqlite3.Connection) -> str | None:
     row = conn.execute("SELECT id FROM runs WHERE status = 'open' ORDER BY started_at DESC LIMIT 1").fetchone()
     return row[0] if row else None
-
-
-def _add_worktree(project: ProjectPaths, worktree: Path, branch: str) -> None:
-    import git as gitpython
-
-    worktree.parent.mkdir(parents=True, exist_ok=True)
-    with worktree_admin_lock(project.root), gitpython.Repo(project.root) as repo:
-        repo.git.worktree("add", str(worktree), branch)
 
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
