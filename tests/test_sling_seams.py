@@ -107,10 +107,11 @@ def _transcript(project: ProjectPaths, name: str) -> str:
 
 def test_a_later_generation_never_answers_mail_sent_to_an_earlier_one(team: ProjectPaths,  # noqa: F811
                                                                       tmp_path: Path) -> None:
-    from test_coordinator import wait_state
+    from test_coordinator import wait_idle, wait_state
 
     first = tmp_path / "first.json"
     first.write_text(json.dumps({"turns": [{"actions": [
+        {"bash": 'ov mail send --to operator --type question --subject "which colour?" --body "old question"'},
         {"write": {"path": "old.txt", "content": "old\n"}},
         {"bash": "git add old.txt && git commit -q -m old"},
         {"sleep": 60},  # stopped here, mid-turn: its dispatch goes back unread
@@ -131,19 +132,27 @@ def test_a_later_generation_never_answers_mail_sent_to_an_earlier_one(team: Proj
     assert run_git(team.root, "branch", "--list", "ov/builder-s1").strip() == ""
 
     second = tmp_path / "second.json"
-    second.write_text(json.dumps({"turns": [{"actions": [
-        {"expect_in_prompt": "NEW TASK"},
-        {"bash": 'ov mail send --type worker_done --subject "new done" --body "done"'},
-    ], "result": "done"}]}))
+    second.write_text(json.dumps({"turns": [
+        {"actions": [{"expect_in_prompt": "NEW TASK"}], "result": "reading the task"},
+        {"actions": [{"bash": 'ov mail send --type worker_done --subject "new done" --body "done"'}], "result": "done"},
+    ]}))
     again = run_ov("sling", "builder", "s1", "--runtime", "scripted", "--scenario", str(second),
                    "--prompt", "NEW TASK: write new.txt", "--json", cwd=team.root)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["generation"] == 2
+    wait_idle(team, "builder-s1", 1)
+    # A late answer to generation 1's question would reach generation 2: refused, nothing stored.
+    (question,) = mail_rows(team, sender="builder-s1", type="question")
+    late = run_ov("mail", "reply", str(question["id"]), "--body", "blue", cwd=team.root)
+    assert late.returncode == 1 and "generation 2 has the name now" in late.stderr, late.stderr
+    assert mail_rows(team, recipient="builder-s1", type="result") == []
+    assert run_ov("mail", "send", "--to", "builder-s1", "--subject", "go on", "--body", "finish",
+                  cwd=team.root).returncode == 0
     assert wait_terminal(team, "builder-s1").state == "completed"
-    prompts = _transcript(team, "builder-s1")
-    assert "NEW TASK" in prompts and "OLD TASK" not in prompts
-    assert [m["subject"] for m in mail_rows(team, sender="builder-s1")] == ["new done"]
 
+    prompts = _transcript(team, "builder-s1")
+    assert "NEW TASK" in prompts and "OLD TASK" not in prompts and "blue" not in prompts
+    assert [m["subject"] for m in mail_rows(team, sender="builder-s1", type="worker_done")] == ["new done"]
     old, new = mail_rows(team, recipient="builder-s1", type="dispatch")
     assert "OLD TASK" in old["body"] and "NEW TASK" in new["body"]
     assert old["superseded_by"] == 2 and old["claimed_by"] is None  # kept, closed, never delivered
@@ -151,4 +160,4 @@ def test_a_later_generation_never_answers_mail_sent_to_an_earlier_one(team: Proj
     listed = run_ov("mail", "list", "--to", "builder-s1", cwd=team.root).stdout.splitlines()
     assert "never delivered: generation 2 took the name" in listed[0] and "(read)" in listed[1]
     shown = json.loads(run_ov("mail", "list", "--to", "builder-s1", "--json", cwd=team.root).stdout)
-    assert [m["superseded_by"] for m in shown] == [2, None]
+    assert [m["superseded_by"] for m in shown] == [2, None, None]

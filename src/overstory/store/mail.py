@@ -181,12 +181,13 @@ def insert_message(conn: sqlite3.Connection, *, sender: str, recipient: str, sub
     return message_id
 
 
-def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_unknown: bool = False) -> list[str]:
+def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_unknown: bool = False,
+                       answering: Message | None = None) -> list[str]:
     """Turn an address into agent names: a name, ``operator``, ``@all`` or ``@<capability>s``.
 
-    Broadcasts go to agents that are not terminal, minus the sender. Mail to a
-    completed or zombie agent is refused, and so is an unknown name unless
-    ``allow_unknown`` (so that a typo does not silently swallow a message).
+    Broadcasts go to agents that are not terminal, minus the sender. Refused: a completed or zombie
+    agent, a reply (``answering``) to a later generation of the asker's name, and an unknown name
+    unless ``allow_unknown`` (so that a typo does not silently swallow a message).
     """
     to = to.strip()
     if not to:
@@ -205,7 +206,7 @@ def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_
             scope = "agents" if capability is None else f"{capability} agents"
             raise MailError(f"nobody to deliver {to} to: there are no active {scope} (other than {sender})")
         return names
-    row = conn.execute("SELECT state FROM sessions WHERE name = ?", (to,)).fetchone()
+    row = conn.execute("SELECT state, generation, created_at FROM sessions WHERE name = ?", (to,)).fetchone()
     if row is None:
         if allow_unknown:
             return [to]
@@ -213,6 +214,8 @@ def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_
     if row["state"] in TERMINAL_STATES:
         raise MailError(f"agent {to} is {row['state']}: it will never read mail again; "
                         "mail its parent or sling a new agent instead")
+    if answering is not None and answering.sender == to and row["created_at"] > answering.created_at:
+        raise MailError(f"#{answering.id} is from an earlier {to}: generation {row['generation']} has the name now")
     return [to]
 
 
@@ -260,7 +263,8 @@ def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: 
 def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str, body: str = "",
          type: str = "status", priority: str | int = "normal", payload: t.Any = None,
          reply_to: int | None = None, allow_unknown: bool = False, dedup_key: str | None = None,
-         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None) -> list[int]:
+         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None,
+         answering: Message | None = None) -> list[int]:
     """Validate and deliver one message per recipient; returns the new ids.
 
     Recipients are resolved and the rows inserted in one write transaction, so a
@@ -287,7 +291,7 @@ def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str,
         to = default_recipient(sender_row, env)
     ids: list[int] = []
     with _atomic(conn):
-        recipients = resolve_recipients(conn, to, sender=sender, allow_unknown=allow_unknown)
+        recipients = resolve_recipients(conn, to, sender=sender, allow_unknown=allow_unknown, answering=answering)
         if reply_to is not None and conn.execute("SELECT 1 FROM mail WHERE id = ?", (reply_to,)).fetchone() is None:
             raise MailError(f"no message #{reply_to} to reply to")
         for recipient in recipients:
@@ -348,9 +352,9 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
           events: sqlite3.Connection | None = None, dedup_key: str | None = None) -> int:
     """Answer message ``message_id``: to its sender, in its thread.
 
-    A reply to a ``question`` is a ``result``; any other reply is a ``status``. The
-    original sender may be a name with no session (e.g. a tool), so unknown names
-    are allowed, but a completed or zombie agent still refuses mail.
+    A reply to a ``question`` is a ``result``; any other reply is a ``status``. The original sender
+    may be a name with no session (e.g. a tool), so unknown names are allowed, but a completed or
+    zombie agent, or a later generation of the name than the one that asked, refuses it.
     """
     original = get(conn, message_id)
     if original is None:
@@ -360,7 +364,7 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
     ids = send(conn, sender=sender, to=original.sender, subject=subject, body=body,
                type="result" if original.type == "question" else "status",
                priority=original.priority if priority is None else priority, reply_to=original.id,
-               allow_unknown=True, env=env, events=events, dedup_key=dedup_key)
+               allow_unknown=True, env=env, events=events, dedup_key=dedup_key, answering=original)
     return ids[0] if ids else int(conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (dedup_key,)).fetchone()[0])
 
 
@@ -495,10 +499,8 @@ def list_messages(conn: sqlite3.Connection, *, to: str | None = None, sender: st
         clauses.append("created_at >= ?")
         params.append(since_ms)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    limit_sql = ""
-    if limit is not None:
-        limit_sql = " LIMIT ?"
-        params.append(limit)
+    limit_sql = " LIMIT ?" if limit is not None else ""
+    params += [limit] if limit is not None else []
     rows = conn.execute(f"SELECT {_COLUMNS} FROM mail {where} ORDER BY id DESC{limit_sql}", params).fetchall()
     return [Message.from_row(r) for r in reversed(rows)]
 
