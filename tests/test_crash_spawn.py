@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -416,3 +417,27 @@ def test_the_undo_removes_the_folder_a_killed_git_left_and_never_anothers(projec
     assert run_git(theirs, "status", "--porcelain") == "" and (theirs / "README.md").is_file()
     run_git(project.root, "worktree", "add", "-q", "-b", "again", str(worktree))  # the path is free again
     assert sorted(p.name for p in (project.root / ".git" / "worktrees").iterdir()) == [NAME, folder.name]
+
+
+def test_a_spawners_git_dies_with_it_even_in_a_process_with_threads(project, tmp_path):
+    """An agent's sling runs in its loop, which serves its endpoint from threads (no Python may run between fork
+    and exec there): the git it runs must still die when that process is killed alone."""
+    marker = _hold_git(project, tmp_path, "branch")
+    script = tmp_path / "spawner.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from overstory.agents.spawn_journal import run_git\n"
+        "threading.Thread(target=time.sleep, args=(300,), daemon=True).start()\n"
+        f"run_git(Path(sys.argv[1]), 'branch', 'ov/{NAME}', 'main')\n")
+    proc = subprocess.Popen([sys.executable, str(script), str(project.root)], start_new_session=True)
+    try:
+        from agent_helpers import wait_for
+
+        wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=60, message="git to be held")
+        assert proc.poll() is None and _gits_of(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: not _gits_of(proc.pid), timeout=10, message="git to die with the spawner")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

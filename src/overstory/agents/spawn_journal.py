@@ -73,8 +73,11 @@ def step(conn: sqlite3.Connection, intent: dict[str, t.Any], name: str, **learne
 
 def run_git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """One git step of a spawn; git is killed when its spawner dies (so nothing keeps working behind an undo)."""
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
-                          preexec_fn=_die_with_parent())
+    preexec = _die_with_parent()
+    setpriv = shutil.which("setpriv") if preexec is None else None  # util-linux: the same, without Python
+    prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+    return subprocess.run([*prefix, "git", *args], cwd=root, capture_output=True, text=True, check=True,
+                          preexec_fn=preexec)
 
 
 def add_worktree(project: ProjectPaths, conn: sqlite3.Connection, intent: dict[str, t.Any], worktree: Path,
@@ -91,8 +94,8 @@ def _die_with_parent() -> t.Callable[[], None] | None:
     """A preexec function that makes the child die with this process (Linux PR_SET_PDEATHSIG), if that is safe."""
     import threading
 
-    if threading.active_count() > 1:  # running Python between fork and exec is unsafe with threads (an agent's
-        return None                   # loop serving its endpoint); killing the loop's group stops git there
+    if threading.active_count() > 1:  # running Python between fork and exec is unsafe with threads (an
+        return None                   # agent's loop serving its endpoint)
     try:
         import ctypes
 
