@@ -76,8 +76,11 @@ def run_git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     preexec = _die_with_parent()
     setpriv = shutil.which("setpriv") if preexec is None else None  # util-linux: the same, without Python
     prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-    return subprocess.run([*prefix, "git", *args], cwd=root, capture_output=True, text=True, check=True,
-                          preexec_fn=preexec)
+    done = subprocess.run([*prefix, "git", *args], cwd=root, capture_output=True, text=True, preexec_fn=preexec)
+    if done.returncode != 0:
+        raise SpawnError(f"`git {' '.join(args[:2])}` failed (exit {done.returncode}): "
+                         + (done.stderr.strip() or done.stdout.strip()).replace("\n", " "))
+    return done
 
 
 def add_worktree(project: ProjectPaths, conn: sqlite3.Connection, intent: dict[str, t.Any], worktree: Path,
