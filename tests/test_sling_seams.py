@@ -61,28 +61,33 @@ def test_a_lead_slings_a_scripted_child_with_a_yaml_scenario(team: ProjectPaths)
     assert (team.run_dir / "builder-c1" / "scenario.yaml").read_text() == CHILD_PLAN  # kept as written
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("turns: [ {actions: [ ]\n", "not valid YAML"),
-    ("- just\n- a list\n", "must be a mapping"),
-    ("turns:\n  - actions:\n      - dance: now\n", "unknown action"),
-])
-def test_a_malformed_scenario_is_refused_at_sling_time_on_both_paths(team: ProjectPaths, text: str,  # noqa: F811
-                                                                    problem: str) -> None:
-    plan = team.ov_dir / "bad.yaml"
-    plan.write_text(text)
-    by_operator = run_ov("sling", "builder", "c1", "--runtime", "scripted", "--scenario", str(plan), cwd=team.root)
-    assert by_operator.returncode == 2, by_operator.stderr
-    assert problem in by_operator.stderr and "bad.yaml" in by_operator.stderr
-    assert len(by_operator.stderr.strip().splitlines()) == 1 and "Traceback" not in by_operator.stderr
+MALFORMED = {"bad-syntax.yaml": ("turns: [ {actions: [ ]\n", "not valid YAML"),
+             "bad-shape.yaml": ("- just\n- a list\n", "must be a mapping"),
+             "bad-action.json": ('{"turns": [{"actions": [{"dance": "now"}]}]}', "unknown action")}
+
+
+def test_a_malformed_scenario_is_refused_at_sling_time_on_both_paths(team: ProjectPaths) -> None:  # noqa: F811
+    plans = {}
+    for name, (text, problem) in MALFORMED.items():
+        plans[name] = team.ov_dir / name
+        plans[name].write_text(text)
+        by_operator = run_ov("sling", "builder", "c1", "--runtime", "scripted", "--scenario", str(plans[name]),
+                             cwd=team.root)
+        assert by_operator.returncode == 2, by_operator.stderr
+        assert problem in by_operator.stderr and name in by_operator.stderr, by_operator.stderr
+        assert len(by_operator.stderr.strip().splitlines()) == 1 and "Traceback" not in by_operator.stderr
     assert _session(team, "builder-c1") is None
 
-    lead = _lead_scenario(team.ov_dir / "lead.json", f"ov sling builder c1 --runtime scripted --scenario {plan}")
+    tries = " 2>&1; ".join(f"ov sling builder c1 --runtime scripted --scenario {plan}" for plan in plans.values())
+    lead = _lead_scenario(team.ov_dir / "lead.json", tries)
     slung = run_ov("sling", "lead", "l1", "--runtime", "scripted", "--scenario", str(lead), cwd=team.root)
     assert slung.returncode == 0, slung.stderr
     relayed = wait_for(lambda: [m for m in mail_rows(team, sender="lead-l1", recipient="operator")
-                                if m["subject"] == "sling output"], timeout=60, message="the lead's sling attempt")
-    assert problem in relayed[0]["body"] and "exit=2" in relayed[0]["body"], relayed[0]["body"]
-    assert _session(team, "builder-c1") is None
+                                if m["subject"] == "sling output"], timeout=60, message="the lead's sling attempts")
+    body = relayed[0]["body"]
+    for name, (_, problem) in MALFORMED.items():
+        assert f"--scenario {plans[name]}: " in body and problem in body, body
+    assert "exit=2" in body and _session(team, "builder-c1") is None
     assert run_git(team.root, "branch", "--list", "ov/builder-c1").strip() == ""
 
 
