@@ -7,6 +7,11 @@ work), `ov stop NAME --clean` (it must undo the half-done spawn), or `ov watchdo
 (it must undo it). Afterwards nothing of the killed attempt may be left: no branch,
 worktree, session row, mail, intent row, run dir or process.
 
+Killed inside a step as well: inside `git branch` (held by a reference-transaction hook while git has
+the ref's lock) and inside `git worktree add` (held by a smudge filter during its checkout, or the
+moment its directory appears), then settled the same three ways; and the undo of what a killed
+git leaves in .git/worktrees/ removes only the spawn's own folder.
+
 Also: an unusable events.db makes `ov sling` refuse before creating anything, and a
 booting agent whose loop cannot start (its events.db broke after the spawn) is settled
 by the watchdog instead of being restarted forever.
@@ -18,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -231,3 +237,206 @@ def test_watchdog_settles_a_booting_agent_whose_loop_cannot_start(project, tmp_p
     finally:
         conn.close()
     assert transitions == ["booting", "zombie"]
+
+
+# ---- killed inside a step: `git branch` and `git worktree add` -----------------------------------------
+
+
+def _hold_git(project, tmp_path, where):
+    """Make the next `git worktree add` (``where="worktree"``: a smudge filter during its checkout) or the next
+    creation of ov/builder-t1 (``"branch"``: the reference-transaction hook, while git holds the ref's lock)
+    stop inside git until it is killed. Returns the marker file that appears once git is held there."""
+    marker = tmp_path / f"inside-{where}"
+    hold = f'if [ ! -e "{marker}" ]; then touch "{marker}"; sleep 120; fi'
+    if where == "worktree":
+        (project.root / ".gitattributes").write_text("held.txt filter=hold\n")
+        (project.root / "held.txt").write_text("held\n")
+        run_git(project.root, "add", ".gitattributes", "held.txt")
+        run_git(project.root, "commit", "-q", "-m", "a file whose checkout can be held")
+        run_git(project.root, "config", "filter.hold.smudge", f"sh -c '{hold}; cat'")
+    else:
+        hook = project.root / ".git" / "hooks" / "reference-transaction"
+        hook.write_text(f'#!/bin/sh\n[ "$1" = prepared ] && grep -q "refs/heads/ov/{NAME}$" && {hold}\nexit 0\n')
+        hook.chmod(0o755)
+    return marker
+
+
+def _gits_of(sling_pid):
+    """Live git processes started by the `ov sling` whose pid (= process group) is given."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if fields[0] not in "ZX" and int(fields[2]) == sling_pid and argv[0].endswith(b"git"):
+            found.append(int(entry))
+    return found
+
+
+def _kill_sling_inside(project, tmp_path, where, *, only_the_sling=False):
+    """Run the real `ov sling` in a process group of its own; SIGKILL the group once git is held inside the step
+    (for the worktree: once its directory has appeared, as an impatient operator's Ctrl-\\ or an OOM kill would).
+    ``only_the_sling``: kill the `ov sling` process alone (as `kill -9 PID` does); the git it runs must die too."""
+    marker = _hold_git(project, tmp_path, where)
+    sling_args = ["sling", "builder", "t1", "--runtime", "scripted", "--scenario", str(scenario(tmp_path))]
+    proc = subprocess.Popen([*ov_command(), *sling_args], cwd=project.root, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        from agent_helpers import wait_for
+
+        wait_for(lambda: marker.exists() and (where != "worktree" or project.worktree(NAME).is_dir())
+                 or proc.poll() is not None, timeout=60, interval=0.01, message=f"git to be held inside {where}")
+        assert proc.poll() is None, proc.communicate()
+        if only_the_sling:
+            assert _gits_of(proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)
+            from agent_helpers import wait_for
+
+            wait_for(lambda: not _gits_of(proc.pid), timeout=10, message="git to die with its `ov sling`")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # also the hook or filter that held git (not ov's: the test's)
+        proc.communicate()
+        # No more holding: agents' commits run the hook too (in their sandbox, where the marker is not seen).
+        (project.root / ".git" / "hooks" / "reference-transaction").unlink(missing_ok=True)
+        run_git(project.root, "config", "--unset-all", "filter.hold.smudge") if where == "worktree" else None
+    assert proc.returncode == -signal.SIGKILL
+    git_dir = project.root / ".git"
+    if where == "worktree":  # git's half-made worktree: its admin folder, still locked while it initialises
+        assert (git_dir / "worktrees" / NAME / "locked").is_file()
+    else:  # the branch's lock file, left behind
+        assert (git_dir / "refs" / "heads" / "ov" / f"{NAME}.lock").is_file()
+
+
+@pytest.mark.parametrize("where", ["branch", "worktree"])
+def test_sling_killed_inside_git_then_retry_works(project, tmp_path, where):
+    _kill_sling_inside(project, tmp_path, where)
+    retry = sling(project, tmp_path)
+    assert retry.returncode == 0, retry.stderr
+    assert wait_terminal(project, NAME).state == "completed"
+    state = leftovers(project)
+    assert state["session_rows"] == 1 and state["intents"] == 0 and state["branch"] == "ov/builder-t1"
+    assert sorted(p.name for p in (project.root / ".git" / "worktrees").iterdir()) == [NAME]  # no second admin dir
+    assert not (project.root / ".git" / "refs" / "heads" / "ov" / f"{NAME}.lock").exists()
+    assert run_git(project.root, "log", "--format=%s", "main..ov/builder-t1").split("\n")[0] == "work"
+
+
+@pytest.mark.parametrize("settle", ["stop --clean", "watchdog"])
+def test_sling_killed_inside_git_branch_is_undone(project, tmp_path, settle):
+    _kill_sling_inside(project, tmp_path, "branch", only_the_sling=settle == "watchdog")
+    if settle == "watchdog":
+        dog = run_ov("watchdog", "--once", "--json", cwd=project.root)
+        assert dog.returncode == 0, dog.stderr
+        actions = [a for a in map(json.loads, dog.stdout.splitlines()) if a["kind"] not in ("reconcile", "tick")]
+        assert [(a["agent"], a["kind"]) for a in actions] == [(NAME, "spawn_undone")]
+    else:
+        stopped = run_ov("stop", NAME, "--clean", cwd=project.root)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "undid the unfinished spawn" in stopped.stdout
+    assert leftovers(project) == NOTHING
+    assert not (project.root / ".git" / "worktrees").exists() or not any((project.root / ".git" / "worktrees").iterdir())
+    assert not (project.root / ".git" / "refs" / "heads" / "ov" / f"{NAME}.lock").exists()
+    assert sling(project, tmp_path).returncode == 0  # and the name is free again
+    assert wait_terminal(project, NAME).state == "completed"
+
+
+def test_sling_killed_the_moment_its_worktree_appears(project, tmp_path):
+    """The kill of the report: the test watches for the worktree directory (a tight poll, no sleep) and SIGKILLs
+    the sling's process group the moment it appears, inside `git worktree add` (where git has made its locked
+    folder under .git/worktrees/ and may not have finished writing it). Three kills, as the exact moment
+    varies, each settled another way: the same `ov sling` again, `ov stop --clean`, the watchdog."""
+    for settle in ("retry", "stop --clean", "watchdog"):
+        proc = subprocess.Popen([*ov_command(), "sling", "builder", "t1", "--runtime", "scripted", "--scenario",
+                                 str(scenario(tmp_path))], cwd=project.root, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not project.worktree(NAME).exists() and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+        if settle == "retry":
+            retry = sling(project, tmp_path)
+            assert retry.returncode == 0, retry.stderr
+            assert sorted(p.name for p in (project.root / ".git" / "worktrees").iterdir()) == [NAME]
+            assert run_ov("stop", NAME, "--clean", "--force", cwd=project.root).returncode == 0  # for the next kill
+        elif settle == "watchdog":
+            assert run_ov("watchdog", "--once", cwd=project.root).returncode == 0
+        else:
+            stopped = run_ov("stop", NAME, "--clean", cwd=project.root)
+            assert stopped.returncode == 0, stopped.stderr
+        state = leftovers(project)
+        assert (state["intents"], state["branch"], state["worktree_registered"], state["worktree_dir"],
+                state["loops"]) == (0, "", False, False, []), settle
+        admin = project.root / ".git" / "worktrees"
+        assert not admin.exists() or not any(admin.iterdir()), settle
+
+
+@pytest.mark.parametrize("left", ["locked only", "part of gitdir", "gitdir, no HEAD"])
+def test_the_undo_removes_the_folder_a_killed_git_left_and_never_anothers(project, tmp_path, left):
+    """What `git worktree add` has written when a kill lands in its first microseconds (the order of its writes:
+    the locked folder, the worktree directory, gitdir, the worktree's .git file, commondir, HEAD), laid out for
+    a spawn whose intent names the folder; beside it the operator's own worktree of the same base name, whose
+    folder git named first and which points elsewhere: it must survive, and still work."""
+    from overstory import procs
+    from overstory.agents.spawn_journal import begin, settle_all, step
+
+    theirs = tmp_path / "operator" / NAME
+    run_git(project.root, "worktree", "add", "-q", "-b", "operator-work", str(theirs))
+    base = run_git(project.root, "rev-parse", "main").strip()
+    run_git(project.root, "branch", f"ov/{NAME}", base)
+    folder = project.root / ".git" / "worktrees" / f"{NAME}1"  # the operator's took the plain name
+    worktree = project.worktree(NAME)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    conn = open_state(project.state_db)
+    try:
+        intent = {"name": NAME, "pid": dead.pid, "pid_ticks": None, "branch": f"ov/{NAME}", "base_commit": base,
+                  "worktree": str(worktree), "run_dir": str(project.run_dir / NAME), "tmux_session": None}
+        begin(conn, intent)
+        step(conn, intent, "worktree", worktree_admin=folder.name)
+        folder.mkdir()
+        (folder / "locked").write_text("initializing\n")
+        worktree.mkdir(parents=True)
+        if left != "locked only":
+            gitdir = f"{worktree}/.git\n"
+            (folder / "gitdir").write_text(gitdir[:12] if left == "part of gitdir" else gitdir)
+        if left == "gitdir, no HEAD":
+            (worktree / ".git").write_text(f"gitdir: {folder}\n")
+            (folder / "commondir").write_text("../..\n")
+        assert procs.is_alive(dead.pid) is False
+        undone = settle_all(project, conn)
+    finally:
+        conn.close()
+    assert undone == {NAME: [str(worktree), f"ov/{NAME}"]}
+    assert not folder.exists() and not worktree.exists()
+    assert sorted(p.name for p in (project.root / ".git" / "worktrees").iterdir()) == [NAME]  # the operator's
+    assert run_git(theirs, "status", "--porcelain") == "" and (theirs / "README.md").is_file()
+    run_git(project.root, "worktree", "add", "-q", "-b", "again", str(worktree))  # the path is free again
+    assert sorted(p.name for p in (project.root / ".git" / "worktrees").iterdir()) == [NAME, folder.name]
+
+
+def test_a_spawners_git_dies_with_it_even_in_a_process_with_threads(project, tmp_path):
+    """An agent's sling runs in its loop, which serves its endpoint from threads (no Python may run between fork
+    and exec there): the git it runs must still die when that process is killed alone."""
+    marker = _hold_git(project, tmp_path, "branch")
+    script = tmp_path / "spawner.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from overstory.agents.spawn_journal import run_git\n"
+        "threading.Thread(target=time.sleep, args=(300,), daemon=True).start()\n"
+        f"run_git(Path(sys.argv[1]), 'branch', 'ov/{NAME}', 'main')\n")
+    proc = subprocess.Popen([sys.executable, str(script), str(project.root)], start_new_session=True)
+    try:
+        from agent_helpers import wait_for
+
+        wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=60, message="git to be held")
+        assert proc.poll() is None and _gits_of(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: not _gits_of(proc.pid), timeout=10, message="git to die with the spawner")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -662,7 +662,7 @@ def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_n
     from overstory.agents.turns import run_turn
     from overstory.config import load_config
     from overstory.runtimes.scripted import ScriptedRuntime
-    from overstory.store import mail
+    from overstory.store import mail, mail_text
 
     scenario = tmp_path / "s.json"
     scenario.write_text(json.dumps({"turns": [{"actions": [{"bash": "git status --short"},
@@ -674,7 +674,7 @@ def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_n
     monkeypatch.setattr(ScriptedRuntime, "tool_hooks", frozenset())
     claimed = mail.claim(state_db, result.name, "turn-s")
     agent = sessions.get(state_db, result.name)
-    done = run_turn(project, config, state_db, events_db, agent, mail.render_for_prompt(claimed), "turn-s",
+    done = run_turn(project, config, state_db, events_db, agent, mail_text.render_for_prompt(claimed), "turn-s",
                     resume_session_id=None, base_env=dict(os.environ))
     assert done.status == "ok", done.reason
     rows = store.calls(state_db, agent=result.name)

@@ -55,7 +55,7 @@ from overstory.agents.process import POLL_SECONDS, acquire_turn_slot, load_launc
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.guards.policy import PHASE_TOOLS_ENV
-from overstory.store import approvals, lifecycle, loops, mail, sessions
+from overstory.store import approvals, lifecycle, loops, mail, mail_text, sessions
 from overstory.store import events as event_store
 from overstory.store.db import write_transaction
 from overstory.store.dispatch import SCOPE_ENV, loop_scope
@@ -174,7 +174,7 @@ class IterationRunner:
         worktree = Path(agent.worktree) if agent.worktree else None
         prompt = iteration_message(loop, number=number, attempt=attempt, progress=progress_text(worktree),
                                    finished=self._finished_phases(loop),
-                                   mail_text=mail.render_for_prompt([m for m in claimed if m.type != "dispatch"]))
+                                   mail_text=mail_text.render_for_prompt([m for m in claimed if m.type != "dispatch"]))
         # Every attempt at this iteration shares one idempotency scope: a re-run (its loop was killed) gets
         # what the dead attempt already did from the ledger instead of doing it again.
         extra = {"OVERSTORY_LOOP": self.name, "OVERSTORY_LOOP_ITERATION": str(number),

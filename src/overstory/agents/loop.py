@@ -275,7 +275,7 @@ class AgentLoop(AgentProcess):
     def _one_turn(self, agent: Session) -> None:
         from overstory.agents import idle
         from overstory.agents.budgeting import park_for_crossing
-        from overstory.store import budgets, mail
+        from overstory.store import budgets, mail, mail_text
         from overstory.store import events as event_store
 
         if not self._spend_approved(agent):
@@ -295,7 +295,7 @@ class AgentLoop(AgentProcess):
             budgets.refund_turn(self.state, self.name, self.generation)
             return
         idle.reset_if_spoken_to(self.state, agent, (m.sender for m in claimed))
-        prompt = mail.render_for_prompt(claimed)
+        prompt = mail_text.render_for_prompt(claimed)
         resume = agent.runtime_session_id
         result = self._turn(agent, prompt, turn_id, resume)
         if result.status == "resume_failed":
@@ -443,7 +443,8 @@ class AgentLoop(AgentProcess):
 
     def _fresh_session_summary(self, agent: Session) -> str:
         rows = self.state.execute(
-            "SELECT sender, type, subject FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT 10", (self.name,)
+            "SELECT sender, type, subject FROM mail WHERE recipient = ? AND created_at >= ? ORDER BY id DESC LIMIT 10",
+            (self.name, agent.created_at),  # this generation's: an earlier one's mail is not its business
         ).fetchall()
         recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
         prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions)"

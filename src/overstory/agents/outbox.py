@@ -76,4 +76,5 @@ def message_from_dict(document: t.Mapping[str, t.Any]) -> store.Message:
         id=document["id"], thread_id=document["thread_id"], reply_to=document["reply_to"], sender=document["from"],
         recipient=document["to"], type=document["type"], priority=document["priority"], subject=document["subject"],
         body=document["body"], payload=document["payload"], created_at=_ms(document["created_at"]),
-        read_at=_ms(document["read_at"]), claimed_by=document["claimed_by"], claimed_at=_ms(document["claimed_at"]))
+        read_at=_ms(document["read_at"]), claimed_by=document["claimed_by"], claimed_at=_ms(document["claimed_at"]),
+        superseded_by=document.get("superseded_by"))

@@ -28,7 +28,7 @@ from overstory.errors import (
     StoreError,
     UsageError,
 )
-from overstory.gitutil import branch_exists, current_branch, git, keep_out_of_commits, worktree_admin_lock
+from overstory.gitutil import branch_exists, current_branch, git, keep_out_of_commits
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
@@ -62,6 +62,7 @@ class SlingRequest:
     base_branch: str | None = None
     scenario: Path | None = None
     scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
+    scenario_name: str | None = None  # the file scenario_text came from (its suffix says YAML or JSON)
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
@@ -188,9 +189,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     scenario_text = request.scenario_text
     if scenario_text is None and request.scenario is not None:
         scenario_text = _read_text_file(request.scenario, "--scenario")
-    elif scenario_text is None:
-        built_in = adapter.default_scenario(capability, task_id)
-        scenario_text = json.dumps(built_in, indent=2) if built_in is not None else None
+    from overstory.agents.scenario import checked_scenario
+
+    scenario_text, scenario_file = checked_scenario(adapter, scenario_text, request.scenario or request.scenario_name,
+                                                    capability=capability, task_id=task_id)
 
     at_root = request.at_project_root
     branch = None if at_root else f"ov/{name}"
@@ -237,11 +239,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             assert worktree is not None and branch is not None
             _fault("branch", environ)
             spawn_journal.step(conn, intent, "branch")
-            git(project.root, "branch", branch, base_commit or base_branch)
+            spawn_journal.run_git(project.root, "branch", branch, base_commit or base_branch)
             spawn_journal.kill_point("branch", environ)
             _fault("worktree", environ)
-            spawn_journal.step(conn, intent, "worktree")
-            _add_worktree(project, worktree, branch)
+            spawn_journal.add_worktree(project, conn, intent, worktree, branch)  # notes the step first
             spawn_journal.kill_point("worktree", environ)
             home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                       worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
@@ -274,8 +275,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             _write_run_files(run_dir, adapter, instructions, ov_command=ov_command, tmux_mode=tmux)
         scenario_path = None
         if scenario_text is not None:
-            yaml_file = request.scenario is not None and request.scenario.suffix in (".yaml", ".yml")
-            scenario_path = run_dir / ("scenario.yaml" if yaml_file else "scenario.json")  # the player reads by suffix
+            scenario_path = run_dir / scenario_file  # the player reads by suffix
             scenario_path.write_text(scenario_text, encoding="utf-8")
         from overstory.agents.process import save_launch_env
 
@@ -448,8 +448,8 @@ def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult
     """What the first `ov sling` of this agent printed (a retried turn slings it again)."""
     from overstory.store import budgets
 
-    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' ORDER BY id LIMIT 1",
-                       (agent.name,)).fetchone()
+    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' AND created_at >= ? "
+                       "ORDER BY id LIMIT 1", (agent.name, agent.created_at)).fetchone()  # this generation's
     limits = budgets.get_agent(conn, agent.name, agent.generation)
     budget = {k: getattr(limits, k) for k in ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")} \
         if limits is not None else {}
@@ -503,14 +503,6 @@ def _launch_env(project: ProjectPaths, environ: dict[str, str]) -> dict[str, str
 def _open_run_id(conn: sqlite3.Connection) -> str | None:
     row = conn.execute("SELECT id FROM runs WHERE status = 'open' ORDER BY started_at DESC LIMIT 1").fetchone()
     return row[0] if row else None
-
-
-def _add_worktree(project: ProjectPaths, worktree: Path, branch: str) -> None:
-    import git as gitpython
-
-    worktree.parent.mkdir(parents=True, exist_ok=True)
-    with worktree_admin_lock(project.root), gitpython.Repo(project.root) as repo:
-        repo.git.worktree("add", str(worktree), branch)
 
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,

@@ -12,6 +12,14 @@ What is removed is only what the row says this spawn made: the branch only if th
 got past creating it (and it still points at the commit it started from), the worktree
 and run dir only if their step was reached, the session row only if it was created after
 the intent (no other spawn of the name can run while the intent exists).
+
+A kill can also land inside one of git's own steps. The git a spawn runs dies with it
+(``run_git``), so no undo races a git that is still working; what a killed git leaves is
+removed as well: the branch's ``.lock`` file (made after the intent), and the folder git
+keeps for a half-made worktree under ``.git/worktrees/``, whose name the spawn notes in the
+intent before `git worktree add` runs (git's folder for a worktree that is still
+initialising stays locked, so `git worktree prune` never removes it and a retry's `git
+worktree add` fails on it). A folder there that points at another path is never touched.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
 import typing as t
 from pathlib import Path
 
@@ -60,6 +69,64 @@ def step(conn: sqlite3.Connection, intent: dict[str, t.Any], name: str, **learne
     """Note (durably, before acting) that the spawn starts step ``name``."""
     intent.update(step=name, **learned)
     intents.spawn_step(conn, intent["name"], name, **learned)
+
+
+def run_git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """One git step of a spawn; git is killed when its spawner dies (so nothing keeps working behind an undo)."""
+    preexec = _die_with_parent()
+    setpriv = shutil.which("setpriv") if preexec is None else None  # util-linux: the same, without Python
+    prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+    done = subprocess.run([*prefix, "git", *args], cwd=root, capture_output=True, text=True, preexec_fn=preexec)
+    if done.returncode != 0:
+        raise SpawnError(f"`git {' '.join(args[:2])}` failed (exit {done.returncode}): "
+                         + (done.stderr.strip() or done.stdout.strip()).replace("\n", " "))
+    return done
+
+
+def add_worktree(project: ProjectPaths, conn: sqlite3.Connection, intent: dict[str, t.Any], worktree: Path,
+                 branch: str) -> None:
+    """`git worktree add`, with the name of git's folder for it noted in the intent first (see the module doc)."""
+    worktree.parent.mkdir(parents=True, exist_ok=True)
+    with worktree_admin_lock(project.root):  # no other ov adds a worktree meanwhile: git picks the name below
+        admin = _free_admin_name(_common_dir(project), worktree.name)
+        step(conn, intent, "worktree", worktree_admin=admin)
+        run_git(project.root, "worktree", "add", str(worktree), branch)
+
+
+def _die_with_parent() -> t.Callable[[], None] | None:
+    """A preexec function that makes the child die with this process (Linux PR_SET_PDEATHSIG), if that is safe."""
+    import threading
+
+    if threading.active_count() > 1:  # running Python between fork and exec is unsafe with threads (an
+        return None                   # agent's loop serving its endpoint)
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the spawner died before the line above
+            os._exit(1)
+
+    return preexec
+
+
+def _common_dir(project: ProjectPaths) -> Path:
+    found = git(project.root, "rev-parse", "--git-common-dir").stdout.strip()
+    return (project.root / found).resolve()
+
+
+def _free_admin_name(common: Path, base: str) -> str:
+    """The folder name `git worktree add` will take under .git/worktrees/: the base name, else base1, base2..."""
+    name, number = base, 0
+    while (common / "worktrees" / name).exists():
+        number += 1
+        name = f"{base}{number}"
+    return name
 
 
 def _busy(intent: t.Mapping[str, t.Any]) -> SpawnError:
@@ -106,10 +173,11 @@ def undo(project: ProjectPaths, conn: sqlite3.Connection, intent: t.Mapping[str,
     removed += _stop_processes(project, conn, row, extra_pids)
     worktree = Path(intent["worktree"]) if intent.get("worktree") else None
     ours = worktree is not None and reached(intent, "worktree") and _inside(worktree, project.worktrees_dir)
-    if ours and _remove_worktree(project, worktree):  # type: ignore[arg-type]
+    if ours and _remove_worktree(project, worktree, intent.get("worktree_admin")):  # type: ignore[arg-type]
         removed.append(str(worktree))
     branch = intent.get("branch")
     if branch and reached(intent, "branch"):
+        removed += _remove_ref_lock(project, branch, int(intent.get("started_at") or 0))
         removed += _remove_branch(project, branch, intent.get("base_commit"))
     run_dir = Path(intent["run_dir"])
     if reached(intent, "rundir") and _inside(run_dir, project.run_dir) and run_dir.exists():
@@ -169,7 +237,7 @@ def _inside(path: Path, parent: Path) -> bool:
     return True
 
 
-def _remove_worktree(project: ProjectPaths, worktree: Path) -> bool:
+def _remove_worktree(project: ProjectPaths, worktree: Path, admin: str | None) -> bool:
     with worktree_admin_lock(project.root):
         listed = str(worktree) in git(project.root, "worktree", "list", "--porcelain", check=False).stdout
         present = listed or worktree.exists()
@@ -177,8 +245,44 @@ def _remove_worktree(project: ProjectPaths, worktree: Path) -> bool:
             git(project.root, "worktree", "remove", "--force", "--force", str(worktree), check=False)
         if worktree.exists():
             shutil.rmtree(worktree, ignore_errors=True)
+        present = _remove_admin_folders(project, worktree, admin) or present
         git(project.root, "worktree", "prune", check=False)
     return present
+
+
+def _remove_admin_folders(project: ProjectPaths, worktree: Path, admin: str | None) -> bool:
+    """git's folders for this worktree that a killed `git worktree add` left (locked, so prune keeps them).
+
+    Ours: the one named in the intent, unless it points at another path (a killed git may have written
+    none, or part, of its ``gitdir``); and any that points at this worktree (ov's own, under
+    .overstory/worktrees/NAME, which this spawn holds)."""
+    folders = _common_dir(project) / "worktrees"
+    if not folders.is_dir():
+        return False
+    mine = str(worktree.resolve() / ".git")
+    removed = False
+    for folder in folders.iterdir():
+        try:
+            points_at = (folder / "gitdir").read_text(encoding="utf-8").strip()
+        except OSError:
+            points_at = None
+        if points_at == mine or (folder.name == admin and (points_at is None or mine.startswith(points_at))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed = True
+    return removed
+
+
+def _remove_ref_lock(project: ProjectPaths, branch: str, since_ms: int) -> list[str]:
+    """The branch's lock file, if a `git branch` killed by the spawn's death left it (made after the intent)."""
+    lock = _common_dir(project) / "refs" / "heads" / f"{branch}.lock"
+    try:
+        made_ms = lock.stat().st_mtime_ns // 1_000_000
+    except OSError:
+        return []
+    if made_ms < since_ms:
+        return []
+    lock.unlink(missing_ok=True)
+    return [str(lock)]
 
 
 def _remove_branch(project: ProjectPaths, branch: str, base_commit: str | None) -> list[str]:

@@ -315,13 +315,13 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
             conn.close()
     if as_json:
         echo_json([m.as_dict() for m in messages])
-    elif inject:
-        if messages:
-            echo(store.render_inject(messages))
     elif not messages:
-        echo(f"No new mail for {who}.")
+        if not inject:
+            echo(f"No new mail for {who}.")
     else:
-        echo("\n\n".join(store.render_message(m) for m in messages))
+        from overstory.store import mail_text
+
+        echo(mail_text.render_inject(messages) if inject else "\n\n".join(map(mail_text.render_message, messages)))
 
 
 def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False) -> None:

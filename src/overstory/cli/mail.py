@@ -157,6 +157,8 @@ def mail_list(to: str | None, from_: str | None, type_: str | None, unread: bool
 
     for m in messages:  # one line each: the subject is the sender's text, escaped (``printable``)
         state = "read" if m.is_read else ("claimed" if m.claimed_by else "unread")
+        if m.superseded_by is not None:
+            state = f"never delivered: generation {m.superseded_by} took the name"
         thread_mark = f" thread #{m.thread_id}" if m.thread_id != m.id else ""
         click.echo(line(f"#{m.id:<5} {iso(m.created_at)}  {m.sender} -> {m.recipient}  "
                         f"[{m.type}/{m.priority}] {m.subject}  ({state}{thread_mark})"))
@@ -181,7 +183,9 @@ def mail_read(message_id: int, as_json: bool) -> None:
     if as_json:
         echo_json(message.as_dict())
     else:
-        click.echo(store.render_message(message))
+        from overstory.store.mail_text import render_message
+
+        click.echo(render_message(message))
 
 
 @mail.command(name="reply")

@@ -71,7 +71,8 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         document = remote.call("sling", {
             "capability": capability, "task_id": task_id, "name": name, "prompt": _read(spec_file, "--spec") or prompt,
             "files": list(files), "parent": parent, "runtime": runtime, "model": model, "base_branch": base_branch,
-            "scenario_text": _read(scenario, "--scenario"), "tmux": tmux, "budget": budget,
+            "scenario_text": _read(scenario, "--scenario"), "scenario_name": str(scenario) if scenario else None,
+            "tmux": tmux, "budget": budget,
             "approve": list(approve)})
     else:
         project = project_paths()

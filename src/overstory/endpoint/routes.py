@@ -127,7 +127,8 @@ def sling(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     request = SlingRequest(capability=str(args["capability"]), task_id=str(args["task_id"]), name=args.get("name"),
                            prompt=args.get("prompt"), files=list(args.get("files") or []), parent=args.get("parent"),
                            runtime=args.get("runtime"), model=args.get("model"), base_branch=args.get("base_branch"),
-                           scenario_text=args.get("scenario_text"), tmux=args.get("tmux"),
+                           scenario_text=args.get("scenario_text"), scenario_name=args.get("scenario_name"),
+                           tmux=args.get("tmux"),
                            budget=_budget(args.get("budget")),
                            approve=tuple(str(p) for p in args.get("approve") or ()))
     return do_sling(caller.project, _config(caller), caller.conn, request, caller.environ()).as_dict()

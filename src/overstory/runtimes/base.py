@@ -353,6 +353,9 @@ class Runtime(abc.ABC):
         """A built-in script for runtimes that play one instead of calling a model."""
         return None
 
+    def check_scenario(self, text: str, *, yaml: bool) -> None:  # noqa: B027 (an optional check)
+        """Refuse (ValueError saying why) a scenario this runtime could not play; one that plays none takes any."""
+
     @abc.abstractmethod
     def probe(self, config: Config | None) -> RuntimeProbe:
         """Installed? Which version? Credentials? (May run the program: not for hot paths.)"""

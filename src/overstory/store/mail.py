@@ -16,7 +16,6 @@ import os
 from _collections_abc import Mapping  # what collections.abc re-exports, without importing collections
 
 from overstory import jsontext as json
-from overstory import printable
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
 from overstory.records import Record
@@ -51,7 +50,7 @@ CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger",
 class Message(Record):
     """One row of the mail table, priority as its name."""
     __slots__ = ("id", "thread_id", "reply_to", "sender", "recipient", "type", "priority", "subject", "body",
-                 "payload", "created_at", "read_at", "claimed_by", "claimed_at")
+                 "payload", "created_at", "read_at", "claimed_by", "claimed_at", "superseded_by")
     id: int
     thread_id: int
     reply_to: int | None
@@ -66,6 +65,7 @@ class Message(Record):
     read_at: int | None
     claimed_by: str | None
     claimed_at: int | None
+    superseded_by: int | None  # the recipient's later generation that took its name first: never delivered
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Message:
@@ -74,7 +74,8 @@ class Message(Record):
             reply_to=row["reply_to"], sender=row["sender"], recipient=row["recipient"], type=row["type"],
             priority=PRIORITY_NAMES.get(row["priority"], str(row["priority"])), subject=row["subject"],
             payload=json.loads(row["payload"]) if row["payload"] else None, created_at=row["created_at"],
-            read_at=row["read_at"], claimed_by=row["claimed_by"], claimed_at=row["claimed_at"])
+            read_at=row["read_at"], claimed_by=row["claimed_by"], claimed_at=row["claimed_at"],
+            superseded_by=row["superseded_by"])
 
     @property
     def is_read(self) -> bool:
@@ -86,6 +87,7 @@ class Message(Record):
             "to": self.recipient, "type": self.type, "priority": self.priority, "subject": self.subject,
             "body": self.body, "payload": self.payload, "created_at": iso(self.created_at),
             "read_at": iso(self.read_at), "claimed_by": self.claimed_by, "claimed_at": iso(self.claimed_at),
+            "superseded_by": self.superseded_by,
         }
 
 
@@ -138,7 +140,7 @@ def _encode_payload(payload: t.Mapping[str, t.Any] | None) -> str | None:
 
 
 _COLUMNS = "id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, " \
-           "created_at, read_at, claimed_by, claimed_at"
+           "created_at, read_at, claimed_by, claimed_at, superseded_by"
 _DELIVERY_ORDER = "priority DESC, id"
 
 
@@ -179,12 +181,13 @@ def insert_message(conn: sqlite3.Connection, *, sender: str, recipient: str, sub
     return message_id
 
 
-def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_unknown: bool = False) -> list[str]:
+def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_unknown: bool = False,
+                       answering: Message | None = None) -> list[str]:
     """Turn an address into agent names: a name, ``operator``, ``@all`` or ``@<capability>s``.
 
-    Broadcasts go to agents that are not terminal, minus the sender. Mail to a
-    completed or zombie agent is refused, and so is an unknown name unless
-    ``allow_unknown`` (so that a typo does not silently swallow a message).
+    Broadcasts go to agents that are not terminal, minus the sender. Refused: a completed or zombie
+    agent, a reply (``answering``) to a later generation of the asker's name, and an unknown name
+    unless ``allow_unknown`` (so that a typo does not silently swallow a message).
     """
     to = to.strip()
     if not to:
@@ -203,7 +206,7 @@ def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_
             scope = "agents" if capability is None else f"{capability} agents"
             raise MailError(f"nobody to deliver {to} to: there are no active {scope} (other than {sender})")
         return names
-    row = conn.execute("SELECT state FROM sessions WHERE name = ?", (to,)).fetchone()
+    row = conn.execute("SELECT state, generation, created_at FROM sessions WHERE name = ?", (to,)).fetchone()
     if row is None:
         if allow_unknown:
             return [to]
@@ -211,6 +214,8 @@ def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_
     if row["state"] in TERMINAL_STATES:
         raise MailError(f"agent {to} is {row['state']}: it will never read mail again; "
                         "mail its parent or sling a new agent instead")
+    if answering is not None and answering.sender == to and row["created_at"] > answering.created_at:
+        raise MailError(f"#{answering.id} is from an earlier {to}: generation {row['generation']} has the name now")
     return [to]
 
 
@@ -258,7 +263,8 @@ def prepare_payload(mail_type: str, payload: t.Any, *, sender: str, sender_row: 
 def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str, body: str = "",
          type: str = "status", priority: str | int = "normal", payload: t.Any = None,
          reply_to: int | None = None, allow_unknown: bool = False, dedup_key: str | None = None,
-         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None) -> list[int]:
+         env: t.Mapping[str, str] = os.environ, events: sqlite3.Connection | None = None,
+         answering: Message | None = None) -> list[int]:
     """Validate and deliver one message per recipient; returns the new ids.
 
     Recipients are resolved and the rows inserted in one write transaction, so a
@@ -285,7 +291,7 @@ def send(conn: sqlite3.Connection, *, sender: str, to: str | None, subject: str,
         to = default_recipient(sender_row, env)
     ids: list[int] = []
     with _atomic(conn):
-        recipients = resolve_recipients(conn, to, sender=sender, allow_unknown=allow_unknown)
+        recipients = resolve_recipients(conn, to, sender=sender, allow_unknown=allow_unknown, answering=answering)
         if reply_to is not None and conn.execute("SELECT 1 FROM mail WHERE id = ?", (reply_to,)).fetchone() is None:
             raise MailError(f"no message #{reply_to} to reply to")
         for recipient in recipients:
@@ -346,9 +352,9 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
           events: sqlite3.Connection | None = None, dedup_key: str | None = None) -> int:
     """Answer message ``message_id``: to its sender, in its thread.
 
-    A reply to a ``question`` is a ``result``; any other reply is a ``status``. The
-    original sender may be a name with no session (e.g. a tool), so unknown names
-    are allowed, but a completed or zombie agent still refuses mail.
+    A reply to a ``question`` is a ``result``; any other reply is a ``status``. The original sender
+    may be a name with no session (e.g. a tool), so unknown names are allowed, but a completed or
+    zombie agent, or a later generation of the name than the one that asked, refuses it.
     """
     original = get(conn, message_id)
     if original is None:
@@ -358,7 +364,7 @@ def reply(conn: sqlite3.Connection, message_id: int, *, sender: str, body: str, 
     ids = send(conn, sender=sender, to=original.sender, subject=subject, body=body,
                type="result" if original.type == "question" else "status",
                priority=original.priority if priority is None else priority, reply_to=original.id,
-               allow_unknown=True, env=env, events=events, dedup_key=dedup_key)
+               allow_unknown=True, env=env, events=events, dedup_key=dedup_key, answering=original)
     return ids[0] if ids else int(conn.execute("SELECT id FROM mail WHERE dedup_key = ?", (dedup_key,)).fetchone()[0])
 
 
@@ -493,10 +499,8 @@ def list_messages(conn: sqlite3.Connection, *, to: str | None = None, sender: st
         clauses.append("created_at >= ?")
         params.append(since_ms)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    limit_sql = ""
-    if limit is not None:
-        limit_sql = " LIMIT ?"
-        params.append(limit)
+    limit_sql = " LIMIT ?" if limit is not None else ""
+    params += [limit] if limit is not None else []
     rows = conn.execute(f"SELECT {_COLUMNS} FROM mail {where} ORDER BY id DESC{limit_sql}", params).fetchall()
     return [Message.from_row(r) for r in reversed(rows)]
 
@@ -527,72 +531,3 @@ def count_unread_older(conn: sqlite3.Connection, older_than_ms: int, *, now: int
     cutoff = (now if now is not None else now_ms()) - older_than_ms
     return int(conn.execute("SELECT count(*) FROM mail WHERE created_at < ? AND read_at IS NULL",
                             (cutoff,)).fetchone()[0])
-
-
-# ---- rendering -------------------------------------------------------------------
-
-
-def _headers(message: Message) -> list[str]:
-    lines = [
-        f"From: {message.sender}",
-        f"To: {message.recipient}",
-        f"Type: {message.type}",
-        f"Priority: {message.priority}",
-        f"Subject: {message.subject}",
-        f"Sent: {iso(message.created_at)}",
-    ]
-    if message.reply_to is not None or message.thread_id != message.id:
-        reply = f" (reply to #{message.reply_to})" if message.reply_to is not None else ""
-        lines.append(f"Thread: #{message.thread_id}{reply}")
-    if message.payload is not None:
-        lines.append(f"Payload: {json.dumps(message.payload, ensure_ascii=False, sort_keys=True)}")
-    return lines
-
-
-def render_message(message: Message) -> str:
-    """One message for a person: headers, a blank line, the body; the sender's control characters escaped
-    (``printable``: each header stays on its line, the body keeps only its newlines and tabs)."""
-    text = printable.lines([f"Message #{message.id}", *_headers(message)])
-    return f"{text}\n\n{printable.block(message.body)}" if message.body else text
-
-
-def render_for_prompt(messages: t.Sequence[Message]) -> str:
-    """How claimed mail is written into the user message of a turn.
-
-    Each message is fenced by begin/end lines that carry its id, so a body that
-    looks like headers cannot be mistaken for another message.
-    """
-    if not messages:
-        return ""
-    count = len(messages)
-    parts = [f"You have {count} new message{'s' if count != 1 else ''} (most urgent first)."]
-    for message in messages:
-        block = [f"=== BEGIN MESSAGE #{message.id} ===", *_headers(message), ""]
-        block.append(message.body if message.body else "(no body)")
-        block.append(f"=== END MESSAGE #{message.id} ===")
-        parts.append("\n".join(block))
-    parts.append("Reply with `ov mail reply ID --body ...` or send with `ov mail send`.")
-    return "\n\n".join(parts)
-
-
-INJECT_BODY_LIMIT = 2000
-
-
-def render_inject(messages: t.Sequence[Message], *, body_limit: int = INJECT_BODY_LIMIT) -> str:
-    """A compact block for a hook to add to a model's context (escaped as ``render_message`` is); empty when
-    there is no mail."""
-    if not messages:
-        return ""
-    count = len(messages)
-    lines = [f"[ov mail] {count} new message{'s' if count != 1 else ''}:"]
-    for message in messages:
-        payload = f" payload={json.dumps(message.payload, ensure_ascii=False, sort_keys=True)}" if message.payload else ""
-        lines.append(printable.line(f"#{message.id} from {message.sender} [{message.type}/{message.priority}] "
-                                    f"{message.subject}{payload}"))
-        body = message.body
-        if len(body) > body_limit:
-            body = body[:body_limit] + f" … (truncated; `ov mail read {message.id}` for all of it)"
-        if body:
-            lines.extend(f"  {printable.line(line)}" for line in body.splitlines())
-    lines.append("[ov mail] reply with `ov mail reply ID --body ...`")
-    return "\n".join(lines)

@@ -539,11 +539,19 @@ def _state_m009_schedule_overlap(conn: sqlite3.Connection) -> None:
     )
 
 
+def _state_m010_superseded_mail_and_worktree_admin(conn: sqlite3.Connection) -> None:
+    """``mail.superseded_by``: the generation that took the recipient's name before the mail was delivered
+    (kept, closed, never shown to it); ``spawn_intents.worktree_admin``: git's folder for the worktree a
+    spawn adds, named before the add, so a spawn killed inside `git worktree add` can be undone."""
+    conn.execute("ALTER TABLE mail ADD COLUMN superseded_by INTEGER")
+    conn.execute("ALTER TABLE spawn_intents ADD COLUMN worktree_admin TEXT")
+
+
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
                                      _state_m005_budgets, _state_m006_tool_ledger,
                                      _state_m008_loops_and_schedules,
                                      _state_m007_approvals,  # m007 lands after m008: databases at m008 exist
-                                     _state_m009_schedule_overlap]
+                                     _state_m009_schedule_overlap, _state_m010_superseded_mail_and_worktree_admin]
 
 
 # ---------------------------------------------------------------------------

@@ -200,7 +200,9 @@ def create_session(conn: sqlite3.Connection, *, name: str, capability: str, task
     """Insert ``name`` as a new generation in ``booting``; returns the generation.
 
     An existing row is replaced only when it is terminal; an active agent of that
-    name raises AgentExists. The generation counter is never reused.
+    name raises AgentExists. The generation counter is never reused. Mail to the name
+    that is still unread belonged to an earlier generation: in the same transaction it
+    is closed (``read_at``) and marked ``superseded_by`` this generation, never delivered.
     """
     now = now_ms()
     if "spec" in columns and not isinstance(columns["spec"], str):
@@ -225,6 +227,8 @@ def create_session(conn: sqlite3.Connection, *, name: str, capability: str, task
         marks = ", ".join(f":{k}" for k in values)
         conn.execute(f"INSERT INTO sessions ({names}) VALUES ({marks})", values)
         _record(conn, name, generation, None, "booting", actor, "spawned", now)
+        conn.execute("UPDATE mail SET read_at = ?, superseded_by = ? WHERE recipient = ? AND read_at IS NULL",
+                     (now, generation, name))
     return generation
 
 

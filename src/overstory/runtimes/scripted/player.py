@@ -118,13 +118,9 @@ def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 def load_scenario(path: Path) -> list[dict[str, t.Any]]:
     """The turns this agent plays: ``agents[<first pattern matching the agent name>]`` or ``turns``."""
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml  # only when asked for: yaml costs import time
+    from overstory.runtimes.scripted.scenario_shape import is_yaml_name, parse
 
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+    data = parse(path.read_text(), yaml=is_yaml_name(path.name))
     agent = os.environ.get("OVERSTORY_AGENT_NAME", "")
     section = data
     for pattern, script in (data.get("agents") or {}).items():

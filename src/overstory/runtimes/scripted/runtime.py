@@ -55,5 +55,12 @@ class ScriptedRuntime(ClaudeRuntime):
 
         return default_scenario(capability, task_id)
 
+    def check_scenario(self, text: str, *, yaml: bool) -> None:
+        from overstory.runtimes.scripted.scenario_shape import parse, problem
+
+        found = problem(parse(text, yaml=yaml))
+        if found:
+            raise ValueError(found)
+
     def probe(self, config: Config | None) -> RuntimeProbe:
         return RuntimeProbe(self.name, "ok", "built in", "not needed")
