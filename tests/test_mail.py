@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from overstory.errors import MailError, PayloadError, UsageError
-from overstory.store import events, mail, sessions
+from overstory.store import events, mail, mail_text, sessions
 from overstory.store.db import write_transaction
 
 NO_ENV: dict[str, str] = {}
@@ -441,7 +441,7 @@ def test_render_for_prompt_shows_every_header_payload_and_body(state_db):
     make_agent(state_db, "b1")
     plain = only(state_db, sender="lead-1", to="b1", subject="first", body="line 1\nline 2", priority="urgent")
     typed = only(state_db, to="b1", type="merged", subject="merged!", payload={"branch": "ov/b1", "tier": 1})
-    text = mail.render_for_prompt(mail.claim(state_db, "b1", "turn-1"))
+    text = mail_text.render_for_prompt(mail.claim(state_db, "b1", "turn-1"))
     assert text.startswith("You have 2 new messages")
     for message in (plain, typed):
         assert f"=== BEGIN MESSAGE #{message.id} ===" in text and f"=== END MESSAGE #{message.id} ===" in text
@@ -449,15 +449,15 @@ def test_render_for_prompt_shows_every_header_payload_and_body(state_db):
     assert "line 1\nline 2" in text and "Type: merged" in text
     assert 'Payload: {"agent": null, "branch": "ov/b1"' in text
     assert text.index(f"#{plain.id} ===") < text.index(f"#{typed.id} ===")  # urgent first
-    assert mail.render_for_prompt([]) == ""
+    assert mail_text.render_for_prompt([]) == ""
 
 
 def test_render_inject_is_compact_and_empty_without_mail(state_db):
-    assert mail.render_inject([]) == ""
+    assert mail_text.render_inject([]) == ""
     make_agent(state_db, "b1")
     only(state_db, to="b1", subject="short", body="a\nb")
     long = only(state_db, to="b1", subject="long", body="z" * 5000)
-    block = mail.render_inject(mail.unread(state_db, "b1"))
+    block = mail_text.render_inject(mail.unread(state_db, "b1"))
     assert block.startswith("[ov mail] 2 new messages:")
     assert "  a\n  b" in block and f"ov mail read {long.id}" in block
     assert len(block) < 3000
