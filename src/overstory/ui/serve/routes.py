@@ -340,7 +340,7 @@ async def run_report(request: Request) -> Response:
 async def merge_queue(request: Request) -> Response:
     from overstory.merge.queue import queue_view
 
-    return _json(await run(request, lambda c: queue_view(c.state, c.config)))
+    return _json(await run(request, lambda c: queue_view(c.project, c.state, c.config)))
 
 
 async def merge_predict(request: Request) -> Response:

@@ -92,8 +92,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/api/runs", "runs", "`ov run list`.", (LIMIT,)),
     Endpoint("GET", "/api/runs/{run}", "run", "`ov run show`: agents, turns, tokens, cost, mail of one run.",
              (Param("run", "path", "string", "run id or a unique prefix of one"),)),
-    Endpoint("GET", "/api/merge/queue", "merge_queue", "The merge queue: announced (merge_ready mail not queued "
-             "yet), pending, then the latest merged or failed."),
+    Endpoint("GET", "/api/merge/queue", "merge_queue", "The merge queue, as `ov merge --all --dry-run` lists it: "
+             "announced (reported, not queued yet), pending, failed (with why, until merged or dismissed), then the "
+             "latest merged, empty or dismissed."),
     Endpoint("GET", "/api/merge/predict", "merge_predict", "`ov merge --dry-run`: the tier a merge needs and the "
              "files that conflict, touching nothing.", (
                  Param("agent", "query", "string", "an agent's branch"), Param("branch", "query", "string",

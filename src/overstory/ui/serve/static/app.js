@@ -392,7 +392,7 @@ async function refreshMerge() {
   const entries = await api("/api/merge/queue");
   const table = $("merge-table");
   if (!entries.length) {
-    table.replaceChildren(el("tr", {}, el("td", { class: "muted", text: "Nothing queued: agents announce finished work with merge_ready mail." })));
+    table.replaceChildren(el("tr", {}, el("td", { class: "muted", text: "Nothing queued: a builder's worker_done (or merge_ready mail) puts its branch here." })));
     return;
   }
   const rows = entries.map((entry) => {
