@@ -14,16 +14,18 @@ The flow, all under the target's ``TargetLock``:
    ``ov merge`` is killed. ``git merge --no-ff --no-commit`` (tier 1); conflicts are
    resolved per file by the lowest tier allowed that works: tier 2 (``threeway``; git's
    own ``merge=union`` counts here), tier 3 (a ``ModelResolver``). Every resolution must
-   pass ``lost_lines`` (tier 2 also ``duplicated_lines``). Model calls are only made once
-   every other conflict is known to be resolvable.
+   pass ``lost_lines``. Model calls are only made once every other conflict is known
+   to be resolvable.
 4. Quality gates run in the merged scratch tree; then the merge commit is made there.
-   Tier 2's "both sides only added" (both insertions kept) is a guess about order that
-   only the gates can prove: when a gate fails on it, nothing is committed and the
-   failure names the gate and the combined files; with tier 3 allowed and a model
-   configured, the merge is made again with those files given to the model instead.
 5. Publish (``merge.publish``): the target moves to the merge commit by compare-and-swap,
    and a checkout of it at the root is fast-forwarded by one git process. A failure
    before this leaves the target exactly as it was.
+
+Tier 2 results also pass ``duplicated_lines``. Its "both sides only added" rule (both
+insertions kept, the target's first) is a guess about order that only the gates can
+prove: when a gate fails on it, nothing is committed and the failure names the gate and
+the combined files; with tier 3 allowed and a model configured, the merge is made again
+with those files given to the model instead (``_merge_in``).
 """
 
 from __future__ import annotations
