@@ -128,11 +128,17 @@ BASE_PY = "def a():\n    return 1\n"
 OURS_PY = BASE_PY + "\n\ndef ours():\n    return 2\n"
 THEIRS_PY = BASE_PY + "\n\ndef theirs():\n    return 3\n"
 BOTH_PY = BASE_PY + "\n\ndef ours():\n    return 2\n\n\ndef theirs():\n    return 3\n"
+TODO_PY = BASE_PY + "\n\n# TODO: more functions\n"
 
 
 def appended_both(repo: Path) -> None:
-    """Both sides append a different function at the end: tier 2 cannot order them."""
+    """Both sides append a different function at the end: tier 2 keeps both, the target's first."""
     history(repo, {"mod.py": BASE_PY}, {"mod.py": OURS_PY}, {"mod.py": THEIRS_PY})
+
+
+def replaced_both(repo: Path) -> None:
+    """Both sides replace the same base line with a different function: tier 2 cannot resolve it."""
+    history(repo, {"mod.py": TODO_PY}, {"mod.py": OURS_PY}, {"mod.py": THEIRS_PY})
 
 
 def same_line(repo: Path) -> None:
@@ -280,7 +286,7 @@ def test_edits_on_adjacent_lines_are_resolved_as_one_side_unchanged(repo: Path) 
 
 
 def test_modify_delete_conflict_is_unresolvable_and_the_model_is_not_asked(repo: Path) -> None:
-    history(repo, {"f.txt": "a\n", "mod.py": BASE_PY}, {"f.txt": None, "mod.py": OURS_PY},
+    history(repo, {"f.txt": "a\n", "mod.py": TODO_PY}, {"f.txt": None, "mod.py": OURS_PY},
             {"f.txt": "a\nmore\n", "mod.py": THEIRS_PY})
     state = repo_state(repo)
     prediction = predict_merge(repo, "feature", "main")
@@ -307,7 +313,7 @@ class _CountingResolver:
 
 def test_tier_3_resolves_through_the_messages_api(repo: Path) -> None:
     # mod.py needs the model; f.txt is mechanical and must not be sent
-    history(repo, {"mod.py": BASE_PY, "f.txt": "a\nb\nc\n"}, {"mod.py": OURS_PY, "f.txt": "a\nB\nc\n"},
+    history(repo, {"mod.py": TODO_PY, "f.txt": "a\nb\nc\n"}, {"mod.py": OURS_PY, "f.txt": "a\nB\nc\n"},
             {"mod.py": THEIRS_PY, "f.txt": "a\nb\nC\n"})
     assert not merge_branch(repo, "feature", "main", tier_max=2).merged
     with MockMessagesAPI(lambda body: text_reply(BOTH_PY)) as api:
@@ -323,11 +329,11 @@ def test_tier_3_resolves_through_the_messages_api(repo: Path) -> None:
     assert body["model"] == "claude-test-model"
     prompt = body["messages"][0]["content"]
     assert "mod.py" in prompt and "def ours()" in prompt and "def theirs()" in prompt
-    assert f"<base>\n{BASE_PY}</base>" in prompt
+    assert f"<base>\n{TODO_PY}</base>" in prompt
 
 
 def test_tier_3_honours_anthropic_base_url(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    appended_both(repo)
+    replaced_both(repo)
     with MockMessagesAPI(lambda body: text_reply("```python\n" + BOTH_PY + "```")) as api:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
         result = merge_branch(repo, "feature", "main", tier_max=3,
@@ -356,7 +362,7 @@ BAD_REASONS = {
 
 @pytest.mark.parametrize("kind", sorted(BAD_REPLIES))
 def test_tier_3_bad_reply_is_refused_and_target_unchanged(repo: Path, kind: str) -> None:
-    appended_both(repo)
+    replaced_both(repo)
     state = repo_state(repo)
     with MockMessagesAPI(lambda body: BAD_REPLIES[kind]) as api:
         resolver = AnthropicResolver("claude-test-model", base_url=api.base_url, api_key="k", max_retries=0)
@@ -697,7 +703,8 @@ SCENARIOS = {
     "adjacent": (lambda r: history(r, {"f": "a\nb\nc\n"}, {"f": "a\nB\nc\n"}, {"f": "a\nb\nC\n"}), 2),
     "whitespace": (lambda r: history(r, {"f": "a\n  b\n"}, {"f": "a\n    b\n"}, {"f": "a\n\tb\n"}), 2),
     "same-line": (same_line, 3),
-    "appended": (appended_both, 3),
+    "appended": (appended_both, 2),
+    "replaced": (replaced_both, 3),
     "modify-delete": (lambda r: history(r, {"f": "a\n", "g": "g\n"}, {"f": None}, {"f": "a\nb\n"}), None),
     "binary": (lambda r: history(r, {"b.bin": "\0a\n"}, {"b.bin": "\0b\n"}, {"b.bin": "\0c\n"}), None),
 }

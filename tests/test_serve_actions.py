@@ -171,3 +171,7 @@ def test_runs_merge_queue_and_prediction(api: TestClient, fast_project: ProjectP
     assert clash["conflicts"] == ["README.md"] and clash["tier"] != 1
     assert run_git(root, "log", "--oneline", "-1", "main").split()[1:] == ["main", "moves"], "prediction merged nothing"
     assert api.get("/api/merge/predict", params={"agent": "nobody"}).status_code == 404
+    whole = api.get("/api/merge/predict", params={"all": 1}).json()  # the queue as one sequence, same branches
+    assert [(m["branch"], m["tier"]) for m in whole["merges"]] == [("ov/builder-ok", 1), ("ov/builder-clash", 3)]
+    assert [q["branch"] for q in api.get("/api/merge/queue").json()] == [m["branch"] for m in whole["merges"]]
+    assert api.get("/api/merge/predict").status_code == 400

@@ -13,6 +13,9 @@ from overstory.cli._common import agent_channel, completer, echo_json, json_opti
 @click.option("--all", "merge_all_", is_flag=True,
               help="Merge every builder that finished with commits, and the merge_ready queue, in the order they "
                    "became ready; lists what it skipped and why.")
+@click.option("--dismiss", is_flag=True,
+              help="Take AGENT's (or --branch's) entry out of the merge queue: a failed merge stays listed, and is "
+                   "tried again by --all, until it is merged or dismissed.")
 @click.option("--into", help="Target branch (default: the branch the agent was slung from).")
 @click.option("--dry-run", is_flag=True,
               help="Predict with git merge-tree (the tier, each conflicting file); touch nothing.")
@@ -22,7 +25,7 @@ from overstory.cli._common import agent_channel, completer, echo_json, json_opti
               help="You have looked at the branch's changes to protected paths (config loop.protected_paths): "
                    "let the merge gates judge them.")
 @json_option
-def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | None, dry_run: bool,
+def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool, into: str | None, dry_run: bool,
           tier_max: int | None, force: bool, allow_protected: bool, as_json: bool) -> None:
     """Merge agents' branches back, never dropping content; the result is mailed to the parent.
 
@@ -35,17 +38,32 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, into: str | N
     ov merge builder-task-42
     ov merge builder-task-42 --dry-run      # which tier it needs, which files conflict
     ov merge --all                          # every finished builder, plus merge_ready mail
+    ov merge --all --dry-run                # predicted in that order, each after the ones before it
+    ov merge builder-task-42 --dismiss      # out of the queue: its failed merge is not tried again
     ov merge --branch ov/builder-x --into main --tier-max 1
     """
     from overstory.config import load_config
     from overstory.errors import UsageError
-    from overstory.merge.queue import MergeReport, MergeRun, merge_all, merge_one
+    from overstory.merge.queue import MergeReport, MergeRun, dismiss_entry, merge_all, merge_one
 
     chosen = sum(bool(x) for x in (agent, branch, merge_all_))
     if chosen != 1:
         raise UsageError("name exactly one of: an AGENT, --branch B, or --all")
     if allow_protected and merge_all_:
         raise UsageError("--allow-protected is for one merge you have looked at: ov merge AGENT --allow-protected")
+    if dismiss:
+        if merge_all_ or dry_run or tier_max or force or into or allow_protected:
+            raise UsageError("--dismiss takes an AGENT or --branch B and no other option")
+        if agent_channel() is not None:
+            raise UsageError("only the operator dismisses a merge-queue entry")
+        project = project_paths()
+        config = load_config(project.config_file, project.local_config_file)
+        said = dismiss_entry(project, config, state_conn(project), agent_name=agent, branch=branch)
+        if as_json:
+            echo_json({"dismissed": agent or branch, "message": said})
+        else:
+            click.echo(said)
+        return
     remote = agent_channel()
     if remote is not None and allow_protected:
         raise UsageError("only the operator can allow a change to protected paths (--allow-protected)")

@@ -22,6 +22,12 @@ The flow, all under the target's ``TargetLock``:
 5. Publish (``merge.publish``): the target moves to the merge commit by compare-and-swap,
    and a checkout of it at the root is fast-forwarded by one git process. A failure
    before this leaves the target exactly as it was.
+
+Tier 2 results also pass ``duplicated_lines``. Its "both sides only added" rule (both
+insertions kept, the target's first) is a guess about order that only the gates can
+prove: when a gate fails on it, nothing is committed and the failure names the gate and
+the combined files; with tier 3 allowed and a model configured, the merge is made again
+with those files given to the model instead (``_merge_in``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from overstory.merge.lock import TargetLock
 from overstory.merge.model import ModelResolver, accept_model_reply
 from overstory.merge.publish import clear_journal, journal_path, publish, recover, remove_worktree, write_journal
 from overstory.merge.results import MergeResult
-from overstory.merge.threeway import lost_lines
+from overstory.merge.threeway import BOTH_ADDED, duplicated_lines, lost_lines
 from overstory.merge.worktree_state import (
     TEMP_WORKTREE_PREFIX,
     branch_head,
@@ -215,16 +221,45 @@ def _merge_in(git: Git, job: _Job) -> MergeResult:
         raise MergeError(f"the scratch worktree is not at {job.target}'s commit {job.target_sha}")
     base = git.out("merge-base", job.target_sha, job.source_sha)
     union_files = union_saved_files(git, git, base, job.target_sha, job.source_sha)
+    _start_merge(git, job)
+    kill_point("merge:merging")
+    result = _resolve_and_commit(git, job, base, union_files)
+    if _combined_files(result) and job.tier_max >= 3 and job.resolver is not None:
+        # A gate failed on tier 2's keep-both combination: let the model combine those files instead.
+        git.run("merge", "--abort", check=False)
+        _start_merge(git, job)
+        result = _resolve_and_commit(git, job, base, union_files, keep_both=False)
+    if not result.merged:
+        git.run("merge", "--abort", check=False)
+    return result
+
+
+def _start_merge(git: Git, job: _Job) -> None:
     # rerere could replay a recorded resolution that nobody verified: off for our merges.
     proc = git.run("-c", "rerere.enabled=false", "merge", "--no-ff", "--no-commit", "--no-edit", job.source_sha,
                    check=False)
     if git.rev("MERGE_HEAD") is None:
         raise MergeError(f"git merge did not start: {describe(proc)}")
-    kill_point("merge:merging")
-    result = _resolve_and_commit(git, job, base, union_files)
-    if not result.merged:
-        git.run("merge", "--abort", check=False)
-    return result
+
+
+def _combined_files(result: MergeResult) -> list[str]:
+    """The files tier 2 combined by keeping both sides' insertions, when a gate then failed the merge."""
+    if result.merged or not result.reason.startswith("quality gate"):
+        return []
+    return combined_insertions(result.resolutions)
+
+
+def combined_insertions(resolutions: t.Mapping[str, str]) -> list[str]:
+    """The files resolved by keeping both sides' insertions (``threeway.BOTH_ADDED``)."""
+    return sorted(path for path, how in resolutions.items() if BOTH_ADDED in how)
+
+
+def _on_combination(resolutions: t.Mapping[str, str]) -> str:
+    files = combined_insertions(resolutions)
+    if not files:
+        return ""
+    return (f" on the combined result (tier 2 kept both sides' insertions in {', '.join(files)}); "
+            "nothing was committed")
 
 
 def _why_not(plan: ConflictPlan, job: _Job) -> str:
@@ -242,7 +277,8 @@ def _describe_unresolved(unresolved: dict[str, str]) -> str:
     return f"{len(unresolved)} conflicted file{'s' if len(unresolved) != 1 else ''} left unresolved: {files}"
 
 
-def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str]) -> MergeResult:
+def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str], keep_both: bool = True
+                        ) -> MergeResult:
     conflicted = parse_stage_entries(git.run("ls-files", "-u", "-z").stdout)
     resolutions: dict[str, str] = {}
     unresolved: dict[str, str] = {}
@@ -252,16 +288,19 @@ def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str]) 
         if path in conflicted:
             continue
         base_text, ours_text, theirs_text = (git.blob(f"{c}:{path}") for c in (base, job.target_sha, job.source_sha))
-        lost = lost_lines(base_text, ours_text, theirs_text, git.blob(f":0:{path}"))
-        if lost:
-            unresolved[path] = f"the union merge dropped {lost[0]!r}"
+        merged_text = git.blob(f":0:{path}")
+        lost = lost_lines(base_text, ours_text, theirs_text, merged_text)
+        doubled = duplicated_lines(base_text, ours_text, theirs_text, merged_text)
+        if lost or doubled:
+            unresolved[path] = (f"the union merge dropped {lost[0]!r}" if lost
+                                else f"the union merge repeated {doubled[0]!r}")
         elif job.tier_max < 2:
             unresolved[path] = "resolved by merge=union, which counts as tier 2, but tier_max is 1"
         else:
             resolutions[path] = "union"
             tier = 2
 
-    plans = [plan_conflict(path, stages, git.blob) for path, stages in sorted(conflicted.items())]
+    plans = [plan_conflict(path, stages, git.blob, keep_both=keep_both) for path, stages in sorted(conflicted.items())]
     mechanical: list[ConflictPlan] = []
     for_model: list[ConflictPlan] = []
     for plan in plans:
@@ -301,7 +340,7 @@ def _resolve_and_commit(git: Git, job: _Job, base: str, union_files: list[str]) 
         if code != 0:
             status = "timed out" if code is None else f"exited {code}"
             return job.failed(
-                [], f"quality gate {command!r} {status}; output tail:\n{_tail(output)}",
+                [], f"quality gate {command!r} {status}{_on_combination(resolutions)}; output tail:\n{_tail(output)}",
                 tier=tier, resolutions=resolutions,
             )
         changed = sorted(set(git.paths("diff", "--name-only", "-z")) - set(unstaged_before))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory.merge._git import Git
-from overstory.merge.threeway import lost_lines, resolve_mechanically
+from overstory.merge.threeway import duplicated_lines, lost_lines, resolve_mechanically
 
 REGULAR_MODES = ("100644", "100755")
 
@@ -58,7 +58,9 @@ def _merged_mode(base: str | None, ours: str, theirs: str) -> str | None:
     return None
 
 
-def plan_conflict(path: str, stages: Stages, read_blob: t.Callable[[str], bytes]) -> ConflictPlan:
+def plan_conflict(path: str, stages: Stages, read_blob: t.Callable[[str], bytes], *,
+                  keep_both: bool = True) -> ConflictPlan:
+    """``keep_both=False``: two insertions at one place are not combined by tier 2 (they go to the model)."""
     base_entry, ours_entry, theirs_entry = stages.get(1), stages.get(2), stages.get(3)
     if ours_entry is None or theirs_entry is None:
         gone = "target" if ours_entry is None else "source"
@@ -73,7 +75,7 @@ def plan_conflict(path: str, stages: Stages, read_blob: t.Callable[[str], bytes]
     ours, theirs = read_blob(ours_entry[1]), read_blob(theirs_entry[1])
     if any(_looks_binary(data) for data in (base, ours, theirs)):
         return ConflictPlan(path, STRUCTURAL, "binary file changed on both sides")
-    resolution = resolve_mechanically(base, ours, theirs)
+    resolution = resolve_mechanically(base, ours, theirs, keep_both=keep_both)
     if resolution.content is None:
         regions = resolution.unresolved_regions
         detail = f"{regions} region{'s' if regions != 1 else ''} changed differently on both sides"
@@ -81,6 +83,10 @@ def plan_conflict(path: str, stages: Stages, read_blob: t.Callable[[str], bytes]
     lost = lost_lines(base, ours, theirs, resolution.content)
     if lost:  # by construction this should not happen; the check is the guarantee
         return ConflictPlan(path, NEEDS_MODEL, f"mechanical result would drop {lost[0]!r}", mode, base, ours, theirs)
+    doubled = duplicated_lines(base, ours, theirs, resolution.content)
+    if doubled:  # the same: the check, not the construction, is the guarantee
+        return ConflictPlan(path, NEEDS_MODEL, f"mechanical result would repeat {doubled[0]!r}", mode, base, ours,
+                            theirs)
     rules = ", ".join(sorted(resolution.rules))
     return ConflictPlan(path, MECHANICAL, rules, mode, base, ours, theirs, resolution.content)
 

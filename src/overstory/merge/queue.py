@@ -1,9 +1,13 @@
 """`ov merge`: choosing what to merge, refusing what is not ready, and reporting each result.
 
-Agents announce finished work with ``merge_ready`` mail; ``sync_queue`` turns each such
-message into one queue row (the mail id is unique in the queue, so syncing twice adds
-nothing). ``merge --all`` merges those and every builder that finished with commits
-(``merge.candidates``), in the order they became ready.
+Agents announce finished work with ``merge_ready`` mail, builders with their ``worker_done``;
+``sync_queue`` turns each such message into one queue row (the mail id is unique in the
+queue, so syncing twice adds nothing; a process killed halfway leaves the mail, and the
+next sync makes the row). ``merge --all`` merges the open rows (pending, or failed and not
+dismissed) and every builder that finished with commits (``merge.candidates``), in the
+order they became ready; each merge settles every open row of its branch. ``queue_view``
+(the dashboard) and ``merge --all --dry-run`` list the same candidates: ``gather``'s.
+A dry run of ``--all`` predicts them as a sequence (``predict.MergeSequence``).
 
 ``merge_one`` refuses an agent that is still working (it has not sent its terminal mail)
 unless forced, reports a branch without commits of its own as "nothing to merge", and
@@ -25,10 +29,10 @@ from overstory.errors import AgentNotFound, MergeError, UsageError
 from overstory.gitutil import branch_exists, current_branch, git
 from overstory.merge import intents as merge_intents
 from overstory.merge.announce import announce, merge_commit_of
-from overstory.merge.branch_merge import merge_branch
-from overstory.merge.candidates import Skipped, agent_commits, gather, target_for, unmerged_commits
+from overstory.merge.branch_merge import combined_insertions, merge_branch
+from overstory.merge.candidates import Skipped, agent_commits, announced, gather, target_for, unmerged_commits
 from overstory.merge.gates import protected_for, sandboxed_gates
-from overstory.merge.predict import predict_merge
+from overstory.merge.predict import MergeSequence, predict_merge
 from overstory.paths import ProjectPaths
 from overstory.procs import kill_point
 from overstory.store import intents, merge_queue, sessions
@@ -37,7 +41,7 @@ from overstory.store.lifecycle import promised
 if t.TYPE_CHECKING:
     from overstory.config import Config
 
-__all__ = ["MergeReport", "merge_all", "merge_one", "queue_view", "sync_queue", "target_for"]
+__all__ = ["MergeReport", "dismiss_entry", "merge_all", "merge_one", "queue_view", "sync_queue", "target_for"]
 
 
 @dataclass
@@ -75,45 +79,63 @@ class MergeRun:
 
 
 def sync_queue(conn: sqlite3.Connection, config: Config) -> int:
-    """Queue every merge_ready message not queued yet; returns how many were added."""
+    """Queue every report (merge_ready mail, a builder's worker_done) not queued yet; returns how many were added."""
     added = 0
-    for row in merge_queue.announced_not_queued(conn):
-        payload = json.loads(row["payload"] or "{}")
-        agent_name = payload.get("agent") or row["sender"]
-        branch = payload.get("branch")
-        if not branch:
-            continue
-        agent = sessions.get(conn, agent_name)
-        target = payload.get("target_branch") or (agent.base_branch if agent else None) or config.project.canonical_branch
-        added += merge_queue.enqueue(conn, agent=agent_name, branch=branch, target=target,
-                                     task_id=payload.get("task_id"), files=payload.get("files_modified") or [],
-                                     mail_id=row["id"], enqueued_at=row["created_at"])
+    for report in announced(conn, config):
+        added += merge_queue.enqueue(conn, agent=report["agent"], branch=report["branch"], target=report["target"],
+                                     task_id=report["task_id"], files=report["files"], mail_id=report["mail_id"],
+                                     enqueued_at=report["created_at"])
     return added
 
 
-def queue_view(conn: sqlite3.Connection, config: Config, *, limit: int = 20) -> list[dict[str, t.Any]]:
+def queue_view(project: ProjectPaths, conn: sqlite3.Connection, config: Config, *,
+               limit: int = 20) -> list[dict[str, t.Any]]:
     """The queue as `ov merge --all` would find it, without changing anything.
 
-    ``merge_ready`` mail that no `ov merge --all` has queued yet comes first (status
-    ``announced``), then pending rows, then the latest merged or failed ones.
+    First what `ov merge --all` would merge, in its order (``announced``: reported, no queue
+    row yet; ``pending``; ``failed``, with ``result`` saying why, until it is merged or
+    dismissed), then the latest closed entries (merged, empty, dismissed), up to ``limit``.
     """
-    entries: list[dict[str, t.Any]] = []
-    for row in merge_queue.announced_not_queued(conn)[:limit]:
-        payload = json.loads(row["payload"] or "{}")
-        name = payload.get("agent") or row["sender"]
-        if not payload.get("branch"):
-            continue
-        agent = sessions.get(conn, name)
-        entries.append({"id": None, "mail_id": row["id"], "agent": name, "branch": payload["branch"],
-                        "target": payload.get("target_branch") or target_for(agent, config, None),
-                        "task_id": payload.get("task_id"), "files": payload.get("files_modified") or [],
-                        "status": "announced", "tier": None, "result": None, "enqueued_at": iso(row["created_at"])})
-    for row in merge_queue.recent(conn, max(0, limit - len(entries))):
+    candidates, _ = gather(project.root, config, conn, None)
+    entries: list[dict[str, t.Any]] = [
+        {"id": c.queue_id, "mail_id": c.mail_ids[0] if c.mail_ids else None, "agent": c.agent, "branch": c.branch,
+         "target": c.target, "task_id": c.task_id, "files": c.files, "status": c.status, "tier": c.tier,
+         "result": c.result, "enqueued_at": iso(c.ready_at)} for c in candidates]
+    for row in merge_queue.recent_closed(conn, max(0, limit - len(entries))):
         entries.append({"id": row["id"], "mail_id": row["mail_id"], "agent": row["agent"], "branch": row["branch"],
                         "target": row["target"], "task_id": row["task_id"], "files": json.loads(row["files"] or "[]"),
                         "status": row["status"], "tier": row["tier"], "result": row["result"],
                         "enqueued_at": iso(row["enqueued_at"])})
     return entries
+
+
+def dismiss_entry(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *,
+                  agent_name: str | None = None, branch: str | None = None) -> str:
+    """Take a branch out of the merge queue (a failed merge nobody will fix, work not wanted); says what it did.
+
+    Its open rows are closed as ``dismissed``; a finished builder that never reported gets a
+    dismissed row, so `ov merge --all` leaves it alone. `ov merge NAME` still merges it.
+    """
+    if agent_name is not None:
+        agent = sessions.get(conn, agent_name)
+        if agent is None:
+            raise AgentNotFound(f"no agent named {agent_name!r} (see `ov status --all`)")
+        if not agent.branch:
+            raise MergeError(f"{agent_name} works at the project root and has no branch in the merge queue")
+        branch = agent.branch
+    assert branch is not None
+    sync_queue(conn, config)
+    label = agent_name or branch
+    reason = "dismissed by the operator (`ov merge --dismiss`)"
+    if merge_queue.dismiss(conn, branch, reason):
+        return f"{label}: dismissed from the merge queue; `ov merge {label}` still merges it"
+    candidates, _ = gather(project.root, config, conn, None)
+    found = next((c for c in candidates if c.branch == branch), None)
+    if found is None:
+        raise MergeError(f"{label} is not in the merge queue (nothing open to dismiss; see `ov merge --all --dry-run`)")
+    merge_queue.enqueue(conn, agent=found.agent or branch, branch=branch, target=found.target, task_id=found.task_id,
+                        files=found.files, mail_id=None, enqueued_at=found.ready_at, status="dismissed", result=reason)
+    return f"{label}: dismissed from the merge queue; `ov merge {label}` still merges it"
 
 
 def _resolver(config: Config, tier_max: int) -> t.Any:
@@ -148,6 +170,7 @@ def effective_tier_max(config: Config, requested: int | None) -> int:
 
 def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, agent_name: str | None = None,
               branch: str | None = None, into: str | None = None, dry_run: bool = False,
+              sequence: MergeSequence | None = None,
               tier_max: int | None = None, queue_id: int | None = None, force: bool = False,
               on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None,
               allow_protected: bool = False) -> MergeReport:
@@ -180,11 +203,12 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
                          dry_run=dry_run, tier=None, queue_id=queue_id)
     if not dry_run:
         merge_intents.settle_all(project, conn)  # an earlier run of ours that was killed: finish or undo it first
+        sync_queue(conn, config)  # so that this merge settles the branch's queue rows, reported or not yet queued
     unmerged = unmerged_commits(project.root, branch, target)
     if not unmerged:
         return _nothing_new(project, conn, agent, report, queue_id, sender)
     if dry_run:
-        return _predict(project, config, report, levels, unmerged, label)
+        return _predict(project, config, report, levels, unmerged, label, sequence)
     resolver = _resolver(config, levels)
     source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()
     target_sha = git(project.root, "rev-parse", f"refs/heads/{target}").stdout.strip()
@@ -217,8 +241,8 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     announce(conn, project.root, agent, merged=report.merged, branch=branch, target=target, source_commit=source_sha,
              reason=report.reason, tier=report.tier, commit=report.commit, commits=report.commits,
              conflicts=report.conflicts, target_before=target_sha, next_step=report.next_step, sender=sender)
-    if queue_id is not None:
-        merge_queue.settle(conn, queue_id, merged=report.merged, tier=report.tier, result=report.reason)
+    merge_queue.settle_branch(conn, branch, target, status="merged" if report.merged else "failed", tier=report.tier,
+                              result=report.reason)
     intents.end_merge(conn, intent_id)
     return report
 
@@ -232,8 +256,9 @@ def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: session
         since = (f"since it was slung from {agent.base_branch}" if agent and agent.base_branch
                  else f"that {report.target} lacks")
         report.reason = f"nothing to merge: {report.branch} has no commits {since}"
-        if queue_id is not None:
-            merge_queue.settle(conn, queue_id, merged=False, tier=None, result=report.reason)
+        if not report.dry_run:
+            merge_queue.settle_branch(conn, report.branch, report.target, status="empty", tier=None,
+                                      result=report.reason)
         return report
     source = git(project.root, "rev-parse", f"refs/heads/{report.branch}").stdout.strip()
     report.merged = report.already_merged = True
@@ -246,14 +271,18 @@ def _nothing_new(project: ProjectPaths, conn: sqlite3.Connection, agent: session
         announce(conn, project.root, agent, merged=True, branch=report.branch, target=report.target,
                  source_commit=source, reason=report.reason, tier=report.tier, commit=report.commit, commits=own,
                  sender=sender)
-        if queue_id is not None:
-            merge_queue.settle(conn, queue_id, merged=True, tier=report.tier, result=report.reason)
+        merge_queue.settle_branch(conn, report.branch, report.target, status="merged", tier=report.tier,
+                                  result=report.reason)
     return report
 
 
 def _predict(project: ProjectPaths, config: Config, report: MergeReport, levels: int, unmerged: list[str],
-             label: str) -> MergeReport:
-    prediction = predict_merge(project.root, report.branch, report.target)
+             label: str, sequence: MergeSequence | None = None) -> MergeReport:
+    """A dry run; in a ``sequence``, against the target as the merges predicted before it leave it."""
+    if sequence is not None:
+        prediction = sequence.predict(report.branch, report.target)
+    else:
+        prediction = predict_merge(project.root, report.branch, report.target)
     needs = prediction.tier
     report.tier, report.conflicts, report.commits = needs, list(prediction.conflicts), unmerged
     report.resolutions = dict(prediction.resolutions)
@@ -265,6 +294,15 @@ def _predict(project: ProjectPaths, config: Config, report: MergeReport, levels:
     else:
         verdict = f"would merge with tier {needs}"
     report.reason = f"{verdict}; {prediction.reason}"
+    if sequence is not None:
+        earlier = sequence.earlier(report.target, report.conflicts)
+        report.reason += "".join(f"; {path} is also changed by {', '.join(names)}, merged before it in this order"
+                                 for path, names in sorted(earlier.items()))
+        if report.merged:
+            sequence.record(label, report.branch, report.target, prediction)
+            if prediction.guessed:
+                report.reason += (f"; the branches after it are predicted as if the model kept {report.target}'s "
+                                  f"{', '.join(prediction.guessed)}")
     if not report.merged:
         report.next_step = _next_step(project, config, report, levels, label, needs)
     return report
@@ -274,6 +312,15 @@ def _next_step(project: ProjectPaths, config: Config, report: MergeReport, level
                needs: int | None) -> str:
     """What the operator can do about a merge that failed (or would fail) needing tier ``needs``."""
     steps = []
+    combined = combined_insertions(report.resolutions) if "quality gate" in report.reason else []
+    if combined:  # the gate failed on tier 2's keep-both combination: tier 3 or a person can combine them
+        tier3 = (f"`ov merge {label} --tier-max 3` has the model combine {', '.join(combined)} instead"
+                 if config.merge.ai_resolve else
+                 f"tier 3 (model-assisted) can combine {', '.join(combined)} instead: set merge.ai_resolve: true, "
+                 f"then `ov merge {label} --tier-max 3`")
+        switch = "" if current_branch(project.root) == report.target else f"git switch {report.target} && "
+        return (f"{tier3}; or resolve by hand in {project.root}: `{switch}git merge --no-ff {report.branch}`, fix "
+                f"{', '.join(combined)}, `git add` them, `git commit`; then `ov merge {label}` reports it merged")
     if needs is not None and needs > levels:
         if needs < 3 or config.merge.ai_resolve:
             steps.append(f"`ov merge {label} --tier-max {needs}`")
@@ -295,21 +342,31 @@ def _next_step(project: ProjectPaths, config: Config, report: MergeReport, level
 def merge_all(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, into: str | None = None,
               dry_run: bool = False, tier_max: int | None = None,
               on_lock_wait: t.Callable[[int | None], None] | None = None) -> MergeRun:
-    sync_queue(conn, config)
+    """Merge the queue in the order it became ready; a dry run predicts it as that sequence and writes nothing."""
+    if not dry_run:
+        sync_queue(conn, config)
     candidates, skipped = gather(project.root, config, conn, into)
+    if not dry_run:
+        for item in skipped:
+            for skipped_id in item.queue_ids:
+                merge_queue.settle(conn, skipped_id, merged=False, tier=None, result=item.reason, status="empty")
+    sequence = MergeSequence(project.root) if dry_run else None
     reports = []
     for candidate in candidates:
         agent_name = candidate.agent if candidate.agent and sessions.get(conn, candidate.agent) else None
         queue_id = None if dry_run else candidate.queue_id
         try:
-            reports.append(merge_one(project, config, conn, agent_name=agent_name,
-                                     branch=None if agent_name else candidate.branch, into=into or candidate.target,
-                                     dry_run=dry_run, tier_max=tier_max, queue_id=queue_id, force=True,
-                                     on_lock_wait=on_lock_wait))
+            report = merge_one(project, config, conn, agent_name=agent_name,
+                               branch=None if agent_name else candidate.branch, into=into or candidate.target,
+                               dry_run=dry_run, sequence=sequence, tier_max=tier_max, queue_id=queue_id, force=True,
+                               on_lock_wait=on_lock_wait)
         except MergeError as exc:
-            if queue_id is not None:
-                merge_queue.settle(conn, queue_id, merged=False, tier=None, result=str(exc))
-            reports.append(MergeReport(branch=candidate.branch, target=into or candidate.target or "",
-                                       agent=candidate.agent, merged=False, dry_run=dry_run, tier=None,
-                                       reason=str(exc), queue_id=candidate.queue_id))
+            for row_id in [] if dry_run else candidate.queue_ids:
+                merge_queue.settle(conn, row_id, merged=False, tier=None, result=str(exc))
+            report = MergeReport(branch=candidate.branch, target=into or candidate.target or "",
+                                 agent=candidate.agent, merged=False, dry_run=dry_run, tier=None,
+                                 reason=str(exc), queue_id=candidate.queue_id)
+        if dry_run and candidate.status == "failed" and candidate.result:
+            report.reason += f"; its last merge failed: {candidate.result.splitlines()[0]}"
+        reports.append(report)
     return MergeRun(reports, skipped)

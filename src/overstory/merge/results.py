@@ -15,7 +15,9 @@ class MergePrediction:
     binary, symlink, ...). ``conflicts``: every file git would leave in conflict plus files
     only ``merge=union`` saves. ``resolutions``: per file, how it would be resolved or why
     it cannot be. ``blocked_by``: uncommitted changes in the target's working tree that
-    would make ``merge_branch`` refuse right now.
+    would make ``merge_branch`` refuse right now. ``tree``: the tree the merge would give the
+    target (None when no tier can resolve it); for the files in ``guessed`` (tier 3) it holds
+    the target's version, since the model's answer cannot be known in advance.
     """
 
     tier: int | None
@@ -24,6 +26,8 @@ class MergePrediction:
     reason: str
     resolutions: dict[str, str] = field(default_factory=dict)
     blocked_by: list[str] = field(default_factory=list)
+    tree: str | None = None
+    guessed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,22 @@ region where both sides changed only when that loses nothing:
 ``one side unchanged``
     looked at line by line, every base line was changed by at most one side and the
     two sides never insert at the same place (the typical "edits on adjacent lines"
-    conflict git reports); both changes are applied.
+    conflict git reports); both changes are applied;
+``both sides only added``
+    the region holds no base line: both sides only inserted lines at the same place
+    (two builders appending to one file). Both insertions are kept whole, ours (the
+    target's) first: the target holds what was merged before, and ``ov merge --all``
+    merges in the order the branches became ready, so the earlier-ready branch comes
+    first and nothing already on the target moves. Callers that must not combine
+    blindly pass ``keep_both=False``.
 
-Anything else (the same lines changed differently, a deletion against an edit,
-two insertions at the same spot) is left unresolved.
+Anything else (the same lines changed differently, a deletion against an edit) is
+left unresolved.
 
 ``lost_lines`` is the verification every resolution (tier 2, union, model) must pass:
 each line that ours or theirs added relative to base must still be in the result.
+``duplicated_lines`` is tier 2's second check: no line may occur more often than the
+base plus what each side added to it (a base line copied twice is a broken merge).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from difflib import SequenceMatcher
 IDENTICAL = "identical"
 WHITESPACE = "whitespace only"
 ONE_SIDE = "one side unchanged"
+BOTH_ADDED = "both sides only added (both kept, the target's first)"
 
 Lines = list[bytes]
 
@@ -142,7 +152,7 @@ class Resolution:
     unresolved_regions: int
 
 
-def resolve_mechanically(base: bytes, ours: bytes, theirs: bytes) -> Resolution:
+def resolve_mechanically(base: bytes, ours: bytes, theirs: bytes, *, keep_both: bool = True) -> Resolution:
     out: Lines = []
     rules: set[str] = set()
     unresolved = 0
@@ -159,6 +169,10 @@ def resolve_mechanically(base: bytes, ours: bytes, theirs: bytes) -> Resolution:
         elif _same_ignoring_whitespace(chunk.ours, chunk.theirs):
             out.extend(chunk.ours)
             rules.add(WHITESPACE)
+        elif keep_both and not chunk.base:
+            # No base line in the region: both sides only inserted here. Keep both, the target's first.
+            out.extend(chunk.ours + chunk.theirs)
+            rules.add(BOTH_ADDED)
         else:
             both = _apply_disjoint(chunk.base, chunk.ours, chunk.theirs)
             if both is None:
@@ -190,6 +204,20 @@ def lost_lines(base: bytes, ours: bytes, theirs: bytes, result: bytes) -> list[s
     needed = added_lines(base, ours) | added_lines(base, theirs)
     present = Counter(k for k in map(line_key, split_lines(result)) if k)
     return sorted(key.decode("utf-8", "replace") for key, count in needed.items() if present[key] < count)
+
+
+def duplicated_lines(base: bytes, ours: bytes, theirs: bytes, result: bytes) -> list[str]:
+    """Lines the result holds more often than the base plus what each side added (empty list: none).
+
+    Whitespace-insensitive and blind to blank lines, like ``lost_lines``. A line both sides
+    added may be there twice (each side's copy); a base line neither side added to may not.
+    """
+    counts = [Counter(k for k in map(line_key, split_lines(text)) if k) for text in (base, ours, theirs)]
+    in_base, in_ours, in_theirs = counts
+    present = Counter(k for k in map(line_key, split_lines(result)) if k)
+    allowed = {key: in_base[key] + max(0, in_ours[key] - in_base[key]) + max(0, in_theirs[key] - in_base[key])
+               for key in present}
+    return sorted(key.decode("utf-8", "replace") for key, count in present.items() if count > allowed[key])
 
 
 def marker_lines(text: bytes, *allowed_from: bytes) -> list[str]:

@@ -347,17 +347,24 @@ async def run_report(request: Request) -> Response:
 async def merge_queue(request: Request) -> Response:
     from overstory.merge.queue import queue_view
 
-    return _json(await run(request, lambda c: queue_view(c.state, c.config)))
+    return _json(await run(request, lambda c: queue_view(c.project, c.state, c.config)))
 
 
 async def merge_predict(request: Request) -> Response:
-    from overstory.merge.queue import merge_one
+    from overstory.merge.queue import merge_all, merge_one
 
     agent_name, branch, into = _text(request, "agent"), _text(request, "branch"), _text(request, "into")
+    if _flag(request, "all") and agent_name is None and branch is None:  # the queue, as one sequence
+        return _json(await run(request, lambda c: _dry_run_all(merge_all(c.project, c.config, c.state, into=into,
+                                                                         dry_run=True))))
     if (agent_name is None) == (branch is None):
-        raise UsageError("name exactly one of ?agent=NAME or ?branch=B")
+        raise UsageError("name exactly one of ?agent=NAME, ?branch=B or ?all=1")
     return _json(await run(request, lambda c: merge_one(c.project, c.config, c.state, agent_name=agent_name,
                                                         branch=branch, into=into, dry_run=True).as_dict()))
+
+
+def _dry_run_all(run: t.Any) -> dict[str, t.Any]:
+    return {"merges": [r.as_dict() for r in run.reports], "skipped": [s.as_dict() for s in run.skipped]}
 
 
 async def waiting(request: Request) -> Response:

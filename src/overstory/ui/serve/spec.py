@@ -97,12 +97,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/api/runs", "runs", "`ov run list`.", (LIMIT,)),
     Endpoint("GET", "/api/runs/{run}", "run", "`ov run show`: agents, turns, tokens, cost, mail of one run.",
              (Param("run", "path", "string", "run id or a unique prefix of one"),)),
-    Endpoint("GET", "/api/merge/queue", "merge_queue", "The merge queue: announced (merge_ready mail not queued "
-             "yet), pending, then the latest merged or failed."),
+    Endpoint("GET", "/api/merge/queue", "merge_queue", "The merge queue, as `ov merge --all --dry-run` lists it: "
+             "announced (reported, not queued yet), pending, failed (with why, until merged or dismissed), then the "
+             "latest merged, empty or dismissed."),
     Endpoint("GET", "/api/merge/predict", "merge_predict", "`ov merge --dry-run`: the tier a merge needs and the "
-             "files that conflict, touching nothing.", (
+             "files that conflict, touching nothing; with ?all=1, `ov merge --all --dry-run` (the queue predicted "
+             "in order, each branch after the ones before it).", (
                  Param("agent", "query", "string", "an agent's branch"), Param("branch", "query", "string",
                                                                                "or a branch"),
+                 Param("all", "query", "boolean", "or the whole merge queue, as one sequence"),
                  Param("into", "query", "string", "target branch (default: where the agent was slung from)"))),
     Endpoint("GET", "/api/waiting", "waiting", "What waits for a person: parked agents and unread questions, "
              "escalations, decision gates, deaths and failed merges addressed to the operator."),

@@ -396,28 +396,33 @@ function onStop() {
 
 // ---- the merge queue ---------------------------------------------------------------------------
 
+// One `ov merge --all --dry-run` for the whole queue: each branch is predicted after the ones before it,
+// so what it calls clean merges cleanly in that order.
+function queuePrediction() {
+  const cached = page.predictions.get("all");
+  if (cached && Date.now() - cached.at < 30000) return cached.promise;
+  const promise = api("/api/merge/predict?all=1").then((run) => new Map(run.merges.map((r) => [`${r.branch}|${r.target}`, r])));
+  page.predictions.set("all", { at: Date.now(), promise });
+  promise.catch(() => page.predictions.delete("all"));
+  return promise;
+}
+
 async function predictionFor(entry) {
-  const key = `${entry.agent || ""}|${entry.branch}|${entry.target}`;
-  const cached = page.predictions.get(key);
-  if (cached && Date.now() - cached.at < 30000) return cached.text;
-  const query = entry.agent ? `agent=${encodeURIComponent(entry.agent)}` : `branch=${encodeURIComponent(entry.branch)}`;
-  let text;
   try {
-    const report = await api(`/api/merge/predict?${query}&into=${encodeURIComponent(entry.target)}`);
+    const report = (await queuePrediction()).get(`${entry.branch}|${entry.target}`);
+    if (!report) return "not in the queue's dry run";
     const tier = report.tier === null ? "no tier can merge it" : report.tier === 1 ? "clean merge" : `needs tier ${report.tier}`;
-    text = report.conflicts.length ? `${tier}: ${report.conflicts.join(", ")}` : tier;
+    return report.conflicts.length ? `${tier}: ${report.conflicts.join(", ")}` : tier;
   } catch (error) {
-    text = error.message;
+    return error.message;
   }
-  page.predictions.set(key, { at: Date.now(), text });
-  return text;
 }
 
 async function refreshMerge() {
   const entries = await api("/api/merge/queue");
   const table = $("merge-table");
   if (!entries.length) {
-    table.replaceChildren(el("tr", {}, el("td", { class: "muted", text: "Nothing queued: agents announce finished work with merge_ready mail." })));
+    table.replaceChildren(el("tr", {}, el("td", { class: "muted", text: "Nothing queued: a builder's worker_done (or merge_ready mail) puts its branch here." })));
     return;
   }
   const rows = entries.map((entry) => {
