@@ -5,12 +5,12 @@ from pathlib import Path
 
 import click
 
-from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import SuggestingGroup, echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import DURATION
 from overstory.runtimes import RUNTIME_NAMES
 
 
-@click.group(name="coordinator")
+@click.group(name="coordinator", cls=SuggestingGroup)
 def coordinator() -> None:
     """Start, mail, ask and stop the project's persistent coordinator.
 

@@ -13,6 +13,7 @@ import click
 from overstory.cli import hot
 from overstory.cli._common import (
     ROW_ID,
+    SuggestingGroup,
     agent_channel,
     completer,
     echo_json,
@@ -44,7 +45,7 @@ from_option = click.option("from_", "--from", metavar="NAME",
                            help="Sender (default: $OVERSTORY_AGENT_NAME, else operator).")
 
 
-@click.group(name="mail")
+@click.group(name="mail", cls=SuggestingGroup)
 def mail() -> None:
     """Send, check, list and reply to mail between agents and the operator.
 

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import SuggestingGroup, completer, echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import add_options, budget_lines
 
 
-@click.group(name="run")
+@click.group(name="run", cls=SuggestingGroup)
 def run() -> None:
     """List, inspect and complete runs (the agents started under one coordinator).
 
