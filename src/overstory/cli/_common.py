@@ -13,27 +13,6 @@ from overstory.cli.hot import BadUsage
 from overstory.paths import ProjectPaths, find_project
 
 
-class SuggestingGroup(click.Group):
-    """A command group whose "No such command" names the closest commands (`ov mail sedn` -> `send`)."""
-
-    unsuggested: frozenset[str] = frozenset()  # commands never offered (hidden ones)
-
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
-                                                                             list[str]]:
-        try:
-            return super().resolve_command(ctx, args)
-        except click.UsageError:
-            word = args[0] if args else ""
-            if ctx.resilient_parsing or word.startswith("-") or self.get_command(ctx, word) is not None:
-                raise
-            from overstory.names import closest, either
-
-            found = closest(word, [name for name in self.list_commands(ctx) if name not in self.unsuggested])
-            if not found:
-                raise
-            raise click.UsageError(f"No such command {word!r}. Did you mean {either(found)}?", ctx=ctx) from None
-
-
 def project_option(ctx: click.Context | None = None) -> str | None:
     """``ov --project`` (or $OVERSTORY_PROJECT_ROOT) as given, for the click-free hot command bodies."""
     ctx = ctx or click.get_current_context()

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import click
 
-from overstory.cli._common import SuggestingGroup, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import DURATION
+from overstory.cli.main import SuggestingGroup
 from overstory.runtimes import RUNTIME_NAMES
 
 

@@ -13,7 +13,6 @@ import click
 from overstory.cli import hot
 from overstory.cli._common import (
     ROW_ID,
-    SuggestingGroup,
     agent_channel,
     completer,
     echo_json,
@@ -23,6 +22,7 @@ from overstory.cli._common import (
     state_conn,
     usage_errors,
 )
+from overstory.cli.main import SuggestingGroup
 from overstory.store import mail as store
 
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")

@@ -14,7 +14,6 @@ import typing as t
 import click
 
 from overstory import __version__
-from overstory.cli._common import SuggestingGroup
 
 # name -> (module, attribute, one-line help). The help lives here so `ov --help`
 # can list every command without importing any of them.
@@ -56,6 +55,27 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 # Left out of `ov --help` (still documented in the README and by `ov NAME --help`):
 # `ov guard` is the hook agents' tool calls go through, not a command for people.
 HIDDEN: set[str] = {"guard"}
+
+
+class SuggestingGroup(click.Group):
+    """A command group whose "No such command" names the closest commands (`ov mail sedn` -> `send`)."""
+
+    unsuggested: frozenset[str] = frozenset()  # commands never offered (hidden ones)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                             list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            word = args[0] if args else ""
+            if ctx.resilient_parsing or word.startswith("-") or self.get_command(ctx, word) is not None:
+                raise
+            from overstory.names import closest, either
+
+            found = closest(word, [name for name in self.list_commands(ctx) if name not in self.unsuggested])
+            if not found:
+                raise
+            raise click.UsageError(f"No such command {word!r}. Did you mean {either(found)}?", ctx=ctx) from None
 
 
 class LazyGroup(SuggestingGroup):

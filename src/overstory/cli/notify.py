@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import SuggestingGroup, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli.main import SuggestingGroup
 
 
 @click.group(name="notify", cls=SuggestingGroup)

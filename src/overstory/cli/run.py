@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import click
 
-from overstory.cli._common import SuggestingGroup, completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import add_options, budget_lines
+from overstory.cli.main import SuggestingGroup
 
 
 @click.group(name="run", cls=SuggestingGroup)

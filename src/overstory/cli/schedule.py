@@ -6,7 +6,8 @@ import typing as t
 
 import click
 
-from overstory.cli._common import SuggestingGroup, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli.main import SuggestingGroup
 
 
 @click.group(name="schedule", cls=SuggestingGroup)
