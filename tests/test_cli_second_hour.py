@@ -203,6 +203,27 @@ def test_status_filters_select_agents_and_everything_about_them(team: tuple[Proj
     assert text.startswith("no agents match")
 
 
+def test_an_agents_status_filters_go_through_its_endpoint(team: tuple[ProjectPaths, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a sandboxed turn `ov status` asks the agent's endpoint: the filters travel with the request."""
+    from overstory.endpoint.routes import ROUTES
+    from overstory.endpoint.server import AgentEndpoint
+
+    project, _ = team
+    endpoint = AgentEndpoint(project, "builder-greet", 1, ROUTES).start()
+    try:
+        env = endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": "t-filter", "OVERSTORY_ATTEMPT": "0"})
+        for name, value in {**env, "OVERSTORY_AGENT_NAME": "builder-greet", "OVERSTORY_GENERATION": "1",
+                            "OVERSTORY_PROJECT_ROOT": str(project.root)}.items():
+            monkeypatch.setenv(name, value)
+        document = json.loads(ov(None, "status", "--parent", "lead-1", "--state", "parked", "--json", code=0)[1])
+        assert [a["name"] for a in document["agents"]] == ["builder-stuck"]
+        assert "(did you mean 'lead-1'?)" in ov(None, "status", "--parent", "leed-1", code=1)[2]
+        assert "unknown state 'asleep'" in ov(None, "status", "--state", "asleep", code=2)[2]
+    finally:
+        endpoint.close()
+
+
 def test_status_and_tree_refuse_an_unknown_state_or_capability_in_one_line(team: tuple[ProjectPaths, str]) -> None:
     project, _ = team
     for command in ("status", "tree"):
