@@ -484,7 +484,9 @@ def test_every_json_output_parses(project: ProjectPaths) -> None:
             assert result.returncode in (1, 2), f"{label}: exit {result.returncode}: {result.stderr}"
             if result.stdout.strip():
                 assert_json_output(label, result.stdout, ndjson=ndjson)
-            assert result.stderr.strip().splitlines()[-1].startswith(("ov: error:", "Error:")), result.stderr
+            # With --json an error is JSON too: one line, {"error": {"kind", "message"}} (issue 32).
+            error = json.loads(result.stderr.strip().splitlines()[-1])["error"]
+            assert set(error) == {"kind", "message"} and error["message"], result.stderr
         checked.append(path)
     assert {("doctor",), ("config",), ("init",)} <= set(checked)
 

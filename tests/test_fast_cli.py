@@ -223,7 +223,26 @@ def _cases() -> list[Case]:
     add("status-no-state-db", ["status", "--json"], True, no_state_db=True)
     add("status-no-state-db-text", ["status"], True, no_state_db=True)
     add("status-bogus", ["status", "--bogus"], False)
+    add("status-bogus-json", ["status", "--bogus", "--json"], False)
     add("status-help", ["status", "-h"], False)
+    for label, extra in [("capability", ["--capability", "builder"]), ("states", ["--state", "in_turn,completed"]),
+                         ("parent", ["--parent", "lead-1", "--json"]), ("parent=", ["--parent=operator", "--all"]),
+                         ("all-filters", ["--capability", "builder", "--state", "between_turns", "--parent",
+                                          "lead-1", "--json"]),
+                         ("no-match", ["--capability", "reviewer"]), ("parent-typo", ["--parent", "leed-1"]),
+                         ("parent-typo-json", ["--parent", "leed-1", "--json"]), ("bad-state", ["--state", "bogus"]),
+                         ("bad-state-json", ["--state", "parked,bogus", "--json"]),
+                         ("bad-capability-json", ["--capability", "nope", "--json"]), ("run-unknown", ["--run", "r"]),
+                         ("run-unknown-json", ["--run", "r", "--json"]), ("state-no-value", ["--state"])]:
+        add(f"status-{label}", ["status", *extra], label != "state-no-value")
+    add("status-filter-no-state-db", ["status", "--state", "parked", "--json"], True, no_state_db=True)
+    add("status-bad-state-no-state-db", ["status", "--state", "nope"], True, no_state_db=True)
+    add("send-unknown-json", ["mail", "send", "--to", "nobody", "--subject", "s", "--json"], True)
+    add("send-typo-json", ["mail", "send", "--to", "builder-c", "--subject", "s", "--json"], True)
+    add("send-bad-payload-json", [*send, "--payload", "{nope", "--json"], True)
+    add("send-bad-type-json", [*send, "--type", "bogus", "--json"], False)
+    add("mail-typo-json", ["mail", "sned", "--json"], False)
+    add("command-typo-json", ["stauts", "--json"], False)
 
     bash = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "{worktree}",
                        "tool_input": {"command": "python -m pytest -q && git status"}}).encode()
@@ -394,7 +413,7 @@ UNWANTED = ["click", "pydantic", "yaml", "rich", "git", "libtmux", "anthropic", 
 # What the hot commands also leave out since issue 20's second round: each costs 1-5 ms of a process whose target is
 # twice an empty interpreter's start (re with enum, json, which imports re, the sqlite3 package with datetime ...).
 STDLIB_UNWANTED = ["re", "enum", "json", "sqlite3", "datetime", "dataclasses", "contextlib", "socket", "signal",
-                   "collections", "functools"]
+                   "collections", "functools", "difflib"]  # difflib: "did you mean" is computed on the error path only
 
 
 def _run_probe(world: World, args: list[str], wanted: list[str], env: dict[str, str] | None = None,

@@ -2,7 +2,7 @@
 
 Parsers first (what each one calls transient, and what it cannot place), then a real agent on the
 scripted runtime (real loop, process group, store and `ov` commands): one turn, no retry, parked
-with the message, one escalation to its parent, `ov wait` exit 8, and `ov resume` retries the turn.
+with the message, one escalation to its parent, `ov wait` exit 9, and `ov resume` retries the turn.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_an_unknown_runtime_error_parks_the_agent_once_with_its_message_and_resu
     assert MYSTERY in escalation[0]["subject"] and json.loads(escalation[0]["payload"])["kind"] == "error"
     assert mail_rows(project, type="dispatch")[0]["read_at"] is None, "its mail waits for the retried turn"
     waited = run_ov("wait", "builder-t1", "--timeout", "5", cwd=project.root)
-    assert waited.returncode == 8, waited.stdout + waited.stderr
+    assert waited.returncode == 9, waited.stdout + waited.stderr
     status = run_ov("status", "--json", cwd=project.root)
     assert '"park_kind": "error"' in status.stdout
 

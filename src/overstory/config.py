@@ -80,9 +80,29 @@ class BudgetLimits(_Section):
         return _seconds(value)
 
 
+class AgentLimits(BudgetLimits):
+    """``budgets.agent``: one task agent's limits unless `ov sling` says otherwise (README "Cost control").
+
+    Sized for a first day: a builder task costs $0.10-$1 on sonnet and several times that on a CLI's
+    default model, takes a handful of turns and minutes of wall clock.
+    """
+
+    max_usd: float | None = Field(5.0, ge=0)
+    max_turns: int | None = Field(50, ge=0)
+    max_wallclock: float | None = Field(4 * 3600, ge=0)
+
+
+class RunLimits(BudgetLimits):
+    """``budgets.run``: a whole run's limits (its coordinator and every agent it slings), a working day's worth."""
+
+    max_usd: float | None = Field(25.0, ge=0)
+    max_turns: int | None = Field(300, ge=0)
+    max_wallclock: float | None = Field(8 * 3600, ge=0)
+
+
 class BudgetsSection(_Section):
-    agent: BudgetLimits = Field(default_factory=BudgetLimits)
-    run: BudgetLimits = Field(default_factory=BudgetLimits)
+    agent: AgentLimits = Field(default_factory=AgentLimits)
+    run: RunLimits = Field(default_factory=RunLimits)
 
 
 class QuotaSection(_Section):

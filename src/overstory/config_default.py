@@ -118,29 +118,31 @@ logs:
   keep_days: 14
 
 budgets:
-  # Spending limits of each agent (`ov sling --max-usd ...` overrides them). null: no limit.
-  # Crossing one parks the agent (`ov resume NAME --add-usd 5` goes on); a child's limits
-  # never exceed what is left of its run's.
+  # Spending limits; crossing one parks the agent (its parent is told once) and `ov resume NAME
+  # --add-usd 5` goes on. Sized for a first day (README "Cost control" says why); null: no limit
+  # (`ov init --no-limits` writes every one as null).
   agent:
-    # Dollars: the runtime's own figure after each turn, a live estimate (`prices`) during it.
-    max_usd: null
-    # Turns started.
-    max_turns: null
-    # Tool calls, counted by `ov guard` (the call past the limit is denied).
+    # Per task agent (`ov sling --max-usd ...` overrides them; never beyond what is left of its run's;
+    # a run's coordinator has the run's instead). Dollars: the runtime's own figure after each turn,
+    # a live estimate (`prices`) during it. $5 lets a real task finish on any model.
+    max_usd: 5
+    # Turns started (each is a whole CLI session of many tool calls; a task takes a handful).
+    max_turns: 50
+    # Tool calls, counted by `ov guard` (the call past the limit is denied); dollars and turns already bound a runaway.
     max_tool_calls: null
-    # Wall-clock time since the agent was slung: seconds or 90m, 4h.
-    max_wallclock: null
+    # Wall-clock time since the agent was slung: seconds or 90m, 4h (14400 = 4h).
+    max_wallclock: 14400
   # The same limits for a whole run (`ov coordinator start --budget-usd ...` overrides them);
   # wall clock counts from the run's start. Crossing one parks every agent of the run.
   run:
     # Dollars spent by all of the run's agents together.
-    max_usd: null
+    max_usd: 25
     # Turns started by all of them.
-    max_turns: null
+    max_turns: 300
     # Tool calls made by all of them.
     max_tool_calls: null
-    # Wall-clock time since the run started.
-    max_wallclock: null
+    # Wall-clock time since the run started (28800 = 8h, a working day).
+    max_wallclock: 28800
 
 quota:
   # A rate or usage limit with no reset time parks every agent of that provider for this long

@@ -61,7 +61,7 @@ def agent_diff(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, st
     """The agent's changes against its base as ``git diff`` text (``--stat`` with ``stat``); "" when none."""
     agent = sessions.get(conn, name)
     if agent is None:
-        raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
     _, base_commit = agent_base(project, agent, fallback_base)
     options = ["--stat"] if stat else ["--patch"]
     options.append("--color=always" if color else "--no-color")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,8 @@ class InitReport:
     kept: list[str] = field(default_factory=list)
 
 
-def init_project(start: Path, *, force: bool = False) -> InitReport:
+def init_project(start: Path, *, force: bool = False, no_limits: bool = False) -> InitReport:
+    """Lay out .overstory/ in the repository around ``start``; ``no_limits``: write every budget limit as null."""
     root = repo_toplevel(start)
     if not has_commit(root):
         raise NotAGitRepository(f"{root} has no commit yet; ov branches agents from a commit, so make one first")
@@ -50,7 +52,7 @@ def init_project(start: Path, *, force: bool = False) -> InitReport:
     report = InitReport(root=root, canonical_branch=branch or DEFAULT_BRANCH, branch_detected=branch is not None)
     project.ov_dir.mkdir(exist_ok=True)
     files: dict[Path, str] = {
-        project.config_file: config_text(report.canonical_branch),
+        project.config_file: config_text(report.canonical_branch, no_limits=no_limits),
         project.ov_dir / ".gitignore": OV_GITIGNORE,
     }
     for source_dir, target_dir in ((shipped_agents_dir(), project.agents_dir), (shipped_templates_dir(), project.templates_dir)):
@@ -90,8 +92,9 @@ def _write_unless_edited(path: Path, text: str, *, force: bool, report: InitRepo
 
 
 
-def config_text(canonical_branch: str) -> str:
-    """The config file `ov init` writes: the defaults, with the repository's branch as canonical."""
+def config_text(canonical_branch: str, *, no_limits: bool = False) -> str:
+    """The config file `ov init` writes: the defaults, with the repository's branch as canonical
+    (``no_limits``: every budget limit null, said so in a comment)."""
     import json
 
     import yaml
@@ -99,4 +102,39 @@ def config_text(canonical_branch: str) -> str:
     value = canonical_branch if yaml.safe_load(canonical_branch) == canonical_branch else json.dumps(canonical_branch)
     old = f"  canonical_branch: {DEFAULT_BRANCH}\n"
     assert old in DEFAULT_CONFIG_YAML
-    return DEFAULT_CONFIG_YAML.replace(old, f"  canonical_branch: {value}\n", 1)
+    text = DEFAULT_CONFIG_YAML.replace(old, f"  canonical_branch: {value}\n", 1)
+    if no_limits:
+        head, rest = text.split("\nbudgets:\n", 1)
+        budgets, tail = rest.split("\nquota:\n", 1)
+        lines = [line.split(":", 1)[0] + ": null" if line.lstrip().startswith("max_") else line
+                 for line in budgets.splitlines()]
+        note = "  # `ov init --no-limits`: you chose no limits; write numbers here to have some.\n"
+        text = f"{head}\nbudgets:\n{note}" + "\n".join(lines) + f"\n\nquota:\n{tail}"
+    return text
+
+
+def written_budgets(root: Path) -> dict[str, dict[str, t.Any]] | None:
+    """The budget limits of the project's config.yaml ({"agent": ..., "run": ...}); None when it does not load
+    (a file the user edited and `ov init` kept: `ov doctor` says what is wrong with it)."""
+    from overstory.config import load_config
+    from overstory.errors import ConfigError
+
+    try:
+        config = load_config(ProjectPaths(root).config_file, None, environ={})
+    except ConfigError:
+        return None
+    return {"agent": config.budgets.agent.model_dump(), "run": config.budgets.run.model_dump()}
+
+
+def budget_summary(limits: t.Mapping[str, t.Any]) -> str:
+    """``$5.00, 50 turns, 4h of wall clock`` (the limits set of one scope), or ``no limits``."""
+    parts = []
+    if limits.get("max_usd") is not None:
+        parts.append(f"${limits['max_usd']:.2f}")
+    for key, word in (("max_turns", "turns"), ("max_tool_calls", "tool calls")):
+        if limits.get(key) is not None:
+            parts.append(f"{limits[key]} {word}")
+    if limits.get("max_wallclock") is not None:
+        hours = limits["max_wallclock"] / 3600
+        parts.append(f"{hours:g}h of wall clock" if hours >= 1 else f"{limits['max_wallclock'] / 60:g}m of wall clock")
+    return ", ".join(parts) if parts else "no limits"

@@ -151,7 +151,7 @@ def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, sourc
 
     source = sessions.get(state, source_name)
     if source is None:
-        raise AgentNotFound(f"no agent named {source_name!r}; `ov status --all` lists them")
+        raise AgentNotFound(f"{sessions.no_agent_named(state, source_name)}; `ov status --all` lists them")
     if not source.worktree or not source.branch:
         raise UsageError(f"{source_name} works at the project root, not on a branch of its own: nothing to fork")
     mark = checkpoints.latest(state, source_name)

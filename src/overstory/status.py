@@ -18,6 +18,8 @@ TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this 
 if TYPE_CHECKING:
     import typing as t
 
+    from overstory.selection import Selection
+
 RUNS_LIMIT = 20
 
 
@@ -68,25 +70,34 @@ def agent_entry(agent: Session, now: int, pending: int = 0, budget: budgets.Budg
     }
 
 
-def pending_by_agent(conn: sqlite3.Connection) -> dict[str, int]:
-    """Unread, unclaimed mail per recipient (the operator included).
+def pending_by_agent(conn: sqlite3.Connection, agents: t.Iterable[Session] = ()) -> dict[str, int]:
+    """Mail waiting for someone who will read it, per recipient (the operator included).
+
+    That is unread, unclaimed mail, except mail its recipient sent itself (the operator's own
+    `ov merge` reports: it saw the result when the command printed it) and mail to an agent of
+    ``agents`` that has ended (completed or zombie: nobody will read it; it counts again if the
+    name is slung anew). Such mail is still listed by `ov mail list`.
 
     Names the partial index: left alone, SQLite picks ``mail_claims`` for
     ``claimed_by IS NULL`` and walks nearly every row (35 ms at 100k messages).
     """
     rows = conn.execute(
         "SELECT recipient, count(*) FROM mail INDEXED BY mail_pending "
-        "WHERE read_at IS NULL AND claimed_by IS NULL GROUP BY recipient"
+        "WHERE read_at IS NULL AND claimed_by IS NULL AND sender != recipient GROUP BY recipient"
     ).fetchall()
-    return {row[0]: int(row[1]) for row in rows}
+    ended = {agent.name for agent in agents if agent.is_terminal}
+    return {row[0]: int(row[1]) for row in rows if row[0] not in ended}
 
 
-def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT, now: int | None = None) -> list[dict[str, t.Any]]:
+def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT, now: int | None = None,
+                run_id: str | None = None) -> list[dict[str, t.Any]]:
+    """The newest ``limit`` runs, newest first (only ``run_id`` when given)."""
     now = now_ms() if now is None else now
+    where, args = ("WHERE r.id = ? ", (run_id, limit)) if run_id is not None else ("", (limit,))
     rows = conn.execute(
         "SELECT r.id, r.coordinator, r.status, r.started_at, r.completed_at, "
         "(SELECT count(*) FROM sessions s WHERE s.run_id = r.id) AS agents "
-        "FROM runs r ORDER BY r.started_at DESC LIMIT ?", (limit,)).fetchall()
+        f"FROM runs r {where}ORDER BY r.started_at DESC LIMIT ?", args).fetchall()
     found = budgets.runs(conn, [r["id"] for r in rows])
     return [{"id": r["id"], "coordinator": r["coordinator"], "status": r["status"],
              "started_at": iso(r["started_at"]), "completed_at": iso(r["completed_at"]), "agents": r["agents"],
@@ -94,12 +105,26 @@ def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT, now: int | No
             for r in rows]
 
 
-def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: int | None = None) -> dict[str, t.Any]:
-    """The `ov status --json` document (see the command's help for its shape)."""
+def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: int | None = None,
+            selection: Selection | None = None) -> dict[str, t.Any]:
+    """The `ov status --json` document (see the command's help for its shape).
+
+    With a ``selection``, everything about agents (the list, totals, pending mail, approvals) is about
+    the selected ones; --state completed shows completed agents without --all; --run keeps only that run.
+    """
     now = now_ms() if now is None else now
     every = list_sessions(conn)
+    pending = pending_by_agent(conn, every)
+    waiting = pending_approvals(conn, now)
+    if selection is not None and not selection.empty:
+        selection.resolve(conn)
+        every = [a for a in every if selection.matches(a)]
+        include_completed = include_completed or "completed" in (selection.states or ())
+        names = {a.name for a in every}
+        pending = {name: count for name, count in pending.items() if name in names}
+        waiting = [gate for gate in waiting if gate["agent"] in names]
+    runs_shown = recent_runs(conn, now=now, run_id=selection.run_id if selection is not None else None)
     shown = [a for a in every if include_completed or a.state != "completed"]
-    pending = pending_by_agent(conn)
     spending = budgets.current_agents(conn)
     by_state: dict[str, int] = {}
     for agent in every:
@@ -108,8 +133,8 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
         "generated_at": iso(now),
         "agents": [agent_entry(a, now, pending.get(a.name, 0), spending.get(a.name)) for a in shown],
         "mail": {"pending": sum(pending.values()), "by_agent": dict(sorted(pending.items()))},
-        "runs": recent_runs(conn, now=now),
-        "waiting": pending_approvals(conn, now),
+        "runs": runs_shown,
+        "waiting": waiting,
         "totals": {
             "agents": len(every),
             "active": sum(1 for a in every if a.state not in TERMINAL_STATES),
@@ -253,15 +278,16 @@ def reason_text(agent: dict[str, t.Any], limit: int = 70) -> str:
     return reason if len(reason) <= limit else reason[: limit - 1] + "…"
 
 
-def render_text(document: dict[str, t.Any]) -> str:
-    """A plain-text table of the status document (no rich: this is a hot command)."""
+def render_text(document: dict[str, t.Any], *, filtered: bool = False) -> str:
+    """A plain-text table of the status document (no rich: this is a hot command); ``filtered``: by a Selection."""
     agents = document["agents"]
     lines: list[str] = waiting_text(document.get("waiting") or [])
     hidden = document["totals"]["agents"] - len(agents)
     if not agents and hidden:
-        lines.append(f"no active agents; {hidden} finished (`ov status --all` shows them)")
+        lines.append(f"no active agents{' match' if filtered else ''}; {hidden} finished "
+                     "(`ov status --all` shows them)")
     elif not agents:
-        lines.append("no agents (start one with `ov sling CAPABILITY TASK_ID`)")
+        lines.append("no agents match" if filtered else "no agents (start one with `ov sling CAPABILITY TASK_ID`)")
     else:
         header = ("NAME", "CAPABILITY", "STATE", "TASK", "PARENT", "TURNS", "IDLE", "TOKENS", "COST", "TOOL", "WHY")
         rows: list[tuple[str, ...]] = [header]

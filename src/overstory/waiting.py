@@ -3,7 +3,7 @@
 `ov wait`, `ov demo` and `ov coordinator ask` share one contract:
 
 ====  =================================================
-0     every agent completed
+0     every agent completed (by its own report)
 1     an ov error (bad state, database trouble...)
 2     a usage error (bad arguments)
 3     an agent died (zombie)
@@ -11,11 +11,14 @@
 5     an agent is parked by a quota or rate limit
 6     an agent is parked by an authentication failure
 7     an agent waits for an approval (`ov approvals`)
+8     an agent was stopped before it finished (`ov stop`: completed without its report)
 124   timeout (like coreutils' ``timeout``)
 ====  =================================================
 
-When several agents end differently, the highest code wins (an approval over auth
-over quota over budget over a death): it names the thing a person must look at first.
+When several agents end differently, the most urgent wins: an approval, then auth, quota,
+budget, a death, a stop (``URGENCY``): it names the thing a person must look at first.
+A stopped persistent agent (the coordinator) is not "stopped before finishing": stopping
+is how it ends.
 
 An agent has *settled* when it is terminal (completed, zombie) or parked; a run has
 settled when every agent of it has, except persistent ones (the coordinator) that
@@ -41,8 +44,13 @@ EXIT_BUDGET = 4
 EXIT_QUOTA = 5
 EXIT_AUTH = 6
 EXIT_APPROVAL = 7
-EXIT_ERROR_PARKED = 8  # parked by a runtime error ov could not classify
+EXIT_STOPPED = 8
+EXIT_ERROR_PARKED = 9  # parked by a runtime error ov could not classify
 EXIT_TIMEOUT = 124
+# Most urgent first; a code not listed (1, a park of an unknown kind) comes after these, before 0.
+URGENCY = (EXIT_APPROVAL, EXIT_AUTH, EXIT_ERROR_PARKED, EXIT_QUOTA, EXIT_BUDGET, EXIT_ZOMBIE, EXIT_STOPPED)
+# `ov stop` (agents.stop) settles an agent to completed with this reason: "stopped by the operator" or by an ancestor.
+STOPPED_PREFIX = "stopped by "
 # A parked `ov loop` (its iteration limit, the same failure again, its critic) asks a person whether to spend
 # more, as a budget does.
 PARK_EXIT = {"budget": EXIT_BUDGET, "loop": EXIT_BUDGET, "quota": EXIT_QUOTA, "auth": EXIT_AUTH,
@@ -57,7 +65,8 @@ def is_settled(agent: Session) -> bool:
 def code_of(agent: Session) -> int | None:
     """The exit code one settled agent stands for; None while it has not settled."""
     if agent.state == "completed":
-        return EXIT_OK
+        stopped = (agent.state_reason or "").startswith(STOPPED_PREFIX)
+        return EXIT_STOPPED if stopped and agent.capability not in PERSISTENT_CAPABILITIES else EXIT_OK
     if agent.state == "zombie":
         return EXIT_ZOMBIE
     if agent.state == "parked":
@@ -66,9 +75,10 @@ def code_of(agent: Session) -> int | None:
 
 
 def outcome_code(agents: t.Iterable[Session]) -> int:
-    """The highest code of the settled agents (0 when all completed, or there are none)."""
+    """The most urgent code of the settled agents (``URGENCY``; 0 when all completed, or there are none)."""
     codes = [code for code in (code_of(agent) for agent in agents) if code is not None]
-    return max(codes, default=EXIT_OK)
+    return min(codes, key=lambda code: (URGENCY.index(code) if code in URGENCY else len(URGENCY), code == EXIT_OK),
+               default=EXIT_OK)
 
 
 @dataclass
@@ -104,7 +114,7 @@ def wait(conn: sqlite3.Connection, *, agent: str | None = None, run_id: str | No
         if agent is not None:
             found = sessions.get(conn, agent)
             if found is None:
-                raise AgentNotFound(f"no agent named {agent!r}; `ov status --all` lists them")
+                raise AgentNotFound(f"{sessions.no_agent_named(conn, agent)}; `ov status --all` lists them")
             members = [found]
         else:
             assert run_id is not None

@@ -29,11 +29,16 @@ class BudgetExhausted(OrchestratorError):
 
 
 def agent_limits(conn: sqlite3.Connection, config: Config, run_id: str | None,
-                 requested: t.Mapping[str, t.Any] | None,
-                 runtime: Runtime | None = None) -> tuple[dict[str, t.Any], list[str]]:
+                 requested: t.Mapping[str, t.Any] | None, runtime: Runtime | None = None, *,
+                 capability: str | None = None) -> tuple[dict[str, t.Any], list[str]]:
     """A new agent's limits: config defaults, then the request, clamped to what its run has left; and notes
-    (a limit lowered to the run's; dollars that ``runtime`` lets ov check only between turns)."""
-    limits = dict(config.budgets.agent.model_dump())
+    (a limit lowered to the run's; dollars that ``runtime`` lets ov check only between turns).
+
+    A persistent agent of a run (the coordinator) lives as long as the run: config ``budgets.agent``
+    (sized for one task) does not apply to it, the run's budget does (and what `ov sling` asks for).
+    """
+    persistent = run_id is not None and capability in lifecycle.PERSISTENT_CAPABILITIES
+    limits = {} if persistent else dict(config.budgets.agent.model_dump())
     limits.update({k: v for k, v in (requested or {}).items() if v is not None})
     run = budgets.get_run(conn, run_id) if run_id is not None else None
     notes: list[str] = []
@@ -143,7 +148,7 @@ def resume_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection
     adds = _adds(add_usd, add_turns, add_tool_calls, add_seconds)
     agent = sessions.get(conn, name)
     if agent is None:
-        raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
     if agent.is_terminal:
         raise OrchestratorError(f"{name} is {agent.state}: there is nothing to resume; sling it again")
     if add_iterations and not agent.spec.get("loop"):

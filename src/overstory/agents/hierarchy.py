@@ -70,8 +70,17 @@ def prune(roots: list[TreeNode], keep: t.Callable[[Session], bool]) -> list[Tree
     return kept
 
 
-def tree_document(roots: list[TreeNode]) -> dict[str, t.Any]:
-    return {"name": OPERATOR, "children": [r.as_dict() for r in roots]}
+def below(roots: list[TreeNode], name: str) -> list[TreeNode]:
+    """The children of agent ``name`` in the tree (each with its subtree); [] when it is not there."""
+    for node in roots:
+        if node.agent.name == name:
+            return node.children
+    return next((found for node in roots if (found := below(node.children, name))), [])
+
+
+def tree_document(roots: list[TreeNode], top: str = OPERATOR) -> dict[str, t.Any]:
+    """The tree as JSON under ``top`` (the operator, or the agent `ov tree --parent` names)."""
+    return {"name": top, "children": [r.as_dict() for r in roots]}
 
 
 def describe(agent: Session) -> str:
@@ -84,9 +93,9 @@ def describe(agent: Session) -> str:
     return " · ".join(parts)
 
 
-def render_lines(roots: list[TreeNode]) -> list[str]:
-    """Plain text with box-drawing branches, the operator on top."""
-    lines = [OPERATOR]
+def render_lines(roots: list[TreeNode], top: str = OPERATOR) -> list[str]:
+    """Plain text with box-drawing branches, ``top`` (the operator) on top."""
+    lines = [top]
 
     def walk(nodes: list[TreeNode], prefix: str) -> None:
         for index, node in enumerate(nodes):

@@ -136,7 +136,9 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
     if parent == "operator":
         return parent, 0
     parent_row = sessions.get(conn, parent)
-    if parent_row is None or parent_row.is_terminal:
+    if parent_row is None:
+        raise HierarchyError(f"parent {parent!r} is not an active agent: {sessions.no_agent_named(conn, parent)}")
+    if parent_row.is_terminal:
         raise HierarchyError(f"parent {parent!r} is not an active agent")
     depth = parent_row.depth + 1
     if depth > config.agents.max_depth:
@@ -214,7 +216,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     from overstory.agents.budgeting import agent_limits
     from overstory.agents.turns import provider_of
 
-    limits, budget_notes = agent_limits(conn, config, run_id, request.budget, adapter)
+    limits, budget_notes = agent_limits(conn, config, run_id, request.budget, adapter, capability=request.capability)
     ov_command, ov_bin_dir = ov_executable()
     run_dir = project.run_dir / name
     # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.

@@ -68,7 +68,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         return StopResult(agent=name, generation=0, previous_state="unfinished spawn", already_completed=False,
                           undone_spawn=undone)
     if agent is None:
-        raise AgentNotFound(f"no agent named {name!r}; `ov status --all` lists them")
+        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
     if clean:
         from overstory.merge.intents import settle_all
 

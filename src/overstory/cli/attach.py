@@ -32,7 +32,7 @@ def attach(agent: str, read_only: bool, print_only: bool, as_json: bool) -> None
     project = project_paths()
     row = sessions.get(state_conn(project), agent)
     if row is None:
-        raise AgentNotFound(f"no agent named {agent!r}; `ov status --all` lists them")
+        raise AgentNotFound(f"{sessions.no_agent_named(state_conn(project), agent)}; `ov status --all` lists them")
     if row.mode != "tmux" or not row.tmux_session:
         raise TmuxError(f"{agent} runs headless (no TUI to attach to); follow it with `ov logs {agent} --follow`, "
                         f"or sling with --tmux")

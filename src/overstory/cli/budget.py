@@ -82,7 +82,7 @@ def budget(agent: str | None, run_ref: str | None, as_json: bool) -> None:
                                                   (run.id,)).fetchall()]
     elif agent:
         if sessions.get(conn, agent) is None:
-            raise AgentNotFound(f"no agent named {agent!r}; `ov status --all` lists them")
+            raise AgentNotFound(f"{sessions.no_agent_named(conn, agent)}; `ov status --all` lists them")
         names = [agent]
     else:
         open_run = runs.open_run(conn)

@@ -7,10 +7,11 @@ import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import DURATION
+from overstory.cli.main import SuggestingGroup
 from overstory.runtimes import RUNTIME_NAMES
 
 
-@click.group(name="coordinator")
+@click.group(name="coordinator", cls=SuggestingGroup)
 def coordinator() -> None:
     """Start, mail, ask and stop the project's persistent coordinator.
 

@@ -8,7 +8,8 @@ compares the tables below with them) and calls the same click-free bodies
 (``cli.hot``). Anything else, and anything unusual, goes to click untouched: every
 other command, ``-h``/``--help`` anywhere, an unknown or malformed option, a bad
 choice or number, shell completion. Errors found after parsing are shown by click
-too, so usage and error messages have one source.
+too, so usage and error messages have one source, and every error is shown by ``hot.report``,
+as the click entry point shows it (JSON with ``--json``).
 
 Some standard modules are kept out of the way until something really uses them:
 ``inspect`` and ``copy``, which dataclasses imports for things the hot commands never
@@ -64,7 +65,9 @@ HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], fro
     ("mail", "check"): ("mail_check", {
         "--agent": ("agent", TEXT), "--peek": ("peek", FLAG), "--inject": ("inject", FLAG), "--json": ("as_json", FLAG),
     }, frozenset()),
-    ("status",): ("status", {"--all": ("include_completed", FLAG), "--json": ("as_json", FLAG)}, frozenset()),
+    ("status",): ("status", {"--all": ("include_completed", FLAG), "--capability": ("capability", TEXT),
+                             "--state": ("state", TEXT), "--parent": ("parent", TEXT), "--run": ("run_ref", TEXT),
+                             "--json": ("as_json", FLAG)}, frozenset()),
     ("guard",): ("guard", {"--post": ("post", FLAG)}, frozenset()),
 }
 HELP_OPTIONS = ("-h", "--help")
@@ -179,43 +182,21 @@ def _convert(value: str, kind: t.Any) -> t.Any:
 
 
 def run(plan: _Plan, args: t.Sequence[str]) -> int:
-    """Run a parsed hot command; errors are reported as the click entry point reports them."""
+    """Run a parsed hot command; errors are reported as the click entry point reports them (``hot.report``)."""
     from overstory.cli import hot
-    from overstory.errors import OrchestratorError
 
     try:
         getattr(hot, plan.body)(plan.project, **plan.params)
     except hot.BadUsage as exc:
-        return _show_with_click(plan, exc)
-    except OrchestratorError as exc:
-        if hot.debug_requested(args):
-            import traceback
-
-            traceback.print_exc()
-        hot.echo(f"ov: error: {hot.one_line(str(exc))}", err=True)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        hot.echo("ov: interrupted", err=True)
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:
-        if hot.debug_requested(args):
-            raise
-        from overstory.cli.failures import describe
-
-        known = describe(exc, args)
-        if known is not None:
-            hot.echo(f"ov: error: {hot.one_line(known)}", err=True)
-            return 1
-        hot.echo(f"ov: internal error: {type(exc).__name__}: {hot.one_line(str(exc))} "
-                 "(run with -v or OV_DEBUG=1 for the traceback)", err=True)
-        return 1
+        return hot.report(_as_click_error(plan, exc), args)
+    except (Exception, KeyboardInterrupt) as exc:
+        return hot.report(exc, args)
     return 0
 
 
-def _show_with_click(plan: _Plan, exc: t.Any) -> int:
-    """Let click print a usage error of a hot command, exactly as the click command would."""
+def _as_click_error(plan: _Plan, exc: t.Any) -> Exception:
+    """A hot command's usage error as the click command would raise it (click shows it, or its message goes into
+    the JSON error)."""
     import click
 
     from overstory.cli.main import cli
@@ -228,10 +209,8 @@ def _show_with_click(plan: _Plan, exc: t.Any) -> int:
         assert found is not None
         command = found
         ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)
-    error = (click.BadParameter(exc.message, ctx=ctx, param_hint=exc.param_hint) if exc.param_hint is not None
-             else click.UsageError(exc.message, ctx=ctx))
-    error.show()
-    return error.exit_code
+    return (click.BadParameter(exc.message, ctx=ctx, param_hint=exc.param_hint) if exc.param_hint is not None
+            else click.UsageError(exc.message, ctx=ctx))
 
 
 def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:

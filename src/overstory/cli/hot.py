@@ -91,6 +91,76 @@ def debug_requested(argv: t.Sequence[str]) -> bool:
     return os.environ.get("OV_DEBUG", "") not in ("", "0") or any(a in ("-v", "--verbose") for a in argv[:3])
 
 
+# ---- errors at the CLI boundary -----------------------------------------------------------------
+
+
+def json_requested(argv: t.Sequence[str]) -> bool:
+    """``--json`` is one of the command line's words (before a lone ``--``): its errors are JSON too."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def error_kind(exc: BaseException) -> str:
+    """An ov error's class name in snake case (``AgentNotFound`` -> ``agent_not_found``); the base class: ``error``."""
+    name = type(exc).__name__
+    if name == "OrchestratorError":
+        return "error"
+    return "".join(("_" if index and char.isupper() else "") + char.lower() for index, char in enumerate(name))
+
+
+def report(exc: BaseException, argv: t.Sequence[str]) -> int:
+    """The one place an exception that reached the CLI boundary is shown, and the exit code it means.
+
+    Both entry points call it (``cli.fast.run`` and ``cli.main.main``), so a command prints the same
+    whichever of them parsed it. As text: ``ov: error: ...`` (one line), click's own usage message for
+    a command line click refused, ``ov: internal error: ...`` for a bug. With ``--json`` on the command
+    line: ``{"error": {"kind": ..., "message": ...}}`` as one line on stderr, with the same exit code.
+    """
+    from overstory.errors import OrchestratorError
+
+    if isinstance(exc, BrokenPipeError):
+        return 0
+    click = sys.modules.get("click")  # a click exception means click is loaded; this module never imports it
+    show_click = None
+    if click is not None and isinstance(exc, click.exceptions.Abort):
+        kind, message, code, text = "aborted", "aborted", 1, "ov: aborted"
+    elif click is not None and isinstance(exc, click.ClickException):
+        kind = "usage_error" if isinstance(exc, click.UsageError) else "error"
+        message, code, text, show_click = exc.format_message(), exc.exit_code, "", exc.show
+    elif isinstance(exc, OrchestratorError):
+        if debug_requested(argv):
+            import traceback
+
+            traceback.print_exception(exc)
+        kind, message, code = error_kind(exc), one_line(str(exc)), exc.exit_code
+        text = f"ov: error: {message}"
+    elif isinstance(exc, KeyboardInterrupt):
+        kind, message, code, text = "interrupted", "interrupted", 130, "ov: interrupted"
+    else:  # a bug in ov, or a failure of the system underneath it: still one line unless asked for more
+        if debug_requested(argv):
+            raise exc
+        from overstory.cli.failures import describe
+
+        known = describe(exc, argv)
+        if known is not None:
+            kind, message, code = "system_error", one_line(known), 1
+            text = f"ov: error: {message}"
+        else:
+            kind, message, code = "internal_error", f"{type(exc).__name__}: {one_line(str(exc))}", 1
+            text = f"ov: internal error: {message} (run with -v or OV_DEBUG=1 for the traceback)"
+    if json_requested(argv):
+        echo(jsontext.dumps({"error": {"kind": kind, "message": message}}, ensure_ascii=False), err=True)
+    elif show_click is not None:
+        show_click()
+    else:
+        echo(text, err=True)
+    return code
+
+
 # ---- shared pieces ------------------------------------------------------------------------------
 
 
@@ -324,32 +394,33 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
         echo(mail_text.render_inject(messages) if inject else "\n\n".join(map(mail_text.render_message, messages)))
 
 
-def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False) -> None:
+def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False,
+           capability: str | None = None, state: str | None = None, parent: str | None = None,
+           run_ref: str | None = None) -> None:
+    from overstory.selection import Selection
+
+    selection = Selection(capability, state, parent, run_ref)  # a usage error before anything is opened
     remote = agent_channel()
     if remote is not None:
-        document = remote.call("status", {"all": include_completed})
-        if as_json:
-            echo_json(document)
-        else:
-            from overstory import status as core
-
-            echo(core.render_text(document))
-        return
-    from overstory import status as core
-    from overstory.paths import locate_project, state_db_path
-
-    path = state_db_path(locate_project(project_option))
-    if not os.path.exists(path):
-        document = core.collect_empty()
+        document = remote.call("status", {"all": include_completed, **selection.as_dict()})
     else:
-        from overstory.store.db import open_state
+        from overstory import status as core
+        from overstory.paths import locate_project, state_db_path
 
-        conn = open_state(path)
-        try:
-            document = core.collect(conn, include_completed=include_completed)
-        finally:
-            conn.close()
+        path = state_db_path(locate_project(project_option))
+        if not os.path.exists(path):
+            document = core.collect_empty()
+        else:
+            from overstory.store.db import open_state
+
+            conn = open_state(path)
+            try:
+                document = core.collect(conn, include_completed=include_completed, selection=selection)
+            finally:
+                conn.close()
     if as_json:
         echo_json(document)
     else:
-        echo(core.render_text(document))
+        from overstory import status as core
+
+        echo(core.render_text(document, filtered=not selection.empty))

@@ -89,14 +89,18 @@ def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: 
     project = project_paths()
     events_conn = _open_events(project)
     known = events_conn.execute("SELECT 1 FROM events WHERE agent = ? LIMIT 1", (agent,)).fetchone() is not None
+    missing = f"no agent named {agent!r}"
     if not known and project.state_db.exists():
+        from overstory.store.sessions import no_agent_named
+
         state = open_state(project.state_db)
         try:
             known = state.execute("SELECT 1 FROM sessions WHERE name = ?", (agent,)).fetchone() is not None
+            missing = missing if known else no_agent_named(state, agent)
         finally:
             state.close()
     if not known:
-        raise AgentNotFound(f"no agent named {agent!r} and no events from it; `ov status --all` lists agents")
+        raise AgentNotFound(f"{missing} and no events from it; `ov status --all` lists agents")
     try:
         _print_events(events_conn, agent=agent, kinds=kinds, limit=limit, follow=follow, as_json=as_json)
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ from overstory.cli._common import (
     state_conn,
     usage_errors,
 )
+from overstory.cli.main import SuggestingGroup
 from overstory.store import mail as store
 
 body_option = click.option("--body", help="Message text; `-` reads it from stdin.")
@@ -44,7 +45,7 @@ from_option = click.option("from_", "--from", metavar="NAME",
                            help="Sender (default: $OVERSTORY_AGENT_NAME, else operator).")
 
 
-@click.group(name="mail")
+@click.group(name="mail", cls=SuggestingGroup)
 def mail() -> None:
     """Send, check, list and reply to mail between agents and the operator.
 

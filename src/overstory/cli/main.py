@@ -14,7 +14,6 @@ import typing as t
 import click
 
 from overstory import __version__
-from overstory.errors import OrchestratorError
 
 # name -> (module, attribute, one-line help). The help lives here so `ov --help`
 # can list every command without importing any of them.
@@ -58,7 +57,30 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 HIDDEN: set[str] = {"guard"}
 
 
-class LazyGroup(click.Group):
+class SuggestingGroup(click.Group):
+    """A command group whose "No such command" names the closest commands (`ov mail sedn` -> `send`)."""
+
+    unsuggested: frozenset[str] = frozenset()  # commands never offered (hidden ones)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                             list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            word = args[0] if args else ""
+            if ctx.resilient_parsing or word.startswith("-") or self.get_command(ctx, word) is not None:
+                raise
+            from overstory.names import closest, either
+
+            found = closest(word, [name for name in self.list_commands(ctx) if name not in self.unsuggested])
+            if not found:
+                raise
+            raise click.UsageError(f"No such command {word!r}. Did you mean {either(found)}?", ctx=ctx) from None
+
+
+class LazyGroup(SuggestingGroup):
+    unsuggested = frozenset(HIDDEN)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         available = {name for name, spec in COMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
         return sorted(available | set(self.commands))
@@ -106,7 +128,7 @@ def cli(ctx: click.Context, project: str | None, verbose: bool) -> None:
 
 
 def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
-    from overstory.cli.hot import debug_requested, echo, one_line
+    from overstory.cli.hot import report
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -114,35 +136,6 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
         result = cli.main(args=args, prog_name="ov", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.Abort:
-        click.echo("ov: aborted", err=True)
-        sys.exit(1)
-    # The same messages as cli.fast.run, through the same echo.
-    except OrchestratorError as exc:
-        if debug_requested(args):
-            import traceback
-
-            traceback.print_exc()
-        echo(f"ov: error: {one_line(str(exc))}", err=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        echo("ov: interrupted", err=True)
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
-    except Exception as exc:  # a bug in ov: still one line unless asked for more
-        if debug_requested(args):
-            raise
-        from overstory.cli.failures import describe
-
-        known = describe(exc, args)
-        if known is not None:
-            echo(f"ov: error: {one_line(known)}", err=True)
-            sys.exit(1)
-        echo(f"ov: internal error: {type(exc).__name__}: {one_line(str(exc))} "
-             "(run with -v or OV_DEBUG=1 for the traceback)", err=True)
-        sys.exit(1)
+    except (Exception, KeyboardInterrupt) as exc:  # click's errors and ov's: shown as cli.fast.run shows them
+        sys.exit(report(exc, args))
     sys.exit(result if isinstance(result, int) else 0)

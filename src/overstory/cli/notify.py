@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli.main import SuggestingGroup
 
 
-@click.group(name="notify")
+@click.group(name="notify", cls=SuggestingGroup)
 def notify() -> None:
     """Notifications through apprise: config notify.targets (URLs) and notify.on (events).
 

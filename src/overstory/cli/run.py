@@ -5,9 +5,10 @@ import click
 from overstory import printable
 from overstory.cli._common import completer, echo_json, json_option, project_paths, state_conn
 from overstory.cli.budget import add_options, budget_lines
+from overstory.cli.main import SuggestingGroup
 
 
-@click.group(name="run")
+@click.group(name="run", cls=SuggestingGroup)
 def run() -> None:
     """List, inspect and complete runs (the agents started under one coordinator).
 

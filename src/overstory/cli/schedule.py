@@ -7,9 +7,10 @@ import typing as t
 import click
 
 from overstory.cli._common import echo_json, json_option, project_paths, state_conn
+from overstory.cli.main import SuggestingGroup
 
 
-@click.group(name="schedule")
+@click.group(name="schedule", cls=SuggestingGroup)
 def schedule() -> None:
     """Schedules and mail triggers that start work: fired by the watchdog (`ov watch` or `ov watchdog`).
 

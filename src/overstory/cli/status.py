@@ -5,23 +5,38 @@ from __future__ import annotations
 import click
 
 from overstory.cli import hot
-from overstory.cli._common import json_option, project_option
+from overstory.cli._common import completer, json_option, project_option
 
 
 @click.command(name="status")
 @click.option("--all", "include_completed", is_flag=True, help="Include completed agents.")
+@click.option("--capability", shell_complete=completer("complete_capabilities"),
+              help="Only agents of this capability (several: builder,scout).")
+@click.option("--state", help="Only agents in this state (several: parked,zombie; completed shows completed ones).")
+@click.option("--parent", shell_complete=completer("complete_agents"), help="Only this agent's children (or operator).")
+@click.option("--run", "run_ref", shell_complete=completer("complete_runs"),
+              help="Only agents of this run (id or prefix).")
 @json_option
-def status(include_completed: bool, as_json: bool) -> None:
+def status(include_completed: bool, capability: str | None, state: str | None, parent: str | None,
+           run_ref: str | None, as_json: bool) -> None:
     """Show agents, pending mail and runs. Never changes anything.
 
     Completed agents are hidden unless --all; zombies are always shown. A state
     marked `!` has no running agent loop (`ov watchdog` re-adopts it). COST shows
     dollars spent against the agent's max_usd; WHY says why an agent is parked,
     stalled, dead or completed (terminal mail sent, or stopped by the operator).
+    Pending mail is unread mail someone will read: not mail its recipient sent
+    itself (your own `ov merge` reports), not mail to an agent that has ended.
+
+    --capability, --state, --parent and --run select agents; the agents, totals,
+    pending mail and approvals shown are then the selected agents' (and the runs:
+    --run's only). An unknown state or capability is a usage error (exit 2).
 
     \b
     ov status
     ov status --all
+    ov status --state parked,zombie
+    ov status --capability builder --run run-2026 --json
     ov status --json | jq '.agents[] | select(.state == "zombie") | .name'
 
     \b
@@ -41,4 +56,5 @@ def status(include_completed: bool, as_json: bool) -> None:
      "totals": {"agents", "active", "by_state": {STATE: N}, "turns", "input_tokens",
                 "output_tokens", "cost_usd"}}
     """
-    hot.status(project_option(), include_completed=include_completed, as_json=as_json)
+    hot.status(project_option(), include_completed=include_completed, as_json=as_json, capability=capability,
+               state=state, parent=parent, run_ref=run_ref)

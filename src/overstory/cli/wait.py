@@ -21,9 +21,9 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
       0 all completed      3 an agent died (zombie)   5 parked by a quota
       1 ov error           4 parked by a budget       6 parked by an auth failure
       2 usage error        7 waits for an approval (ov approvals)
-      8 parked by an error ov could not classify (its message)
-                           124 timeout
-    When agents end differently the highest code wins.
+      8 stopped before it finished (ov stop)          124 timeout
+      9 parked by an error ov could not classify (its message)
+    When agents end differently the most urgent wins: 7, 6, 9, 5, 4, 3, 8.
 
     \b
     ov wait builder-task-42
@@ -33,6 +33,7 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
     from overstory.errors import UsageError
     from overstory.printable import line
     from overstory.store import runs
+    from overstory.waiting import EXIT_OK, code_of
     from overstory.waiting import wait as wait_for
 
     if bool(agent) == bool(run_ref):
@@ -44,7 +45,7 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
         echo_json(result.as_dict())
     elif not quiet:
         for member in result.agents:
-            reason = f": {member.state_reason}" if member.state_reason and member.state != "completed" else ""
+            reason = f": {member.state_reason}" if member.state_reason and code_of(member) != EXIT_OK else ""
             click.echo(line(f"{member.name}: {member.state}{reason}"))
         if result.timed_out:
             click.echo(f"timed out after {timeout:g}s", err=True)

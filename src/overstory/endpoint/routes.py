@@ -113,8 +113,10 @@ def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory import status as core
+    from overstory.selection import Selection
 
-    return core.collect(caller.conn, include_completed=bool(args.get("all")))
+    selection = Selection(*(args.get(key) for key in ("capability", "state", "parent", "run")))
+    return core.collect(caller.conn, include_completed=bool(args.get("all")), selection=selection)
 
 
 def sling(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -156,7 +158,7 @@ def _descendant(caller: Caller, name: str) -> Session:
 
     target = sessions.get(caller.conn, name)
     if target is None:
-        raise AgentNotFound(f"no agent named {name!r}")
+        raise AgentNotFound(sessions.no_agent_named(caller.conn, name))
     if name == caller.name or not is_descendant(caller.conn, name, caller.name):
         raise NotPermitted(f"{caller.name} may only stop its own descendants; {name} is not one of them")
     return target

@@ -180,7 +180,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
         if agent is None:
-            raise AgentNotFound(f"no agent named {agent_name!r} (see `ov status --all`)")
+            raise AgentNotFound(f"{sessions.no_agent_named(conn, agent_name)}; `ov status --all` lists them")
         if not agent.branch:
             raise MergeError(f"{agent_name} works at the project root and has no branch to merge")
         branch = agent.branch

@@ -210,7 +210,9 @@ def resolve_recipients(conn: sqlite3.Connection, to: str, *, sender: str, allow_
     if row is None:
         if allow_unknown:
             return [to]
-        raise MailError(f"no agent named {to!r}; check `ov status`, or pass --allow-unknown to send anyway")
+        from overstory.store.sessions import no_agent_named  # an error path: the module is not loaded before
+
+        raise MailError(f"{no_agent_named(conn, to)}; check `ov status`, or pass --allow-unknown to send anyway")
     if row["state"] in TERMINAL_STATES:
         raise MailError(f"agent {to} is {row['state']}: it will never read mail again; "
                         "mail its parent or sling a new agent instead")

@@ -192,6 +192,14 @@ def list_sessions(conn: sqlite3.Connection, *, include_terminal: bool = True) ->
     return Session.from_rows(rows)
 
 
+def no_agent_named(conn: sqlite3.Connection, name: str) -> str:
+    """``no agent named 'x'``, with the closest existing names when some are close (for an error message)."""
+    from overstory.names import did_you_mean  # an error path: difflib and re only now
+
+    names = [row[0] for row in conn.execute("SELECT name FROM sessions")]
+    return f"no agent named {name!r}{did_you_mean(name, names)}"
+
+
 # ---- writes ---------------------------------------------------------------
 
 
