@@ -22,7 +22,7 @@ PACKAGE = SRC / "overstory"
 # Modules every layer may use: they import nothing of ov but each other.
 BASE_MODULES = {"overstory", "overstory.clock", "overstory.errors", "overstory.jsontext", "overstory.names",
                 "overstory.paths", "overstory.printable", "overstory.records"}
-STORE_HOT_MODULES = ("db", "migrations", "sessions", "mail", "events", "turns", "lifecycle")
+STORE_HOT_MODULES = ("db", "migrations", "sessions", "mail", "mail_text", "events", "turns", "lifecycle")
 MAX_LINES = 600
 
 
