@@ -1,0 +1,180 @@
+"""The seeded chaos run: a realistic team on one project, `kill -9` at random points, then invariants.
+
+    python bench/chaos.py --seeds 20           # the bench: seeds 1..20, figures to bench/results/
+    python bench/chaos.py --seed 7             # one seed (its kill schedule comes from the seed)
+    python bench/chaos.py --schedule FILE      # replay a written schedule (a failure prints where it is)
+    python bench/chaos.py --seed 7 --keep      # keep the scratch project to look at
+
+A team works on one real git project: a scripted coordinator with two leads and their builders, an
+operator's builders (a real Claude Code CLI against a mock Messages API among them), an `ov loop` with a
+check, gated calls the operator approves and rejects, agent and run budgets that are crossed, merges, a
+schedule firing, and `ov serve` with two SSE clients. A kill schedule derived from the seed
+(``chaos_plan.derive``) SIGKILLs agent loops, turns, the watchdog, `ov merge`, `ov sling`, `ov serve` and
+schedule runners; the harness restarts what a person would. Then it checks the invariants
+(``chaos_checks``) and prints every violation with the seed and the exact schedule.
+Exit code: 0 when no seed found a violation, 1 otherwise. See bench/RESULTS.md ("Chaos").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import typing as t
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import chaos_plan  # noqa: E402
+from chaos_run import run_seed  # noqa: E402
+from chaos_team import TESTS  # noqa: E402, F401 - puts tests/ on sys.path (mockapi, claude_cli)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def violations(result: dict[str, t.Any]) -> list[tuple[str, str]]:
+    found = [(v["invariant"], detail) for v in result.get("verdicts", []) for detail in v["violations"]]
+    if "harness_error" in result:
+        found.append(("harness", result["harness_error"].strip().splitlines()[-1]))
+    return found
+
+
+def report_seed(result: dict[str, t.Any], schedule_dir: Path | None) -> str | None:
+    """Print one seed's line; on a violation its schedule too (written to a file for --schedule)."""
+    kills = result.get("kills", [])
+    hit = sum(1 for k in kills if k.get("hit"))
+    unreached = sum(1 for k in kills if k.get("not_reached"))
+    checked = sum(v["checked"] for v in result.get("verdicts", []))
+    found = violations(result)
+    print(f"seed {result['seed']}: {hit} kills hit ({len(kills) - hit - unreached} missed, {unreached} not reached), {len(result.get('verdicts', []))} "
+          f"invariants over {checked} items, {len(found)} violations ({result['seconds']} s)", flush=True)
+    if not found:
+        return None
+    for invariant, detail in found:
+        print(f"  VIOLATION [{invariant}] {detail}")
+    if "harness_error" in result:
+        print(result["harness_error"])
+    print(f"  seed {result['seed']} kill schedule (restart after {result['schedule']['restart']} s):")
+    print(chaos_plan.describe(result["schedule"]))
+    print("  what the kills hit: " + json.dumps([{k: v for k, v in kill.items() if k in ("kind", "t", "hit", "victim",
+                                                                                       "marker", "nth")}
+                                                 for kill in kills]))
+    path = None
+    if schedule_dir is not None:
+        schedule_dir.mkdir(parents=True, exist_ok=True)
+        path = schedule_dir / f"chaos-schedule-seed{result['seed']}.json"
+        path.write_text(json.dumps(result["schedule"], indent=1) + "\n", encoding="utf-8")
+        print(f"  replay: python bench/chaos.py --schedule {path}   (or: --seed {result['seed']})")
+    else:
+        print(f"  replay: python bench/chaos.py --seed {result['seed']}   (the schedule as JSON, for --schedule FILE: "
+              f"{json.dumps(result['schedule'])})")
+    return str(path) if path else None
+
+
+def summarize(results: list[dict[str, t.Any]]) -> dict[str, t.Any]:
+    kills_hit: Counter[str] = Counter()
+    kills_missed: Counter[str] = Counter()
+    not_reached: Counter[str] = Counter()
+    for result in results:
+        for kill in result.get("kills", []):
+            if kill.get("not_reached"):
+                not_reached[kill["kind"]] += 1
+            else:
+                (kills_hit if kill.get("hit") else kills_missed)[kill["kind"]] += 1
+    by_invariant: dict[str, dict[str, t.Any]] = {}
+    for result in results:
+        for verdict in result.get("verdicts", []):
+            entry = by_invariant.setdefault(verdict["invariant"], {"what": verdict["what"], "checked": 0, "items": 0,
+                                                                   "violations": 0, "seeds": []})
+            entry["checked"] += 1
+            entry["items"] += verdict["checked"]
+            if verdict["violations"]:
+                entry["violations"] += len(verdict["violations"])
+                entry["seeds"].append(result["seed"])
+    seconds = [r["seconds"] for r in results]
+    return {
+        "seeds": [r["seed"] for r in results],
+        "seconds": {"median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)} if seconds else {},
+        "kills_hit": dict(sorted(kills_hit.items())), "kills_missed": dict(sorted(kills_missed.items())),
+        "kills_not_reached": dict(sorted(not_reached.items())),
+        "invariants": by_invariant,
+        "violations": sum(len(violations(r)) for r in results),
+        "seeds_with_violations": [r["seed"] for r in results if violations(r)],
+        "harness_errors": [r["seed"] for r in results if "harness_error" in r],
+    }
+
+
+def print_table(summary: dict[str, t.Any]) -> None:
+    print()
+    print(f"seeds: {len(summary['seeds'])}; seconds per seed: {summary['seconds']}")
+    print("kills that hit, by kind: " + ", ".join(f"{k} {v}" for k, v in summary["kills_hit"].items()))
+    print("kills that found no target: " + (", ".join(f"{k} {v}" for k, v in summary["kills_missed"].items())
+                                              or "none"))
+    print("kills not reached (the team had settled): " + (", ".join(
+        f"{k} {v}" for k, v in summary["kills_not_reached"].items()) or "none"))
+    print(f"{'invariant':<20} {'runs':>5} {'items':>7} {'violations':>10}  seeds")
+    for name, entry in summary["invariants"].items():
+        print(f"{name:<20} {entry['checked']:>5} {entry['items']:>7} {entry['violations']:>10}  "
+              f"{' '.join(map(str, entry['seeds']))}")
+    print(f"violations: {summary['violations']} (seeds {summary['seeds_with_violations'] or 'none'})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--seeds", type=int, help="run seeds FIRST..FIRST+N-1 and write the figures")
+    which.add_argument("--seed", type=int, help="run one seed")
+    which.add_argument("--schedule", type=Path, help="replay a kill schedule written by a failed run")
+    parser.add_argument("--first", type=int, default=1, help="first seed of --seeds (default 1)")
+    parser.add_argument("--keep", action="store_true", help="keep each scratch project (printed)")
+    parser.add_argument("--settle", type=float, default=150, help="seconds the team gets to settle (default 150)")
+    parser.add_argument("--no-claude", action="store_true", help="leave out the real-claude agent")
+    parser.add_argument("--out", type=Path, help="results file (default with --seeds: bench/results/chaos-...json)")
+    args = parser.parse_args(argv)
+
+    from claude_cli import CLAUDE_BIN
+
+    claude_bin = None if args.no_claude else CLAUDE_BIN
+    if claude_bin is None and not args.no_claude:
+        print("chaos: the real claude CLI was not found (.ci/node or OV_CLAUDE_BIN): running without it", file=sys.stderr)
+    if args.schedule is not None:
+        plans = [chaos_plan.load(args.schedule)]
+    elif args.seed is not None:
+        plans = [chaos_plan.derive(args.seed)]
+    else:
+        plans = [chaos_plan.derive(seed) for seed in range(args.first, args.first + (args.seeds or 1))]
+    results = []
+    for plan in plans:
+        result = run_seed(plan, claude_bin=claude_bin, settle_timeout=args.settle, keep=args.keep)
+        if args.keep:
+            print(f"  scratch: {result['scratch']} (this seed's results: result.json there)")
+            from harness import write_json
+
+            write_json(Path(result["scratch"]) / "result.json", result)
+        report_seed(result, RESULTS if args.seeds else None)
+        results.append(result)
+    summary = summarize(results)
+    print_table(summary)
+    out = args.out
+    if out is None and args.seeds:
+        from harness import commit_info
+
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        out = RESULTS / f"chaos-{stamp}-{commit_info()['commit']}.json"
+    if out is not None:
+        from harness import commit_info, machine_info, write_json
+
+        write_json(out, {"summary": summary, "commit": commit_info(), "machine": machine_info(),
+                         "claude": claude_bin is not None, "settle_seconds": args.settle,
+                         "seeds": [{k: v for k, v in r.items() if k != "events"} | {"events": r.get("events", [])[-400:]}
+                                   for r in results]})
+        print(f"wrote {out}")
+    return 1 if summary["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
