@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep each scratch project (printed)")
     parser.add_argument("--settle", type=float, default=150, help="seconds the team gets to settle (default 150)")
     parser.add_argument("--no-claude", action="store_true", help="leave out the real-claude agent")
+    parser.add_argument("--quick", action="store_true", help="the CI team: one lead instead of two, no builder-spend")
     parser.add_argument("--out", type=Path, help="results file (default with --seeds: bench/results/chaos-...json)")
     args = parser.parse_args(argv)
 
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         plans = [chaos_plan.derive(seed) for seed in range(args.first, args.first + (args.seeds or 1))]
     results = []
     for plan in plans:
-        result = run_seed(plan, claude_bin=claude_bin, settle_timeout=args.settle, keep=args.keep)
+        result = run_seed(plan, claude_bin=claude_bin, settle_timeout=args.settle, keep=args.keep, quick=args.quick)
         if args.keep:
             print(f"  scratch: {result['scratch']} (this seed's results: result.json there)")
             from harness import write_json

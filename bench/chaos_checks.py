@@ -414,6 +414,7 @@ def check_after_stop(run: Run, stopped: dict[str, t.Any]) -> list[Verdict]:
 
 def check_all(run: Run) -> list[dict[str, t.Any]]:
     """Every invariant; the ones that need the team as it settled first, then `ov stop` and what is left."""
+    run.frozen.set()  # the kills are over: what is checked now is what the chaos left
     verdicts: list[Verdict] = []
     for check in (check_sse, check_status, check_end_states, check_mail, check_side_effects, check_budgets,
                   check_schedule, check_operator_git):

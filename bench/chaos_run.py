@@ -28,8 +28,10 @@ SCHEDULE_RUNS_FOR = 12.0  # seconds from `ov schedule add` to `ov schedule pause
 
 
 class Run:
-    def __init__(self, plan: dict[str, t.Any], scratch: Path, *, claude_bin: str | None, settle_timeout: float) -> None:
+    def __init__(self, plan: dict[str, t.Any], scratch: Path, *, claude_bin: str | None, settle_timeout: float,
+                 quick: bool = False) -> None:
         self.plan = plan
+        self.quick = quick  # CI: one lead instead of two, no builder-spend (the burner crosses a scripted limit)
         self.layout = team.Layout(scratch)
         self.claude_bin = claude_bin
         self.settle_timeout = settle_timeout
@@ -38,6 +40,7 @@ class Run:
         self.findings: list[dict[str, t.Any]] = []  # problems seen while running (a re-run that failed ...)
         self.t0 = time.monotonic()
         self.done = threading.Event()
+        self.frozen = threading.Event()  # set when the checks start: no more kills
         self.lock = threading.Lock()
         self.counts: dict[str, int] = {"sling": 0, "merge": 0}
         self.pending = [dict(k, state="armed") for k in plan["kills"]]
@@ -102,6 +105,11 @@ class Run:
                 if again.returncode == 0:
                     return again
                 time.sleep(0.5)
+            name = _spawned_name(args)
+            agents = {a["name"] for a in (self.ov_json("status", "--json", "--all") or {}).get("agents", [])}
+            if name is not None and name in agents:  # the killed command had done its work: nothing to run again
+                self.note("rerun_not_needed", agent=name)
+                return again
             self.finding("rerun", f"`ov {' '.join(args)[:150]}` killed after {kill['after']} s fails when run again: "
                                   f"{again.stderr.strip()[-300:]}")
             return again
@@ -132,7 +140,7 @@ class Run:
             extra = claude_env(model.base_url if model else "http://127.0.0.1:9", layout.scratch / "claude")
             extra = {k: v for k, v in extra.items() if k.startswith(("ANTHROPIC_", "CLAUDE_", "DISABLE_", "IS_"))}
             self.env = team.operator_env(layout, extra)
-            self.base = team.make_project(layout, self.env, claude_bin=self.claude_bin)
+            self.base = team.make_project(layout, self.env, claude_bin=self.claude_bin, quick=self.quick)
             self.note("project", root=str(layout.root))
             self._start_daemons()
             threads = [threading.Thread(target=self._killer, name="killer", daemon=True),
@@ -204,7 +212,7 @@ class Run:
                     self.outlived.append({"agent": victim.agent, "pid": pid, "argv": argv})
 
     def _killer(self) -> None:
-        while not self.done.is_set():
+        while not self.done.is_set() and not self.frozen.is_set():
             now = self.elapsed()
             for kill in self.pending:
                 if kill["state"] != "armed" or "at" not in kill or now < kill["at"]:
@@ -276,8 +284,9 @@ class Run:
             if self.claude_bin:
                 self.ov("sling", "builder", "cl", "--runtime", "claude", "--max-usd", str(team.CLAUDE_MAX_USD),
                         "--prompt", "deploy, commit and report", kind="sling")
-            self.ov("sling", "builder", "spend", *scripted, "--max-usd", str(team.SPEND_MAX_USD),
-                    "--prompt", "think expensively", kind="sling")
+            if not self.quick:
+                self.ov("sling", "builder", "spend", *scripted, "--max-usd", str(team.SPEND_MAX_USD),
+                        "--prompt", "think expensively", kind="sling")
 
         def third() -> None:
             self.ov("sling", "builder", "g1", *scripted, "--prompt", "release v1", kind="sling")
@@ -441,7 +450,10 @@ class Run:
             self.watchdog.stop()
         conn = procs.read_only(self.layout.root / ".overstory" / "state.db")
         try:
-            names = [r["name"] for r in conn.execute("SELECT name FROM sessions ORDER BY depth DESC, name")]
+            # A completed agent's processes are gone already (its loop ends with it): what is left of one is
+            # reported like what outlives an `ov stop`.
+            names = [r["name"] for r in conn.execute("SELECT name FROM sessions WHERE state != 'completed' "
+                                                     "ORDER BY depth DESC, name")]
         finally:
             conn.close()
         from concurrent.futures import ThreadPoolExecutor
@@ -485,6 +497,15 @@ class Run:
             self.model.__exit__(None, None, None)
 
 
+def _spawned_name(args: tuple[str, ...]) -> str | None:
+    """The agent an `ov sling CAP TASK` / `ov loop CAP TASK` / `ov coordinator start` makes (no --name used here)."""
+    if args[:2] == ("coordinator", "start"):
+        return "coordinator"
+    if args and args[0] in ("sling", "loop") and len(args) >= 3:
+        return f"{args[1]}-{args[2]}"
+    return None
+
+
 def _lines(path: Path) -> list[str]:
     try:
         return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -493,14 +514,14 @@ def _lines(path: Path) -> list[str]:
 
 
 def run_seed(plan: dict[str, t.Any], *, claude_bin: str | None, settle_timeout: float = 150, keep: bool = False,
-             parent: Path | None = None) -> dict[str, t.Any]:
+             parent: Path | None = None, quick: bool = False) -> dict[str, t.Any]:
     """One seed from start to verdict; the scratch folder is deleted unless ``keep``."""
     from chaos_checks import check_all
 
     scratch = Path(tempfile.mkdtemp(prefix=f"ov-chaos-{plan['seed']}-", dir=parent))
-    run = Run(plan, scratch, claude_bin=claude_bin, settle_timeout=settle_timeout)
+    run = Run(plan, scratch, claude_bin=claude_bin, settle_timeout=settle_timeout, quick=quick)
     started = time.monotonic()
-    result: dict[str, t.Any] = {"seed": plan["seed"], "schedule": plan, "scratch": str(scratch)}
+    result: dict[str, t.Any] = {"seed": plan["seed"], "schedule": plan, "scratch": str(scratch), "quick": quick}
     try:
         run.execute()
         result["verdicts"] = check_all(run)
