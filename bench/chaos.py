@@ -122,6 +122,22 @@ def print_table(summary: dict[str, t.Any]) -> None:
     print(f"violations: {summary['violations']} (seeds {summary['seeds_with_violations'] or 'none'})")
 
 
+def _stop_on_interrupt() -> t.Any:
+    """Ctrl-C (or SIGTERM): the seed that runs is cut short (its processes are cleaned up) and no other starts."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+
+    def interrupted(signum: int, frame: t.Any) -> None:
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    return stop
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         plans = [chaos_plan.derive(seed) for seed in range(args.first, args.first + (args.seeds or 1))]
     results = []
+    stop = _stop_on_interrupt()
     for plan in plans:
+        if stop.is_set():
+            print(f"chaos: interrupted; {len(results)} seed(s) done", file=sys.stderr)
+            break
         result = run_seed(plan, claude_bin=claude_bin, settle_timeout=args.settle, keep=args.keep, quick=args.quick)
         if args.keep:
             print(f"  scratch: {result['scratch']} (this seed's results: result.json there)")

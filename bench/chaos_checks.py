@@ -377,7 +377,7 @@ def check_operator_git(run: Run) -> Verdict:
 
 def check_after_stop(run: Run, stopped: dict[str, t.Any]) -> list[Verdict]:
     outlive = Verdict("processes", "no process outlives the agent that started it once `ov stop` returns, nor "
-                                   "the agent loop that started it (3 s after a kill)")
+                                   "the agent loop that started it (2 s after a kill)")
     orphans = Verdict("orphans", "no worktree or ov/* branch is left that no agent row owns")
     outlive.checked = len(stopped["stops"]) + sum(1 for k in run.kills if k.get("kind") == "loop" and k.get("hit"))
     for entry in run.outlived:

@@ -24,7 +24,8 @@ from chaos_daemons import OV, Daemon, Model, SSEClient, free_port, serve_ready
 PERSISTENT = ("coordinator", "monitor")
 DECISIONS = {team.GATED_APPROVE: True, team.GATED_REJECT: False, team.LOOP: True}
 SCHEDULE_DECIDE_AFTER = 8.0   # the operator looks at the schedule's requests less often than it fires
-SCHEDULE_RUNS_FOR = 12.0  # seconds from `ov schedule add` to `ov schedule pause`
+SCHEDULE_RUNS_FOR = 12.0
+OUTLIVE_SECONDS = 2.0     # what a killed loop started must be gone by then (the loop's check runs 4 s)  # seconds from `ov schedule add` to `ov schedule pause`
 
 
 class Run:
@@ -197,7 +198,7 @@ class Run:
         below = procs.descendants(victim.pid) if kill["kind"] == "loop" else []
         hit = victim.kill()
         if hit and below:  # what the loop started must die with it (its turn, a check or gate it runs)
-            threading.Timer(3.0, self._outlived, args=(victim, below)).start()
+            threading.Timer(OUTLIVE_SECONDS, self._outlived, args=(victim, below)).start()
         kill["state"] = "hit" if hit else "missed"
         record = {**{k: v for k, v in kill.items() if k != "state"}, "hit": hit, "t": self.elapsed(),
                   "victim": victim.describe()}
@@ -527,6 +528,8 @@ def run_seed(plan: dict[str, t.Any], *, claude_bin: str | None, settle_timeout: 
         result["verdicts"] = check_all(run)
     except Exception:  # noqa: BLE001 - a crash of the harness is a failed seed, with its traceback
         result["harness_error"] = traceback.format_exc()
+    except KeyboardInterrupt:
+        result["harness_error"] = "interrupted (Ctrl-C): this seed was cut short"
     finally:
         run.cleanup()
     result.update({"seconds": round(time.monotonic() - started, 1), "kills": run.kills, "findings": run.findings,

@@ -51,7 +51,7 @@ SCHEDULE = "sweep"
 CHECK_SCRIPT = """#!/bin/sh
 # the loop's check: logs when it runs, so two copies at once show
 echo "start $$ $(date +%s.%N)" >> {shared}/checks.log
-sleep 1.5
+sleep 4
 echo "end $$ $(date +%s.%N)" >> {shared}/checks.log
 exit 0
 """
