@@ -3,7 +3,8 @@ its limit plus one model message per agent of the run that was in a turn when it
 
 "One model message" is the dearest single assistant message the agent sent: priced from its turns'
 raw streams with ov's own price table (real claude reports tokens per message), plus what the scripted
-scenario charges for a `usage` message (the scripted runtime reports that only in its final figure).
+scenario charges for a `usage` message (the scripted runtime reports that only in its final figure), plus
+a cent for the scripted runtime's price per message ($0.001 each, also reported only at the turn's end).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def check_budgets(run: Run) -> list[Verdict]:
     dearest: dict[str, float] = {}
     for name in {t_["agent"] for t_ in turns}:
         costs = message_costs(t_["log_dir"] for t_ in turns if t_["agent"] == name and t_["log_dir"])
-        dearest[name] = max(costs, default=0.0) + scripted_extra(name) + team.COST_PER_STEP
+        dearest[name] = max(costs, default=0.0) + scripted_extra(name) + team.STEP_SLACK
     for limit in limits:
         used = float(limit["spent_usd"] or 0) + float(limit["live_usd"] or 0)
         if limit["scope"] == "agent":

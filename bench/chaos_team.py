@@ -37,7 +37,8 @@ SPEND_STEP_USD = 0.03       # each `usage` message of builder-spend
 THINK_USD = 0.01            # a dearer message of builder-a2 and builder-b2
 BURN_USD = 0.08             # each `usage` message of builder-burn, slung last to take the run over its budget
 RUN_MAX_USD = 0.30
-COST_PER_STEP = 0.001       # the scripted runtime's price of every assistant message
+COST_PER_STEP = 0.001       # the scripted runtime's price of every assistant message (reported at the turn's end)
+STEP_SLACK = 0.01           # so a scripted turn's per-step figure never decides a budget verdict
 MARKER_FILE = "AGENT_WAS_HERE"  # what the loop's doctored check tries to write into the main checkout
 LOOP = "builder-lp"
 RESLING = "builder-rs"
@@ -230,11 +231,13 @@ def scenario(layout: Layout, *, quick: bool = False) -> dict[str, t.Any]:
                          {"usage": {"cost_usd": SPEND_STEP_USD, "text": "thinking harder"}},
                          _bash(f"./deploy.sh {SPENDER} two"),
                          {"usage": {"cost_usd": SPEND_STEP_USD, "text": "thinking hardest"}},
-                         _bash(f"./deploy.sh {SPENDER} three"), DONE],
+                         _bash(f"./deploy.sh {SPENDER} three"),
+                         {"usage": {"cost_usd": SPEND_STEP_USD, "text": "still thinking"}},
+                         _bash(f"./deploy.sh {SPENDER} four"), DONE],
              "result": "spent"},
         ]},
         BURNER: {"turns": [
-            {"actions": [item for n in ("one", "two", "three", "four") for item in (
+            {"actions": [item for n in ("one", "two", "three", "four", "five", "six") for item in (
                 {"usage": {"cost_usd": BURN_USD, "text": f"an expensive thought ({n})"}},
                 _bash(f"./deploy.sh {BURNER} {n}"))] + [DONE],
              "result": "burnt"},
