@@ -128,7 +128,8 @@ def schedule_runners(root: Path) -> list[Victim]:
 
 
 def descendants(pid: int) -> list[tuple[int, int | None, str]]:
-    """Every live process below ``pid`` (pid, start ticks, command line), found through /proc's parent links."""
+    """Every live process below ``pid`` (pid, start ticks, command line), found through /proc's parent links,
+    except other agents' loops and what runs below them."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -144,7 +145,10 @@ def descendants(pid: int) -> list[tuple[int, int | None, str]]:
     found, todo = [], list(children.get(pid, []))
     while todo:
         child = todo.pop()
-        found.append((child, start_ticks(child), " ".join(a.decode(errors="replace") for a in _cmdline(child) if a)[:200]))
+        argv = _cmdline(child)
+        if b"overstory.agents.loop" in argv:
+            continue  # another agent's loop (a lead's loop slings its children): it lives as long as its own agent
+        found.append((child, start_ticks(child), " ".join(a.decode(errors="replace") for a in argv if a)[:200]))
         todo.extend(children.get(child, []))
     return found
 

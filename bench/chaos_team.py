@@ -144,8 +144,8 @@ def make_project(layout: Layout, env: t.Mapping[str, str], *, claude_bin: str | 
     hook.chmod(0o755)
     config = {
         "runtime": {"claude_bin": claude_bin or "claude"},
-        "turns": {"retry_backoff": 0.2, "kill_grace": 1, "stall_timeout": 90, "max_retries": 6, "idle_nudge": 3,
-                  "max_nudges": 4, "max_concurrent": 4},
+        "turns": {"retry_backoff": 0.2, "kill_grace": 1, "stall_timeout": 90, "max_retries": 6, "idle_nudge": 4,
+                  "max_nudges": 12, "max_concurrent": 4},
         "watchdog": {"interval": 1},
         "sandbox": {"writable": [str(layout.shared)]},
         "guards": {"push_remotes": ["origin"]},
@@ -256,7 +256,7 @@ def scenario(layout: Layout, *, quick: bool = False) -> dict[str, t.Any]:
                          _bash('ov mail send --to coordinator --type status --subject "lead ${OVERSTORY_TASK_ID} '
                                'started" --body "two builders"')],
              "result": "children slung"},
-            *[_lead_waits() for _ in range(12)],
+            *[_lead_waits() for _ in range(30)],  # nudged every few seconds until the children have settled
         ]},
         "coordinator*": {"turns": [
             {"actions": [
