@@ -138,6 +138,30 @@ def _stop_on_interrupt() -> t.Any:
     return stop
 
 
+def markdown(document: dict[str, t.Any]) -> str:
+    """The tables of bench/RESULTS.md ("Chaos") from a results file."""
+    summary = document["summary"]
+    seconds = summary["seconds"]
+    lines = [f"{len(summary['seeds'])} seeds ({summary['seeds'][0]}-{summary['seeds'][-1]}), commit "
+             f"`{document['commit']['commit']}`, real claude: {'yes' if document.get('claude') else 'no'}; "
+             f"{seconds['median']:.0f} s per seed (min {seconds['min']:.0f}, max {seconds['max']:.0f}).", "",
+             "| kills | " + " | ".join(sorted(set(summary["kills_hit"]) | set(summary["kills_missed"]))) + " | all |",
+             "| --- |" + " --- |" * (len(set(summary["kills_hit"]) | set(summary["kills_missed"])) + 1)]
+    kinds = sorted(set(summary["kills_hit"]) | set(summary["kills_missed"]))
+    for label, counts in (("hit", summary["kills_hit"]), ("found no target", summary["kills_missed"]),
+                          ("not reached", summary.get("kills_not_reached", {}))):
+        lines.append(f"| {label} | " + " | ".join(str(counts.get(k, 0)) for k in kinds)
+                     + f" | {sum(counts.values())} |")
+    lines += ["", "| invariant | seeds checked | items | violations | seeds with violations |",
+              "| --- | --- | --- | --- | --- |"]
+    for name, entry in summary["invariants"].items():
+        lines.append(f"| `{name}` | {entry['checked']} | {entry['items']:,} | {entry['violations']} | "
+                     f"{len(entry['seeds'])} |")
+    lines.append(f"| **all** | | | **{summary['violations']}** | {len(summary['seeds_with_violations'])} of "
+                 f"{len(summary['seeds'])} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--seeds", type=int, help="run seeds FIRST..FIRST+N-1 and write the figures")
     which.add_argument("--seed", type=int, help="run one seed")
     which.add_argument("--schedule", type=Path, help="replay a kill schedule written by a failed run")
+    which.add_argument("--report", type=Path, help="print the Markdown tables of a results file and exit")
     parser.add_argument("--first", type=int, default=1, help="first seed of --seeds (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep each scratch project (printed)")
     parser.add_argument("--settle", type=float, default=150, help="seconds the team gets to settle (default 150)")
@@ -152,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the CI team: one lead instead of two, no builder-spend")
     parser.add_argument("--out", type=Path, help="results file (default with --seeds: bench/results/chaos-...json)")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        print(markdown(json.loads(args.report.read_text(encoding="utf-8"))))
+        return 0
 
     from claude_cli import CLAUDE_BIN
 
