@@ -33,6 +33,10 @@ from chaos_run import run_seed  # noqa: E402
 from chaos_team import TESTS  # noqa: E402, F401 - puts tests/ on sys.path (mockapi, claude_cli)
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The run's log kept in a results file (the rest, every command and marker, is in the seed's own result.json
+# with --keep): what was killed and restarted, and the operator's milestones.
+KEPT_EVENTS = {"start", "kill", "kill_missed", "restart", "rerun", "rerun_not_needed", "finding", "outlived",
+               "resling_stopped", "team_started", "schedule_paused", "settled", "burner_slung", "stopped"}
 
 
 def violations(result: dict[str, t.Any]) -> list[tuple[str, str]]:
@@ -42,17 +46,18 @@ def violations(result: dict[str, t.Any]) -> list[tuple[str, str]]:
     return found
 
 
-def report_seed(result: dict[str, t.Any], schedule_dir: Path | None) -> str | None:
-    """Print one seed's line; on a violation its schedule too (written to a file for --schedule)."""
+def report_seed(result: dict[str, t.Any], results_file: Path | None = None) -> None:
+    """Print one seed's line; on a violation, every violation, the kill schedule, what it hit, how to replay it."""
     kills = result.get("kills", [])
     hit = sum(1 for k in kills if k.get("hit"))
     unreached = sum(1 for k in kills if k.get("not_reached"))
     checked = sum(v["checked"] for v in result.get("verdicts", []))
     found = violations(result)
-    print(f"seed {result['seed']}: {hit} kills hit ({len(kills) - hit - unreached} missed, {unreached} not reached), {len(result.get('verdicts', []))} "
-          f"invariants over {checked} items, {len(found)} violations ({result['seconds']} s)", flush=True)
+    print(f"seed {result['seed']}: {hit} kills hit ({len(kills) - hit - unreached} missed, {unreached} not reached), "
+          f"{len(result.get('verdicts', []))} invariants over {checked} items, {len(found)} violations "
+          f"({result['seconds']} s)", flush=True)
     if not found:
-        return None
+        return
     for invariant, detail in found:
         print(f"  VIOLATION [{invariant}] {detail}")
     if "harness_error" in result:
@@ -62,16 +67,10 @@ def report_seed(result: dict[str, t.Any], schedule_dir: Path | None) -> str | No
     print("  what the kills hit: " + json.dumps([{k: v for k, v in kill.items() if k in ("kind", "t", "hit", "victim",
                                                                                        "marker", "nth")}
                                                  for kill in kills]))
-    path = None
-    if schedule_dir is not None:
-        schedule_dir.mkdir(parents=True, exist_ok=True)
-        path = schedule_dir / f"chaos-schedule-seed{result['seed']}.json"
-        path.write_text(json.dumps(result["schedule"], indent=1) + "\n", encoding="utf-8")
-        print(f"  replay: python bench/chaos.py --schedule {path}   (or: --seed {result['seed']})")
-    else:
-        print(f"  replay: python bench/chaos.py --seed {result['seed']}   (the schedule as JSON, for --schedule FILE: "
-              f"{json.dumps(result['schedule'])})")
-    return str(path) if path else None
+    print(f"  replay: python bench/chaos.py --seed {result['seed']}{' --quick' if result.get('quick') else ''}")
+    if results_file is not None:
+        print(f"      or: python bench/chaos.py --schedule {results_file} --seed {result['seed']}")
+    print(f"  the schedule (for --schedule FILE): {json.dumps(result['schedule'])}", flush=True)
 
 
 def summarize(results: list[dict[str, t.Any]]) -> dict[str, t.Any]:
@@ -138,6 +137,14 @@ def _stop_on_interrupt() -> t.Any:
     return stop
 
 
+def write_results(path: Path, head: dict[str, t.Any], seeds: list[dict[str, t.Any]]) -> None:
+    """The results file: the summary readable, then one line per seed (a seed's details are long)."""
+    text = json.dumps(head, indent=2, default=str)[:-2]
+    lines = ",\n  ".join(json.dumps(seed, default=str) for seed in seeds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{text},\n \"seeds\": [\n  {lines}\n ]\n}}\n", encoding="utf-8")
+
+
 def markdown(document: dict[str, t.Any]) -> str:
     """The tables of bench/RESULTS.md ("Chaos") from a results file."""
     summary = document["summary"]
@@ -167,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--seeds", type=int, help="run seeds FIRST..FIRST+N-1 and write the figures")
-    which.add_argument("--seed", type=int, help="run one seed")
-    which.add_argument("--schedule", type=Path, help="replay a kill schedule written by a failed run")
     which.add_argument("--report", type=Path, help="print the Markdown tables of a results file and exit")
+    parser.add_argument("--seed", type=int, help="run one seed (with --schedule: that seed of a results file)")
+    parser.add_argument("--schedule", type=Path, help="replay a kill schedule: a schedule's JSON or a results file")
     parser.add_argument("--first", type=int, default=1, help="first seed of --seeds (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep each scratch project (printed)")
     parser.add_argument("--settle", type=float, default=150, help="seconds the team gets to settle (default 150)")
@@ -186,12 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     claude_bin = None if args.no_claude else CLAUDE_BIN
     if claude_bin is None and not args.no_claude:
         print("chaos: the real claude CLI was not found (.ci/node or OV_CLAUDE_BIN): running without it", file=sys.stderr)
+    if args.seeds is not None and (args.seed is not None or args.schedule is not None):
+        parser.error("--seeds runs seeds from the start; --seed and --schedule replay one")
     if args.schedule is not None:
-        plans = [chaos_plan.load(args.schedule)]
+        plans = [chaos_plan.load(args.schedule, args.seed)]
     elif args.seed is not None:
         plans = [chaos_plan.derive(args.seed)]
     else:
         plans = [chaos_plan.derive(seed) for seed in range(args.first, args.first + (args.seeds or 1))]
+    out = args.out
+    if out is None and args.seeds:
+        from harness import commit_info
+
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        out = RESULTS / f"chaos-{stamp}-{commit_info()['commit']}.json"
     results = []
     stop = _stop_on_interrupt()
     for plan in plans:
@@ -204,23 +219,18 @@ def main(argv: list[str] | None = None) -> int:
             from harness import write_json
 
             write_json(Path(result["scratch"]) / "result.json", result)
-        report_seed(result, RESULTS if args.seeds else None)
+        report_seed(result, out)
         results.append(result)
     summary = summarize(results)
     print_table(summary)
-    out = args.out
-    if out is None and args.seeds:
-        from harness import commit_info
-
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-        out = RESULTS / f"chaos-{stamp}-{commit_info()['commit']}.json"
     if out is not None:
-        from harness import commit_info, machine_info, write_json
+        from harness import commit_info, machine_info
 
-        write_json(out, {"summary": summary, "commit": commit_info(), "machine": machine_info(),
-                         "claude": claude_bin is not None, "settle_seconds": args.settle,
-                         "seeds": [{k: v for k, v in r.items() if k != "events"} | {"events": r.get("events", [])[-400:]}
-                                   for r in results]})
+        seeds = [{k: v for k, v in r.items() if k != "events"}
+                 | {"events": [e for e in r.get("events", []) if e["what"] in KEPT_EVENTS]} for r in results]
+        write_results(out, {"summary": summary, "commit": commit_info(), "machine": machine_info(),
+                            "claude": claude_bin is not None, "settle_seconds": args.settle, "quick": args.quick},
+                      seeds)
         print(f"wrote {out}")
     return 1 if summary["violations"] else 0
 

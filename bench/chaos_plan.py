@@ -69,10 +69,16 @@ def derive(seed: int, *, window: float = 45.0) -> dict[str, t.Any]:
             "approve_delay": round(rng.uniform(0.3, 2.5), 2), "kills": unique}
 
 
-def load(path: Path) -> dict[str, t.Any]:
-    """A schedule written by an earlier run (``--schedule FILE``); the seed in it wins."""
+def load(path: Path, seed: int | None = None) -> dict[str, t.Any]:
+    """A schedule to replay (``--schedule FILE``): a schedule's JSON, one seed's result, or a results file of
+    many seeds (``seed`` picks one); the seed in the schedule wins over the seed it was derived from."""
     document = json.loads(path.read_text(encoding="utf-8"))
-    plan = document.get("schedule", document)  # a whole results file, or just the schedule
+    if isinstance(document, dict) and isinstance(document.get("seeds"), list):  # `--seeds` results
+        found = [r for r in document["seeds"] if seed is None or r.get("seed") == seed]
+        if len(found) != 1:
+            raise SystemExit(f"chaos: {path} holds {len(document['seeds'])} seeds: name one with --seed")
+        document = found[0]
+    plan = document.get("schedule", document) if isinstance(document, dict) else None
     if not isinstance(plan, dict) or "kills" not in plan or "seed" not in plan:
         raise SystemExit(f"chaos: {path} holds no kill schedule (expected keys seed, kills)")
     for kill in plan["kills"]:
