@@ -18,7 +18,6 @@ from pathlib import Path
 from chaos_procs import alive, start_ticks
 
 
-
 def _ov() -> list[str]:
     """The `ov` script next to this Python (its fast path for hot commands, no pyenv shim), else the module."""
     script = Path(sys.executable).parent / "ov"

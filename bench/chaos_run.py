@@ -229,7 +229,7 @@ class Run:
                 if kill["state"] != "armed" or "marker" not in kill:
                     continue
                 seen = [m for m in self.markers if m[1] == kill["marker"] and m[0] + kill["delay"] <= now]
-                for when, _, agent in seen:
+                for _when, _, agent in seen:
                     victims = [v for v in self._victims(kill["kind"]) if v.agent == agent]
                     if victims:
                         self._hit(kill, victims[0])
