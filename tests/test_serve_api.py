@@ -26,7 +26,6 @@ from overstory.paths import ProjectPaths
 from overstory.serve_token import ensure_token, read_token
 from overstory.store import events as event_store
 from overstory.store import mail, sessions
-from overstory.ui.serve import actions
 from overstory.ui.serve.app import create_app
 from overstory.ui.serve.spec import ENDPOINTS
 
@@ -373,14 +372,9 @@ def test_malformed_bodies_get_a_clear_4xx_and_change_nothing(endpoint: t.Any, cl
     add_agent(state_db, "nobody")
     mail.send(state_db, sender="nobody", to="operator", subject="question", type="question", body="?")
     before = database_snapshot(project)
-    feature = {"agent_resume": "resume", "approval_approve": "approvals.approve",
-               "approval_reject": "approvals.reject"}.get(endpoint.op)
     for label, raw, media, words in BAD_BODIES:
         headers = {**bearer(token), **({"Content-Type": media} if media else {})}
         response = client.post(concrete(endpoint.path), content=raw, headers=headers)
-        if feature and actions.lookup(feature) is None:
-            assert response.status_code == 501, (label, response.text)
-            continue
         assert 400 <= response.status_code < 500, (endpoint.op, label, response.status_code, response.text[:200])
         error = response.json()["error"]
         assert words in error and "\n" not in error and "Traceback" not in error, (endpoint.op, label, error)
@@ -410,38 +404,34 @@ def test_wrong_types_are_refused_not_coerced(client: TestClient, token: str, sta
     assert database_snapshot(project) == before
 
 
-# ---- features of later versions --------------------------------------------------------------------
+# ---- every route answers --------------------------------------------------------------------------
 
 
-SEAM_ROUTES = [("approvals.list", "GET", "/api/approvals", None),
-               ("approvals.approve", "POST", "/api/approvals/apr-1/approve", {}),
-               ("approvals.reject", "POST", "/api/approvals/apr-1/reject", {"reason": "no"}),
-               ("costs", "GET", "/api/costs", None),
-               ("resume", "POST", "/api/agents/nobody/resume", {})]
+REQUIRED_QUERY = {"/api/merge/predict": "?all=1"}  # a route that needs its question asked
 
 
-@pytest.mark.parametrize("feature,method,path,body", SEAM_ROUTES, ids=[r[0] for r in SEAM_ROUTES])
-def test_features_this_version_lacks_answer_501(feature: str, method: str, path: str, body: t.Any,
-                                                client: TestClient, token: str) -> None:
-    if actions.lookup(feature) is not None:
-        pytest.skip(f"{feature} is wired to a core function now; its own tests cover it")
-    response = client.request(method, path, json=body, headers=bearer(token))
-    assert response.status_code == 501
-    assert "not available in this version of ov" in response.json()["error"]
+def test_every_get_route_answers_200_with_the_token(project: ProjectPaths, client: TestClient, token: str,
+                                                    state_db: sqlite3.Connection) -> None:
+    """Not merely "not 401": each GET route of the app (the stream aside) has its core function behind it and
+    answers 200 for things that exist (the agent, mail #1 and run of ``SAMPLE``)."""
+    from overstory.store import runs
 
-
-def test_a_seam_finds_a_core_function_once_it_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    package = tmp_path / "fakeov"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "approvals.py").write_text("def list_approvals(project, conn, *, include_decided):\n    return []\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(actions.SEAMS, "approvals.list", ("fakeov.approvals", "list_approvals", "approval gates"))
-    assert actions.lookup("approvals.list") is not None
-    monkeypatch.setitem(actions.SEAMS, "approvals.list", ("fakeov.nothing", "x", "approval gates"))
-    assert actions.lookup("approvals.list") is None
-    with pytest.raises(actions.NotAvailable, match="approval gates: not available"):
-        actions.require("approvals.list")
+    worktree = project.worktree(SAMPLE["name"])
+    run_git(project.root, "worktree", "add", "-q", "-b", f"ov/{SAMPLE['name']}", str(worktree), "main")
+    run_id = runs.open_or_join(state_db, "coordinator")[0].id
+    add_agent(state_db, SAMPLE["name"], worktree=str(worktree), branch=f"ov/{SAMPLE['name']}", base_branch="main",
+              run_id=run_id)
+    first = mail.send(state_db, sender=SAMPLE["name"], to="operator", subject="hello", body="b")
+    checked = []
+    for method, path in every_route(client.app):
+        if method != "GET" or path == "/events/stream" or "no/such" in path:
+            continue
+        path = path.replace("/" + SAMPLE["run"], "/" + run_id).replace("/mail/1", f"/mail/{first[0]}")
+        path += REQUIRED_QUERY.get(path, "")
+        response = client.get(path, headers=bearer(token))
+        assert response.status_code == 200, (path, response.status_code, response.text[:300])
+        checked.append(path)
+    assert {"/api/approvals", "/api/costs", f"/api/agents/{SAMPLE['name']}"} <= set(checked), checked
 
 
 # ---- documentation and imports ---------------------------------------------------------------------

@@ -6,8 +6,6 @@
 - ``security``: the token, the one-time login URL, the same-origin check, the Host check;
 - ``events``: one reader of events.db's cursor fanned out to every SSE client;
 - ``routes``: thin handlers, each calling the core function the CLI calls;
-- ``actions``: core functions that later versions of ov add (approvals, costs, resume),
-  looked up at call time and answered with 501 while missing;
 - ``app`` and ``server``: the Starlette application and its uvicorn runner;
 - ``static/``: the page (plain JavaScript, no build step).
 

@@ -17,7 +17,6 @@ from starlette.staticfiles import StaticFiles
 from overstory.errors import AgentNotFound, LockHeld, OrchestratorError, StoreError, UsageError
 from overstory.paths import ProjectPaths
 from overstory.ui.serve import routes
-from overstory.ui.serve.actions import NotAvailable
 from overstory.ui.serve.bodies import BadBody
 from overstory.ui.serve.events import EventHub
 from overstory.ui.serve.security import LOOPBACK_NAMES, Gate, Tickets
@@ -32,8 +31,6 @@ def http_status(exc: OrchestratorError) -> int:
 
     if isinstance(exc, BadBody):
         return exc.status
-    if isinstance(exc, NotAvailable):
-        return 501
     if isinstance(exc, (AgentNotFound, RunNotFound, routes.NotFound)):
         return 404
     if isinstance(exc, UsageError):

@@ -19,11 +19,10 @@ DESCRIPTION = (
     "No cookie carries a credential (a cookie would reach every port of this machine). Requests that change "
     "state and name a foreign Origin are refused. Errors are JSON `{\"error\": \"one line\"}`: 400/422 for a "
     "bad request, 401 without the token, 403 cross-origin, 404 for something that does not exist, 409 when the "
-    "project's state refuses the action, 501 for a feature this version of ov does not have."
+    "project's state refuses the action."
 )
 ERRORS = {"400": "bad request", "401": "missing or wrong token", "403": "cross-origin write refused",
-          "404": "not found", "409": "refused by the project's current state", "422": "bad request body",
-          "501": "not available in this version of ov"}
+          "404": "not found", "409": "refused by the project's current state", "422": "bad request body"}
 
 
 def _parameter(param: t.Any) -> dict[str, t.Any]:

@@ -23,7 +23,7 @@ from overstory import __version__, status, views
 from overstory.errors import OrchestratorError, UsageError
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
-from overstory.ui.serve import actions, bodies, openapi
+from overstory.ui.serve import bodies, openapi
 from overstory.ui.serve import events as live
 
 if t.TYPE_CHECKING:
@@ -169,10 +169,10 @@ async def agents(request: Request) -> Response:
 
 async def agent(request: Request) -> Response:
     name = _name(request)
-    budget = actions.lookup("budget")
+    from overstory.store.budgets import agent_budget
 
     def work(c: Core) -> dict[str, t.Any]:
-        return {**views.agent_detail(c.state, name), "budget": budget(c.state, name) if budget else None}
+        return {**views.agent_detail(c.state, name), "budget": agent_budget(c.state, name)}
 
     return _json(await run(request, work))
 
@@ -207,7 +207,8 @@ async def agent_nudge(request: Request) -> Response:
 
 
 async def agent_resume(request: Request) -> Response:
-    resume = actions.require("resume")
+    from overstory.agents.budgeting import resume_from_request as resume
+
     name, body = _name(request), await _body(request, bodies.ResumeBody)
     return _json(await run(request, lambda c: resume(c.project, c.config, c.state, name, add_usd=body.add_usd,
                                                      add_turns=body.add_turns, add_time=body.add_time)))
@@ -372,27 +373,31 @@ async def waiting(request: Request) -> Response:
 
 
 async def approvals(request: Request) -> Response:
-    listing = actions.require("approvals.list")
+    from overstory.agents.approvals import list_approvals as listing
+
     everything = _flag(request, "all")
     return _json(await run(request, lambda c: listing(c.project, c.state, include_decided=everything)))
 
 
 async def approval_approve(request: Request) -> Response:
-    approve = actions.require("approvals.approve")
+    from overstory.agents.approvals import approve
+
     approval_id, body = request.path_params["id"], await _body(request, bodies.ApproveBody)
     return _json(await run(request, lambda c: approve(c.project, c.state, approval_id, decider=OPERATOR,
                                                       note=body.note)))
 
 
 async def approval_reject(request: Request) -> Response:
-    reject = actions.require("approvals.reject")
+    from overstory.agents.approvals import reject
+
     approval_id, body = request.path_params["id"], await _body(request, bodies.RejectBody)
     return _json(await run(request, lambda c: reject(c.project, c.state, approval_id, decider=OPERATOR,
                                                      reason=body.reason)))
 
 
 async def costs(request: Request) -> Response:
-    report = actions.require("costs")
+    from overstory.costs import costs_report as report
+
     by, since = _text(request, "by"), _text(request, "since")
     return _json(await run(request, lambda c: report(c.project, c.state, by=by, since=since)))
 
