@@ -1,10 +1,6 @@
 """What the keys of `ov watch` do: each one runs an `ov` command by name.
 
-A command this version of ov does not have (`ov resume`, `ov approve`, `ov reject`
-arrive with later features) answers "not available in this version" instead of
-failing, so its key starts working the day the command is added to
-``overstory.cli.main.COMMANDS``. Commands run as child processes (`python -m
-overstory`), one at a time, in a background thread, so the screen keeps
+Commands run as child processes (`python -m overstory`), one at a time, in a background thread, so the screen keeps
 refreshing while `ov stop` waits for an agent to go.
 """
 
@@ -18,20 +14,7 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
 ACTION_TIMEOUT = 300.0
-
-
-def command_available(name: str) -> bool:
-    """Whether this ov has the top-level command ``name``."""
-    from overstory.cli.main import cli
-
-    return cli.get_command(click.Context(cli, info_name="ov"), name) is not None
-
-
-def not_available(name: str) -> str:
-    return f"`ov {name}` is not available in this version"
 
 
 def ov_argv(root: Path, args: t.Sequence[str]) -> list[str]:
@@ -46,8 +29,6 @@ class Outcome:
 
 def run_command(root: Path, args: t.Sequence[str]) -> Outcome:
     """Run ``ov ARGS`` to completion; its last line of output (or error) is the message."""
-    if not command_available(args[0]):
-        return Outcome(False, not_available(args[0]))
     try:
         done = subprocess.run(ov_argv(root, args), capture_output=True, text=True, stdin=subprocess.DEVNULL,
                               timeout=ACTION_TIMEOUT)
@@ -61,8 +42,6 @@ def run_command(root: Path, args: t.Sequence[str]) -> Outcome:
 
 def run_foreground(root: Path, args: t.Sequence[str]) -> Outcome:
     """Run ``ov ARGS`` on this terminal (attach): the caller has handed the terminal over."""
-    if not command_available(args[0]):
-        return Outcome(False, not_available(args[0]))
     code = subprocess.call(ov_argv(root, args))
     return Outcome(code == 0, f"`ov {' '.join(args)}` exited {code}" if code else f"back from `ov {args[0]}`")
 

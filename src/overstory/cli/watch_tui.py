@@ -239,9 +239,7 @@ class WatchApp:
     # ---- actions -------------------------------------------------------------------------
 
     def start(self, label: str, args: list[str]) -> None:
-        if not actions.command_available(args[0]):
-            self.status = actions.not_available(args[0])
-        elif self.runner.start(label, args):
+        if self.runner.start(label, args):
             self.status = label + " ..."
         else:
             self.status = f"busy: {self.runner.label} is still running"
@@ -309,9 +307,6 @@ class WatchApp:
         self._gate(agent, "reject")
 
     def _gate(self, agent: str, verb: str) -> None:
-        if not actions.command_available(verb):
-            self.status = actions.not_available(verb)
-            return
         approval = actions.pending_approval(self.project.state_db, agent)
         if approval is None:
             self.status = f"{agent} has no pending gate"
