@@ -36,8 +36,9 @@ def run_command(root: Path, args: t.Sequence[str]) -> Outcome:
         return Outcome(False, f"`ov {' '.join(args)}` did not finish in {ACTION_TIMEOUT:g}s")
     text = (done.stdout if done.returncode == 0 else done.stderr or done.stdout).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    message = lines[0] if lines else f"`ov {args[0]}` exited {done.returncode}"
-    return Outcome(done.returncode == 0, message.removeprefix("ov: error: "))
+    # a usage error prints click's usage lines first and its message last
+    message = (lines[0] if done.returncode == 0 else lines[-1]) if lines else f"`ov {args[0]}` exited {done.returncode}"
+    return Outcome(done.returncode == 0, message.removeprefix("ov: error: ").removeprefix("Error: "))
 
 
 def run_foreground(root: Path, args: t.Sequence[str]) -> Outcome:
