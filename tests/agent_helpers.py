@@ -51,12 +51,18 @@ def agent_state(project: ProjectPaths, name: str) -> sessions.Session | None:
         conn.close()
 
 
-def wait_terminal(project: ProjectPaths, name: str, timeout: float = 60) -> sessions.Session:
+def wait_terminal(project: ProjectPaths, name: str, timeout: float = 120) -> sessions.Session:
+    """Until ``name`` is completed or zombie (a ceiling for a loaded machine: it returns as soon as it is)."""
     def done() -> sessions.Session | None:
         agent = agent_state(project, name)
         return agent if agent is not None and agent.is_terminal else None
 
-    return wait_for(done, timeout, message=f"{name} to settle")
+    try:
+        return wait_for(done, timeout, message=f"{name} to settle")
+    except AssertionError as exc:
+        agent = agent_state(project, name)
+        seen = f"{agent.state} ({agent.state_reason})" if agent is not None else "no such agent"
+        raise AssertionError(f"{exc}; it is {seen}") from None
 
 
 def write_scenario(path: Path, turns: list[dict[str, t.Any]]) -> Path:

@@ -120,11 +120,17 @@ def test_sling_says_when_a_runtime_lets_ov_check_dollars_only_between_turns(conn
     from overstory.config import load_config
     from overstory.runtimes import get_runtime
 
-    config = load_config(tmp_path / "no-config.yaml")
+    config = load_config(tmp_path / "no-config.yaml")  # the default budgets: a wall clock, no tool-call limit
+    unlimited = tmp_path / "no-limits.yaml"
+    unlimited.write_text("budgets:\n  agent: {max_usd: null, max_turns: null, max_wallclock: null}\n")
+    bare = load_config(unlimited)
     for name in ("codex", "gemini"):
         _, notes = agent_limits(conn, config, None, {"max_usd": 1}, get_runtime(name))
         assert notes == [f"{name} reports usage only when a turn ends: max_usd is checked between turns, and "
-                         "nothing bounds one turn's spend; add --max-tool-calls or --max-wallclock"]
+                         "only max_wallclock bounds one turn's spend; add --max-tool-calls"]
+        _, notes = agent_limits(conn, bare, None, {"max_usd": 1}, get_runtime(name))
+        assert notes == [f"{name} reports usage only when a turn ends: max_usd is checked between turns, and "
+                         "nothing bounds one turn's spend; add --max-tool-calls"]
         assert agent_limits(conn, config, None, {"max_usd": 1, "max_tool_calls": 20}, get_runtime(name))[1] == []
     for name in ("claude", "opencode", "scripted"):
         assert agent_limits(conn, config, None, {"max_usd": 1}, get_runtime(name))[1] == []

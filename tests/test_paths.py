@@ -137,8 +137,12 @@ def test_cli_project_option_and_environment(project: ProjectPaths, tmp_path: Pat
 
 
 def test_cli_outside_a_project(tmp_path: Path) -> None:
-    result = run_ov("config", "--json", cwd=tmp_path)
+    result = run_ov("config", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.startswith("ov: error: no ov project found")
     assert len(result.stderr.strip().splitlines()) == 1
+    as_json = run_ov("config", "--json", cwd=tmp_path)  # with --json the error is JSON too, one line
+    assert (as_json.returncode, as_json.stdout) == (1, "")
+    error = json.loads(as_json.stderr)["error"]
+    assert error["kind"] == "project_not_found" and error["message"].startswith("no ov project found")

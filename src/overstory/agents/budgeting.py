@@ -50,9 +50,10 @@ def agent_limits(conn: sqlite3.Connection, config: Config, run_id: str | None,
                                   f"`ov run resume {run_id} --add-usd ...` before slinging more agents")
         limits, notes = budgets.clamp_to_run(limits, run, now)
     if runtime is not None and not runtime.usage_during_turn and limits.get("max_usd") is not None \
-            and limits.get("max_tool_calls") is None and limits.get("max_wallclock") is None:
+            and limits.get("max_tool_calls") is None:
+        bound = "only max_wallclock bounds" if limits.get("max_wallclock") is not None else "nothing bounds"
         notes.append(f"{runtime.name} reports usage only when a turn ends: max_usd is checked between turns, "
-                     "and nothing bounds one turn's spend; add --max-tool-calls or --max-wallclock")
+                     f"and {bound} one turn's spend; add --max-tool-calls")
     return limits, notes
 
 

@@ -211,13 +211,24 @@ def duplicated_lines(base: bytes, ours: bytes, theirs: bytes, result: bytes) -> 
 
     Whitespace-insensitive and blind to blank lines, like ``lost_lines``. A line both sides
     added may be there twice (each side's copy); a base line neither side added to may not.
+    What a side added is counted from its diff against the base, not from the net change of a
+    line's count: a side that removes one ``a`` and inserts another elsewhere added one.
     """
-    counts = [Counter(k for k in map(line_key, split_lines(text)) if k) for text in (base, ours, theirs)]
-    in_base, in_ours, in_theirs = counts
+    base_keys = [k for k in map(line_key, split_lines(base)) if k]
+    in_base = Counter(base_keys)
+    added = [_inserted(base_keys, [k for k in map(line_key, split_lines(side)) if k]) for side in (ours, theirs)]
     present = Counter(k for k in map(line_key, split_lines(result)) if k)
-    allowed = {key: in_base[key] + max(0, in_ours[key] - in_base[key]) + max(0, in_theirs[key] - in_base[key])
-               for key in present}
+    allowed = {key: in_base[key] + added[0][key] + added[1][key] for key in present}
     return sorted(key.decode("utf-8", "replace") for key, count in present.items() if count > allowed[key])
+
+
+def _inserted(base: list[bytes], side: list[bytes]) -> Counter[bytes]:
+    """The lines ``side`` inserts into ``base`` (the insert and replace blocks of their diff), by count."""
+    found: Counter[bytes] = Counter()
+    for op, _, _, start, end in SequenceMatcher(None, base, side, autojunk=False).get_opcodes():
+        if op in ("insert", "replace"):
+            found.update(side[start:end])
+    return found
 
 
 def marker_lines(text: bytes, *allowed_from: bytes) -> list[str]:
