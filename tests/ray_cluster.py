@@ -12,8 +12,9 @@ everything left in it.
   dies takes the cluster with it;
 - the nodes: ``nsenter`` into the keeper's namespaces, ``ray start --head --node-ip-address 127.0.0.1
   --num-cpus 0`` (the control node runs no turns), then two ``ray start --address 127.0.0.1:6379``
-  workers at once (``--num-cpus 2`` each), all with a short ``--temp-dir`` of their own;
-- the driver: the test process's main thread joins the keeper's network namespace (``setns``) for the
+  workers (``--num-cpus 2`` each), the second as soon as the first has made its sockets, all with a
+  short ``--temp-dir`` of their own and fixed ports;
+- the driver: ``connect`` waits until all three nodes are alive; the test process's main thread joins the keeper's network namespace (``setns``) for the
   module and goes back to its own afterwards; Ray's driver threads start after the join, inside.
 """
 
@@ -82,15 +83,7 @@ class RayTestCluster:
 
     def processes(self) -> list[int]:
         """Outer pids of every process in the cluster's pid namespace."""
-        target, found = self.pid_namespace(), []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.readlink(f"/proc/{entry}/ns/pid") == target:
-                        found.append(int(entry))
-                except OSError:
-                    pass
-        return found
+        return _members(self.pid_namespace())
 
     def raylet(self, node_id: str) -> int | None:
         """The outer pid of the raylet of ``node_id``."""
@@ -127,13 +120,27 @@ class RayTestCluster:
         finally:
             os.close(theirs)
 
+    def connect(self, timeout: float = 120) -> None:
+        """``ray.init`` from this process (inside the namespace), then wait until every node is alive."""
+        import ray
+
+        ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [node for node in ray.nodes() if node["Alive"]]
+            if len(alive) == 1 + len(self.workers):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(alive)} of {1 + len(self.workers)} Ray nodes alive after {timeout:.0f}s")
+            time.sleep(0.2)
+
     def leave(self) -> None:
         if self._own_netns is not None:
             _setns(self._own_netns)
             os.close(self._own_netns)
             self._own_netns = None
 
-    def stop(self) -> list[int]:
+    def stop(self) -> list[str]:
         """``ray stop --force`` inside, then the keeper exits (the kernel kills what is left). Returns what
         was still alive in the namespace afterwards (nothing, or the test fails)."""
         namespace = self.pid_namespace() if self.keeper.poll() is None else None
@@ -149,15 +156,30 @@ class RayTestCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         if namespace is None:
             return []
-        left = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
-                        left.append(int(entry))
-                except OSError:
-                    pass
-        return left
+        # The keeper was the namespace's init: the kernel has sent SIGKILL to all the rest; wait for them to go.
+        deadline = time.monotonic() + 15
+        while (left := _members(namespace)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [f"{pid}: {_cmdline(pid)}" for pid in left]
+
+
+def _members(namespace: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
 
 
 def _children(pid: int) -> list[int]:
@@ -171,6 +193,27 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry))
     return sorted(found)
+
+
+def _ports(base: int) -> list[str]:
+    """Fixed ports for one worker node: nodes that start at once on one address would otherwise pick the same."""
+    return ["--node-manager-port", str(base), "--object-manager-port", str(base + 1),
+            "--runtime-env-agent-port", str(base + 2), "--dashboard-agent-grpc-port", str(base + 3),
+            "--dashboard-agent-listen-port", str(base + 4), "--metrics-export-port", str(base + 5),
+            "--min-worker-port", str(base + 100), "--max-worker-port", str(base + 999)]
+
+
+def _wait_for_sockets(temp_dir: str, count: int, starting: subprocess.Popen[str], timeout: float = 120) -> None:
+    sockets = Path(temp_dir) / "session_latest" / "sockets"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and starting.poll() is None:
+        try:
+            names = os.listdir(sockets)
+        except OSError:
+            names = []
+        if all(sum(1 for n in names if n.split(".")[0] == prefix) >= count for prefix in ("raylet", "plasma_store")):
+            return
+        time.sleep(0.05)
 
 
 def available() -> str | None:
@@ -188,7 +231,6 @@ def available() -> str | None:
 
 
 def start_cluster(workers: int = 2, cpus_per_worker: int = 2) -> RayTestCluster:
-    began = time.monotonic()
     temp_dir = tempfile.mkdtemp(prefix="ovr", dir="/tmp")  # short: Ray's socket paths live under it
     keeper = subprocess.Popen(["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child",
                                sys.executable, "-c", KEEPER],
@@ -199,25 +241,31 @@ def start_cluster(workers: int = 2, cpus_per_worker: int = 2) -> RayTestCluster:
         raise RuntimeError(f"the namespace keeper did not start: {keeper.communicate()[1][-500:]}")
     cluster = RayTestCluster(keeper, temp_dir, keeper_pid=_children(keeper.pid)[0])
     common = ["--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--disable-usage-stats",
-              "--object-store-memory", str(100 * 1024 * 1024)]
+              "--object-store-memory", str(100 * 1024 * 1024), "--include-log-monitor", "false"]
     try:
         cluster.run(_ray_bin(), "start", "--head", "--port", str(PORT), "--num-cpus", "0",
                     "--dashboard-host", "127.0.0.1", *common)
         names = [f"worker{i + 1}" for i in range(workers)]
-        starting = [subprocess.Popen(["nsenter", "-t", str(cluster.keeper_pid), "--net", "--pid", "--mount", "--",
-                                      _ray_bin(), "start", "--address", cluster.address, "--node-name", name,
-                                      "--num-cpus", str(cpus_per_worker), *common],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                    for name in names]
+        starting = []
+        for number, name in enumerate(names):
+            starting.append(subprocess.Popen(
+                ["nsenter", "-t", str(cluster.keeper_pid), "--net", "--pid", "--mount", "--", _ray_bin(), "start",
+                 "--address", cluster.address, "--node-name", name, "--num-cpus", str(cpus_per_worker), *common,
+                 *_ports(20000 + 1000 * number)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            # Each node names its raylet's and object store's sockets sockets/raylet.N with the first free N:
+            # the next node may start once this one's sockets exist (not when it has registered, much later).
+            _wait_for_sockets(temp_dir, 2 + number, starting[-1])
         for name, process in zip(names, starting):
             output, _ = process.communicate(timeout=180)
-            if process.returncode != 0:
+            # `ray start` gives a raylet 30 s to register and then gives up waiting, but leaves it running:
+            # on a loaded machine it registers later (``connect`` waits for every node).
+            if process.returncode != 0 and "timed out during startup" not in output:
                 raise RuntimeError(f"ray start of {name} failed: {output[-800:]}")
         cluster.workers = names
     except BaseException:
         cluster.stop()
         raise
-    cluster.started_seconds = time.monotonic() - began
     return cluster
 
 
@@ -227,9 +275,12 @@ def ray_cluster() -> t.Iterator[RayTestCluster]:
     reason = available()
     if reason:
         missing(reason)
+    began = time.monotonic()
     cluster = start_cluster()
     cluster.enter()
     try:
+        cluster.connect()
+        cluster.started_seconds = time.monotonic() - began
         yield cluster
     finally:
         try:

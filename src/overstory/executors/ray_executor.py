@@ -132,17 +132,27 @@ class RayExecutor(TurnExecutor):
 
     def _task_state(self, task_id: str | None) -> t.Any:
         """The task's latest attempt in Ray's state API (None until its first event has arrived)."""
+        found = self._attempts(task_id)
+        return max(found, key=lambda item: item.attempt_number) if found else None
+
+    def _attempts(self, task_id: str | None) -> list[t.Any]:
         if not task_id:
-            return None
+            return []
         from ray.util.state import get_task
 
         try:
             found = get_task(task_id, timeout=10)
         except Exception:  # noqa: BLE001 - the dashboard is optional for the verbs; the hub still answers
-            return None
-        if isinstance(found, list):  # one entry per attempt
-            found = max(found, key=lambda item: item.attempt_number) if found else None
-        return found
+            return []
+        return list(found) if isinstance(found, list) else [found] if found is not None else []
+
+    def attempts(self, turn_id: str) -> list[dict[str, t.Any]]:
+        """Every attempt Ray's state API knows of the turn's task (one, as Ray's retries are off)."""
+        view = self._call("view", turn_id)
+        if view is None:
+            raise TurnNotFound(turn_id, self.kind)
+        return [{"attempt": task.attempt_number, "state": task.state, "node": task.node_id,
+                 "error_type": task.error_type} for task in self._attempts(view.get("task_id"))]
 
     def lines(self, turn_id: str, cursor: int = 0, *, timeout: float = 0.0) -> Lines:
         found = self._call("read", turn_id, cursor, timeout, timeout=timeout + 60)

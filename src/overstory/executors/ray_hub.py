@@ -83,12 +83,29 @@ class TurnHub:
             turn.task_id = turn.ref.task_id().hex()
             return True
 
-    def started(self, turn_id: str, info: dict[str, t.Any]) -> float | None:
-        """The task says where and as which process the turn runs; answers the stop grace if it was stopped."""
+    def begin(self, turn_id: str, node: str) -> str:
+        """The task asks to start the command on ``node``: "" (go) once per turn, else why not.
+
+        Ray's retries are off; this is the second lock on the door: an attempt that is not the first (a
+        retry someone configured, a duplicate) never starts the command, so a turn never runs twice.
+        """
         with self._lock:
             turn = self._turns.get(turn_id)
             if turn is None:
-                return 0.0  # forgotten while it was queued: do not start it
+                return "the turn was forgotten before it started"
+            if turn.stop_grace is not None:
+                return STOPPED
+            if turn.started is not None:
+                return f"an earlier attempt already started it on node {turn.started.get('node')}"
+            turn.started = {"node": node}
+            return ""
+
+    def started(self, turn_id: str, info: dict[str, t.Any]) -> float | None:
+        """The task says as which process the turn runs; answers the stop grace if it was asked to stop."""
+        with self._lock:
+            turn = self._turns.get(turn_id)
+            if turn is None:
+                return 0.0  # forgotten meanwhile: stop it
             turn.started = {**(turn.started or {}), **info}
             self._lock.notify_all()
             return turn.stop_grace
@@ -139,8 +156,8 @@ class TurnHub:
                 return None
             if self._outcome(turn) is None and turn.stop_grace is None:
                 turn.stop_grace = grace
-                if turn.started is None or "pid" not in turn.started:
-                    ray.cancel(turn.ref)  # not running yet: it never starts (or its task sees the stop first)
+                if turn.started is None:
+                    ray.cancel(turn.ref)  # queued: it never starts (if its task runs already, ``begin`` refuses)
         return self.view(turn_id)
 
     def force_stop(self, turn_id: str) -> dict[str, t.Any] | None:
@@ -210,8 +227,9 @@ def run_turn(wire: dict[str, t.Any], hub: t.Any) -> dict[str, t.Any]:
 
     spec = TurnSpec.from_wire(wire)
     node = ray.get_runtime_context().get_node_id()
-    if ray.get(hub.started.remote(spec.turn_id, {"node": node})) is not None:
-        return {"state": "failed", "reason": STOPPED, "exit_code": None}
+    refused = ray.get(hub.begin.remote(spec.turn_id, node))
+    if refused:
+        return {"state": "failed", "reason": refused, "exit_code": None}
     env = dict(spec.env)
     env.setdefault(procs.TURN_TAG, spec.turn_id)
     spec_read, spec_write = os.pipe()
