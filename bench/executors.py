@@ -93,7 +93,8 @@ def main() -> int:
         ray_module.shutdown()
         cluster.leave()
         left = cluster.stop()
-    print(f"cluster (head + 2 workers, in a network namespace) up in {started:.1f} s; left after stop: {left or 'none'}")
+    print(f"cluster (head + 2 workers, in a network namespace) up in {started:.1f} s; "
+          f"left after stop: {left or 'none'}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores); {args.rounds} rounds")
     print("| figure | median | min | max | ratio to local |")
     print("| --- | --- | --- | --- | --- |")

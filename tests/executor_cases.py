@@ -26,6 +26,11 @@ def group_and_straggler(tag: str = "ready") -> str:
     return f"sleep 300 & setsid sleep 300 & echo {tag}; wait"
 
 
+def stubborn(tag: str = "ready") -> str:
+    """A script that ignores SIGTERM: only the SIGKILL after the grace ends it."""
+    return f"trap '' TERM; echo {tag}; while :; do sleep 0.2; done"
+
+
 def numbered(first: int, last: int, gate: Path) -> str:
     """Prints first..last/2, waits for ``gate`` to exist, prints the rest, then a last line without a newline."""
     middle = (first + last) // 2

@@ -14,8 +14,9 @@ everything left in it.
   --num-cpus 0`` (the control node runs no turns), then two ``ray start --address 127.0.0.1:6379``
   workers (``--num-cpus 2`` each), the second as soon as the first has made its sockets, all with a
   short ``--temp-dir`` of their own and fixed ports;
-- the driver: ``connect`` waits until all three nodes are alive; the test process's main thread joins the keeper's network namespace (``setns``) for the
-  module and goes back to its own afterwards; Ray's driver threads start after the join, inside.
+- the driver: the test process's main thread joins the keeper's network namespace (``setns``) for the
+  module and goes back to its own afterwards; Ray's driver threads start after the join, inside;
+  ``connect`` waits until all three nodes are alive.
 """
 
 from __future__ import annotations
@@ -269,8 +270,8 @@ def start_cluster(workers: int = 2, cpus_per_worker: int = 2) -> RayTestCluster:
     return cluster
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> t.Iterator[RayTestCluster]:
+@pytest.fixture(scope="module", name="ray_cluster")
+def ray_cluster_fixture() -> t.Iterator[RayTestCluster]:
     """A started cluster, with this process's main thread inside its network namespace for the module."""
     reason = available()
     if reason:

@@ -22,6 +22,7 @@ from executor_cases import (
     read_all,
     read_until,
     spec,
+    stubborn,
     tagged,
     wait_until,
 )
@@ -86,6 +87,14 @@ def test_stop_ends_the_whole_process_group_and_what_left_it(executor: LocalExecu
     assert (stopped.state, stopped.reason) == ("failed", STOPPED)
     assert procs.group_members(running.pid) == []
     assert tagged("t-stop") == []
+
+
+def test_stop_kills_a_command_that_ignores_sigterm_after_the_grace(executor: LocalExecutor, tmp_path: Path) -> None:
+    executor.submit(spec("t-stubborn", stubborn(), tmp_path))
+    assert read_until(executor, "t-stubborn", 1)[0] == ["ready"]
+    stopped = executor.stop("t-stubborn", grace=1)
+    assert (stopped.state, stopped.reason, stopped.exit_code) == ("failed", STOPPED, 128 + signal.SIGKILL)
+    assert tagged("t-stubborn") == []
 
 
 @requires_bwrap
@@ -166,7 +175,8 @@ def test_config_defaults_to_local_and_ray_needs_an_address(tmp_path: Path) -> No
     assert "\n" not in str(caught.value) and "executor.ray.address" in str(caught.value)
 
 
-def test_executor_ray_without_the_ray_package_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_executor_ray_without_the_ray_package_is_one_clear_line(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     config_file = tmp_path / "config.yaml"
     config_file.write_text("executor:\n  kind: ray\n  ray:\n    address: 127.0.0.1:6379\n")
     config = load_config(config_file, None, environ={})  # valid without ray: only using it needs the package

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import time
 import typing as t
@@ -16,8 +17,18 @@ import uuid
 from pathlib import Path
 
 import pytest
-from executor_cases import counting, group_and_straggler, numbered, read_all, read_until, spec, tagged, wait_until
-from ray_cluster import RayTestCluster, ray_cluster  # noqa: F401 - the module's cluster fixture
+from executor_cases import (
+    counting,
+    group_and_straggler,
+    numbered,
+    read_all,
+    read_until,
+    spec,
+    stubborn,
+    tagged,
+    wait_until,
+)
+from ray_cluster import RayTestCluster, ray_cluster_fixture  # noqa: F401 - the module's cluster fixture
 
 from overstory.errors import TurnNotFound
 from overstory.executors import get_executor
@@ -28,7 +39,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def executor(ray_cluster: RayTestCluster) -> RayExecutor:  # noqa: F811
+def executor(ray_cluster: RayTestCluster) -> RayExecutor:
     made = get_executor("ray", address=ray_cluster.address, turn_resources={"CPU": 1})
     assert isinstance(made, RayExecutor)
     return made
@@ -43,7 +54,7 @@ def turn_id(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def test_the_cluster_and_its_driver_see_only_loopback(ray_cluster: RayTestCluster,  # noqa: F811
+def test_the_cluster_and_its_driver_see_only_loopback(ray_cluster: RayTestCluster,
                                                       executor: RayExecutor) -> None:
     print(f"\ncluster (head + {len(ray_cluster.workers)} workers) started in {ray_cluster.started_seconds:.1f}s")
     assert os.readlink("/proc/self/ns/net") == os.readlink(f"/proc/{ray_cluster.keeper_pid}/ns/net")
@@ -68,7 +79,7 @@ def loopback_or_any(host: str) -> bool:
     return address.is_loopback or address.is_unspecified
 
 
-def test_a_second_submit_of_one_turn_id_starts_one_task(executor: RayExecutor, ray_cluster: RayTestCluster,  # noqa: F811
+def test_a_second_submit_of_one_turn_id_starts_one_task(executor: RayExecutor, ray_cluster: RayTestCluster,
                                                         scratch: Path) -> None:
     marker = scratch / "starts"
     name = turn_id("once")
@@ -82,7 +93,7 @@ def test_a_second_submit_of_one_turn_id_starts_one_task(executor: RayExecutor, r
 
 
 def test_lines_come_in_order_and_a_new_reader_resumes_from_the_cursor(executor: RayExecutor,
-                                                                      ray_cluster: RayTestCluster,  # noqa: F811
+                                                                      ray_cluster: RayTestCluster,
                                                                       scratch: Path) -> None:
     gate = scratch / "go"
     name = turn_id("lines")
@@ -108,7 +119,16 @@ def test_stop_ends_the_whole_process_group_and_what_left_it(executor: RayExecuto
     wait_until(lambda: tagged(name) == [], 10, f"processes of {name} still run: {tagged(name)}")
 
 
-def test_statuses_are_typed(executor: RayExecutor, ray_cluster: RayTestCluster, scratch: Path) -> None:  # noqa: F811
+def test_stop_kills_a_command_that_ignores_sigterm_after_the_grace(executor: RayExecutor, scratch: Path) -> None:
+    name = turn_id("stubborn")
+    executor.submit(spec(name, stubborn(), scratch))
+    assert read_until(executor, name, 1, timeout=120)[0] == ["ready"]
+    stopped = executor.stop(name, grace=1)
+    assert (stopped.state, stopped.reason, stopped.exit_code) == ("failed", STOPPED, 128 + signal.SIGKILL)
+    wait_until(lambda: tagged(name) == [], 10, f"processes of {name} still run: {tagged(name)}")
+
+
+def test_statuses_are_typed(executor: RayExecutor, ray_cluster: RayTestCluster, scratch: Path) -> None:
     name = turn_id("exit")
     executor.submit(spec(name, "echo out; exit 3", scratch))
     ended = executor.wait(name, timeout=120)
@@ -156,7 +176,7 @@ def test_turns_spread_over_both_worker_nodes(executor: RayExecutor, scratch: Pat
 
 
 def test_a_killed_worker_node_makes_its_turn_lost_and_nothing_runs_again(executor: RayExecutor,
-                                                                         ray_cluster: RayTestCluster,  # noqa: F811
+                                                                         ray_cluster: RayTestCluster,
                                                                          scratch: Path) -> None:
     marker = scratch / "starts"
     name = turn_id("doomed")
@@ -185,7 +205,7 @@ def test_a_killed_worker_node_makes_its_turn_lost_and_nothing_runs_again(executo
     assert executor.status(after).node not in (running.node, None)
 
 
-def test_the_cluster_processes_are_all_in_its_namespace(ray_cluster: RayTestCluster) -> None:  # noqa: F811
+def test_the_cluster_processes_are_all_in_its_namespace(ray_cluster: RayTestCluster) -> None:
     """What the teardown checks holds from the start: every Ray process of the test is inside."""
     inside = set(ray_cluster.processes())
     ours = subprocess.run(["pgrep", "-f", ray_cluster.temp_dir], capture_output=True, text=True).stdout.split()

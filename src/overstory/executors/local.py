@@ -84,8 +84,8 @@ class LocalExecutor(TurnExecutor):
                 break
             time.sleep(POLL_SECONDS)
         if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
-            _write_json(folder / "failed.json", {"reason": f"the shim exited ({shim.returncode}) before the command "
-                                                           f"started: {_tail(folder / 'stderr')}", "ended_ms": now_ms()})
+            reason = f"the shim exited ({shim.returncode}) before the command started: {_tail(folder / 'stderr')}"
+            _write_json(folder / "failed.json", {"reason": reason, "ended_ms": now_ms()})
         return Submitted(spec.turn_id, created=True)
 
     def status(self, turn_id: str) -> TurnStatus:

@@ -24,6 +24,7 @@ installed, building this executor is a one-line error.
 from __future__ import annotations
 
 import threading
+import time
 import typing as t
 
 from overstory.errors import ClusterUnreachable, ExecutorUnavailable, TurnNotFound
@@ -32,6 +33,8 @@ from overstory.executors.ray_hub import HUB_NAME, LOST_ERROR_TYPES, TurnHub
 
 INSTALL_HINT = "install the ray extra: pip install 'overstory[ray]'"
 STOP_SLACK = 3.0  # seconds past the grace before a stop kills on the node
+STATE_API_SECONDS = 1.0  # how often the state API is asked about a running turn
+HUB_THREADS = 256  # the hub's calls at once: a reader waiting for lines holds one, each turn's pushes another
 PENDING_STATES = frozenset({"NIL", "PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "PENDING_OBJ_STORE_MEM_AVAIL",
                             "PENDING_ARGS_FETCH", "SUBMITTED_TO_WORKER"})
 _connect_lock = threading.Lock()
@@ -77,6 +80,7 @@ class RayExecutor(TurnExecutor):
         self.namespace = namespace
         self.options = task_options(turn_resources if turn_resources is not None else {"CPU": 1})
         self._hub: t.Any = None
+        self._asked: dict[str, tuple[float, t.Any]] = {}  # turn id -> (when, the state API's answer)
 
     # ---- connection -----------------------------------------------------------------------------------
 
@@ -89,7 +93,7 @@ class RayExecutor(TurnExecutor):
                 try:
                     ray.init(address=self.address, namespace=self.namespace, logging_level="ERROR",
                              log_to_driver=False)
-                except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError: all say "not there"
+                except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError: "not there"
                     raise ClusterUnreachable(self.address, _first_line(exc)) from None
             try:
                 self._hub = ray.get_actor(HUB_NAME, namespace=self.namespace)
@@ -99,12 +103,19 @@ class RayExecutor(TurnExecutor):
                 here = ray.get_runtime_context().get_node_id()
                 self._hub = ray.remote(TurnHub).options(
                     name=HUB_NAME, namespace=self.namespace, lifetime="detached", get_if_exists=True,
-                    max_concurrency=64, num_cpus=0, max_restarts=0,
+                    max_concurrency=HUB_THREADS, num_cpus=0, max_restarts=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
         return self._hub
 
     def _call(self, method: str, *args: t.Any, timeout: float = 60) -> t.Any:
-        return self.ray.get(getattr(self.hub(), method).remote(*args), timeout=timeout)
+        from ray.exceptions import RayError
+
+        try:
+            return self.ray.get(getattr(self.hub(), method).remote(*args), timeout=timeout)
+        except RayError as exc:  # the hub died (the control node's raylet restarted) or did not answer
+            self._hub = None
+            detail = f"the turn hub did not answer {method}: {_first_line(exc)}"
+            raise ClusterUnreachable(self.address, detail) from None
 
     # ---- the verbs ------------------------------------------------------------------------------------
 
@@ -121,7 +132,7 @@ class RayExecutor(TurnExecutor):
         if outcome is not None:
             return TurnStatus(turn_id, t.cast(TurnState, outcome["state"]), str(outcome.get("reason") or ""),
                               exit_code=outcome.get("exit_code"), ended_ms=outcome.get("ended_ms"), **where)
-        task = self._task_state(view.get("task_id"))
+        task = self._task_state(turn_id, view.get("task_id"), fresh=where["pid"] is None)
         if task is not None and task.state == "FAILED" and task.error_type in LOST_ERROR_TYPES:
             return TurnStatus(turn_id, "lost", f"{task.error_type}: {_first_line(task.error_message or '')}",
                               node=where["node"] or task.node_id, pid=where["pid"], started_ms=where["started_ms"])
@@ -130,10 +141,19 @@ class RayExecutor(TurnExecutor):
                               pid=where["pid"], started_ms=where["started_ms"])
         return TurnStatus(turn_id, "queued", "waiting for a node with " + _describe(self.options))
 
-    def _task_state(self, task_id: str | None) -> t.Any:
-        """The task's latest attempt in Ray's state API (None until its first event has arrived)."""
+    def _task_state(self, turn_id: str, task_id: str | None, *, fresh: bool) -> t.Any:
+        """The task's latest attempt in Ray's state API (None until its first event has arrived). A running
+        turn's is asked at most once a second (the hub's object ref says first when its node dies)."""
+        if not task_id:
+            return None
+        now = time.monotonic()
+        asked = self._asked.get(turn_id)
+        if asked is not None and not fresh and now - asked[0] < STATE_API_SECONDS:
+            return asked[1]
         found = self._attempts(task_id)
-        return max(found, key=lambda item: item.attempt_number) if found else None
+        latest = max(found, key=lambda item: item.attempt_number) if found else None
+        self._asked[turn_id] = (now, latest)
+        return latest
 
     def _attempts(self, task_id: str | None) -> list[t.Any]:
         if not task_id:
@@ -176,6 +196,7 @@ class RayExecutor(TurnExecutor):
         except TurnNotFound:
             return
         self._call("forget", turn_id)
+        self._asked.pop(turn_id, None)
 
     def close(self) -> None:
         self._hub = None

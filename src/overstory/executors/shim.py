@@ -2,8 +2,9 @@
 
 It starts the command in a process group of its own, with the stdin/stdout/stderr the shim was
 given, says which process that is (``--report-fd``, ``--record-dir``), waits for it, stops what it
-left running in its group or tagged with its turn id, and records how it ended. The shim is not in the command's group and does not carry the turn's tag
-(``procs.TURN_TAG``), so stopping the turn never stops the shim before it has recorded the end.
+left running in its group or tagged with its turn id, and records how it ended. The shim is not in
+the command's group and does not carry the turn's tag (``procs.TURN_TAG``), so stopping the turn
+never stops the shim before it has recorded the end.
 
 - ``--record-dir DIR`` (the local executor): ``proc.json`` once the command runs and ``exit.json``
   when it ends, written here, so a turn outlives the process that submitted it and any process can
