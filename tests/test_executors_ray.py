@@ -11,6 +11,7 @@ import ipaddress
 import os
 import signal
 import subprocess
+import sys
 import time
 import typing as t
 import uuid
@@ -126,6 +127,64 @@ def test_stop_kills_a_command_that_ignores_sigterm_after_the_grace(executor: Ray
     stopped = executor.stop(name, grace=1)
     assert (stopped.state, stopped.reason, stopped.exit_code) == ("failed", STOPPED, 128 + signal.SIGKILL)
     wait_until(lambda: tagged(name) == [], 10, f"processes of {name} still run: {tagged(name)}")
+
+
+def test_a_stop_the_task_cannot_hear_kills_on_the_node_and_cancels_the_task(executor: RayExecutor,
+                                                                           scratch: Path) -> None:
+    """The Ray worker running the turn is frozen (SIGSTOP): it cannot see the stop. After the grace, a task
+    pinned to the turn's node kills the turn's processes, and the turn's task is cancelled (its worker killed)."""
+    name = turn_id("frozen")
+    executor.submit(spec(name, group_and_straggler(), scratch))
+    assert read_until(executor, name, 1, timeout=120)[0] == ["ready"]
+    processes = tagged(name)
+    leaders = [pid for pid in processes if parent(pid) not in processes]  # the command; its parent is the shim
+    assert len(leaders) == 1, leaders
+    worker = parent(parent(leaders[0]))  # the Ray worker running the turn's task
+    assert "ray::" in Path(f"/proc/{worker}/cmdline").read_text(errors="replace"), "not a Ray worker"
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        stopped = executor.stop(name, grace=1)
+    finally:
+        try:
+            os.kill(worker, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert stopped.state == "failed" and stopped.reason == STOPPED, stopped
+    wait_until(lambda: tagged(name) == [], 10, f"processes of {name} still run: {tagged(name)}")
+    wait_until(lambda: not Path(f"/proc/{worker}").exists() or _state(worker) == "Z", 10,
+               f"the frozen worker {worker} was not killed")
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_turn_outlives_the_process_that_submitted_it(executor: RayExecutor, ray_cluster: RayTestCluster,
+                                                       scratch: Path) -> None:
+    """The hub owns the task, not the submitter: a loop that exits (or dies) leaves its turn running, and
+    another process reads it and waits for it. (The child process is in this network namespace too.)"""
+    gate = scratch / "go"
+    name = turn_id("orphan")
+    code = ("import sys; from overstory.executors.ray_executor import RayExecutor; "
+            "from overstory.executors.base import TurnSpec; "
+            f"print(RayExecutor(sys.argv[1]).submit(TurnSpec({name!r}, ('sh', '-c', "
+            f"\"echo early; while [ ! -e {gate} ]; do sleep 0.05; done; echo late; exit 4\"), '/')).created)")
+    done = subprocess.run([sys.executable, "-c", code, ray_cluster.address], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert read_until(executor, name, 1, timeout=120)[0] == ["early"]
+    assert executor.status(name).state == "running"
+    gate.touch()
+    ended = executor.wait(name, timeout=60)
+    assert (ended.state, ended.exit_code) == ("finished", 4)
+    assert read_all(executor, name)[0] == ["early", "late"]
 
 
 def test_statuses_are_typed(executor: RayExecutor, ray_cluster: RayTestCluster, scratch: Path) -> None:
