@@ -97,6 +97,22 @@ def test_stop_kills_a_command_that_ignores_sigterm_after_the_grace(executor: Loc
     assert tagged("t-stubborn") == []
 
 
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_stop_racing_the_submit_never_leaves_the_command_running(executor: LocalExecutor, tmp_path: Path,
+                                                                   attempt: int) -> None:
+    """Whichever comes first, the turn ends stopped: the shim sees the stop before starting the command, or
+    the stop finds the command's proc.json and kills it."""
+    name = f"t-race-{attempt}"
+    submitter = threading.Thread(target=executor.submit, args=(spec(name, group_and_straggler(), tmp_path),))
+    submitter.start()
+    wait_until(lambda: (executor.root / name).is_dir(), 10, "never claimed")
+    stopped = executor.stop(name, grace=1)
+    submitter.join()
+    assert (stopped.state, stopped.reason) == ("failed", STOPPED), stopped
+    assert executor.status(name).state == "failed"
+    assert tagged(name) == []
+
+
 @requires_bwrap
 def test_stop_ends_a_bubblewrap_sandbox(executor: LocalExecutor, tmp_path: Path) -> None:
     argv = ("bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",

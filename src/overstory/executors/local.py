@@ -98,11 +98,12 @@ class LocalExecutor(TurnExecutor):
                               ended_ms=failed.get("ended_ms"))
         proc = self._read(turn_id, "proc.json")
         stop = self._read(turn_id, "stop.json")
-        if proc is None:
-            claim = self._read(turn_id, "claim.json")
-            if claim is not None and not procs.is_alive(claim.get("pid"), claim.get("ticks")):
-                return TurnStatus(turn_id, "lost", "the process that submitted it died before it started")
-            return TurnStatus(turn_id, "failed" if stop else "queued", STOPPED if stop else "")
+        if proc is None:  # claimed; the submit that claimed it is starting it, or died doing so
+            if self._submitting(turn_id):
+                return TurnStatus(turn_id, "queued")
+            if stop is not None:
+                return TurnStatus(turn_id, "failed", STOPPED)
+            return TurnStatus(turn_id, "lost", "the process that submitted it died before it started")
         where = {"node": proc.get("node"), "pid": proc.get("pid"), "started_ms": proc.get("started_ms")}
         ended = self._read(turn_id, "exit.json")
         if ended is not None:
@@ -117,6 +118,16 @@ class LocalExecutor(TurnExecutor):
             return self.status(turn_id)
         return TurnStatus(turn_id, "lost", "its process ended and nothing recorded how (its shim was killed)",
                           **where)
+
+    def _submitting(self, turn_id: str) -> bool:
+        """The process that claimed the turn lives (and, as the turn has no proc.json yet, is starting it)."""
+        claim = self._read(turn_id, "claim.json")
+        if claim is None:  # claimed this instant (claim.json comes right after the folder), or died right there
+            try:
+                return time.time() - self._dir(turn_id).stat().st_mtime < START_WAIT_SECONDS
+            except OSError:
+                return False
+        return procs.is_alive(claim.get("pid"), claim.get("ticks"))
 
     def lines(self, turn_id: str, cursor: int = 0, *, timeout: float = 0.0) -> Lines:
         path = self._dir(turn_id) / "stdout"
@@ -142,7 +153,12 @@ class LocalExecutor(TurnExecutor):
             return status
         folder = self._dir(turn_id)
         _write_json(folder / "stop.json", {"ms": now_ms(), "by_pid": os.getpid()})
-        proc = self._read(turn_id, "proc.json")
+        # A turn being submitted this instant: its shim either sees stop.json and never starts the command,
+        # or has started it and writes proc.json right away.
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while (proc := self._read(turn_id, "proc.json")) is None and time.monotonic() < deadline \
+                and not (folder / "failed.json").exists() and self._submitting(turn_id):
+            time.sleep(POLL_SECONDS)
         if proc is not None:
             procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace)
         return self.wait(turn_id, timeout=grace + 5)

@@ -81,6 +81,9 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     with os.fdopen(args.spec_fd, encoding="utf-8") as handle:
         spec = json.load(handle)
     turn_id = str(spec["turn_id"])
+    if args.record_dir and os.path.exists(os.path.join(args.record_dir, "stop.json")):
+        _write_json(args.record_dir, "failed.json", {"reason": "stopped", "ended_ms": now_ms()})
+        return 143  # stopped before it started
     try:
         child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], start_new_session=True)
     except OSError as exc:
