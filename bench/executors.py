@@ -26,11 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from ray_cluster import available, start_cluster  # noqa: E402
-
 from overstory.executors.base import TurnExecutor, TurnSpec  # noqa: E402
 from overstory.executors.local import LocalExecutor  # noqa: E402
 from overstory.executors.ray_executor import RayExecutor  # noqa: E402
+from ray_cluster import available, start_cluster  # noqa: E402
 
 
 def one_turn(executor: TurnExecutor, cwd: str) -> tuple[float, float]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from requires import missing
 
 CLONE_NEWNET = 0x40000000

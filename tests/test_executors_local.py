@@ -15,6 +15,7 @@ import typing as t
 from pathlib import Path
 
 import pytest
+
 from executor_cases import (
     counting,
     group_and_straggler,
@@ -26,14 +27,13 @@ from executor_cases import (
     tagged,
     wait_until,
 )
-from sandbox_helpers import requires_bwrap
-
 from overstory import procs
 from overstory.config import load_config
 from overstory.errors import ConfigError, ExecutorUnavailable, TurnNotFound, UsageError
 from overstory.executors import EXECUTOR_KINDS, from_config, get_executor
 from overstory.executors.base import STOPPED, TurnSpec
 from overstory.executors.local import LocalExecutor
+from sandbox_helpers import requires_bwrap
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-import typing as t
 import uuid
 from pathlib import Path
 
 import pytest
+
 from executor_cases import (
     counting,
     group_and_straggler,
@@ -29,12 +29,11 @@ from executor_cases import (
     tagged,
     wait_until,
 )
-from ray_cluster import RayTestCluster, ray_cluster_fixture  # noqa: F401 - the module's cluster fixture
-
 from overstory.errors import TurnNotFound
 from overstory.executors import get_executor
 from overstory.executors.base import STOPPED, TurnSpec
 from overstory.executors.ray_executor import RayExecutor
+from ray_cluster import RayTestCluster, ray_cluster_fixture  # noqa: F401 - the module's cluster fixture
 
 pytestmark = pytest.mark.slow
 

@@ -138,5 +138,5 @@ class TurnExecutor(abc.ABC):
     def forget(self, turn_id: str) -> None:
         """Drop what is kept for an ended turn (its lines); a turn that still runs is stopped first."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional verb with a safe default, like a runtime's hooks
         """Let go of connections; turns keep running."""

@@ -104,7 +104,8 @@ class LocalExecutor(TurnExecutor):
             if stop is not None:
                 return TurnStatus(turn_id, "failed", STOPPED)
             return TurnStatus(turn_id, "lost", "the process that submitted it died before it started")
-        where = {"node": proc.get("node"), "pid": proc.get("pid"), "started_ms": proc.get("started_ms")}
+        where: dict[str, t.Any] = {"node": proc.get("node"), "pid": proc.get("pid"),
+                                   "started_ms": proc.get("started_ms")}
         ended = self._read(turn_id, "exit.json")
         if ended is not None:
             code = ended.get("exit_code")
