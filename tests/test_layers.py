@@ -162,6 +162,25 @@ def test_guards_and_hot_store_modules_import_only_the_standard_library() -> None
     assert problems == []
 
 
+def test_executors_import_no_agents_store_or_cli() -> None:
+    """Where a turn runs knows nothing of agents: the agent loop hands it a command (``executors.base``)."""
+    assert forbidden_imports(ov_graph(), "executors", {"agents", "store", "cli", "ui", "runtimes", "merge"}) == []
+
+
+def test_only_the_ray_executor_imports_ray_and_only_inside_functions() -> None:
+    modules = all_modules()
+    users, at_top = set(), set()
+    for module, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        if any(target == "ray" or target.startswith("ray.") for target in imports_of(source, module, modules)):
+            users.add(module)
+        if any(target == "ray" or target.startswith("ray.")
+               for target in imports_of(source, module, modules, top_level_only=True)):
+            at_top.add(module)
+    assert users <= {"overstory.executors.ray_executor", "overstory.executors.ray_hub"}
+    assert at_top == set()
+
+
 def test_no_module_is_over_600_lines() -> None:
     long = {name: n for name, path in all_modules().items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}

@@ -12,7 +12,7 @@ import typing as t
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from overstory.config_approvals import ApprovalRule, ApprovalsSection, NotifySection  # noqa: F401
 from overstory.config_default import DEFAULT_CONFIG_YAML  # noqa: F401 - re-exported: `ov init` writes it
@@ -239,6 +239,35 @@ class LogsSection(_Section):
     keep_days: float = Field(14, gt=0)
 
 
+class RayExecutorSection(_Section):
+    """Where the ray executor finds its cluster (one that someone started: ov never starts one)."""
+
+    address: str | None = None
+    turn_resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
+    namespace: str = "overstory"
+
+    @field_validator("turn_resources")
+    @classmethod
+    def _amounts(cls, value: dict[str, float]) -> dict[str, float]:
+        negative = sorted(name for name, amount in value.items() if amount < 0)
+        if negative:
+            raise ValueError(f"resource amounts must not be negative: {', '.join(negative)}")
+        return value
+
+
+class ExecutorSection(_Section):
+    """Where turns run (``overstory.executors``): local processes, or tasks on a Ray cluster."""
+
+    kind: t.Literal["local", "ray"] = "local"
+    ray: RayExecutorSection = Field(default_factory=RayExecutorSection)
+
+    @model_validator(mode="after")
+    def _ray_needs_an_address(self) -> ExecutorSection:
+        if self.kind == "ray" and not self.ray.address:
+            raise ValueError("kind ray needs executor.ray.address (HOST:PORT of a running cluster: ray start --head)")
+        return self
+
+
 PROTOCOLS = ("anthropic", "openai-responses", "openai-chat", "gemini")
 
 
@@ -273,6 +302,7 @@ class Config(_Section):
     quota: QuotaSection = Field(default_factory=QuotaSection)
     loop: LoopSection = Field(default_factory=LoopSection)
     schedules: SchedulesSection = Field(default_factory=SchedulesSection)
+    executor: ExecutorSection = Field(default_factory=ExecutorSection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)

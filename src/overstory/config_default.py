@@ -181,6 +181,19 @@ schedules:
   # The longest wait between failed fires, in seconds.
   backoff_max: 3600
 
+executor:
+  # Where turns run: local (a process group on this machine) or ray (a task on a Ray cluster; needs
+  # `pip install 'overstory[ray]'`). Not yet used by the agents' turns: see README "Scaling out".
+  kind: local
+  # The cluster of the ray executor (read when kind is ray).
+  ray:
+    # HOST:PORT of a running cluster's head (`ray start --head` on this machine); ov never starts one.
+    address: null
+    # What one turn's task asks of a node, by Ray's names (CPU, GPU, memory) or a custom resource.
+    turn_resources: {CPU: 1.0}
+    # The Ray namespace of ov's turn hub and tasks.
+    namespace: overstory
+
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
 # openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.

@@ -117,3 +117,31 @@ class LoopError(OrchestratorError):
 
 class ScheduleError(OrchestratorError):
     """An `ov schedule` that cannot be added or found (a bad cron expression, a taken name)."""
+
+
+class ExecutorError(OrchestratorError):
+    """A turn executor (``overstory.executors``) could not do what was asked. Subclasses carry the facts."""
+
+
+class ExecutorUnavailable(ExecutorError):
+    """The executor named in the configuration cannot be used here (an optional extra is not installed)."""
+
+    def __init__(self, kind: str, detail: str, hint: str = "") -> None:
+        self.kind, self.detail, self.hint = kind, detail, hint
+        super().__init__(f"executor {kind!r}: {detail}" + (f" ({hint})" if hint else ""))
+
+
+class ClusterUnreachable(ExecutorError):
+    """The cluster at ``address`` did not answer (ov never starts a cluster by itself)."""
+
+    def __init__(self, address: str, detail: str) -> None:
+        self.address, self.detail = address, detail
+        super().__init__(f"cannot reach the Ray cluster at {address}: {detail}")
+
+
+class TurnNotFound(ExecutorError):
+    """An executor knows no turn with this id (never submitted there, or already forgotten)."""
+
+    def __init__(self, turn_id: str, executor: str) -> None:
+        self.turn_id, self.executor = turn_id, executor
+        super().__init__(f"turn {turn_id} is not known to the {executor} executor")

@@ -1,0 +1,45 @@
+"""The registry of turn executors: the one place that knows every executor's name.
+
+``get_executor(kind, ...)`` imports the executor only when asked: the Ray executor imports
+``ray`` only when it connects, so ov without the ``ray`` extra loads, lists and validates
+``executor: {kind: ray}`` and fails only when a turn would need the cluster, in one line.
+
+A Kubernetes Jobs executor would be one more entry here (see README "Scaling out").
+"""
+
+from __future__ import annotations
+
+import importlib
+import typing as t
+
+from overstory.errors import UsageError
+
+if t.TYPE_CHECKING:
+    from overstory.executors.base import TurnExecutor
+
+# kind -> (module, class). Add an executor here and nowhere else.
+REGISTRY: dict[str, tuple[str, str]] = {
+    "local": ("overstory.executors.local", "LocalExecutor"),
+    "ray": ("overstory.executors.ray_executor", "RayExecutor"),
+}
+EXECUTOR_KINDS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get_executor(kind: str, **settings: t.Any) -> TurnExecutor:
+    """A new executor of ``kind`` built from ``settings`` (its config section's keys); UsageError if unknown."""
+    spec = REGISTRY.get(kind)
+    if spec is None:
+        raise UsageError(f"unknown executor {kind!r}; choose one of: {', '.join(EXECUTOR_KINDS)}")
+    module = importlib.import_module(spec[0])
+    executor: TurnExecutor = getattr(module, spec[1])(**settings)
+    return executor
+
+
+def from_config(config: t.Any, state_dir: str) -> TurnExecutor:
+    """The executor ``config.executor`` names. ``state_dir``: where the local executor keeps its turns."""
+    section = config.executor
+    if section.kind == "local":
+        return get_executor("local", state_dir=state_dir)
+    ray = section.ray
+    return get_executor(section.kind, address=ray.address, turn_resources=dict(ray.turn_resources),
+                        namespace=ray.namespace)

@@ -1,0 +1,186 @@
+"""The local executor: a turn is a process group on this machine, as ``agents/turns.py`` starts it today.
+
+Each turn has a folder ``<state_dir>/<turn_id>/``, and the folder is the truth, so every verb works
+from any process of the project (the loop that submitted, the watchdog, ``ov stop``):
+
+- ``mkdir`` of the folder is the claim: a second submit of the same id finds it and starts nothing;
+- the command runs under the shim (``executors.shim``) in a process group of its own, reading
+  ``stdin`` and writing ``stdout``/``stderr`` in the folder; the shim writes ``proc.json`` (pid, group,
+  start ticks) once it runs and ``exit.json`` when it ends, so a turn outlives whoever submitted it;
+- ``stop.json`` says the turn was stopped through the executor (its status is then ``failed: stopped``);
+- a cursor is a byte offset into ``stdout``.
+
+Any argv runs this way, the sandbox's bwrap command line included; stopping uses ``procs.kill_turn``
+(SIGTERM to the sandboxed commands or the group, then SIGKILL, then the processes tagged with the turn id).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import typing as t
+from pathlib import Path
+
+from overstory import procs
+from overstory.clock import now_ms
+from overstory.errors import TurnNotFound
+from overstory.executors.base import STOPPED, Lines, Submitted, TurnExecutor, TurnSpec, TurnStatus
+from overstory.executors.shim import shim_command, shim_environment
+
+START_WAIT_SECONDS = 30.0
+POLL_SECONDS = 0.02
+
+
+class LocalExecutor(TurnExecutor):
+    kind = "local"
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(state_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, turn_id: str) -> Path:
+        TurnSpec(turn_id, ("-",), "")  # the same rule for ids as a spec's (no path separators)
+        return self.root / turn_id
+
+    def _read(self, turn_id: str, name: str) -> dict[str, t.Any] | None:
+        try:
+            return dict(json.loads((self._dir(turn_id) / name).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+
+    def submit(self, spec: TurnSpec) -> Submitted:
+        folder = self._dir(spec.turn_id)
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            return Submitted(spec.turn_id, created=False)
+        _write_json(folder / "claim.json", {"pid": os.getpid(), "ticks": procs.start_ticks(os.getpid()),
+                                            "ms": now_ms(), "labels": dict(spec.labels)})
+        (folder / "stdin").write_bytes(spec.stdin)
+        env = dict(spec.env)
+        env.setdefault(procs.TURN_TAG, spec.turn_id)  # how stragglers that leave the group are found
+        read_spec, write_spec = os.pipe()
+        with open(folder / "stdin", "rb") as stdin, open(folder / "stdout", "ab") as stdout, \
+                open(folder / "stderr", "ab") as stderr:
+            try:
+                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder)],
+                                        stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=(read_spec,),
+                                        start_new_session=True, env=shim_environment(os.environ), cwd="/")
+            except OSError as exc:
+                os.close(read_spec)
+                os.close(write_spec)
+                _write_json(folder / "failed.json", {"reason": f"cannot start the shim: {exc.strerror or exc}",
+                                                     "ended_ms": now_ms()})
+                return Submitted(spec.turn_id, created=True)
+        os.close(read_spec)
+        with os.fdopen(write_spec, "w", encoding="utf-8") as handle:
+            json.dump({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env}, handle)
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while time.monotonic() < deadline:  # until the command runs (or could not start)
+            if any((folder / name).exists() for name in ("proc.json", "failed.json")) or shim.poll() is not None:
+                break
+            time.sleep(POLL_SECONDS)
+        if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
+            reason = f"the shim exited ({shim.returncode}) before the command started: {_tail(folder / 'stderr')}"
+            _write_json(folder / "failed.json", {"reason": reason, "ended_ms": now_ms()})
+        return Submitted(spec.turn_id, created=True)
+
+    def status(self, turn_id: str) -> TurnStatus:
+        folder = self._dir(turn_id)
+        if not folder.is_dir():
+            raise TurnNotFound(turn_id, self.kind)
+        failed = self._read(turn_id, "failed.json")
+        if failed is not None:
+            return TurnStatus(turn_id, "failed", str(failed.get("reason") or "could not start"),
+                              ended_ms=failed.get("ended_ms"))
+        proc = self._read(turn_id, "proc.json")
+        stop = self._read(turn_id, "stop.json")
+        if proc is None:  # claimed; the submit that claimed it is starting it, or died doing so
+            if self._submitting(turn_id):
+                return TurnStatus(turn_id, "queued")
+            if stop is not None:
+                return TurnStatus(turn_id, "failed", STOPPED)
+            return TurnStatus(turn_id, "lost", "the process that submitted it died before it started")
+        where: dict[str, t.Any] = {"node": proc.get("node"), "pid": proc.get("pid"),
+                                   "started_ms": proc.get("started_ms")}
+        ended = self._read(turn_id, "exit.json")
+        if ended is not None:
+            code = ended.get("exit_code")
+            if stop is not None:
+                return TurnStatus(turn_id, "failed", STOPPED, exit_code=code, ended_ms=ended.get("ended_ms"), **where)
+            return TurnStatus(turn_id, "finished", f"exited with {code}", exit_code=code,
+                              ended_ms=ended.get("ended_ms"), **where)
+        if procs.is_alive(proc.get("shim_pid")) or procs.group_alive(proc.get("pgid"), proc.get("ticks")):
+            return TurnStatus(turn_id, "running", **where)
+        if (folder / "exit.json").exists():  # written between our two reads
+            return self.status(turn_id)
+        return TurnStatus(turn_id, "lost", "its process ended and nothing recorded how (its shim was killed)",
+                          **where)
+
+    def _submitting(self, turn_id: str) -> bool:
+        """The process that claimed the turn lives (and, as the turn has no proc.json yet, is starting it)."""
+        claim = self._read(turn_id, "claim.json")
+        if claim is None:  # claimed this instant (claim.json comes right after the folder), or died right there
+            try:
+                return time.time() - self._dir(turn_id).stat().st_mtime < START_WAIT_SECONDS
+            except OSError:
+                return False
+        return procs.is_alive(claim.get("pid"), claim.get("ticks"))
+
+    def lines(self, turn_id: str, cursor: int = 0, *, timeout: float = 0.0) -> Lines:
+        path = self._dir(turn_id) / "stdout"
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = self.status(turn_id).ended  # before reading: a turn that ended has written everything
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(cursor)
+                    chunk = handle.read()
+            except FileNotFoundError:
+                chunk = b""
+            complete = chunk if ended else chunk[: chunk.rfind(b"\n") + 1]
+            if complete or ended or time.monotonic() >= deadline:
+                text = complete.decode("utf-8", errors="replace")
+                found = tuple(text[:-1].split("\n") if text.endswith("\n") else text.split("\n")) if text else ()
+                return Lines(found, cursor + len(complete), done=ended)
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def stop(self, turn_id: str, *, grace: float = 5.0) -> TurnStatus:
+        status = self.status(turn_id)
+        if status.ended:
+            return status
+        folder = self._dir(turn_id)
+        _write_json(folder / "stop.json", {"ms": now_ms(), "by_pid": os.getpid()})
+        # A turn being submitted this instant: its shim either sees stop.json and never starts the command,
+        # or has started it and writes proc.json right away.
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while (proc := self._read(turn_id, "proc.json")) is None and time.monotonic() < deadline \
+                and not (folder / "failed.json").exists() and self._submitting(turn_id):
+            time.sleep(POLL_SECONDS)
+        if proc is not None:
+            procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace)
+        return self.wait(turn_id, timeout=grace + 5)
+
+    def forget(self, turn_id: str) -> None:
+        folder = self._dir(turn_id)
+        if not folder.is_dir():
+            return
+        if not self.status(turn_id).ended:
+            self.stop(turn_id)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_json(path: Path, data: dict[str, t.Any]) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def _tail(path: Path, size: int = 300) -> str:
+    try:
+        return path.read_bytes()[-size:].decode("utf-8", errors="replace").strip()
+    except OSError:
+        return ""

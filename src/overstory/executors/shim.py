@@ -1,0 +1,119 @@
+"""The small process between an executor and a turn's command (``python -m overstory.executors.shim``).
+
+It starts the command in a process group of its own, with the stdin/stdout/stderr the shim was
+given, says which process that is (``--report-fd``, ``--record-dir``), waits for it, stops what it
+left running in its group or tagged with its turn id, and records how it ended. The shim is not in
+the command's group and does not carry the turn's tag (``procs.TURN_TAG``), so stopping the turn
+never stops the shim before it has recorded the end.
+
+- ``--record-dir DIR`` (the local executor): ``proc.json`` once the command runs and ``exit.json``
+  when it ends, written here, so a turn outlives the process that submitted it and any process can
+  read how it ended (as containerd's shim does for a container).
+- ``--watch-parent PID`` (a Ray node): when the process that started the shim (the Ray worker running
+  the turn's task) dies, the shim kills the turn's group and every process tagged with the turn id:
+  a turn whose worker or node died must not go on committing on nobody's behalf.
+
+The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}). Standard library
+and ``procs`` only: a node starts one per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import typing as t
+
+from overstory import procs
+from overstory.clock import now_ms
+
+POLL_SECONDS = 0.1
+LEFTOVER_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for what a command left running
+
+
+def shim_command(python: str = sys.executable) -> list[str]:
+    return [python, "-m", "overstory.executors.shim"]
+
+
+def shim_environment(environ: t.Mapping[str, str]) -> dict[str, str]:
+    """The shim's own environment: the launcher's, without a turn tag (the shim must not look like the turn)."""
+    return {key: value for key, value in environ.items() if key != procs.TURN_TAG}
+
+
+def _write_json(directory: str | None, name: str, data: dict[str, t.Any]) -> None:
+    if not directory:
+        return
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, os.path.join(directory, name))
+
+
+def _report(fd: int | None, data: dict[str, t.Any]) -> None:
+    if fd is None:
+        return
+    try:
+        os.write(fd, (json.dumps(data) + "\n").encode())
+    except OSError:
+        pass  # the reader is gone (its worker died): the record dir, or the kill below, still hold
+
+
+def _detach_stdio() -> None:
+    """Drop our copies of the command's stdio: its reader sees the end of stdout when the command's side ends."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def main(argv: t.Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="overstory.executors.shim")
+    parser.add_argument("--spec-fd", type=int, required=True)
+    parser.add_argument("--report-fd", type=int)
+    parser.add_argument("--record-dir")
+    parser.add_argument("--watch-parent", type=int)
+    args = parser.parse_args(argv)
+    with os.fdopen(args.spec_fd, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    turn_id = str(spec["turn_id"])
+    if args.record_dir and os.path.exists(os.path.join(args.record_dir, "stop.json")):
+        _write_json(args.record_dir, "failed.json", {"reason": "stopped", "ended_ms": now_ms()})
+        return 143  # stopped before it started
+    try:
+        child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], start_new_session=True)
+    except OSError as exc:
+        reason = f"cannot start {spec['argv'][0]}: {exc.strerror or exc}"
+        _write_json(args.record_dir, "failed.json", {"reason": reason, "ended_ms": now_ms()})
+        _report(args.report_fd, {"error": reason})
+        return 127
+    ticks = procs.start_ticks(child.pid)
+    started = {"pid": child.pid, "pgid": child.pid, "ticks": ticks, "node": socket.gethostname(),
+               "started_ms": now_ms(), "shim_pid": os.getpid()}
+    _write_json(args.record_dir, "proc.json", started)
+    _report(args.report_fd, started)
+    _detach_stdio()
+    orphaned = False
+    while True:
+        try:
+            code = child.wait(timeout=POLL_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if args.watch_parent and not orphaned and os.getppid() != args.watch_parent:
+            orphaned = True  # the worker that ran the turn died: take the turn down with it
+            procs.kill_turn(child.pid, ticks, turn_id, force=True)
+    # What the command left behind (background shells, a tool that left the group) ends with it.
+    procs.kill_turn(child.pid, ticks, turn_id, grace=LEFTOVER_GRACE, force=orphaned)
+    exit_code = code if code >= 0 else 128 - code
+    _write_json(args.record_dir, "exit.json", {"exit_code": exit_code, "ended_ms": now_ms(), "orphaned": orphaned})
+    _report(args.report_fd, {"exit_code": exit_code})
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
