@@ -187,7 +187,9 @@ def test_a_run_budget_parks_all_three_builders_and_starts_no_further_turn(projec
     builders = ["builder-a", "builder-b", "builder-c"]
     with MockMessagesAPI(per_agent({name: expensive_then_report for name in builders})) as api:
         env = agent_env(api, tmp_path)
-        started = ov(project, "coordinator", "start", "--budget-usd", "1.50", env=env)
+        # Each builder's first message costs about $1.01: two stay under $2.50, so all three are slung (every
+        # bill is priced the moment it arrives), and the third's crosses the run's limit.
+        started = ov(project, "coordinator", "start", "--budget-usd", "2.50", env=env)
         assert started.returncode == 0, started.stderr
         for name in builders:
             slung = ov(project, "sling", "builder", name.split("-")[1], "--parent", "coordinator",
@@ -198,7 +200,7 @@ def test_a_run_budget_parks_all_three_builders_and_starts_no_further_turn(projec
         assert wait_for(lambda: state_of(project, "coordinator") == "parked", 30)
         run_id = agent_state(project, "builder-a").run_id
         reasons = {name: agent_state(project, name).state_reason for name in [*builders, "coordinator"]}
-        assert all(r.startswith(f"budget: run {run_id} max_usd 1.50 reached") for r in reasons.values()), reasons
+        assert all(r.startswith(f"budget: run {run_id} max_usd 2.50 reached") for r in reasons.values()), reasons
         requests, turns = len(api.main_requests), sum(len(turns_of(project, n)) for n in [*builders, "coordinator"])
         time.sleep(5)
         assert len(api.main_requests) == requests, "a parked run sent no further request"

@@ -51,6 +51,9 @@ if t.TYPE_CHECKING:
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
 ACTIVITY_WRITE_INTERVAL = 1.0
 PERIODIC_SECONDS = 1.0
+# A limit crossed at the gate: the call is refused and the turn stopped once the runtime took the refusal (at
+# most this long after); killed sooner, Claude Code has not saved the message and the session cannot resume.
+REFUSED_CALL_GRACE = 3.0
 # The turn statuses of failure kinds the loop parks for instead of retrying.
 PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth", UNKNOWN: "unknown"}
 
@@ -434,6 +437,7 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
     entered_turn = False
     exited_at: float | None = None
     saved_session: str | None = None
+    refused_at: float | None = None
     while not reader.eof:
         lines = reader.lines(timeout=0.5)
         now = time.monotonic()
@@ -479,14 +483,14 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
         stop = meter.poll(stream, batch, now, force=bool(ticket))
         if ticket and reader.gate is not None:
             reader.gate.answer(ticket, stop)  # the tool calls that asked: refused if this batch crossed a limit
+        if refused_at is not None:  # the runtime took the refusal (its tool_end), or took too long: stop now
+            taken = any(p.kind == "tool_end" for p in batch) or now - refused_at > REFUSED_CALL_GRACE
+            stop = meter.stopped_by if taken else None
+        elif stop is not None and (ticket or stream.current_tool) and reader.gate is not None:
+            reader.gate.answer(0, stop)  # a call in flight is refused at the gate: stop once the refusal is taken
+            meter.stopped_by, refused_at, stop = stop, now, None
         if stop is not None:
-            meter.stopped_by = stop
-            event_store.record(events, "budget_crossed" if stop.status == "budget" else "turn_parked",
-                               agent=agent.name, generation=agent.generation, turn_id=turn_id,
-                               summary=stop.reason[:300],
-                               data={"estimate_usd": round(meter.estimate, 6),
-                                     **({"crossing": stop.crossing.as_dict()} if stop.crossing else {})})
-            return stop.status, stop.reason
+            return _stopped(events, agent, turn_id, meter, stop)
         if now - last_periodic >= PERIODIC_SECONDS:
             last_periodic = now
             periodic()
@@ -498,7 +502,18 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
             exited_at = now
         if exited_at is not None and not lines and now - exited_at > 5:
             break  # the runtime exited; a straggler child still holds its stdout open
+    if refused_at is not None and meter.stopped_by is not None:
+        return _stopped(events, agent, turn_id, meter, meter.stopped_by)
     return "running", ""
+
+
+def _stopped(events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, stop: t.Any) -> tuple[str, str]:
+    meter.stopped_by = stop  # a limit stops the turn: its event, and the status the caller settles with
+    event_store.record(events, "budget_crossed" if stop.status == "budget" else "turn_parked",
+                       agent=agent.name, generation=agent.generation, turn_id=turn_id, summary=stop.reason[:300],
+                       data={"estimate_usd": round(meter.estimate, 6),
+                             **({"crossing": stop.crossing.as_dict()} if stop.crossing else {})})
+    return stop.status, stop.reason
 
 
 def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage:
