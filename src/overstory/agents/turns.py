@@ -51,8 +51,7 @@ if t.TYPE_CHECKING:
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
 ACTIVITY_WRITE_INTERVAL = 1.0
 PERIODIC_SECONDS = 1.0
-# A limit crossed at the gate: the call is refused and the turn stopped once the runtime took the refusal (at
-# most this long after); killed sooner, Claude Code has not saved the message and the session cannot resume.
+# The longest wait for a refused call's tool_end before a turn is stopped (``TurnParser.stop_after_refusal``).
 REFUSED_CALL_GRACE = 3.0
 # The turn statuses of failure kinds the loop parks for instead of retrying.
 PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth", UNKNOWN: "unknown"}
@@ -486,7 +485,7 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
         if refused_at is not None:  # the runtime took the refusal (its tool_end), or took too long: stop now
             taken = any(p.kind == "tool_end" for p in batch) or now - refused_at > REFUSED_CALL_GRACE
             stop = meter.stopped_by if taken else None
-        elif stop is not None and (ticket or stream.current_tool) and reader.gate is not None:
+        elif stop is not None and stream.stop_after_refusal and (ticket or stream.current_tool) and reader.gate:
             reader.gate.answer(0, stop)  # a call in flight is refused at the gate: stop once the refusal is taken
             meter.stopped_by, refused_at, stop = stop, now, None
         if stop is not None:

@@ -95,6 +95,9 @@ class TurnParser(abc.ABC):
     tool_calls: int = 0
     current_tool: str | None = None
     last_text: str = ""            # the model's latest text, whole (parsers set it; events carry it trimmed)
+    # A limit crossed while a tool call is in flight: stop the turn only once the refused call's tool_end is
+    # in (Claude Code saves the message to its session only then; killed sooner, the session cannot resume).
+    stop_after_refusal: bool = False
 
     @abc.abstractmethod
     def feed(self, line: str, *, now: float | None = None) -> list[ParsedEvent]:

@@ -55,6 +55,7 @@ EXIT_CODE = re.compile(r"^Exit code (-?\d+)")  # how a failed Bash call's result
 class TurnStream(TurnParser):
     """What one turn's stdout has said so far."""
 
+    stop_after_refusal = True  # measured: a turn killed at a call's announcement leaves no session to resume
     session_id: str | None = None
     events_seen: int = 0
     assistant_blocks: int = 0

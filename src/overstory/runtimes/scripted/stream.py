@@ -17,6 +17,7 @@ from overstory.runtimes.claude.stream import TurnStream
 class ScriptedTurnStream(TurnStream):
     """Claude's stream, plus the dollar figure a scenario's ``usage: {cost_usd: X}`` puts on its message."""
 
+    stop_after_refusal = False  # the player keeps no session that a kill could lose, and prints on at once
     reported_cost: float = 0.0
 
     def _note_assistant(self, event: dict[str, t.Any]) -> None:
