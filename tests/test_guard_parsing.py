@@ -189,7 +189,8 @@ def test_checking_time_grows_linearly(form: str, tmp_path: Path) -> None:
     make = _ADVERSARIAL[form]
     small = _cpu_seconds(lambda: check_shell(make(10_000), agent, cwd))
     large = _cpu_seconds(lambda: check_shell(make(40_000), agent, cwd))
-    assert (large + 0.005) / (small + 0.005) < 8, f"{form}: {small:.4f}s -> {large:.4f}s"
+    # linear is 4x and quadratic 16x; 12 leaves room for a collection pause (11x seen once on a loaded CI run)
+    assert (large + 0.005) / (small + 0.005) < 12, f"{form}: {small:.4f}s -> {large:.4f}s"
 
 
 def test_a_60_kb_command_is_checked_well_under_a_second(tmp_path: Path) -> None:
