@@ -119,7 +119,7 @@ def dismiss_entry(project: ProjectPaths, config: Config, conn: sqlite3.Connectio
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
         if agent is None:
-            raise AgentNotFound(f"no agent named {agent_name!r} (see `ov status --all`)")
+            raise AgentNotFound(f"{sessions.no_agent_named(conn, agent_name)}; `ov status --all` lists them")
         if not agent.branch:
             raise MergeError(f"{agent_name} works at the project root and has no branch in the merge queue")
         branch = agent.branch
