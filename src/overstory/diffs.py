@@ -16,14 +16,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from overstory.errors import AgentNotFound, OrchestratorError
+from overstory.errors import DiffError
 from overstory.gitutil import branch_exists, git
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
-
-
-class DiffError(OrchestratorError):
-    """The agent has nothing that can be diffed (no branch, branch and worktree gone)."""
 
 
 def own_worktree(project: ProjectPaths, agent: sessions.Session) -> Path | None:
@@ -61,7 +57,7 @@ def agent_diff(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, st
     """The agent's changes against its base as ``git diff`` text (``--stat`` with ``stat``); "" when none."""
     agent = sessions.get(conn, name)
     if agent is None:
-        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
+        raise sessions.agent_not_found(conn, name)
     _, base_commit = agent_base(project, agent, fallback_base)
     options = ["--stat"] if stat else ["--patch"]
     options.append("--color=always" if color else "--no-color")

@@ -1,18 +1,44 @@
-"""The one exception hierarchy. The CLI turns any OrchestratorError into a one-line message."""
+"""The one exception hierarchy: every error a user can cause or act on is defined here.
+
+Each class knows how it is answered at every boundary, so none of them keeps a ladder of
+``isinstance`` checks:
+
+- ``exit_code``: what the CLI exits with (``cli.hot.report`` prints the one-line message, or
+  ``{"error": {"kind": ..., "message": ...}}`` with ``--json``; the kind is the class name);
+- ``http_status``: what `ov serve`'s API answers (``ui.serve.app``);
+- ``endpoint_status``: what an agent's endpoint answers (``endpoint.server``; its client reads only
+  the body's ``ok`` and ``exit_code``, the status is for logs and Claude's HTTP hooks).
+
+An error whose message is always the same sentence about the same facts takes the facts and
+builds the sentence itself (``AgentNotFound(name)``).
+"""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing costs milliseconds, and every command imports this module
+if TYPE_CHECKING:
+    import typing as t
+
 
 class OrchestratorError(Exception):
-    """Base of every error a user can cause or act on. ``exit_code`` is what the CLI exits with."""
+    """Base of every error a user can cause or act on (the project's current state refuses what was asked)."""
 
     exit_code = 1
+    http_status = 409
+    endpoint_status = 400
 
 
 class UsageError(OrchestratorError):
-    """The command line itself is wrong (exit 2, like click's usage errors)."""
+    """The command line itself is wrong (exit 2, like click's usage errors), or a request's fields are."""
 
     exit_code = 2
+    http_status = 400
+
+
+class NotFound(OrchestratorError):
+    """The thing a command or a path names does not exist (HTTP 404)."""
+
+    http_status = 404
 
 
 class NotAGitRepository(OrchestratorError):
@@ -35,12 +61,98 @@ class InvalidName(UsageError):
     pass
 
 
-class AgentNotFound(OrchestratorError):
-    pass
+class AgentNotFound(NotFound):
+    """No agent has this name.
+
+    ``similar``: existing names close to it, offered as "did you mean" (``sessions.agent_not_found``
+    looks them up); ``option``: the command-line option that named it; ``detail``: what else was
+    looked for; ``hint``: where to look instead ("" for none).
+    """
+
+    LISTS_THEM = "`ov status --all` lists them"
+
+    def __init__(self, name: str, similar: t.Sequence[str] = (), *, option: str = "", detail: str = "",
+                 hint: str = LISTS_THEM) -> None:
+        self.name, self.similar, self.option, self.detail, self.hint = name, tuple(similar), option, detail, hint
+        super().__init__(no_agent_named(name, self.similar, option=option, detail=detail, hint=hint))
+
+
+def no_agent_named(name: str, similar: t.Sequence[str] = (), *, option: str = "", detail: str = "",
+                   hint: str = "") -> str:
+    """``[OPTION: ]no agent named 'x'[ (did you mean 'y'?)][ DETAIL][; HINT]``: ``AgentNotFound``'s message,
+    also the reason inside other errors (an unknown parent, mail to an unknown name)."""
+    text = f"no agent named {name!r}" + (f" (did you mean {either(similar)}?)" if similar else "")
+    return (f"{option}: " if option else "") + text + (f" {detail}" if detail else "") + (f"; {hint}" if hint else "")
+
+
+def either(names: t.Sequence[str]) -> str:
+    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'``."""
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+class CoordinatorNotRunning(NotFound):
+    """`ov coordinator send/ask/stop` with no coordinator running."""
+
+    def __init__(self) -> None:
+        super().__init__("no coordinator is running; start one with `ov coordinator start`")
+
+
+class RunNotFound(NotFound):
+    """No run has this id (or a prefix matches none, or several)."""
 
 
 class AgentExists(OrchestratorError):
     pass
+
+
+class CoordinatorRunning(AgentExists):
+    """`ov coordinator start` while one runs: ``name``, its ``state`` and ``run_id`` are in the message."""
+
+    def __init__(self, name: str, state: str, run_id: str | None) -> None:
+        self.name, self.state, self.run_id = name, state, run_id
+        super().__init__(f"a coordinator is already running ({name}, {state}, run {run_id or '-'}); mail it with "
+                         "`ov coordinator send`, or stop it first with `ov coordinator stop`")
+
+
+class RunStillActive(OrchestratorError):
+    """`ov run complete` on a run whose agents are still working (without --force)."""
+
+
+class NoReply(OrchestratorError):
+    """`ov coordinator ask` gave up: timeout, or the coordinator stopped first.
+
+    Its exit code follows `ov wait`'s contract (``overstory.waiting``), so it is the instance's.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class BudgetExhausted(OrchestratorError):
+    """A run (or agent) has no budget left for what was asked."""
+
+
+class ApprovalError(OrchestratorError):
+    """Deciding a gate that does not exist, was decided already, or expired."""
+
+
+class DiffError(OrchestratorError):
+    """The agent has nothing that can be diffed (no branch, branch and worktree gone)."""
+
+
+class TokenError(OrchestratorError):
+    """`ov serve`'s token file exists but cannot be used."""
+
+
+class BadBody(UsageError):
+    """A request body `ov serve`'s API cannot accept; ``status`` is the HTTP status to answer with
+    (400, 413 too large, 415 not JSON, 422 fields the schema refuses)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.http_status = status
 
 
 class MailError(OrchestratorError):
@@ -82,6 +194,8 @@ class TmuxError(OrchestratorError):
 class StoreError(OrchestratorError):
     """The state or event database is unreadable, from a newer ov, or corrupt."""
 
+    http_status = 503
+
 
 class DiskFull(StoreError):
     """No space left on the device that holds .overstory/ (the write was rolled back)."""
@@ -109,6 +223,9 @@ class EndpointError(OrchestratorError):
 
 class NotPermitted(EndpointError):
     """The calling agent may not do this (capability or hierarchy)."""
+
+    http_status = 403
+    endpoint_status = 403
 
 
 class LoopError(OrchestratorError):

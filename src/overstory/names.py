@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from overstory.errors import InvalidName
+from overstory.errors import InvalidName, either  # either: how a message lists names (errors' own too)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -65,9 +65,3 @@ def did_you_mean(word: str, names: t.Iterable[str]) -> str:
     """`` (did you mean 'a'?)``, `` (did you mean 'a' or 'b'?)``, or "" when nothing is close to ``word``."""
     found = closest(word, names)
     return f" (did you mean {either(found)}?)" if found else ""
-
-
-def either(names: t.Sequence[str]) -> str:
-    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'``."""
-    quoted = [repr(name) for name in names]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"

@@ -29,7 +29,7 @@ import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
-from overstory.errors import AgentNotFound, LockHeld, UsageError
+from overstory.errors import LockHeld, UsageError
 from overstory.paths import ProjectPaths
 from overstory.store import checkpoints, sessions
 from overstory.watchdog import Action, ReconcileReport, Watchdog, WatchdogLock, WatchdogSettings, lock_holder
@@ -151,7 +151,7 @@ def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, sourc
 
     source = sessions.get(state, source_name)
     if source is None:
-        raise AgentNotFound(f"{sessions.no_agent_named(state, source_name)}; `ov status --all` lists them")
+        raise sessions.agent_not_found(state, source_name)
     if not source.worktree or not source.branch:
         raise UsageError(f"{source_name} works at the project root, not on a branch of its own: nothing to fork")
     mark = checkpoints.latest(state, source_name)

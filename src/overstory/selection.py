@@ -45,10 +45,9 @@ class Selection:
         """Check --parent names an agent (or the operator) and find --run's run; raises as the other commands do."""
         if self.parent is not None and self.parent != "operator" and conn.execute(
                 "SELECT 1 FROM sessions WHERE name = ?", (self.parent,)).fetchone() is None:
-            from overstory.errors import AgentNotFound
-            from overstory.store.sessions import no_agent_named
+            from overstory.store.sessions import agent_not_found
 
-            raise AgentNotFound(f"--parent: {no_agent_named(conn, self.parent)}; `ov status --all` lists them")
+            raise agent_not_found(conn, self.parent, option="--parent")
         if self.run is not None and self.run_id is None:
             from overstory.store import runs
 

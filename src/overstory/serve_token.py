@@ -20,15 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory import procs
-from overstory.errors import OrchestratorError
+from overstory.errors import TokenError
 from overstory.paths import ProjectPaths
 
 TOKEN_BYTES = 32
 GITIGNORE_LINE = "serve-token"
-
-
-class TokenError(OrchestratorError):
-    """The token file exists but cannot be used."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import sqlite3
 import typing as t
 
 from overstory.clock import iso, now_ms
-from overstory.errors import AgentNotFound
 from overstory.status import agent_entry
 from overstory.store import sessions, turns
 
@@ -37,7 +36,7 @@ def agent_detail(conn: sqlite3.Connection, name: str, *, turn_limit: int = 20, h
     """`ov status`'s entry for one agent plus its turns, its state history and its spend."""
     agent = sessions.get(conn, name)
     if agent is None:
-        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
+        raise sessions.agent_not_found(conn, name)
     now = now_ms() if now is None else now
     pending = conn.execute("SELECT count(*) FROM mail INDEXED BY mail_pending WHERE recipient = ? "
                            "AND read_at IS NULL AND claimed_by IS NULL", (name,)).fetchone()[0]

@@ -106,15 +106,13 @@ def wait(conn: sqlite3.Connection, *, agent: str | None = None, run_id: str | No
          timeout: float | None = None, poll: float = POLL_SECONDS,
          on_change: t.Callable[[Session], None] | None = None) -> WaitResult:
     """Block until the agent (or every agent of the run) has settled, or ``timeout`` seconds pass."""
-    from overstory.errors import AgentNotFound
-
     started = time.monotonic()
     seen: dict[str, str] = {}
     while True:
         if agent is not None:
             found = sessions.get(conn, agent)
             if found is None:
-                raise AgentNotFound(f"{sessions.no_agent_named(conn, agent)}; `ov status --all` lists them")
+                raise sessions.agent_not_found(conn, agent)
             members = [found]
         else:
             assert run_id is not None

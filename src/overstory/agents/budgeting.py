@@ -13,7 +13,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from overstory.clock import now_ms
-from overstory.errors import AgentNotFound, OrchestratorError
+from overstory.errors import BudgetExhausted, OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import budgets, lifecycle, runs, sessions
 from overstory.store.budgets import Crossing
@@ -22,10 +22,6 @@ from overstory.store.sessions import Session
 if t.TYPE_CHECKING:
     from overstory.config import Config
     from overstory.runtimes.base import Runtime
-
-
-class BudgetExhausted(OrchestratorError):
-    """A run (or agent) has no budget left for what was asked."""
 
 
 def agent_limits(conn: sqlite3.Connection, config: Config, run_id: str | None,
@@ -149,7 +145,7 @@ def resume_agent(project: ProjectPaths, config: Config, conn: sqlite3.Connection
     adds = _adds(add_usd, add_turns, add_tool_calls, add_seconds)
     agent = sessions.get(conn, name)
     if agent is None:
-        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
+        raise sessions.agent_not_found(conn, name)
     if agent.is_terminal:
         raise OrchestratorError(f"{name} is {agent.state}: there is nothing to resume; sling it again")
     if add_iterations and not agent.spec.get("loop"):

@@ -25,7 +25,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from overstory.clock import iso, now_ms
-from overstory.errors import AgentExists, AgentNotFound, HierarchyError, OrchestratorError
+from overstory.errors import CoordinatorNotRunning, CoordinatorRunning, HierarchyError, NoReply, OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import mail, runs, sessions
 from overstory.store.sessions import TERMINAL_STATES, Session
@@ -47,25 +47,6 @@ START_PROMPT = (
 )
 
 
-class CoordinatorNotRunning(AgentNotFound):
-    pass
-
-
-class CoordinatorRunning(AgentExists):
-    pass
-
-
-class NoReply(OrchestratorError):
-    """`ov coordinator ask` gave up: timeout, or the coordinator stopped first.
-
-    Its exit code follows `ov wait`'s contract (``overstory.waiting``).
-    """
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def active_coordinator(conn: sqlite3.Connection) -> Session | None:
     """The active (non-terminal) coordinator, whatever its name."""
     marks = ",".join("?" * len(TERMINAL_STATES))
@@ -78,7 +59,7 @@ def active_coordinator(conn: sqlite3.Connection) -> Session | None:
 def require_coordinator(conn: sqlite3.Connection) -> Session:
     agent = active_coordinator(conn)
     if agent is None:
-        raise CoordinatorNotRunning("no coordinator is running; start one with `ov coordinator start`")
+        raise CoordinatorNotRunning()
     return agent
 
 
@@ -116,9 +97,7 @@ def start(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, ru
         raise HierarchyError(f"{caller} is an agent: only the operator starts the coordinator")
     running = active_coordinator(conn)
     if running is not None:
-        raise CoordinatorRunning(f"a coordinator is already running ({running.name}, {running.state}, run "
-                                 f"{running.run_id or '-'}); mail it with `ov coordinator send`, or stop it first "
-                                 "with `ov coordinator stop`")
+        raise CoordinatorRunning(running.name, running.state, running.run_id)
     run, created = runs.open_or_join(conn, COORDINATOR)
     try:
         run_budget = open_run_budget(conn, config, run, budget)

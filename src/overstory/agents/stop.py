@@ -68,7 +68,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
         return StopResult(agent=name, generation=0, previous_state="unfinished spawn", already_completed=False,
                           undone_spawn=undone)
     if agent is None:
-        raise AgentNotFound(f"{sessions.no_agent_named(conn, name)}; `ov status --all` lists them")
+        raise sessions.agent_not_found(conn, name)
     if clean:
         from overstory.merge.intents import settle_all
 
@@ -101,7 +101,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
             raise OrchestratorError(f"{name} was just replaced by generation {outcome.current}; "
                                     "run `ov stop` again to stop the new one")
         if isinstance(outcome, sessions.NotFound):
-            raise AgentNotFound(f"agent {name!r} disappeared while stopping it")
+            raise AgentNotFound(name, detail="any more (it disappeared while ov was stopping it)")
         if isinstance(outcome, sessions.IllegalTransition):
             result.already_completed = True  # it completed by itself a moment ago
     _stop_processes(conn, agent, result, force=force, kill_grace=kill_grace)

@@ -25,14 +25,14 @@ def attach(agent: str, read_only: bool, print_only: bool, as_json: bool) -> None
     ov attach builder-task-42 --read-only
     ov attach builder-task-42 --print      # tmux -L ov-… attach-session -t =builder-task-42
     """
-    from overstory.errors import AgentNotFound, TmuxError
+    from overstory.errors import TmuxError
     from overstory.store import sessions
     from overstory.tmux_server import attach_command, tmux_available
 
     project = project_paths()
     row = sessions.get(state_conn(project), agent)
     if row is None:
-        raise AgentNotFound(f"{sessions.no_agent_named(state_conn(project), agent)}; `ov status --all` lists them")
+        raise sessions.agent_not_found(state_conn(project), agent)
     if row.mode != "tmux" or not row.tmux_session:
         raise TmuxError(f"{agent} runs headless (no TUI to attach to); follow it with `ov logs {agent} --follow`, "
                         f"or sling with --tmux")

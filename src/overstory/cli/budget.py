@@ -67,7 +67,7 @@ def budget(agent: str | None, run_ref: str | None, as_json: bool) -> None:
     ov budget builder-task-42
     ov budget --run run-20260101 --json
     """
-    from overstory.errors import AgentNotFound, UsageError
+    from overstory.errors import UsageError
     from overstory.store import budgets, runs, sessions
 
     if agent and run_ref:
@@ -82,7 +82,7 @@ def budget(agent: str | None, run_ref: str | None, as_json: bool) -> None:
                                                   (run.id,)).fetchall()]
     elif agent:
         if sessions.get(conn, agent) is None:
-            raise AgentNotFound(f"{sessions.no_agent_named(conn, agent)}; `ov status --all` lists them")
+            raise sessions.agent_not_found(conn, agent)
         names = [agent]
     else:
         open_run = runs.open_run(conn)

@@ -89,18 +89,18 @@ def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: 
     project = project_paths()
     events_conn = _open_events(project)
     known = events_conn.execute("SELECT 1 FROM events WHERE agent = ? LIMIT 1", (agent,)).fetchone() is not None
-    missing = f"no agent named {agent!r}"
+    similar: list[str] = []
     if not known and project.state_db.exists():
-        from overstory.store.sessions import no_agent_named
+        from overstory.store.sessions import similar_names
 
         state = open_state(project.state_db)
         try:
             known = state.execute("SELECT 1 FROM sessions WHERE name = ?", (agent,)).fetchone() is not None
-            missing = missing if known else no_agent_named(state, agent)
+            similar = [] if known else similar_names(state, agent)
         finally:
             state.close()
     if not known:
-        raise AgentNotFound(f"{missing} and no events from it; `ov status --all` lists agents")
+        raise AgentNotFound(agent, similar, detail="and no events from it", hint="`ov status --all` lists agents")
     try:
         _print_events(events_conn, agent=agent, kinds=kinds, limit=limit, follow=follow, as_json=as_json)
     except KeyboardInterrupt:

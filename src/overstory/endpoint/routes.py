@@ -153,12 +153,11 @@ def _budget(requested: t.Any) -> dict[str, t.Any] | None:
 
 def _descendant(caller: Caller, name: str) -> Session:
     from overstory.agents.hierarchy import is_descendant
-    from overstory.errors import AgentNotFound
     from overstory.store import sessions
 
     target = sessions.get(caller.conn, name)
     if target is None:
-        raise AgentNotFound(sessions.no_agent_named(caller.conn, name))
+        raise sessions.agent_not_found(caller.conn, name, hint="")
     if name == caller.name or not is_descendant(caller.conn, name, caller.name):
         raise NotPermitted(f"{caller.name} may only stop its own descendants; {name} is not one of them")
     return target

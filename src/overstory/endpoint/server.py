@@ -265,11 +265,10 @@ class AgentEndpoint:
             result = handler(Caller(self.project, agent, conn, self.launch_env, events, turn_env, self.config,
                                     self.before_tool_call), args)
             return 200, {"ok": True, "result": result}
-        except NotPermitted as exc:
-            self._record_refusal(route, str(exc))
-            return 403, {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
         except OrchestratorError as exc:
-            return 400, {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
+            if isinstance(exc, NotPermitted):  # a refusal is recorded, whatever it is answered with
+                self._record_refusal(route, str(exc))
+            return exc.endpoint_status, {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
         except (KeyError, TypeError, ValueError) as exc:
             return 400, {"ok": False, "error": f"bad request for {route}: {type(exc).__name__}: {exc}", "exit_code": 2}
         except Exception as exc:  # noqa: BLE001 - a bug in ov: the loop must keep serving

@@ -25,7 +25,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from overstory.clock import iso
-from overstory.errors import AgentNotFound, MergeError, UsageError
+from overstory.errors import MergeError, UsageError
 from overstory.gitutil import branch_exists, current_branch, git
 from overstory.merge import intents as merge_intents
 from overstory.merge.announce import announce, merge_commit_of
@@ -119,7 +119,7 @@ def dismiss_entry(project: ProjectPaths, config: Config, conn: sqlite3.Connectio
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
         if agent is None:
-            raise AgentNotFound(f"{sessions.no_agent_named(conn, agent_name)}; `ov status --all` lists them")
+            raise sessions.agent_not_found(conn, agent_name)
         if not agent.branch:
             raise MergeError(f"{agent_name} works at the project root and has no branch in the merge queue")
         branch = agent.branch
@@ -180,7 +180,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
         if agent is None:
-            raise AgentNotFound(f"{sessions.no_agent_named(conn, agent_name)}; `ov status --all` lists them")
+            raise sessions.agent_not_found(conn, agent_name)
         if not agent.branch:
             raise MergeError(f"{agent_name} works at the project root and has no branch to merge")
         branch = agent.branch

@@ -19,7 +19,7 @@ import os
 
 from overstory import jsontext as json
 from overstory.clock import iso, now_ms
-from overstory.errors import OrchestratorError
+from overstory.errors import ApprovalError
 from overstory.store import outbox
 from overstory.store.db import write_transaction
 
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 STATUSES = ("pending", "approved", "rejected", "expired")
 DECIDED = ("approved", "rejected", "expired")
 AGENT_ENDED = "the agent ended"  # the note of a gate dropped because its agent ended
-
-
-class ApprovalError(OrchestratorError):
-    """Deciding a gate that does not exist, was decided already, or expired."""
 
 
 class _Retry(Exception):

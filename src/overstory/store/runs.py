@@ -30,21 +30,13 @@ import typing as t
 from dataclasses import dataclass
 
 from overstory.clock import iso, now_ms
-from overstory.errors import OrchestratorError
+from overstory.errors import RunNotFound, RunStillActive
 from overstory.store.db import write_transaction
 
 SUMMARY_SENDER = "ov"
 TERMINAL = ("completed", "zombie")
 # Mail types that carry an agent's final word, shown next to its outcome in the summary.
 REPORT_TYPES = ("worker_done", "merged", "merge_failed", "worker_died", "result")
-
-
-class RunNotFound(OrchestratorError):
-    pass
-
-
-class RunStillActive(OrchestratorError):
-    """`ov run complete` on a run whose agents are still working (without --force)."""
 
 
 @dataclass(frozen=True)

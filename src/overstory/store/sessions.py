@@ -8,9 +8,10 @@ and decides what to do; nobody retries blindly.
 
 from __future__ import annotations
 
+from overstory import errors
 from overstory import jsontext as json
 from overstory.clock import now_ms
-from overstory.errors import AgentExists
+from overstory.errors import AgentExists, AgentNotFound
 from overstory.records import Record
 from overstory.store.db import write_transaction
 
@@ -192,12 +193,22 @@ def list_sessions(conn: sqlite3.Connection, *, include_terminal: bool = True) ->
     return Session.from_rows(rows)
 
 
-def no_agent_named(conn: sqlite3.Connection, name: str) -> str:
-    """``no agent named 'x'``, with the closest existing names when some are close (for an error message)."""
-    from overstory.names import did_you_mean  # an error path: difflib and re only now
+def similar_names(conn: sqlite3.Connection, name: str) -> list[str]:
+    """The agents' names closest to a mistyped ``name``, best first (for "did you mean"; [] when none is close)."""
+    from overstory.names import closest  # an error path: difflib only now
 
-    names = [row[0] for row in conn.execute("SELECT name FROM sessions")]
-    return f"no agent named {name!r}{did_you_mean(name, names)}"
+    return closest(name, [row[0] for row in conn.execute("SELECT name FROM sessions")])
+
+
+def agent_not_found(conn: sqlite3.Connection, name: str, *, option: str = "", detail: str = "",
+                    hint: str = AgentNotFound.LISTS_THEM) -> AgentNotFound:
+    """``AgentNotFound(name)`` with the existing names close to it (its "did you mean")."""
+    return AgentNotFound(name, similar_names(conn, name), option=option, detail=detail, hint=hint)
+
+
+def no_agent_named(conn: sqlite3.Connection, name: str) -> str:
+    """``no agent named 'x'``, with the closest existing names when some are close (inside another error)."""
+    return errors.no_agent_named(name, similar_names(conn, name))
 
 
 # ---- writes ---------------------------------------------------------------

@@ -11,9 +11,8 @@ import sqlite3
 import typing as t
 
 from overstory.clock import iso
-from overstory.errors import AgentNotFound
 from overstory.store import checkpoints, ledger
-from overstory.store.sessions import no_agent_named
+from overstory.store.sessions import agent_not_found
 
 RECEIPT_SUMMARY = 160
 
@@ -30,7 +29,7 @@ def trace(conn: sqlite3.Connection, agent: str) -> dict[str, t.Any]:
     session = conn.execute("SELECT * FROM sessions WHERE name = ?", (agent,)).fetchone()
     turn_rows = conn.execute("SELECT * FROM turns WHERE agent = ? ORDER BY started_at, rowid", (agent,)).fetchall()
     if session is None and not turn_rows:
-        raise AgentNotFound(f"{no_agent_named(conn, agent)}; `ov status --all` lists them")
+        raise agent_not_found(conn, agent)
     marks = checkpoints.by_turn(conn, [r["id"] for r in turn_rows])
     calls = ledger.calls(conn, agent=agent, limit=100_000)
     by_turn: dict[str | None, list[dict[str, t.Any]]] = {}

@@ -14,10 +14,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from overstory.errors import AgentNotFound, LockHeld, OrchestratorError, StoreError, UsageError
+from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.ui.serve import routes
-from overstory.ui.serve.bodies import BadBody
 from overstory.ui.serve.events import EventHub
 from overstory.ui.serve.security import LOOPBACK_NAMES, Gate, Tickets
 from overstory.ui.serve.spec import ENDPOINTS, STATIC_PREFIX
@@ -26,25 +25,9 @@ log = logging.getLogger("overstory.serve")
 DEFAULT_HEARTBEAT = 15.0
 
 
-def http_status(exc: OrchestratorError) -> int:
-    from overstory.store.runs import RunNotFound
-
-    if isinstance(exc, BadBody):
-        return exc.status
-    if isinstance(exc, (AgentNotFound, RunNotFound, routes.NotFound)):
-        return 404
-    if isinstance(exc, UsageError):
-        return 400
-    if isinstance(exc, StoreError):
-        return 503
-    if isinstance(exc, LockHeld):
-        return 409
-    return 409
-
-
 async def _ov_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, OrchestratorError)
-    return JSONResponse({"error": " ".join(str(exc).split())}, status_code=http_status(exc))
+    return JSONResponse({"error": " ".join(str(exc).split())}, status_code=exc.http_status)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

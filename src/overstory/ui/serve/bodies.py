@@ -12,17 +12,9 @@ import typing as t
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from overstory.errors import UsageError
+from overstory.errors import BadBody
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a mail body may be 1 MiB; JSON escaping can double it
-
-
-class BadBody(UsageError):
-    """A request body the API cannot accept; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Body(BaseModel):

@@ -3,8 +3,8 @@
 No decisions live here. The work runs in a worker thread with its own database
 connections (``Core``), opened for the request and closed after it, so the server
 holds no lock between requests and does not mind agents, loops or the watchdog
-restarting around it. Errors are ov's own (``OrchestratorError``) and become 4xx
-answers in ``app``.
+restarting around it. Errors are ov's own (``OrchestratorError``); ``app`` answers each
+with its class's ``http_status`` (``errors``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from overstory import __version__, status, views
-from overstory.errors import OrchestratorError, UsageError
+from overstory.errors import NotFound, UsageError
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.ui.serve import bodies, openapi
@@ -32,10 +32,6 @@ if t.TYPE_CHECKING:
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 OPERATOR = "operator"
 T = t.TypeVar("T")
-
-
-class NotFound(OrchestratorError):
-    """The thing a path names does not exist (HTTP 404)."""
 
 
 class Core:
