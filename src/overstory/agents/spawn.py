@@ -36,6 +36,7 @@ from overstory.runtimes import get_runtime
 from overstory.sandbox.layout import PINNED_FILES
 from overstory.store import intents, sessions
 from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
+from overstory.wire import SlingRequest  # the request's one shape (also its wire shape)
 
 if t.TYPE_CHECKING:
     import sqlite3
@@ -46,29 +47,6 @@ if t.TYPE_CHECKING:
 SLINGING_CAPABILITIES = frozenset({"coordinator", "lead"})
 FAULT_ENV = "OV_TEST_FAIL_AT"  # test hook: name of a spawn step that must fail
 SPAWN_STEPS = ("branch", "worktree", "instructions", "session", "dispatch", "start")
-
-
-@dataclass
-class SlingRequest:
-    capability: str
-    task_id: str
-    name: str | None = None
-    prompt: str | None = None
-    spec_file: Path | None = None
-    files: t.Sequence[str] = ()
-    parent: str | None = None
-    runtime: str | None = None
-    model: str | None = None
-    base_branch: str | None = None
-    scenario: Path | None = None
-    scenario_text: str | None = None  # the scenario itself (an agent's sling through its endpoint sends the text)
-    scenario_name: str | None = None  # the file scenario_text came from (its suffix says YAML or JSON)
-    at_project_root: bool = False  # the coordinator works at the root, with no worktree
-    start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
-    tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
-    budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
-    approve: t.Sequence[str] = ()  # tool patterns whose calls need approval (ov sling --approve)
-    loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
 
 
 @dataclass

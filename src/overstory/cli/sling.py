@@ -50,10 +50,8 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
     a child's budget never exceeds what is left of its run's.
     """
-    from overstory.agents.spawn import SlingRequest
-    from overstory.agents.spawn import sling as do_sling
-    from overstory.config import load_config
     from overstory.errors import UsageError
+    from overstory.wire import SlingRequest
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")
@@ -66,21 +64,19 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
             raise UsageError(f"--approve: {exc}") from None
     budget = {"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
               "max_wallclock": max_wallclock}
+    request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
+                           files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
+                           scenario=scenario, tmux=tmux, budget=budget, approve=approve)
     remote = agent_channel()
     if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
-        document = remote.call("sling", {
-            "capability": capability, "task_id": task_id, "name": name, "prompt": _read(spec_file, "--spec") or prompt,
-            "files": list(files), "parent": parent, "runtime": runtime, "model": model, "base_branch": base_branch,
-            "scenario_text": _read(scenario, "--scenario"), "scenario_name": str(scenario) if scenario else None,
-            "tmux": tmux, "budget": budget,
-            "approve": list(approve)})
+        document = remote.call("sling", request.read_files().to_wire())
     else:
+        from overstory.agents.spawn import sling as do_sling
+        from overstory.config import load_config
+
         project = project_paths()
         config = load_config(project.config_file, project.local_config_file)
         _warn_if_unsandboxed(config)
-        request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
-                               files=list(files), parent=parent, runtime=runtime, model=model,
-                               base_branch=base_branch, scenario=scenario, tmux=tmux, budget=budget, approve=approve)
         document = do_sling(project, config, state_conn(project), request).as_dict()
     if prompt is None and spec_file is None:
         click.echo(f"ov: warning: no --prompt or --spec: {document['name']} has only its role ({capability}) and the "
@@ -104,17 +100,6 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         click.echo(f"  note:     {note}")
     if document["mode"] == "tmux":
         click.echo(f"  tmux:     session {document['tmux_session']}; watch it with `ov attach {document['name']}`")
-
-
-def _read(path: Path | None, option: str) -> str | None:
-    if path is None:
-        return None
-    from overstory.errors import UsageError
-
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read {option} {path}: {exc.strerror}") from None
 
 
 def _warn_if_unsandboxed(config: t.Any) -> None:

@@ -120,35 +120,15 @@ def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 
 def sling(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    from overstory.agents.spawn import SLINGING_CAPABILITIES, SlingRequest
+    from overstory.agents.spawn import SLINGING_CAPABILITIES
     from overstory.agents.spawn import sling as do_sling
+    from overstory.wire import SlingRequest
 
     if caller.agent.capability not in SLINGING_CAPABILITIES:
         raise NotPermitted(f"{caller.name} is a {caller.agent.capability}: only coordinator and lead agents may "
                            "sling; ask your parent with `ov mail send --type question` instead")
-    request = SlingRequest(capability=str(args["capability"]), task_id=str(args["task_id"]), name=args.get("name"),
-                           prompt=args.get("prompt"), files=list(args.get("files") or []), parent=args.get("parent"),
-                           runtime=args.get("runtime"), model=args.get("model"), base_branch=args.get("base_branch"),
-                           scenario_text=args.get("scenario_text"), scenario_name=args.get("scenario_name"),
-                           tmux=args.get("tmux"),
-                           budget=_budget(args.get("budget")),
-                           approve=tuple(str(p) for p in args.get("approve") or ()))
+    request = SlingRequest.from_wire(args)
     return do_sling(caller.project, _config(caller), caller.conn, request, caller.environ()).as_dict()
-
-
-BUDGET_KEYS = frozenset({"max_usd", "max_turns", "max_tool_calls", "max_wallclock"})
-
-
-def _budget(requested: t.Any) -> dict[str, t.Any] | None:
-    """A child's limits as the CLI would have parsed them (the core clamps them to the run's)."""
-    if requested is None:
-        return None
-    if not isinstance(requested, dict) or not set(requested) <= BUDGET_KEYS:
-        raise UsageError(f"budget: expected an object with keys {', '.join(sorted(BUDGET_KEYS))}")
-    for key, value in requested.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise UsageError(f"budget: {key} must be a number >= 0")
-    return dict(requested)
 
 
 def _descendant(caller: Caller, name: str) -> Session:

@@ -211,13 +211,11 @@ async def agent_resume(request: Request) -> Response:
 
 
 async def sling(request: Request) -> Response:
-    from overstory.agents.spawn import SlingRequest
     from overstory.agents.spawn import sling as spawn
+    from overstory.wire import SlingRequest
 
     body = await _body(request, bodies.SlingBody)
-    wanted = SlingRequest(capability=body.capability, task_id=body.task_id, name=body.name, prompt=body.prompt,
-                          files=list(body.files), parent=body.parent, runtime=body.runtime, model=body.model,
-                          base_branch=body.base_branch, tmux=body.tmux)
+    wanted = SlingRequest(**body.model_dump())  # the API's body is a part of the request (its schema: bodies)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}
     return _json(await run(request, lambda c: spawn(c.project, c.config, c.state, wanted, environ).as_dict()), 201)
 
