@@ -4,7 +4,8 @@ Every error class of ov is in ``errors.py`` and knows how each boundary answers 
 exit code, `ov serve`'s HTTP status, an agent endpoint's HTTP status. The table below is the
 contract, written out (not read from the code it checks). A sling request is one dataclass:
 what the CLI sends is what the endpoint's route reads, and anything else is refused with a
-one-line usage error (HTTP 400, exit 2) through the real endpoint on a real unix socket.
+one-line usage error (HTTP 400, exit 2) through the real endpoint on a real unix socket. The
+same for a merge request.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import ast
 import json
 import os
+import subprocess
 import typing as t
 from pathlib import Path
 
 import pytest
 
-from conftest import run_git
+from conftest import ov_command, run_git
 from overstory import errors
 from overstory.cli.hot import error_kind
 from overstory.endpoint.client import ENDPOINT_ENV, TOKEN_ENV, Channel, unix_address
@@ -27,7 +29,7 @@ from overstory.errors import EndpointError, UsageError
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from overstory.store.db import open_state
-from overstory.wire import SlingRequest
+from overstory.wire import MergeRequest, SlingRequest
 from test_endpoint import agent_row
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "overstory"
@@ -170,6 +172,22 @@ def test_a_sling_request_round_trips_through_its_wire_shape(tmp_path: Path) -> N
         SlingRequest(capability="builder", task_id="t", spec_file=tmp_path / "missing.md").read_files()
 
 
+def test_a_merge_request_round_trips_through_its_wire_shape() -> None:
+    full = MergeRequest(agent="builder-a", into="main", dry_run=True, tier_max=2, force=True)
+    assert MergeRequest.from_wire(json.loads(json.dumps(full.to_wire()))) == full
+    assert set(full.to_wire()) == {"agent", "branch", "all", "into", "dry_run", "tier_max", "force"}
+    assert MergeRequest.from_wire({"branch": "ov/x", "all": None}) == MergeRequest(branch="ov/x")
+    with pytest.raises(ValueError, match="allow_protected"):
+        MergeRequest(agent="a", allow_protected=True).to_wire()  # the operator's decision never travels
+    for document, problem in [({"agent": "a", "allow_protected": True}, "merge: unknown field 'allow_protected'"),
+                              ({"agent": "a", "dry_run": "yes"}, "merge: dry_run must be true or false, not a string"),
+                              ({"agent": "a", "tier_max": -1}, "merge: tier_max must be a whole number >= 0"),
+                              ({"agent": ["a"]}, "merge: agent must be a string, not a list"),
+                              ("builder-a", "merge: the request must be a JSON object, not a string")]:
+        with pytest.raises(UsageError, match=f"^{problem}"):
+            MergeRequest.from_wire(document)
+
+
 BAD_WIRE = [
     ({"capability": "builder", "task_id": "t", "bogus": 1}, "sling: unknown field 'bogus'"),
     ({"capability": "builder"}, "sling: missing field 'task_id'"),
@@ -229,6 +247,9 @@ def test_a_bad_sling_request_through_the_real_endpoint_is_a_400_and_nothing_is_s
             status, answer = _post(channel, "sling", document)
             assert (status, answer["ok"], answer["exit_code"]) == (400, False, 2), (document, answer)
             assert answer["error"].startswith(problem), answer
+        status, answer = _post(channel, "sling", {**SlingRequest(capability="builder", task_id="t").to_wire(),
+                                                  "prompt_file": "x"})
+        assert (status, answer["error"]) == (400, "sling: unknown field 'prompt_file'")
         with pytest.raises(EndpointError, match="^sling: unknown field 'prompt_file'$") as refused:
             channel.call("sling", {**SlingRequest(capability="builder", task_id="t").to_wire(), "prompt_file": "x"})
         assert refused.value.exit_code == 2  # what the agent's `ov sling` exits with
@@ -236,3 +257,27 @@ def test_a_bad_sling_request_through_the_real_endpoint_is_a_400_and_nothing_is_s
         endpoint.close()
     assert [row[0] for row in state_db.execute("SELECT name FROM sessions")] == ["lead-1"]
     assert run_git(project.root, "branch", "--list", "ov/*").strip() == ""
+
+
+def test_a_bad_merge_request_through_the_real_endpoint_is_a_400(project: ProjectPaths, state_db: t.Any) -> None:
+    agent_row(state_db, project, "merger-m", "merger", branch=True)
+    endpoint = AgentEndpoint(project, "merger-m", 1, ROUTES).start()
+    try:
+        env = endpoint.open_turn()
+        channel = Channel(env[ENDPOINT_ENV], env[TOKEN_ENV])
+        status, answer = _post(channel, "merge", {"agent": "merger-m", "dry_run": True, "allow_protected": True})
+        assert (status, answer["exit_code"], answer["error"]) == (400, 2, "merge: unknown field 'allow_protected'")
+        status, answer = _post(channel, "merge", {"agent": "merger-m", "tier_max": "3"})
+        assert (status, answer["exit_code"]) == (400, 2) and answer["error"].startswith("merge: tier_max must be")
+        status, answer = _post(channel, "merge", {"all": True})
+        assert (status, answer["exit_code"]) == (403, 1), answer  # a refusal still answers 403
+        report = channel.call("merge", MergeRequest(agent="merger-m", dry_run=True).to_wire())
+        assert report["dry_run"] and report["branch"] == "ov/merger-m"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSTORY_", "OV_"))}
+        env.update({ENDPOINT_ENV: channel.socket_path, TOKEN_ENV: channel.token, "OVERSTORY_AGENT_NAME": "merger-m"})
+        cli = subprocess.run([*ov_command(), "merge", "merger-m", "--dry-run", "--tier-max", "2", "--json"],
+                             cwd=project.root, env=env, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr  # the agent's own `ov merge`: the same request, sent by the CLI
+        assert [(m["branch"], m["dry_run"]) for m in json.loads(cli.stdout)["merges"]] == [("ov/merger-m", True)]
+    finally:
+        endpoint.close()

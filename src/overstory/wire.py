@@ -1,4 +1,4 @@
-"""Requests that travel: one dataclass per request, built once by the CLI and either handed to the
+"""Requests that travel (`ov sling`, `ov merge`): one dataclass per request, built once by the CLI and either handed to the
 core (the operator's `ov`) or sent through the agent's endpoint (``to_wire``) and read back by the
 endpoint's route (``from_wire``). A new option touches the dataclass and its table, not three places.
 
@@ -136,6 +136,37 @@ class SlingRequest:
         fields["approve"] = tuple(fields.get("approve") or ())
         fields["budget"] = checked_budget(fields.get("budget"))
         return cls(**fields)
+
+
+@dataclass
+class MergeRequest:
+    """`ov merge`'s request: AGENT, --branch or --all, and how. ``allow_protected`` is the operator's
+    alone (a person has looked at the change) and never travels."""
+
+    agent: str | None = None
+    branch: str | None = None
+    all: bool = False
+    into: str | None = None
+    dry_run: bool = False
+    tier_max: int | None = None
+    force: bool = False
+    # -- not on the wire -----------------------------------------------------------------
+    allow_protected: bool = False
+
+    WIRE = {"agent": "text", "branch": "text", "all": "flag", "into": "text", "dry_run": "flag", "tier_max": "count",
+            "force": "flag"}
+
+    def to_wire(self) -> dict[str, t.Any]:
+        """The JSON object the endpoint's ``merge`` route reads (``from_wire``)."""
+        if self.allow_protected:
+            raise ValueError("not sent through the endpoint: allow_protected (the operator's own decision)")
+        return {key: getattr(self, key) for key in self.WIRE}
+
+    @classmethod
+    def from_wire(cls, document: t.Any) -> MergeRequest:
+        """The request an agent sent; a ``UsageError`` for a field that is unknown or of the wrong type."""
+        fields = read_fields("merge", document, cls.WIRE)
+        return cls(**{key: value for key, value in fields.items() if value is not None})
 
 
 def _read(path: Path | None, option: str) -> str | None:

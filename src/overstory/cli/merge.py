@@ -45,6 +45,7 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
     from overstory.config import load_config
     from overstory.errors import UsageError
     from overstory.merge.queue import MergeReport, MergeRun, dismiss_entry, merge_all, merge_one
+    from overstory.wire import MergeRequest
 
     chosen = sum(bool(x) for x in (agent, branch, merge_all_))
     if chosen != 1:
@@ -67,10 +68,10 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
     remote = agent_channel()
     if remote is not None and allow_protected:
         raise UsageError("only the operator can allow a change to protected paths (--allow-protected)")
+    request = MergeRequest(agent=agent, branch=branch, all=merge_all_, into=into, dry_run=dry_run, tier_max=tier_max,
+                           force=force, allow_protected=allow_protected)
     if remote is not None:  # an agent merges through its endpoint, outside its sandbox
-        run = MergeRun([MergeReport(**remote.call("merge", {
-            "agent": agent, "branch": branch, "all": merge_all_, "into": into, "dry_run": dry_run,
-            "tier_max": tier_max, "force": force}))])
+        run = MergeRun([MergeReport(**remote.call("merge", request.to_wire()))])
     else:
         project = project_paths()
         config = load_config(project.config_file, project.local_config_file)
@@ -79,13 +80,14 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
         def waiting(pid: int | None) -> None:
             click.echo(f"waiting for the merge held by pid {pid}...", err=True)
 
-        if merge_all_:
-            run = merge_all(project, config, conn, into=into, dry_run=dry_run, tier_max=tier_max,
-                            on_lock_wait=waiting)
+        if request.all:
+            run = merge_all(project, config, conn, into=request.into, dry_run=request.dry_run,
+                            tier_max=request.tier_max, on_lock_wait=waiting)
         else:
-            run = MergeRun([merge_one(project, config, conn, agent_name=agent, branch=branch, into=into,
-                                      dry_run=dry_run, tier_max=tier_max, force=force, on_lock_wait=waiting,
-                                      allow_protected=allow_protected)])
+            run = MergeRun([merge_one(project, config, conn, agent_name=request.agent, branch=request.branch,
+                                      into=request.into, dry_run=request.dry_run, tier_max=request.tier_max,
+                                      force=request.force, on_lock_wait=waiting,
+                                      allow_protected=request.allow_protected)])
     failed = [r for r in run.reports if r.failed]
     if as_json:
         echo_json({"merges": [r.as_dict() for r in run.reports], "skipped": [s.as_dict() for s in run.skipped],

@@ -185,23 +185,24 @@ def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> st
 def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.merge.queue import merge_one, target_for
     from overstory.store import sessions
+    from overstory.wire import MergeRequest
 
     me = caller.agent
     if me.capability not in MERGING_CAPABILITIES:
         raise NotPermitted(f"{me.name} is a {me.capability}: only the coordinator and merger agents may run "
                            "`ov merge`; report merge_ready to your parent instead")
-    if args.get("all"):
+    request = MergeRequest.from_wire(args)
+    if request.all:
         raise NotPermitted("`ov merge --all` works through the whole project's queue: only the operator runs it")
-    if bool(args.get("agent")) == bool(args.get("branch")):
+    if bool(request.agent) == bool(request.branch):
         raise UsageError("name exactly one of: an AGENT or --branch B")
-    name = _mergeable(caller, args.get("agent"), args.get("branch"))
+    name = _mergeable(caller, request.agent, request.branch)
     config = _config(caller)
-    target = target_for(sessions.get(caller.conn, name), config, args.get("into"))
+    target = target_for(sessions.get(caller.conn, name), config, request.into)
     if target != me.base_branch:
         raise NotPermitted(f"{me.name} may merge only into its own base branch {me.base_branch!r}, not {target!r}")
-    report = merge_one(caller.project, config, caller.conn, agent_name=name, into=target,
-                       dry_run=bool(args.get("dry_run")), tier_max=args.get("tier_max"), force=bool(args.get("force")),
-                       sender=me.name)
+    report = merge_one(caller.project, config, caller.conn, agent_name=name, into=target, dry_run=request.dry_run,
+                       tier_max=request.tier_max, force=request.force, sender=me.name)
     return report.as_dict()
 
 
