@@ -29,7 +29,7 @@ from overstory.errors import EndpointError, UsageError
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from overstory.store.db import open_state
-from overstory.wire import MergeRequest, SlingRequest
+from overstory.wire import MergeRequest, SlingRequest, StopRequest
 from test_endpoint import agent_row
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "overstory"
@@ -188,6 +188,17 @@ def test_a_merge_request_round_trips_through_its_wire_shape() -> None:
             MergeRequest.from_wire(document)
 
 
+def test_a_stop_request_round_trips_through_its_wire_shape() -> None:
+    request = StopRequest("builder-a", force=True, clean=True)
+    assert StopRequest.from_wire(json.loads(json.dumps(request.to_wire()))) == request
+    assert StopRequest.from_wire({"agent": "b", "force": None}) == StopRequest("b")
+    for document, problem in [({"force": True}, "stop: missing field 'agent'"),
+                              ({"agent": "b", "clean": 1}, "stop: clean must be true or false, not a number"),
+                              ({"agent": "b", "grace": 3}, "stop: unknown field 'grace'")]:
+        with pytest.raises(UsageError, match=f"^{problem}$"):
+            StopRequest.from_wire(document)
+
+
 BAD_WIRE = [
     ({"capability": "builder", "task_id": "t", "bogus": 1}, "sling: unknown field 'bogus'"),
     ({"capability": "builder"}, "sling: missing field 'task_id'"),
@@ -259,7 +270,7 @@ def test_a_bad_sling_request_through_the_real_endpoint_is_a_400_and_nothing_is_s
     assert run_git(project.root, "branch", "--list", "ov/*").strip() == ""
 
 
-def test_a_bad_merge_request_through_the_real_endpoint_is_a_400(project: ProjectPaths, state_db: t.Any) -> None:
+def test_bad_merge_and_stop_requests_through_the_real_endpoint_are_a_400(project: ProjectPaths, state_db: t.Any) -> None:
     agent_row(state_db, project, "merger-m", "merger", branch=True)
     endpoint = AgentEndpoint(project, "merger-m", 1, ROUTES).start()
     try:
@@ -269,6 +280,8 @@ def test_a_bad_merge_request_through_the_real_endpoint_is_a_400(project: Project
         assert (status, answer["exit_code"], answer["error"]) == (400, 2, "merge: unknown field 'allow_protected'")
         status, answer = _post(channel, "merge", {"agent": "merger-m", "tier_max": "3"})
         assert (status, answer["exit_code"]) == (400, 2) and answer["error"].startswith("merge: tier_max must be")
+        status, answer = _post(channel, "stop", {"agent": "merger-m", "grace": 0})
+        assert (status, answer["exit_code"], answer["error"]) == (400, 2, "stop: unknown field 'grace'")
         status, answer = _post(channel, "merge", {"all": True})
         assert (status, answer["exit_code"]) == (403, 1), answer  # a refusal still answers 403
         report = channel.call("merge", MergeRequest(agent="merger-m", dry_run=True).to_wire())

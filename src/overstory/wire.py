@@ -1,4 +1,4 @@
-"""Requests that travel (`ov sling`, `ov merge`): one dataclass per request, built once by the CLI and either handed to the
+"""Requests that travel (`ov sling`, `ov merge`, `ov stop`): one dataclass per request, built once by the CLI and either handed to the
 core (the operator's `ov`) or sent through the agent's endpoint (``to_wire``) and read back by the
 endpoint's route (``from_wire``). A new option touches the dataclass and its table, not three places.
 
@@ -166,6 +166,25 @@ class MergeRequest:
     def from_wire(cls, document: t.Any) -> MergeRequest:
         """The request an agent sent; a ``UsageError`` for a field that is unknown or of the wrong type."""
         fields = read_fields("merge", document, cls.WIRE)
+        return cls(**{key: value for key, value in fields.items() if value is not None})
+
+
+@dataclass
+class StopRequest:
+    """`ov stop`'s request."""
+
+    agent: str
+    force: bool = False
+    clean: bool = False
+
+    WIRE = {"agent": "text", "force": "flag", "clean": "flag"}
+
+    def to_wire(self) -> dict[str, t.Any]:
+        return {key: getattr(self, key) for key in self.WIRE}
+
+    @classmethod
+    def from_wire(cls, document: t.Any) -> StopRequest:
+        fields = read_fields("stop", document, cls.WIRE, ("agent",))
         return cls(**{key: value for key, value in fields.items() if value is not None})
 
 

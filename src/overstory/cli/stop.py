@@ -23,16 +23,19 @@ def stop(agent: str, force: bool, clean: bool, as_json: bool) -> None:
     ov stop builder-task-42 --clean          # after `ov merge builder-task-42`
     ov stop builder-task-42 --clean --force  # throw its unmerged work away
     """
+    from overstory.wire import StopRequest
+
+    request = StopRequest(agent, force=force, clean=clean)
     remote = agent_channel()
     if remote is not None:  # an agent may stop its own descendants, through its endpoint
-        result = remote.call("stop", {"agent": agent, "force": force, "clean": clean})
+        result = remote.call("stop", request.to_wire())
     else:
         from overstory.agents.stop import stop_agent
         from overstory.config import load_config
 
         project = project_paths()
         config = load_config(project.config_file, project.local_config_file)
-        result = stop_agent(project, state_conn(project), agent, force=force, clean=clean,
+        result = stop_agent(project, state_conn(project), request.agent, force=request.force, clean=request.clean,
                             kill_grace=config.turns.kill_grace,
                             fallback_base=config.project.canonical_branch).as_dict()
     if as_json:

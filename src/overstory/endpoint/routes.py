@@ -145,12 +145,14 @@ def _descendant(caller: Caller, name: str) -> Session:
 
 def stop(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.agents.stop import stop_agent
+    from overstory.wire import StopRequest
 
-    target = _descendant(caller, str(args["agent"]))
+    request = StopRequest.from_wire(args)
+    target = _descendant(caller, request.agent)
     config = _config(caller)
-    result = stop_agent(caller.project, caller.conn, target.name, force=bool(args.get("force")),
-                        clean=bool(args.get("clean")), kill_grace=config.turns.kill_grace,
-                        fallback_base=config.project.canonical_branch, actor=caller.name)
+    result = stop_agent(caller.project, caller.conn, target.name, force=request.force, clean=request.clean,
+                        kill_grace=config.turns.kill_grace, fallback_base=config.project.canonical_branch,
+                        actor=caller.name)
     return result.as_dict()
 
 
