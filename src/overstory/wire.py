@@ -1,6 +1,7 @@
-"""Requests that travel (`ov sling`, `ov merge`, `ov stop`): one dataclass per request, built once by the CLI and either handed to the
-core (the operator's `ov`) or sent through the agent's endpoint (``to_wire``) and read back by the
-endpoint's route (``from_wire``). A new option touches the dataclass and its table, not three places.
+"""Requests that travel (`ov sling`, `ov merge`, `ov stop`): one dataclass per request, built once
+by the CLI and either handed to the core (the operator's `ov`) or sent through the agent's endpoint
+(``to_wire``) and read back by the endpoint's route (``from_wire``). A new option touches the
+dataclass and its table, not three places.
 
 ``from_wire`` trusts nothing: the document comes from inside an agent's sandbox. A field it does
 not know, a required one missing, or one of the wrong type is a ``UsageError`` (one line; exit 2
