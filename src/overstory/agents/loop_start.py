@@ -104,7 +104,7 @@ def status_document(conn: sqlite3.Connection, name: str, root: Path | None = Non
         "cost_usd": round(agent.cost_usd, 6),
         "phase": None, "phases": [p["name"] for p in phases] if definition.get("phased") else [],
         "same_failures": loop.same_failures if loop else 0, "critic": loop.critic_agent if loop else None,
-        "records": [], "checkpoints": [],
+        "records": [], "checkpoints": [], "last_check_env": None,
         "protected": {"paths": definition.get("protected_paths") or [],
                       "allowed": definition.get("allow_protected") or [], "changed": []},
     }
@@ -120,12 +120,59 @@ def status_document(conn: sqlite3.Connection, name: str, root: Path | None = Non
             "session_id": row["session_id"], "cost_usd": round(row["cost_usd"] or 0.0, 6),
             "promise_seen": None if row["promise_seen"] is None else bool(row["promise_seen"]),
             "check_exit": row["check_exit"], "check_seconds": row["check_seconds"], "progress": row["progress"],
-            "outcome": row["outcome"], "started_at": iso(row["started_at"]), "ended_at": iso(row["ended_at"])})
+            "outcome": row["outcome"], "started_at": iso(row["started_at"]), "ended_at": iso(row["ended_at"]),
+            "check_tail": row["check_tail"], "fingerprint": row["fingerprint"],
+            "check_log": _relative(Path(row["check_log"]), root) if row["check_log"] and root else row["check_log"],
+            "check_env": _json_or_none(row["check_env"])})
+    document["last_check_env"] = next((r["check_env"] for r in reversed(document["records"]) if r["check_env"]),
+                                      None)
     for mark in loops.checkpoints(conn, name, agent.generation):
         document["checkpoints"].append({"seq": mark["seq"], "phase": mark["phase"], "round": mark["phase_round"] + 1,
                                         "commit": mark["commit_sha"], "ref": mark["ref"], "verdict": mark["verdict"],
                                         "at": iso(mark["created_at"])})
     return document
+
+
+def _json_or_none(text: str | None) -> t.Any:
+    import json
+
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+FAILURE_LINES = 8
+
+
+def failure_lines(records: t.Sequence[t.Mapping[str, t.Any]], root: Path | None = None,
+                  lines: int = FAILURE_LINES) -> list[str]:
+    """The end of each failed check (iterations that failed the same way share one), with its log's path."""
+    groups: dict[str, list[t.Mapping[str, t.Any]]] = {}
+    for row in records:
+        if row.get("status") == "done" and row.get("check_exit") not in (None, 0):
+            groups.setdefault(str(row.get("fingerprint") or f"{row['number']}.{row['attempt']}"), []).append(row)
+    out: list[str] = []
+    for rows in groups.values():
+        last = rows[-1]
+        numbers = ", ".join(str(r["number"]) + (f".{r['attempt']}" if r["attempt"] > 1 else "") for r in rows)
+        tail = (last.get("check_tail") or "").splitlines()
+        label = tail[0].removeprefix("$ ") if tail and tail[0].startswith("$ ") else "the check"
+        body = [line for line in tail[1:] if line.strip()][-lines:]
+        log = last.get("check_log")
+        if log and root is not None:
+            log = _relative(Path(log), root)
+        out.append(f"iteration{'s' if len(rows) > 1 else ''} {numbers}: `{label}` exit {last['check_exit']}"
+                   + (f"; whole output: {log}" if log else ""))
+        out += [f"  | {line}" for line in body] or ["  | (no output)"]
+    return out
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def _protected_changes(root: Path, agent: sessions.Session, definition: t.Mapping[str, t.Any]) -> list[t.Any]:
@@ -178,6 +225,16 @@ def status_lines(document: dict[str, t.Any]) -> list[str]:
     for change in protected.get("changed") or []:
         lines.append(f"  protected path changed on its branch: {change['path']} ({change['change']})"
                      + (" - allowed" if change["allowed"] else " - its checks fail until it is back"))
+    where = document.get("last_check_env")
+    if where:
+        lines.append(f"  last check: in a checkout of {(where.get('commit') or '?')[:12]}; "
+                     + (f"`python` is {where['python']}" if where.get("python") else "no `python` on its PATH")
+                     + (f" (virtual environment {where['venv']})" if where.get("venv") else
+                        " (no project virtual environment: .venv, or loop.check_env)"))
+    failed = failure_lines(document["records"])
+    if failed:
+        lines.append("  failed checks (the end of each):")
+        lines += [f"    {line}" for line in failed]
     for mark in document["checkpoints"]:
         lines.append(f"  checkpoint {mark['seq']}: phase {mark['phase']} run {mark['round']} {mark['commit'][:12]} "
                      f"{mark['ref']}" + (f" (critic: {mark['verdict']})" if mark["verdict"] else ""))
