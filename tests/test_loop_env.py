@@ -258,3 +258,22 @@ def test_a_checks_environment_leaves_ovs_own_venv_out_and_puts_the_projects_firs
     (project.root / ".venv").rename(project.root / "envs" / "tools")
     env, used = check_env(operator, load(project), project.root)
     assert env["PATH"].split(os.pathsep)[0] == str(project.root / "envs" / "tools" / "bin") and used.configured
+
+
+def test_a_loop_parked_by_its_dollar_budget_quotes_its_failed_checks(project: ProjectPaths, tmp_path: Path):
+    write_local_config(project, turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       watchdog={"interval": 0.2})
+    bill = {"usage": {"input_tokens": 200_000, "output_tokens": 0, "model": "claude-opus-4-8", "cost_usd": 1.0}}
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"agents": {"builder-*": {"iterations": [
+        {"actions": [bill], "result": "LOOP_DONE"}, {"actions": [bill], "result": "LOOP_DONE"}]}}}))
+    done = run_ov("loop", "builder", "t1", "--prompt", "spend", "--check", "echo the-check-said-boom; exit 3",
+                  "--runtime", "scripted", "--scenario", str(plan), "--max-usd", "3", cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    agent = settled(project, "builder-t1")
+    assert agent.state == "parked" and agent.park_kind == "budget", agent.state_reason
+    escalations = mail_rows(project, type="escalation")
+    assert len(escalations) == 1, escalations
+    body = escalations[0]["body"]
+    assert "iteration 1: `echo the-check-said-boom; exit 3` exit 3" in body and "| the-check-said-boom" in body
+    assert ".overstory/logs/builder-t1/loop/check-1-1-0.txt" in body

@@ -460,11 +460,9 @@ class IterationRunner:
             self._event("loop_parked", reason, details)
 
     def _failures_note(self) -> str | None:
-        """What the escalation of a parked loop quotes: the end of each failed check, and where its log is."""
-        from overstory.agents.loop_start import failure_lines
+        from overstory.agents.loop_start import failures_note
 
-        found = failure_lines(loops.iterations(self.state, self.name, self.generation), self.project.root)
-        return "Failed checks (the end of each):\n" + "\n".join(found) if found else None
+        return failures_note(self.state, self.name, self.generation, self.project.root)
 
     def _escalate(self, agent: Session, loop: Loop, reason: str) -> None:
         """Park for a person after the critic; resuming goes on to the next phase."""

@@ -168,6 +168,12 @@ def failure_lines(records: t.Sequence[t.Mapping[str, t.Any]], root: Path | None 
     return out
 
 
+def failures_note(conn: sqlite3.Connection, name: str, generation: int, root: Path) -> str | None:
+    """What the escalation of a parked loop quotes: the end of each failed check, and where its log is."""
+    found = failure_lines(loops.iterations(conn, name, generation), root)
+    return "Failed checks (the end of each):\n" + "\n".join(found) if found else None
+
+
 def _relative(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
