@@ -126,6 +126,7 @@ def test_the_readme_loop_runs_offline_in_the_projects_venv(project: ProjectPaths
     text, document = status(green)
     assert f"`python` is {venv / 'bin' / 'python'} (virtual environment {venv})" in text
     assert document["last_check_env"]["venv"] == str(venv) and "failed checks" not in text
+    assert f"last check: in .overstory/tmp/check-{NAME}-" in text and document["last_check_env"]["commit"][:12] in text
     reports = mail_rows(green, type="worker_done")
     assert len(reports) == 1 and reports[0]["sender"] == NAME and reports[0]["recipient"] == "operator"
 
@@ -277,3 +278,35 @@ def test_a_loop_parked_by_its_dollar_budget_quotes_its_failed_checks(project: Pr
     body = escalations[0]["body"]
     assert "iteration 1: `echo the-check-said-boom; exit 3` exit 3" in body and "| the-check-said-boom" in body
     assert ".overstory/logs/builder-t1/loop/check-1-1-0.txt" in body
+
+
+def test_ov_mail_send_outside_a_sandbox_holds_a_looping_agents_worker_done_and_nothing_else(project: ProjectPaths):
+    """The `ov mail send` that writes SQLite itself (no endpoint: the operator's shell, `sandbox.mode: off`)
+    holds the same way; other mail of the agent, and mail once its loop completed, go out as usual."""
+    from overstory.store import loops
+    from test_mail import make_agent
+
+    conn = open_state(project.state_db)
+    try:
+        generation = make_agent(conn, "builder-l", parent="lead-1", state="in_turn")
+        make_agent(conn, "lead-1", capability="lead", state="between_turns")
+        loops.ensure(conn, "builder-l", generation, {"max_iterations": 3, "phases": [{"name": "main"}]})
+    finally:
+        conn.close()
+    done = run_ov("mail", "send", "--from", "builder-l", "--type", "worker_done", "--subject", "early",
+                  "--body", "b", cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    assert "held, not sent: builder-l works in an `ov loop`, and the loop reports to lead-1 once" in done.stdout
+    assert mail_rows(project, type="worker_done") == []
+    other = run_ov("mail", "send", "--from", "builder-l", "--to", "lead-1", "--subject", "progress", "--body", "b",
+                   cwd=project.root)
+    assert other.returncode == 0 and "sent #" in other.stdout
+    conn = open_state(project.state_db)
+    try:
+        assert json.loads(conn.execute("SELECT held_report FROM loops").fetchone()[0])["subject"] == "early"
+        loops.update(conn, "builder-l", generation, status="completed")
+    finally:
+        conn.close()
+    after = run_ov("mail", "send", "--from", "builder-l", "--type", "worker_done", "--subject", "late", "--json",
+                   cwd=project.root)
+    assert after.returncode == 0 and json.loads(after.stdout)["to"] == ["lead-1"], after.stdout + after.stderr

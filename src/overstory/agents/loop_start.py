@@ -124,8 +124,10 @@ def status_document(conn: sqlite3.Connection, name: str, root: Path | None = Non
             "check_tail": row["check_tail"], "fingerprint": row["fingerprint"],
             "check_log": _relative(Path(row["check_log"]), root) if row["check_log"] and root else row["check_log"],
             "check_env": _json_or_none(row["check_env"])})
-    document["last_check_env"] = next((r["check_env"] for r in reversed(document["records"]) if r["check_env"]),
-                                      None)
+    last = next((dict(r["check_env"]) for r in reversed(document["records"]) if r["check_env"]), None)
+    if last and last.get("cwd") and root is not None:
+        last["cwd"] = _relative(Path(last["cwd"]), root)  # a scratch checkout, removed after the check
+    document["last_check_env"] = last
     for mark in loops.checkpoints(conn, name, agent.generation):
         document["checkpoints"].append({"seq": mark["seq"], "phase": mark["phase"], "round": mark["phase_round"] + 1,
                                         "commit": mark["commit_sha"], "ref": mark["ref"], "verdict": mark["verdict"],
@@ -233,7 +235,7 @@ def status_lines(document: dict[str, t.Any]) -> list[str]:
                      + (" - allowed" if change["allowed"] else " - its checks fail until it is back"))
     where = document.get("last_check_env")
     if where:
-        lines.append(f"  last check: in a checkout of {(where.get('commit') or '?')[:12]}; "
+        lines.append(f"  last check: in {where.get('cwd')}, a checkout of {(where.get('commit') or '?')[:12]}; "
                      + (f"`python` is {where['python']}" if where.get("python") else "no `python` on its PATH")
                      + (f" (virtual environment {where['venv']})" if where.get("venv") else
                         " (no project virtual environment: .venv, or loop.check_env)"))
