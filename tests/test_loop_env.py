@@ -310,3 +310,22 @@ def test_ov_mail_send_outside_a_sandbox_holds_a_looping_agents_worker_done_and_n
     after = run_ov("mail", "send", "--from", "builder-l", "--type", "worker_done", "--subject", "late", "--json",
                    cwd=project.root)
     assert after.returncode == 0 and json.loads(after.stdout)["to"] == ["lead-1"], after.stdout + after.stderr
+
+
+def test_failed_checks_are_shown_once_per_kind_of_failure_the_newest_kinds_first_cut():
+    from overstory.agents.loop_start import failure_lines
+
+    rows = [{"status": "done", "number": i, "attempt": 1, "check_exit": 1, "fingerprint": f"kind{i % 7}",
+             "check_tail": "$ make test\n" + "".join(f"line {n} of {i}\n" for n in range(12)),
+             "check_log": f"/p/.overstory/logs/b/loop/check-{i}-1-0.txt"} for i in range(1, 10)]
+    rows.append({"status": "done", "number": 10, "attempt": 1, "check_exit": 0, "fingerprint": None,
+                 "check_tail": "$ make test\nok", "check_log": "/p/x"})
+    lines = failure_lines(rows, Path("/p"))
+    assert lines[0] == ("(and 2 earlier failed check(s) of other kinds: iterations 3, 4; "
+                        "`ov loop status NAME --json` has them all)")
+    headers = [line for line in lines[1:] if not line.startswith("  | ")]
+    assert headers == [f"iteration {i}: `make test` exit 1; whole output: .overstory/logs/b/loop/check-{i}-1-0.txt"
+                       for i in (5, 6, 7)] + [
+        f"iterations {a}, {b}: `make test` exit 1; whole output: .overstory/logs/b/loop/check-{b}-1-0.txt"
+        for a, b in ((1, 8), (2, 9))]
+    assert lines[-8:] == [f"  | line {n} of 9" for n in range(4, 12)], "the last 8 lines of the newest"

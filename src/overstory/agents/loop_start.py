@@ -145,17 +145,25 @@ def _json_or_none(text: str | None) -> t.Any:
 
 
 FAILURE_LINES = 8
+FAILURE_GROUPS = 5
 
 
 def failure_lines(records: t.Sequence[t.Mapping[str, t.Any]], root: Path | None = None,
-                  lines: int = FAILURE_LINES) -> list[str]:
-    """The end of each failed check (iterations that failed the same way share one), with its log's path."""
+                  lines: int = FAILURE_LINES, groups_shown: int = FAILURE_GROUPS) -> list[str]:
+    """The end of each failed check (iterations that failed the same way share one; the newest
+    ``groups_shown`` kinds of failure), with its log's path."""
     groups: dict[str, list[t.Mapping[str, t.Any]]] = {}
     for row in records:
         if row.get("status") == "done" and row.get("check_exit") not in (None, 0):
             groups.setdefault(str(row.get("fingerprint") or f"{row['number']}.{row['attempt']}"), []).append(row)
     out: list[str] = []
-    for rows in groups.values():
+    newest = sorted(groups.values(), key=lambda rows: (rows[-1]["number"], rows[-1]["attempt"]))
+    if len(newest) > groups_shown:
+        left = newest[:-groups_shown]
+        numbers = ", ".join(str(r["number"]) for rows in left for r in rows)
+        out.append(f"(and {sum(map(len, left))} earlier failed check(s) of other kinds: iterations {numbers}; "
+                   "`ov loop status NAME --json` has them all)")
+    for rows in newest[-groups_shown:]:
         last = rows[-1]
         numbers = ", ".join(str(r["number"]) + (f".{r['attempt']}" if r["attempt"] > 1 else "") for r in rows)
         tail = (last.get("check_tail") or "").splitlines()

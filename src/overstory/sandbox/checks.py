@@ -131,7 +131,8 @@ def check_env(environ: t.Mapping[str, str], config: Config, root: Path) -> tuple
         kept = [d for d in env.get("PATH", os.defpath).split(os.pathsep)
                 if d and d not in own and os.path.realpath(d) not in own]
         env["PATH"] = os.pathsep.join(kept)
-        if env.get("VIRTUAL_ENV") and os.path.join(env["VIRTUAL_ENV"], "bin") in own:
+        active = env.get("VIRTUAL_ENV")
+        if active and {os.path.join(active, "bin"), os.path.realpath(os.path.join(active, "bin"))} & own:
             env.pop("VIRTUAL_ENV")
     venv, configured = project_venv(config, root)
     if venv is not None:
