@@ -115,6 +115,7 @@ def test_the_readme_loop_runs_offline_in_the_projects_venv(project: ProjectPaths
     venv = make_project_venv(green.root)
     done = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
     assert done.returncode == 0, done.stderr
+    assert f"  checks:   `python` is {venv / 'bin' / 'python'} (virtual environment {venv})" in done.stdout
     agent = settled(green, NAME)
     assert agent.state == "completed", agent.state_reason
     rows = records(green, NAME)
@@ -136,6 +137,7 @@ def test_the_readme_loop_without_a_venv_fails_clearly_and_shows_the_output(proje
     bare = python_without_pytest(green.root)
     done = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env([bare]))
     assert done.returncode == 0, done.stderr
+    assert f"  checks:   `python` is {bare / 'python'} (no project virtual environment" in done.stdout
     agent = settled(green, NAME)
     assert agent.state == "parked" and agent.park_kind == "loop", agent.state_reason
     assert agent.state_reason.startswith("loop: the same check failure 2 times in a row")
@@ -163,16 +165,29 @@ def test_the_readme_loop_without_a_venv_fails_clearly_and_shows_the_output(proje
     assert mail_rows(green, type="worker_done") == [], "a parked loop has not reported done"
 
 
-def test_loop_check_env_names_the_venv_and_a_wrong_one_fails_the_check(project: ProjectPaths):
+def test_loop_check_env_names_the_venv_and_one_that_is_none_is_refused_at_the_start(project: ProjectPaths):
     green = green_project(project)
-    write_local_config(green, loop={"same_failure_limit": 1, "check_env": "envs/missing"},
+    write_local_config(green, loop={"same_failure_limit": 1, "check_env": "envs/tools"},
                        turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3})
+    refused = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "loop.check_env envs/tools: " in refused.stderr and "is not a virtual environment (no bin/python)" \
+        in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    assert agent_state(green, NAME) is None and run_git(green.root, "branch", "--list", "ov/*") == ""
+
+    (green.root / "envs").mkdir()
+    make_project_venv(green.root).rename(green.root / "envs" / "tools")
+    tools = green.root / "envs" / "tools"
+    (green.root / "tests" / "test_green.py").write_text(
+        (green.root / "tests" / "test_green.py").read_text().replace(str(green.root / ".venv"), str(tools)))
+    run_git(green.root, "commit", "-q", "-am", "the tests run in envs/tools")
     done = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
     assert done.returncode == 0, done.stderr
+    assert f"  checks:   `python` is {tools / 'bin' / 'python'} (virtual environment {tools}, loop.check_env)" \
+        in done.stdout
     agent = settled(green, NAME)
-    assert agent.state == "parked", agent.state_reason
-    text, _ = status(green)
-    assert "loop.check_env envs/missing" in text and "is not a virtual environment (no bin/python)" in text
+    assert agent.state == "completed", agent.state_reason
+    assert json.loads(records(green, NAME)[0]["check_env"])["configured"] is True
 
 
 def test_a_loop_agents_own_worker_done_is_held_and_the_loop_reports_once_across_a_kill(project: ProjectPaths,

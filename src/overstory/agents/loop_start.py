@@ -22,6 +22,7 @@ from overstory.store import loops, sessions
 if t.TYPE_CHECKING:
     from overstory.agents.spawn import SlingResult
     from overstory.config import Config
+    from overstory.sandbox.checks import CheckEnv
 
 
 @dataclass
@@ -60,6 +61,7 @@ def start_loop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
                                   max_iterations=request.max_iterations,
                                   default_max_iterations=config.loop.max_iterations,
                                   protected=config.loop.protected_paths, allow_protected=request.allow_protected)
+    check_environment(project, config, definition, environ)  # a loop.check_env that is no venv: refused now
     budget = dict(request.budget)
     max_usd = request.max_usd if request.max_usd is not None else definition.get("max_usd")
     if max_usd is not None:
@@ -72,6 +74,24 @@ def start_loop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         parent=request.parent, runtime=request.runtime, model=request.model, base_branch=request.base_branch,
         scenario=request.scenario, budget=budget or None, loop=definition), environ)
     return result, definition
+
+
+def check_environment(project: ProjectPaths, config: Config, definition: t.Mapping[str, t.Any],
+                      environ: t.Mapping[str, str] | None = None) -> CheckEnv | None:
+    """The Python environment the loop's command checks will run in (None: it has none); LoopError when
+    ``loop.check_env`` names no virtual environment."""
+    import os
+
+    from overstory.errors import SandboxError
+    from overstory.sandbox.checks import check_env
+
+    gates = [p.get("gate") for p in definition.get("phases") or []] + [definition.get("final_check")]
+    if not any(g and g.get("kind") == "command" for g in gates):
+        return None
+    try:
+        return check_env(os.environ if environ is None else environ, config, project.root.resolve())[1]
+    except SandboxError as exc:
+        raise LoopError(str(exc)) from None
 
 
 def _spec_text(path: Path) -> str:

@@ -68,7 +68,7 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
                                          name, runtime,
                                          model, parent, base_branch, scenario, allow_protected or None])
         return
-    from overstory.agents.loop_start import LoopRequest, start_loop
+    from overstory.agents.loop_start import LoopRequest, check_environment, start_loop
     from overstory.config import load_config
 
     if prompt is not None and spec_file is not None:
@@ -81,8 +81,10 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
                           allow_protected=tuple(allow_protected),
                           budget={"max_wallclock": max_wallclock} if max_wallclock is not None else {})
     result, definition = start_loop(project, config, state_conn(project), request)
+    environment = check_environment(project, config, definition)
     if as_json:
-        echo_json({**result.as_dict(), "loop": definition})
+        echo_json({**result.as_dict(), "loop": definition,
+                   "check_env": environment.as_dict() if environment is not None else None})
         return
     phases = definition["phases"]
     click.echo(f"looping {result.name} ({result.capability} on {result.task_id}, runtime {result.runtime})")
@@ -92,6 +94,8 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
                   and phases[0]["gate"]["kind"] == "command" else ""))
     if definition["phased"]:
         click.echo(f"  phases:   {', '.join(p['name'] for p in phases)}")
+    if environment is not None:
+        click.echo(f"  checks:   {environment.describe()}")
     from overstory.store.budgets import format_limit
 
     click.echo(f"  limit:    {definition['max_iterations']} iterations"
