@@ -4,12 +4,13 @@ The per-agent loop process (``agents.loop``) hands an agent whose row carries a 
 definition to ``IterationRunner``. Each iteration is one turn in a fresh runtime
 session (never ``--resume``) of the same agent in the same worktree; its message is
 built by ``loop_prompt``. After the turn ov runs the phase's gate (the check command,
-or a file count) in the worktree. A phase ends only when the model's last message holds
+or a file count) over the agent's branch. A phase ends only when the model's last message holds
 the promise AND the gate passes; then ov saves a checkpoint, asks the critic if the spec
 has one, and moves to the next phase or completes the agent (its parent gets the
-``worker_done`` in the same transaction). The loop parks, with one escalation, at its
-iteration limits, at its budget (the agent's budget is the loop's), when the same check
-failure repeats ``loop.same_failure_limit`` times, or when its critic escalates.
+``worker_done`` in the same transaction, quoting the agent's own, which ``store.loop_reports``
+held). The loop parks, with one escalation (quoting the failed checks), at its iteration
+limits, at its budget (the agent's budget is the loop's), when the same check failure
+repeats ``loop.same_failure_limit`` times, or when its critic escalates.
 
 Crash safety: an iteration is recorded ``running`` before its turn starts. A loop
 process that dies mid-turn leaves it so; the next loop process (the watchdog starts one)
