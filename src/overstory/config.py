@@ -184,6 +184,7 @@ class LoopSection(_Section):
     output_tail: int = Field(3000, ge=200)
     critic_timeout: float = Field(1800, gt=0)
     protected_paths: list[str] = Field(default_factory=list)
+    check_env: str | None = None
 
     @field_validator("protected_paths")
     @classmethod

@@ -169,6 +169,9 @@ loop:
   # and a change to one fails the check until the operator allows it (`ov loop --allow-protected PATH`,
   # `ov merge --allow-protected`). Git glob pathspecs from the repository root.
   protected_paths: []
+  # The Python virtual environment checks and gates run in (its bin/ first on PATH; ov's own is never on it),
+  # relative to the project root or absolute. null: the project's .venv when there is one.
+  check_env: null
 
 schedules:
   # Fires missed while no watchdog ran: latest (fire once, for the latest missed time) or none (skip them).

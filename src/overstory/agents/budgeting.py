@@ -66,7 +66,7 @@ def open_run_budget(conn: sqlite3.Connection, config: Config, run: runs.Run,
 
 
 def park_for_crossing(conn: sqlite3.Connection, agent: Session, crossing: Crossing, *, actor: str,
-                      expect: t.Collection[str] | None = None) -> list[str]:
+                      expect: t.Collection[str] | None = None, note: str | None = None) -> list[str]:
     """Park ``agent`` for ``crossing``; a run crossing parks every active agent of the run.
 
     An agent's own crossing sends its parent one escalation. A run crossing sends one
@@ -76,7 +76,8 @@ def park_for_crossing(conn: sqlite3.Connection, agent: Session, crossing: Crossi
     """
     details = crossing.as_dict()
     if crossing.scope == budgets.AGENT:
-        outcome = lifecycle.park(conn, agent, "budget", crossing.reason, actor=actor, details=details, expect=expect)
+        outcome = lifecycle.park(conn, agent, "budget", crossing.reason, actor=actor, details=details, expect=expect,
+                                 note=note)
         return [agent.name] if outcome.ok else []
     names = [agent.name] + [name for name in runs.active_agents(conn, crossing.name) if name != agent.name]
     parked: list[str] = []

@@ -4,12 +4,13 @@ The per-agent loop process (``agents.loop``) hands an agent whose row carries a 
 definition to ``IterationRunner``. Each iteration is one turn in a fresh runtime
 session (never ``--resume``) of the same agent in the same worktree; its message is
 built by ``loop_prompt``. After the turn ov runs the phase's gate (the check command,
-or a file count) in the worktree. A phase ends only when the model's last message holds
+or a file count) over the agent's branch. A phase ends only when the model's last message holds
 the promise AND the gate passes; then ov saves a checkpoint, asks the critic if the spec
 has one, and moves to the next phase or completes the agent (its parent gets the
-``worker_done`` in the same transaction). The loop parks, with one escalation, at its
-iteration limits, at its budget (the agent's budget is the loop's), when the same check
-failure repeats ``loop.same_failure_limit`` times, or when its critic escalates.
+``worker_done`` in the same transaction, quoting the agent's own, which ``store.loop_reports``
+held). The loop parks, with one escalation (quoting the failed checks), at its iteration
+limits, at its budget (the agent's budget is the loop's), when the same check failure
+repeats ``loop.same_failure_limit`` times, or when its critic escalates.
 
 Crash safety: an iteration is recorded ``running`` before its turn starts. A loop
 process that dies mid-turn leaves it so; the next loop process (the watchdog starts one)
@@ -55,7 +56,7 @@ from overstory.agents.process import POLL_SECONDS, acquire_turn_slot, load_launc
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.guards.policy import PHASE_TOOLS_ENV
-from overstory.store import approvals, lifecycle, loops, mail, mail_text, sessions
+from overstory.store import approvals, lifecycle, loop_reports, loops, mail, mail_text, sessions
 from overstory.store import events as event_store
 from overstory.store.db import write_transaction
 from overstory.store.dispatch import SCOPE_ENV, loop_scope
@@ -161,7 +162,8 @@ class IterationRunner:
 
         crossing = budgets.begin_turn(self.state, self.name, self.generation)
         if crossing is not None:  # the loop's budget is the agent's: no iteration past it
-            parked = park_for_crossing(self.state, agent, crossing, actor=ACTOR, expect=WAITING)
+            parked = park_for_crossing(self.state, agent, crossing, actor=ACTOR, expect=WAITING,
+                                       note=self._failures_note())
             self._event("budget_parked", f"{crossing.reason} (before iteration {number}); parked: "
                                          f"{', '.join(parked) or 'none'}", {"crossing": crossing.as_dict()})
             return
@@ -178,7 +180,8 @@ class IterationRunner:
         # Every attempt at this iteration shares one idempotency scope: a re-run (its loop was killed) gets
         # what the dead attempt already did from the ledger instead of doing it again.
         extra = {"OVERSTORY_LOOP": self.name, "OVERSTORY_LOOP_ITERATION": str(number),
-                 "OVERSTORY_LOOP_PHASE": phase["name"], SCOPE_ENV: loop_scope(self.generation, number)}
+                 "OVERSTORY_LOOP_PHASE": phase["name"], "OVERSTORY_LOOP_PROMISE": loop.definition["until"],
+                 SCOPE_ENV: loop_scope(self.generation, number)}
         if phase.get("tools") is not None:
             extra[PHASE_TOOLS_ENV] = ",".join(phase["tools"])
         self.host.base_env = load_launch_env(self.project, self.name)
@@ -253,7 +256,8 @@ class IterationRunner:
             loops.finish_iteration(self.state, row, check_exit=check.exit_code if check else None,
                                    check_seconds=round(check.seconds, 3) if check else None, check_tail=tail,
                                    fingerprint=check.fingerprint if check else None, progress=progress,
-                                   outcome=outcome)
+                                   outcome=outcome, check_log=check.log if check else None,
+                                   check_env=check.environment if check else None)
             loops.update(self.state, self.name, self.generation, same_failures=streak,
                          last_fingerprint=check.fingerprint if check else None,
                          last_check_exit=check.exit_code if check else None, last_check_tail=tail,
@@ -422,6 +426,10 @@ class IterationRunner:
 
         payload = fill_worker_done(self.project, self.state, self.name,
                                    {"task_id": agent.task_id, "branch": agent.branch or "-", "agent": agent.name})
+        fresh = loops.get(self.state, self.name, self.generation)  # the agent's own worker_done, held meanwhile
+        own = loop_reports.held(fresh.held_report if fresh else None)
+        quoted = (f"\n\nIts own last report (held while the loop ran): {own.get('subject')}"
+                  + (f"\n{own['body']}" if own.get("body") else "")) if own else ""
         sent: list[int] = []
 
         def report(tx: sqlite3.Connection, _ok: sessions.Ok) -> None:
@@ -431,7 +439,8 @@ class IterationRunner:
                 subject=f"{self.name}: loop complete after {loop.iterations} iteration(s)",
                 body=(f"The loop {self.name} (task {agent.task_id}) is complete: the promise and ov's checks agree "
                       f"after {loop.iterations} iteration(s). `ov loop status {self.name}` lists them; its branch is "
-                      f"{agent.branch}."), payload=payload, dedup_key=f"loop_done:{self.name}:{self.generation}")
+                      f"{agent.branch}.{quoted}"), payload=payload,
+                dedup_key=f"loop_done:{self.name}:{self.generation}")
             if message_id is not None:
                 sent.append(message_id)
 
@@ -447,9 +456,14 @@ class IterationRunner:
     def _park(self, agent: Session, reason: str, details: dict[str, t.Any] | None,
               also: t.Callable[[sqlite3.Connection], None] | None = None) -> None:
         outcome = lifecycle.park(self.state, agent, "loop", reason[:300], actor=ACTOR, details=details,
-                                 expect=WAITING, also=also)
+                                 expect=WAITING, also=also, note=self._failures_note())
         if outcome.ok:
             self._event("loop_parked", reason, details)
+
+    def _failures_note(self) -> str | None:
+        from overstory.agents.loop_start import failures_note
+
+        return failures_note(self.state, self.name, self.generation, self.project.root)
 
     def _escalate(self, agent: Session, loop: Loop, reason: str) -> None:
         """Park for a person after the critic; resuming goes on to the next phase."""

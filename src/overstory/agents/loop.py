@@ -412,7 +412,12 @@ class AgentLoop(AgentProcess):
                 sessions.transition(self.state, self.name, self.generation, "between_turns", actor="turn-runner",
                                     reason="budget raised during the turn", expect={"booting", "in_turn", "stalled"})
                 return
-            parked = park_for_crossing(self.state, fresh, crossing, actor="turn-runner", expect=expect)
+            note = None
+            if fresh.spec.get("loop"):  # an `ov loop` iteration: its escalation quotes the failed checks
+                from overstory.agents.loop_start import failures_note
+
+                note = failures_note(self.state, self.name, self.generation, self.project.root)
+            parked = park_for_crossing(self.state, fresh, crossing, actor="turn-runner", expect=expect, note=note)
             event_store.record(self.events, "budget_parked", agent=self.name, generation=self.generation,
                                turn_id=turn_id, summary=f"{crossing.reason}; parked: {', '.join(parked) or 'none'}"[:300],
                                data={"crossing": crossing.as_dict(), "parked": parked,

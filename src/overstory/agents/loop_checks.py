@@ -53,6 +53,8 @@ class CheckResult:
     tail: str           # the end of the output
     fingerprint: str | None  # None when it passed
     problem: str | None = None  # why it failed besides its exit code (a protected path changed)
+    log: str | None = None      # the file that holds its whole output
+    environment: dict[str, t.Any] | None = None  # where it ran: directory, commit, virtual environment, python
 
     @property
     def passed(self) -> bool:
@@ -71,9 +73,14 @@ def fingerprint(exit_code: int, output: str) -> str:
     return hashlib.sha256(f"{exit_code}\n{text}".encode()).hexdigest()[:16]
 
 
-def _result(label: str, code: int, started: float, output: str, tail: int, problem: str | None = None) -> CheckResult:
-    return CheckResult(label, code, time.monotonic() - started, output[-tail:],
-                       None if code == 0 else fingerprint(code, output), problem)
+def _result(label: str, code: int, started: float, output: str, tail: int, problem: str | None = None,
+            log: Path | None = None, environment: dict[str, t.Any] | None = None, where: str = "") -> CheckResult:
+    """``where`` (the checkout and the Python a failure ran with) ends the tail but not the fingerprint: the
+    checkout's name is new each time, and the same failure must look the same."""
+    shown = output + ("\n" + where if where else "")
+    return CheckResult(label, code, time.monotonic() - started, shown[-tail:],
+                       None if code == 0 else fingerprint(code, output), problem,
+                       str(log) if log is not None else None, environment)
 
 
 class LoopChecker:
@@ -95,6 +102,7 @@ class LoopChecker:
         self.allowed = list(definition.get("allow_protected") or [])
         self.record = loop_record(project.run_dir, agent.name)
         self.tree: Path | None = None
+        self.head: str | None = None          # the commit checked
         self.broken: str | None = None        # why no checkout could be made (every gate fails with it)
         self.changes: list[check_tree.Change] = []
         self.notes: list[str] = []            # told to the model after the output
@@ -130,7 +138,7 @@ class LoopChecker:
         if self.protected and base is not None:
             self.changes = check_tree.protected_changes(self.root, base, head, self.protected, self.allowed)
         tree = check_tree.scratch_dir(self.ov_dir, agent.name)
-        self.tree = tree
+        self.tree, self.head = tree, head
         check_tree.checkout(self.root, head, tree, base=base, pinned=[c.path for c in self.violations])
         if agent.worktree:
             left = check_tree.uncommitted(Path(agent.worktree), ignore=[PROGRESS_FILE])
@@ -160,20 +168,29 @@ class LoopChecker:
                 self.broken = f"[ov] could not check out the agent's last commit: {detail}"
         if self.broken is not None or self.tree is None:
             return _result(label, CANNOT_RUN, started, self.broken or "[ov] no checkout", settings.output_tail)
+        environment: dict[str, t.Any] | None = None
+        log: Path | None = None
         if gate["kind"] == "files":
             code, output = _count_files(gate, self.tree)
         else:
-            code, output = self._command(gate["command"], log_file)
+            log = self._log(log_file)
+            code, output, environment = self._command(gate["command"], log)
         notes = "\n".join(self.notes)
         output = output + ("\n" + notes if notes else "")
         if self.violations and code == 0:
             code = 1
-        return _result(label, code, started, output, settings.output_tail, self.problem)
+        where = str(environment.pop("note", "")) if environment else ""
+        return _result(label, code, started, output, settings.output_tail, self.problem, log, environment,
+                       where=where if code != 0 else "")
 
-    def _command(self, command: str, log_file: Path | None) -> tuple[int, str]:
+    def _log(self, log_file: Path | None) -> Path:
+        return log_file or (self.project.run_dir / self.agent.name / "check-output.txt")
+
+    def _command(self, command: str, log: Path) -> tuple[int, str, dict[str, t.Any]]:
+        """(exit code, output, where it ran). A failure's output ends with where and with which Python."""
         assert self.tree is not None
         settings = self.config.loop
-        log = log_file or (self.project.run_dir / self.agent.name / "check-output.txt")
+        where: dict[str, t.Any] = {"cwd": str(self.tree), "commit": self.head, "venv": None, "python": None}
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
             out.write(f"$ {command}\n".encode())
@@ -183,15 +200,23 @@ class LoopChecker:
                                 environ=self.env, timeout=settings.check_timeout, output=out, record=self.record,
                                 should_stop=self.should_stop)
             except SandboxError as exc:
-                out.write(f"[ov] {exc}\n".encode())
-                return CANNOT_RUN, f"[ov] the check did not run: {exc}"
+                out.write(f"[ov] the check did not run: {exc}\n".encode())
+                return CANNOT_RUN, f"[ov] the check did not run: {exc}", where
             if ran.stopped:
                 raise CheckInterrupted(command)
             code = TIMED_OUT if ran.timed_out else t.cast(int, ran.exit_code)
             note = f"\n[ov] the check was stopped after {settings.check_timeout:g}s (loop.check_timeout)" \
                 if ran.timed_out else ""
-            out.write(f"{note}\n[exit {code}]\n".encode())
-        return code, _output_of(log, len(f"$ {command}\n".encode()))
+            if ran.environment is not None:
+                where.update(ran.environment.as_dict())
+                # What a person (or the next iteration) needs to tell a broken set-up from a bug.
+                shown = self.tree.relative_to(self.root) if self.tree.is_relative_to(self.root) else self.tree
+                where["note"] = (f"[ov] the check ran in a checkout of {(self.head or '?')[:12]} ({shown}); "
+                                 f"{ran.environment.describe()}")
+            # After the footer: the output (and so the failure's fingerprint) ends before it.
+            after = where["note"] + "\n" if code != 0 and where.get("note") else ""
+            out.write(f"{note}\n[exit {code}]\n{after}".encode())
+        return code, _output_of(log, len(f"$ {command}\n".encode())), where
 
 
 def _output_of(log: Path, skip: int) -> str:

@@ -22,6 +22,7 @@ from overstory.store import loops, sessions
 if t.TYPE_CHECKING:
     from overstory.agents.spawn import SlingResult
     from overstory.config import Config
+    from overstory.sandbox.checks import CheckEnv
 
 
 @dataclass
@@ -60,6 +61,7 @@ def start_loop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
                                   max_iterations=request.max_iterations,
                                   default_max_iterations=config.loop.max_iterations,
                                   protected=config.loop.protected_paths, allow_protected=request.allow_protected)
+    check_environment(project, config, definition, environ)  # a loop.check_env that is no venv: refused now
     budget = dict(request.budget)
     max_usd = request.max_usd if request.max_usd is not None else definition.get("max_usd")
     if max_usd is not None:
@@ -72,6 +74,24 @@ def start_loop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         parent=request.parent, runtime=request.runtime, model=request.model, base_branch=request.base_branch,
         scenario=request.scenario, budget=budget or None, loop=definition), environ)
     return result, definition
+
+
+def check_environment(project: ProjectPaths, config: Config, definition: t.Mapping[str, t.Any],
+                      environ: t.Mapping[str, str] | None = None) -> CheckEnv | None:
+    """The Python environment the loop's command checks will run in (None: it has none); LoopError when
+    ``loop.check_env`` names no virtual environment."""
+    import os
+
+    from overstory.errors import SandboxError
+    from overstory.sandbox.checks import check_env
+
+    gates = [p.get("gate") for p in definition.get("phases") or []] + [definition.get("final_check")]
+    if not any(g and g.get("kind") == "command" for g in gates):
+        return None
+    try:
+        return check_env(os.environ if environ is None else environ, config, project.root.resolve())[1]
+    except SandboxError as exc:
+        raise LoopError(str(exc)) from None
 
 
 def _spec_text(path: Path) -> str:
@@ -104,7 +124,7 @@ def status_document(conn: sqlite3.Connection, name: str, root: Path | None = Non
         "cost_usd": round(agent.cost_usd, 6),
         "phase": None, "phases": [p["name"] for p in phases] if definition.get("phased") else [],
         "same_failures": loop.same_failures if loop else 0, "critic": loop.critic_agent if loop else None,
-        "records": [], "checkpoints": [],
+        "records": [], "checkpoints": [], "last_check_env": None,
         "protected": {"paths": definition.get("protected_paths") or [],
                       "allowed": definition.get("allow_protected") or [], "changed": []},
     }
@@ -120,12 +140,75 @@ def status_document(conn: sqlite3.Connection, name: str, root: Path | None = Non
             "session_id": row["session_id"], "cost_usd": round(row["cost_usd"] or 0.0, 6),
             "promise_seen": None if row["promise_seen"] is None else bool(row["promise_seen"]),
             "check_exit": row["check_exit"], "check_seconds": row["check_seconds"], "progress": row["progress"],
-            "outcome": row["outcome"], "started_at": iso(row["started_at"]), "ended_at": iso(row["ended_at"])})
+            "outcome": row["outcome"], "started_at": iso(row["started_at"]), "ended_at": iso(row["ended_at"]),
+            "check_tail": row["check_tail"], "fingerprint": row["fingerprint"],
+            "check_log": _relative(Path(row["check_log"]), root) if row["check_log"] and root else row["check_log"],
+            "check_env": _json_or_none(row["check_env"])})
+    last = next((dict(r["check_env"]) for r in reversed(document["records"]) if r["check_env"]), None)
+    if last and last.get("cwd") and root is not None:
+        last["cwd"] = _relative(Path(last["cwd"]), root)  # a scratch checkout, removed after the check
+    document["last_check_env"] = last
     for mark in loops.checkpoints(conn, name, agent.generation):
         document["checkpoints"].append({"seq": mark["seq"], "phase": mark["phase"], "round": mark["phase_round"] + 1,
                                         "commit": mark["commit_sha"], "ref": mark["ref"], "verdict": mark["verdict"],
                                         "at": iso(mark["created_at"])})
     return document
+
+
+def _json_or_none(text: str | None) -> t.Any:
+    import json
+
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+FAILURE_LINES = 8
+FAILURE_GROUPS = 5
+
+
+def failure_lines(records: t.Sequence[t.Mapping[str, t.Any]], root: Path | None = None,
+                  lines: int = FAILURE_LINES, groups_shown: int = FAILURE_GROUPS) -> list[str]:
+    """The end of each failed check (iterations that failed the same way share one; the newest
+    ``groups_shown`` kinds of failure), with its log's path."""
+    groups: dict[str, list[t.Mapping[str, t.Any]]] = {}
+    for row in records:
+        if row.get("status") == "done" and row.get("check_exit") not in (None, 0):
+            groups.setdefault(str(row.get("fingerprint") or f"{row['number']}.{row['attempt']}"), []).append(row)
+    out: list[str] = []
+    newest = sorted(groups.values(), key=lambda rows: (rows[-1]["number"], rows[-1]["attempt"]))
+    if len(newest) > groups_shown:
+        left = newest[:-groups_shown]
+        numbers = ", ".join(str(r["number"]) for rows in left for r in rows)
+        out.append(f"(and {sum(map(len, left))} earlier failed check(s) of other kinds: iterations {numbers}; "
+                   "`ov loop status NAME --json` has them all)")
+    for rows in newest[-groups_shown:]:
+        last = rows[-1]
+        numbers = ", ".join(str(r["number"]) + (f".{r['attempt']}" if r["attempt"] > 1 else "") for r in rows)
+        tail = (last.get("check_tail") or "").splitlines()
+        label = tail[0].removeprefix("$ ") if tail and tail[0].startswith("$ ") else "the check"
+        body = [line for line in tail[1:] if line.strip()][-lines:]
+        log = last.get("check_log")
+        if log and root is not None:
+            log = _relative(Path(log), root)
+        out.append(f"iteration{'s' if len(rows) > 1 else ''} {numbers}: `{label}` exit {last['check_exit']}"
+                   + (f"; whole output: {log}" if log else ""))
+        out += [f"  | {line}" for line in body] or ["  | (no output)"]
+    return out
+
+
+def failures_note(conn: sqlite3.Connection, name: str, generation: int, root: Path) -> str | None:
+    """What the escalation of a parked loop quotes: the end of each failed check, and where its log is."""
+    found = failure_lines(loops.iterations(conn, name, generation), root)
+    return "Failed checks (the end of each):\n" + "\n".join(found) if found else None
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def _protected_changes(root: Path, agent: sessions.Session, definition: t.Mapping[str, t.Any]) -> list[t.Any]:
@@ -178,6 +261,16 @@ def status_lines(document: dict[str, t.Any]) -> list[str]:
     for change in protected.get("changed") or []:
         lines.append(f"  protected path changed on its branch: {change['path']} ({change['change']})"
                      + (" - allowed" if change["allowed"] else " - its checks fail until it is back"))
+    where = document.get("last_check_env")
+    if where:
+        lines.append(f"  last check: in {where.get('cwd')}, a checkout of {(where.get('commit') or '?')[:12]}; "
+                     + (f"`python` is {where['python']}" if where.get("python") else "no `python` on its PATH")
+                     + (f" (virtual environment {where['venv']})" if where.get("venv") else
+                        " (no project virtual environment: .venv, or loop.check_env)"))
+    failed = failure_lines(document["records"])
+    if failed:
+        lines.append("  failed checks (the end of each):")
+        lines += [f"    {line}" for line in failed]
     for mark in document["checkpoints"]:
         lines.append(f"  checkpoint {mark['seq']}: phase {mark['phase']} run {mark['round']} {mark['commit'][:12]} "
                      f"{mark['ref']}" + (f" (critic: {mark['verdict']})" if mark["verdict"] else ""))

@@ -33,11 +33,18 @@ def recipients_of(conn: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
 def send_once(conn: sqlite3.Connection, env: t.Mapping[str, str], project: t.Callable[[], ProjectPaths], *,
               sender: str, to: str | None, subject: str, body: str, type_: str = "status", priority: str = "normal",
               payload: t.Any = None, reply_to: int | None = None, allow_unknown: bool = False,
-              events: sqlite3.Connection | None = None) -> tuple[list[int], dict[int, str]]:
-    """The ids sent (a retried turn's identical send: the first one's) and their recipients.
+              events: sqlite3.Connection | None = None) -> tuple[list[int], dict[int, str], str | None]:
+    """The ids sent (a retried turn's identical send: the first one's), their recipients, and a note when
+    nothing was sent because an `ov loop` holds the report (``store.loop_reports``).
 
     ``project`` is asked only for a worker_done that lacks its commit and files (filled in from git).
     """
+    from overstory.store import loop_reports
+
+    parent = loop_reports.hold(conn, sender, type_, subject=subject, body=body, payload=payload)
+    if parent is not None:
+        return [], {}, (f"held, not sent: {sender} works in an `ov loop`, and the loop reports to {parent} once, "
+                        "when ov's check agrees (it quotes this report); end your last message with the promise")
     key = agent_key(env, "mail", sender, to, type_, subject, body, payload, reply_to, priority)
     ids = sent_before(conn, key)
     if not ids:
@@ -48,7 +55,7 @@ def send_once(conn: sqlite3.Connection, env: t.Mapping[str, str], project: t.Cal
         ids = store.send(conn, sender=sender, to=to, subject=subject, body=body, type=type_, priority=priority,
                          payload=payload, reply_to=reply_to, allow_unknown=allow_unknown, dedup_key=key,
                          env=env, events=events) or sent_before(conn, key)
-    return ids, recipients_of(conn, ids)
+    return ids, recipients_of(conn, ids), None
 
 
 def reply_once(conn: sqlite3.Connection, env: t.Mapping[str, str], message_id: int, *, sender: str, body: str,

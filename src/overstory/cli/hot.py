@@ -340,6 +340,7 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
                                          "from": from_, "allow_unknown": allow_unknown})
         ids = [int(i) for i in sent["ids"]]
         recipients = dict(zip(ids, sent["to"]))
+        held = sent.get("held")
     else:
         from overstory.agents.outbox import send_once
         from overstory.store import mail as store
@@ -352,16 +353,18 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
                 return find_project(project_option)
 
             # From an agent's turn, idempotent per dispatch: a retried turn's identical send gets the first one's ids.
-            ids, recipients = send_once(conn, os.environ, project, sender=from_ or store.default_sender(), to=to,
-                                        subject=subject, body=text, type_=type_, priority=priority, payload=parsed,
-                                        reply_to=reply_to, allow_unknown=allow_unknown)
+            ids, recipients, held = send_once(conn, os.environ, project, sender=from_ or store.default_sender(),
+                                              to=to, subject=subject, body=text, type_=type_, priority=priority,
+                                              payload=parsed, reply_to=reply_to, allow_unknown=allow_unknown)
         finally:
             conn.close()
     if as_json:
-        echo_json({"ids": ids, "to": [recipients[i] for i in ids]})
+        echo_json({"ids": ids, "to": [recipients[i] for i in ids], **({"held": held} if held else {})})
     else:
         for message_id in ids:
             echo(f"sent #{message_id} to {recipients[message_id]}")
+        if held:
+            echo(f"ov: {held}")
 
 
 def mail_check(project_option: str | None, *, agent: str | None = None, peek: bool = False, inject: bool = False,

@@ -68,13 +68,13 @@ def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     """`ov mail send`, idempotent per dispatch of the caller's current turn (``agents.outbox``)."""
     from overstory.agents.outbox import send_once
 
-    ids, recipients = send_once(caller.conn, caller.environ(), lambda: caller.project, sender=_sender(caller, args),
-                                to=args.get("to"), subject=str(args.get("subject") or ""),
-                                body=str(args.get("body") or ""), type_=str(args.get("type") or "status"),
-                                priority=str(args.get("priority") or "normal"), payload=args.get("payload"),
-                                reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
-                                events=caller.events)
-    return {"ids": ids, "to": [recipients[i] for i in ids]}
+    ids, recipients, held = send_once(
+        caller.conn, caller.environ(), lambda: caller.project, sender=_sender(caller, args), to=args.get("to"),
+        subject=str(args.get("subject") or ""), body=str(args.get("body") or ""),
+        type_=str(args.get("type") or "status"), priority=str(args.get("priority") or "normal"),
+        payload=args.get("payload"), reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
+        events=caller.events)
+    return {"ids": ids, "to": [recipients[i] for i in ids], **({"held": held} if held else {})}
 
 
 def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:

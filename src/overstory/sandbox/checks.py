@@ -9,8 +9,11 @@ command in a scratch checkout (``check_tree``):
   ``.overstory`` is read-only, every agent's run dir (endpoint sockets, secrets) and worktree
   is hidden. ``sandbox.mode: off`` runs it without one, as the agents' turns run then;
 - with an environment that holds no agent secret: no ``OVERSTORY_*`` variable (the endpoint's
-  token), no model API key of any runtime or configured provider; the project's own virtual
-  environment (``.venv`` at the project root) first on PATH when there is one;
+  token), no model API key of any runtime or configured provider;
+- in the project's Python environment, not ov's: the virtual environment ov itself runs from is
+  taken off PATH (and out of ``VIRTUAL_ENV``), and the project's own (``loop.check_env``, else
+  ``.venv`` at the project root, when there is one) goes first on PATH (``CheckEnv`` says which
+  was used and which ``python`` the command finds);
 - in a process group of its own, recorded in ``record`` (pgid, leader start time, a tag in the
   environment of everything it starts) while it runs, and tied to the calling process: bwrap's
   ``--die-with-parent`` (without a sandbox, the shell's parent-death signal) kills it when the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from overstory import procs
 from overstory.config_snapshot import network_for
+from overstory.errors import SandboxError
 from overstory.sandbox.gitrefs import _REDIRECTING
 
 if t.TYPE_CHECKING:
@@ -57,6 +62,7 @@ class Ran:
     sandboxed: bool
     timed_out: bool = False
     stopped: bool = False   # the caller is stopping: the check was killed, its result means nothing
+    environment: CheckEnv | None = None
 
 
 def credential_names(config: Config) -> set[str]:
@@ -73,18 +79,69 @@ def credential_names(config: Config) -> set[str]:
     return names
 
 
-def check_env(environ: t.Mapping[str, str], config: Config, root: Path) -> dict[str, str]:
-    """The environment a check starts from: ``environ`` without agent secrets, the project's venv first."""
+@dataclass(frozen=True)
+class CheckEnv:
+    """The Python environment a check ran in: its virtual environment (None: none) and what `python` was."""
+    venv: str | None
+    python: str | None   # what ``python`` (else ``python3``) on the check's PATH is; None: neither is there
+    configured: bool = False  # the venv came from ``loop.check_env``
+
+    def describe(self) -> str:
+        python = f"`python` is {self.python}" if self.python else "no `python` (or `python3`) on its PATH"
+        if self.venv is not None:
+            return f"{python} (virtual environment {self.venv}" + (", loop.check_env)" if self.configured else ")")
+        return (f"{python} (no project virtual environment: no .venv at the project root; "
+                "make one, or name one with loop.check_env)")
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {"venv": self.venv, "python": self.python, "configured": self.configured}
+
+
+def _own_venv_bins() -> set[str]:
+    """The bin directories of the virtual environment ov runs from (none when it runs from a system Python)."""
+    if sys.prefix == sys.base_prefix:
+        return set()
+    bins = {os.path.join(sys.prefix, "bin"), os.path.dirname(sys.executable)}
+    return bins | {os.path.realpath(b) for b in bins}
+
+
+def project_venv(config: Config, root: Path) -> tuple[Path | None, bool]:
+    """(the virtual environment checks use, whether ``loop.check_env`` named it). SandboxError when the
+    configured one is not a virtual environment (the check must not silently run in another)."""
+    configured = getattr(config.loop, "check_env", None)
+    if configured:
+        venv = Path(os.path.expanduser(configured))
+        venv = venv if venv.is_absolute() else root / venv
+        if not (venv / "bin" / "python").exists():
+            raise SandboxError(f"loop.check_env {configured}: {venv} is not a virtual environment (no bin/python)")
+        return venv, True
+    venv = root / ".venv"
+    return (venv, False) if (venv / "bin" / "python").exists() else (None, False)
+
+
+def check_env(environ: t.Mapping[str, str], config: Config, root: Path) -> tuple[dict[str, str], CheckEnv]:
+    """The environment a check starts from: ``environ`` without agent secrets and without ov's own virtual
+    environment, the project's first on PATH; and what that environment is."""
     secret = credential_names(config)
     env = {k: v for k, v in environ.items()
            if not k.startswith("OVERSTORY_") and k not in secret and k not in _REDIRECTING
            and not k.startswith("GIT_CONFIG_") and not (k.startswith("OV_") and k.endswith("_API_KEY"))}
-    venv = root / ".venv"
-    if (venv / "bin" / "python").exists():
+    own = _own_venv_bins()
+    if own:
+        kept = [d for d in env.get("PATH", os.defpath).split(os.pathsep)
+                if d and d not in own and os.path.realpath(d) not in own]
+        env["PATH"] = os.pathsep.join(kept)
+        active = env.get("VIRTUAL_ENV")
+        if active and {os.path.join(active, "bin"), os.path.realpath(os.path.join(active, "bin"))} & own:
+            env.pop("VIRTUAL_ENV")
+    venv, configured = project_venv(config, root)
+    if venv is not None:
         env["VIRTUAL_ENV"] = str(venv)
         env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", os.defpath)
         env.pop("PYTHONHOME", None)
-    return env
+    path = env.get("PATH", os.defpath)
+    python = shutil.which("python", path=path) or shutil.which("python3", path=path)
+    return env, CheckEnv(str(venv) if venv is not None else None, python, configured)
 
 
 def loop_record(run_dir: Path, agent: str) -> Path:
@@ -125,7 +182,7 @@ def run_check(project: ProjectPaths, config: Config, command: str, tree: Path, *
     tree = tree.resolve()
     sandboxed = effective_mode(config).name == "bwrap"
     tag = secrets.token_hex(8)
-    env = check_env(environ, config, root)
+    env, described = check_env(environ, config, root)
     env.update({CHECK_TAG: tag, "PWD": str(tree)})
     shell = ["/bin/bash", "-c", command]
     if sandboxed:
@@ -169,7 +226,8 @@ def run_check(project: ProjectPaths, config: Config, command: str, tree: Path, *
             pass
     if code is not None and code < 0:
         code = 128 - code  # killed by a signal: the shell's convention
-    return Ran(None if timed_out or stopped else code, time.monotonic() - started, sandboxed, timed_out, stopped)
+    return Ran(None if timed_out or stopped else code, time.monotonic() - started, sandboxed, timed_out, stopped,
+               described)
 
 
 def _write_record(record: Path, data: dict[str, t.Any]) -> None:

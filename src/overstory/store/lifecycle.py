@@ -145,12 +145,13 @@ class _NotDue(Exception):
 def park(conn: sqlite3.Connection, agent: Session, kind: str, reason: str, *, actor: str,
          until_ms: int | None = None, escalate: bool = True, details: dict[str, object] | None = None,
          expect: t.Collection[str] | None = None,
-         also: t.Callable[[sqlite3.Connection], None] | None = None) -> Outcome:
+         also: t.Callable[[sqlite3.Connection], None] | None = None, note: str | None = None) -> Outcome:
     """Move ``agent`` to parked for ``kind`` (until ``until_ms``, or until a person resumes it).
 
     In the same transaction: its claimed, unread mail is released (the next turn gets it
     again) and, with ``escalate``, its parent gets one ``escalation`` mail whose payload
-    carries ``details`` (the figures); ``also`` adds another write to that transaction.
+    carries ``details`` (the figures) and whose body ends with ``note``; ``also`` adds another write to that
+    transaction.
     Turn fields are left alone: a turn still running in another process is stopped by
     its own runner, which sees the agent parked.
     """
@@ -166,7 +167,7 @@ def park(conn: sqlite3.Connection, agent: Session, kind: str, reason: str, *, ac
             message_id = mail.insert_message(
                 tx, sender=agent.name, recipient=agent.parent or "operator", type="escalation", priority="high",
                 subject=f"{agent.name} parked: {reason[:120]}",
-                body=_park_body(agent, kind, reason, until_ms),
+                body=_park_body(agent, kind, reason, until_ms) + (f"\n\n{note}" if note else ""),
                 payload={"severity": "error", "agent": agent.name, "task_id": agent.task_id, "kind": kind,
                          "reason": reason, "details": details or {}},
                 dedup_key=f"park:{agent.name}:{agent.generation}:{ok.version}")

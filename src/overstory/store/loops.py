@@ -46,6 +46,7 @@ class Loop:
     critic_notes: str | None
     created_at: int
     updated_at: int
+    held_report: str | None = None  # JSON: the agent's own last worker_done, held while the loop ran
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Loop:
@@ -169,12 +170,14 @@ def interrupt(conn: sqlite3.Connection, row: t.Mapping[str, t.Any], outcome: str
 
 def finish_iteration(conn: sqlite3.Connection, row: t.Mapping[str, t.Any], *, check_exit: int | None,
                      check_seconds: float | None, check_tail: str | None, fingerprint: str | None,
-                     progress: str | None, outcome: str) -> None:
+                     progress: str | None, outcome: str, check_log: str | None = None,
+                     check_env: t.Mapping[str, t.Any] | None = None) -> None:
     """The attempt is judged (inside the caller's transaction, with the loop's own update)."""
     conn.execute(f"UPDATE loop_iterations SET status = 'done', check_exit = ?, check_seconds = ?, check_tail = ?, "
-                 f"fingerprint = ?, progress = ?, outcome = ?, ended_at = ? WHERE {_KEY} AND status = 'checking'",
-                 (check_exit, check_seconds, check_tail, fingerprint, progress, outcome[:300], now_ms(),
-                  *_where(row)))
+                 f"fingerprint = ?, progress = ?, outcome = ?, ended_at = ?, check_log = ?, check_env = ? "
+                 f"WHERE {_KEY} AND status = 'checking'",
+                 (check_exit, check_seconds, check_tail, fingerprint, progress, outcome[:300], now_ms(), check_log,
+                  json.dumps(dict(check_env)) if check_env is not None else None, *_where(row)))
 
 
 def phase_usage(conn: sqlite3.Connection, loop: Loop) -> tuple[int, float]:

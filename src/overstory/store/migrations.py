@@ -547,11 +547,24 @@ def _state_m010_superseded_mail_and_worktree_admin(conn: sqlite3.Connection) -> 
     conn.execute("ALTER TABLE spawn_intents ADD COLUMN worktree_admin TEXT")
 
 
+def _state_m011_loop_check_env_and_held_report(conn: sqlite3.Connection) -> None:
+    """`ov loop`: where each check's full output is (``check_log``) and the Python environment it ran in
+    (``check_env``, JSON); the loop agent's own ``worker_done``, held while its loop runs (``held_report``)."""
+    run_script(conn,
+        """
+        ALTER TABLE loop_iterations ADD COLUMN check_log TEXT;
+        ALTER TABLE loop_iterations ADD COLUMN check_env TEXT;
+        ALTER TABLE loops ADD COLUMN held_report TEXT;
+        """
+    )
+
+
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
                                      _state_m005_budgets, _state_m006_tool_ledger,
                                      _state_m008_loops_and_schedules,
                                      _state_m007_approvals,  # m007 lands after m008: databases at m008 exist
-                                     _state_m009_schedule_overlap, _state_m010_superseded_mail_and_worktree_admin]
+                                     _state_m009_schedule_overlap, _state_m010_superseded_mail_and_worktree_admin,
+                                     _state_m011_loop_check_env_and_held_report]
 
 
 # ---------------------------------------------------------------------------

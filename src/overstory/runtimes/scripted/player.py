@@ -18,7 +18,8 @@ Scenario (JSON, or YAML when the name ends in .yaml/.yml)::
 
 Turn N of a session plays ``turns[N]``; past the end the reply is "nothing more to do". In an
 `ov loop` (``$OVERSTORY_LOOP_ITERATION`` set), a section with ``iterations`` plays
-``iterations[N-1]`` as the first turn of iteration N's fresh session.
+``iterations[N-1]`` as the first turn of iteration N's fresh session, and ``later_iterations`` (one
+turn) as that of every iteration past the list.
 Actions: text, write, edit, read, bash, tool, sleep, crash, api_error, expect_in_prompt,
 usage (see ``_Turn.perform``). ``usage`` alone is a text message with that bill; beside a
 tool action (``{"bash": ..., "usage": {...}}``) it is the bill of the tool call's own message,
@@ -130,7 +131,10 @@ def load_scenario(path: Path) -> list[dict[str, t.Any]]:
     iteration = os.environ.get("OVERSTORY_LOOP_ITERATION", "")
     if iteration.isdigit() and "iterations" in section:  # an `ov loop`: each iteration is a fresh session
         plays = list(section.get("iterations") or [])
-        return [plays[int(iteration) - 1]] if 0 < int(iteration) <= len(plays) else []
+        if 0 < int(iteration) <= len(plays):
+            return [plays[int(iteration) - 1]]
+        later = section.get("later_iterations")  # the play of every iteration past the list
+        return [later] if isinstance(later, dict) else []
     return list(section.get("turns") or [])
 
 

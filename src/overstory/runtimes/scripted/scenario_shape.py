@@ -52,6 +52,11 @@ def problem(data: t.Any) -> str | None:
             found = _turns_problem(f"{where}{key}", section.get(key))
             if found:
                 return found
+        later = section.get("later_iterations")
+        if later is not None:
+            found = _turns_problem(f"{where}later_iterations", [later])
+            if found:
+                return found.replace("later_iterations[0]", "later_iterations")
     return None
 
 
