@@ -144,9 +144,7 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
     if depth > config.agents.max_depth:
         raise HierarchyError(f"{parent} is at depth {parent_row.depth}; a child would be at depth {depth}, beyond "
                              f"agents.max_depth = {config.agents.max_depth}")
-    children = conn.execute(
-        "SELECT count(*) FROM sessions WHERE parent = ? AND state NOT IN ('completed', 'zombie')", (parent,)
-    ).fetchone()[0]
+    children = sessions.count_active_children(conn, parent)
     if children >= config.agents.max_children_per_lead:
         raise HierarchyError(f"{parent} already has {children} active children "
                              f"(agents.max_children_per_lead = {config.agents.max_children_per_lead})")
@@ -184,7 +182,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         raise AgentExists(f"agent {name} is already active (state {existing.state}); stop it with `ov stop {name}` "
                           "or choose another --name")
     parent, depth = resolve_parent(request, conn, config, environ)
-    active = conn.execute("SELECT count(*) FROM sessions WHERE state NOT IN ('completed','zombie')").fetchone()[0]
+    active = sessions.count_active(conn)
     if active >= config.agents.max_concurrent_agents:
         raise HierarchyError(f"{active} agents are active (agents.max_concurrent_agents = "
                              f"{config.agents.max_concurrent_agents}); wait for some to finish or stop them")
@@ -398,7 +396,7 @@ def _read_text_file(path: Path, option: str) -> str:
 
 def _require_events_db(project: ProjectPaths, name: str) -> None:
     """The agent's loop records its events there: refuse before creating anything if it is unusable."""
-    from overstory.store.db import open_events
+    from overstory.store.db import events_write_refused, open_events
     from overstory.store.migrations import EVENTS_MIGRATIONS
     from overstory.store.schema import missing_objects
 
@@ -411,7 +409,7 @@ def _require_events_db(project: ProjectPaths, name: str) -> None:
                          "nothing was created") from None
     try:
         missing = [obj for kind, obj in missing_objects(conn, EVENTS_MIGRATIONS) if kind == "table"]
-        unwritable = None if missing else _write_refused(conn)
+        unwritable = None if missing else events_write_refused(conn)
     finally:
         conn.close()
     if unwritable:
@@ -420,21 +418,6 @@ def _require_events_db(project: ProjectPaths, name: str) -> None:
     if missing:
         raise SpawnError(f"cannot spawn {name}: {project.events_db} has no table {', '.join(missing)} (the agent's "
                          "loop needs it; `ov doctor --repair` recreates it); nothing was created")
-
-
-def _write_refused(conn) -> str | None:
-    """Why a rolled-back write to the events database fails (root ignores permission bits), or None."""
-    import sqlite3
-
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute("DELETE FROM events WHERE 0")
-        finally:
-            conn.execute("ROLLBACK")
-    except sqlite3.Error as exc:
-        return str(exc)
-    return None
 
 
 def _commit_of(project: ProjectPaths, branch: str, start_point: str | None = None) -> str:
@@ -449,16 +432,16 @@ def _commit_of(project: ProjectPaths, branch: str, start_point: str | None = Non
 def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult:
     """What the first `ov sling` of this agent printed (a retried turn slings it again)."""
     from overstory.store import budgets
+    from overstory.store.mail_queries import first_dispatch_since
 
-    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND type = 'dispatch' AND created_at >= ? "
-                       "ORDER BY id LIMIT 1", (agent.name, agent.created_at)).fetchone()  # this generation's
+    dispatch_id = first_dispatch_since(conn, agent.name, agent.created_at)  # this generation's
     limits = budgets.get_agent(conn, agent.name, agent.generation)
     budget = {k: getattr(limits, k) for k in ("max_usd", "max_turns", "max_tool_calls", "max_wallclock")} \
         if limits is not None else {}
     return SlingResult(name=agent.name, capability=agent.capability, task_id=agent.task_id,
                        generation=agent.generation, branch=agent.branch, worktree=agent.worktree, parent=agent.parent,
                        depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
-                       dispatch_mail_id=row[0] if row else None, mode=agent.mode, tmux_session=agent.tmux_session,
+                       dispatch_mail_id=dispatch_id, mode=agent.mode, tmux_session=agent.tmux_session,
                        budget=budget)
 
 
@@ -503,8 +486,10 @@ def _launch_env(project: ProjectPaths, environ: dict[str, str]) -> dict[str, str
 
 
 def _open_run_id(conn: sqlite3.Connection) -> str | None:
-    row = conn.execute("SELECT id FROM runs WHERE status = 'open' ORDER BY started_at DESC LIMIT 1").fetchone()
-    return row[0] if row else None
+    from overstory.store.runs import open_run
+
+    run = open_run(conn)
+    return run.id if run is not None else None
 
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,

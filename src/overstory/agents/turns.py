@@ -556,8 +556,7 @@ def _tail(path: Path, size: int = 4096) -> str:
 
 def _revive_if_stalled(state: sqlite3.Connection, agent: Session) -> None:
     """A turn the watchdog marked stalled that speaks again is back in its turn."""
-    row = state.execute("SELECT state FROM sessions WHERE name=? AND generation=?", (agent.name, agent.generation)).fetchone()
-    if row and row["state"] == "stalled":
+    if sessions.state_of(state, agent.name, agent.generation) == "stalled":
         sessions.transition(state, agent.name, agent.generation, "in_turn", actor="turn-runner",
                             reason="activity resumed", expect={"stalled"})
 
