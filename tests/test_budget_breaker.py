@@ -20,7 +20,7 @@ import pytest
 
 from agent_helpers import agent_state, mail_rows
 from overstory.agents.spending import ToolCallGate, TurnMeter
-from overstory.agents.turns import _LineReader, _pump
+from overstory.agents.turn_stream import _LineReader, _pump
 from overstory.clock import now_ms
 from overstory.runtimes.claude.stream import TurnStream
 from overstory.runtimes.opencode.stream import OpenCodeTurnStream

@@ -5,6 +5,7 @@
 - no import circle anywhere in ``src/`` (imports inside functions count; imports
   under ``if TYPE_CHECKING:`` do not, since they never run);
 - ``guards/`` and the hot modules of ``store/`` import only the standard library and ov;
+- only ``store/`` runs SQL: no ``.execute(``/``.executemany(``/``.executescript(`` call anywhere else;
 - no module over 600 lines.
 """
 
@@ -22,7 +23,11 @@ PACKAGE = SRC / "overstory"
 # Modules every layer may use: they import nothing of ov but each other.
 BASE_MODULES = {"overstory", "overstory.clock", "overstory.errors", "overstory.jsontext", "overstory.names",
                 "overstory.paths", "overstory.printable", "overstory.records"}
-STORE_HOT_MODULES = ("db", "migrations", "sessions", "mail", "mail_text", "events", "turns", "lifecycle")
+STORE_HOT_MODULES = ("db", "migrations", "sessions", "mail", "mail_text", "mail_queries", "overview", "events", "turns",
+                     "lifecycle")
+SQL_METHODS = frozenset({"execute", "executemany", "executescript"})
+# Modules outside store/ allowed to call them anyway, each with the reason. None today: keep it so.
+SQL_OUTSIDE_STORE: dict[str, str] = {}
 MAX_LINES = 600
 
 
@@ -127,6 +132,23 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def sql_calls(source: str) -> list[int]:
+    """Lines of the calls ``X.execute(...)``, ``X.executemany(...)``, ``X.executescript(...)`` in ``source``.
+
+    The parser cannot know X's type: any object's method of those names counts, which is the
+    point (a cursor, a connection held under another name, ``self.state``, a transaction).
+    """
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in SQL_METHODS)
+
+
+def sql_outside_store() -> list[str]:
+    return [f"{module}:{line}" for module, path in all_modules().items()
+            if layer_of(module) != "store" and module not in SQL_OUTSIDE_STORE
+            for line in sql_calls(path.read_text(encoding="utf-8"))]
+
+
 def _store_may_import(target: str) -> bool:
     return target in BASE_MODULES or target.startswith("overstory.store")
 
@@ -160,6 +182,12 @@ def test_guards_and_hot_store_modules_import_only_the_standard_library() -> None
             elif root not in sys.stdlib_module_names and root != "__future__":
                 problems.append(f"{module} imports {target}")
     assert problems == []
+
+
+def test_only_store_runs_sql() -> None:
+    """Every query lives in a named function of ``store/`` (ARCHITECTURE: store/ is the only SQL writer)."""
+    assert sql_outside_store() == []
+    assert set(SQL_OUTSIDE_STORE) <= set(all_modules())  # an exception names a module that exists
 
 
 def test_executors_import_no_agents_store_or_cli() -> None:
@@ -206,6 +234,13 @@ def test_a_lazy_import_inside_a_function_counts_but_type_checking_does_not() -> 
               "def f():\n    from overstory.agents.loop import AgentLoop\n")
     found = imports_of(source, "overstory.runtimes.fake", modules)
     assert "overstory.agents.loop" in found and "overstory.agents.spawn" not in found
+
+
+def test_sql_outside_a_store_function_is_caught() -> None:
+    source = ("def f(conn, self, tx):\n    conn.execute('SELECT 1')\n    self.state.executemany('x', [])\n"
+              "    with tx:\n        tx.executescript('y')\n    return pool.submit(run)\n")
+    assert sql_calls(source) == [2, 3, 5]
+    assert sql_calls("execute('SELECT 1')\nconn.fetchone()\n") == []
 
 
 def test_a_circle_is_found() -> None:

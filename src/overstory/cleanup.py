@@ -25,7 +25,7 @@ from pathlib import Path
 from overstory.errors import CleanRefused
 from overstory.gitutil import branch_exists
 from overstory.paths import ProjectPaths
-from overstory.store import sessions
+from overstory.store import sessions, turns
 
 DAY_SECONDS = 86_400
 
@@ -134,7 +134,7 @@ def _old_logs(project: ProjectPaths, conn: sqlite3.Connection, keep_days: float,
 
     The folder of a turn that is still running is never old: its files are written to.
     """
-    running = {row[0] for row in conn.execute("SELECT id FROM turns WHERE ended_at IS NULL")}
+    running = turns.running_ids(conn)
     cutoff = now - keep_days * DAY_SECONDS
     found = []
     if not project.logs_dir.is_dir():

@@ -16,6 +16,7 @@ import typing as t
 
 from overstory import printable
 from overstory.clock import iso
+from overstory.store import budgets, turns
 
 GROUPINGS = ("agent", "run", "capability", "model")
 COLUMN = {"agent": "agent", "run": "run_id", "capability": "capability"}
@@ -31,16 +32,6 @@ def _finish(entry: dict[str, t.Any]) -> dict[str, t.Any]:
     entry["usd_estimated"] = round(entry["usd_estimated"], 6)
     entry["usd"] = round(entry["usd_real"] + entry["usd_estimated"], 6)
     return entry
-
-
-def _turn_rows(conn: sqlite3.Connection, since_ms: int | None) -> list[sqlite3.Row]:
-    return conn.execute(
-        "SELECT t.agent, t.input_tokens, t.output_tokens, t.cost_usd, t.tool_calls, t.model, t.cache_read_tokens, "
-        "t.cache_write_tokens, t.cost_estimated, t.usage_by_model, "
-        "COALESCE(t.capability, s.capability) AS capability, COALESCE(t.run_id, s.run_id) AS run_id "
-        "FROM turns t LEFT JOIN sessions s ON s.name = t.agent AND s.generation = t.generation "
-        "WHERE t.ended_at IS NOT NULL AND t.started_at >= ? ORDER BY t.started_at",
-        (since_ms or 0,)).fetchall()
 
 
 def _add_turn(entry: dict[str, t.Any], row: sqlite3.Row) -> None:
@@ -90,7 +81,7 @@ def report(conn: sqlite3.Connection, *, by: str = "agent", since_ms: int | None 
     groups: dict[str, dict[str, t.Any]] = {}
     totals = _empty()
     unknown: dict[str, str] = {}
-    for row in _turn_rows(conn, since_ms):
+    for row in turns.finished_with_owner(conn, since_ms):
         _add_turn(totals, row)
         for model in (json.loads(row["usage_by_model"]) if row["usage_by_model"] else {row["model"]: None}):
             found = prices.lookup(model) if model else None
@@ -111,8 +102,7 @@ def report(conn: sqlite3.Connection, *, by: str = "agent", since_ms: int | None 
             entry["cache_read_tokens"] += int(tokens.get("cache_read", 0))
             entry["cache_write_tokens"] += int(tokens.get("cache_write", 0))
             entry["usd_estimated" if estimated else "usd_real"] += cost
-    live = conn.execute("SELECT coalesce(sum(b.live_usd), 0) FROM budgets b JOIN sessions s ON s.name = b.name "
-                        "AND s.generation = b.generation WHERE b.scope = 'agent' AND b.live_usd > 0").fetchone()[0]
+    live = budgets.live_usd_total(conn)
     rows = [{by: key, **_finish(entry)} for key, entry in groups.items()]
     rows.sort(key=lambda entry: (-entry["usd"], str(entry[by])))
     return {"by": by, "since": iso(since_ms) if since_ms else None, "groups": rows, "totals": _finish(totals),

@@ -111,11 +111,12 @@ def check_parked_for_auth(state_db: Path) -> Check | None:
     """Agents parked because their runtime's key or login was rejected (the key on record is bad)."""
     if not state_db.exists():
         return None
+    from overstory.store.sessions import auth_parked
+
     try:
         conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=5)
         try:
-            rows = conn.execute("SELECT name, runtime, state_reason FROM sessions WHERE state = 'parked' "
-                                "AND park_kind = 'auth' ORDER BY name").fetchall()
+            rows = auth_parked(conn)
         finally:
             conn.close()
     except sqlite3.Error:
@@ -132,14 +133,12 @@ def check_hooks(project: t.Any, state_db: Path) -> Check | None:
     """How each live agent's tool calls reach the guard: HTTP to its loop, or an `ov guard` process."""
     if not state_db.exists():
         return None
-    from overstory.store.sessions import TERMINAL_STATES
+    from overstory.store.sessions import active_names
 
-    ended = tuple(TERMINAL_STATES)
     try:
         conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=5)
         try:
-            names = [r[0] for r in conn.execute(
-                f"SELECT name FROM sessions WHERE state NOT IN ({','.join('?' * len(ended))}) ORDER BY name", ended)]
+            names = active_names(conn)
         finally:
             conn.close()
     except sqlite3.Error:
@@ -164,11 +163,12 @@ def check_database(path: Path, expected_version: int, migrations: t.Sequence[t.A
     if not path.exists():
         # Normal in a fresh clone of a repository that commits .overstory/ (databases are git-ignored).
         return Check(name, WARN, f"{path} does not exist yet; the first ov command that needs it creates it")
+    from overstory.store.db import integrity
+
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         try:
-            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            verdict, version = integrity(conn)
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:

@@ -25,7 +25,7 @@ import typing as t
 from dataclasses import dataclass
 
 from overstory.clock import now_ms
-from overstory.store import outbox
+from overstory.store import mail_queries, outbox, runs, sessions
 from overstory.store.db import write_transaction
 
 if t.TYPE_CHECKING:
@@ -43,18 +43,13 @@ def collect(conn: sqlite3.Connection) -> int:
     added = 0
     with write_transaction(conn):
         last = outbox.cursor(conn, "mail")
-        rows = conn.execute("SELECT id, type, sender, recipient, subject, body FROM mail WHERE id > ? "
-                            "AND type IN ('worker_died', 'merge_failed') ORDER BY id", (last,)).fetchall()
-        top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM mail").fetchone()[0]
+        rows, top = mail_queries.of_types_after(conn, last, ("worker_died", "merge_failed"))
         for row in rows:
             added += outbox.enqueue(conn, f"{row['type']}:mail:{row['id']}", row["type"], row["sender"],
                                     f"ov: {row['subject']}"[:200], (row["body"] or row["subject"])[:2000])
         outbox.set_cursor(conn, "mail", top)
         last = outbox.cursor(conn, "transitions")
-        rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, s.park_kind, s.state, s.generation AS g "
-                            "FROM transitions t LEFT JOIN sessions s ON s.name = t.name "
-                            "WHERE t.id > ? AND t.to_state = 'parked' ORDER BY t.id", (last,)).fetchall()
-        top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0]
+        rows, top = sessions.parkings_after(conn, last)
         for row in rows:
             kind = row["park_kind"] if row["state"] == "parked" and row["g"] == row["generation"] else None
             if kind in ("budget", "quota"):
@@ -63,7 +58,7 @@ def collect(conn: sqlite3.Connection) -> int:
                                         f"{row['name']} is parked: {row['reason']}. `ov budget {row['name']}` and "
                                         f"`ov resume {row['name']}`.")
         outbox.set_cursor(conn, "transitions", top)
-        for row in conn.execute("SELECT id, status FROM runs WHERE status != 'open'").fetchall():
+        for row in runs.ended(conn):
             added += outbox.enqueue(conn, f"run_finished:{row['id']}", "run_finished", None,
                                     f"ov: run {row['id']} {row['status']}",
                                     f"Run {row['id']} is {row['status']}. `ov run show {row['id']}`.")

@@ -83,13 +83,9 @@ def recover_all(project: ProjectPaths, config: Config, *, state: sqlite3.Connect
 
 def _uncertain_calls(state: sqlite3.Connection) -> list[dict[str, t.Any]]:
     """Side effects that started in turns nobody is running any more, with no result recorded."""
-    rows = state.execute(
-        "SELECT c.id, c.agent, c.tool, c.class, c.turn_id FROM tool_calls c JOIN turns tr ON tr.id = c.turn_id "
-        "WHERE c.status = 'started' AND c.class = 'side_effect' AND tr.ended_at IS NOT NULL "
-        "AND NOT EXISTS (SELECT 1 FROM tool_calls r WHERE r.replay_of = c.id) "
-        "AND EXISTS (SELECT 1 FROM sessions s WHERE s.name = c.agent AND s.state NOT IN ('completed', 'zombie')) "
-        "ORDER BY c.id").fetchall()
-    return [dict(r) for r in rows]
+    from overstory.store.ledger import uncertain_side_effects
+
+    return [dict(r) for r in uncertain_side_effects(state)]
 
 
 # --------------------------------------------------------------------------- forks
@@ -202,7 +198,7 @@ def _inherited(state: sqlite3.Connection, source: sessions.Session, note: str
 
 
 def _fork_name(state: sqlite3.Connection, source: str) -> str:
-    taken = {r[0] for r in state.execute("SELECT name FROM generations WHERE name LIKE ?", (f"{source}-fork%",))}
+    taken = sessions.fork_names_taken(state, source)
     number = 1
     while f"{source}-fork{number}" in taken:
         number += 1

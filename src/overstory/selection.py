@@ -43,8 +43,9 @@ class Selection:
 
     def resolve(self, conn: sqlite3.Connection) -> Selection:
         """Check --parent names an agent (or the operator) and find --run's run; raises as the other commands do."""
-        if self.parent is not None and self.parent != "operator" and conn.execute(
-                "SELECT 1 FROM sessions WHERE name = ?", (self.parent,)).fetchone() is None:
+        from overstory.store.sessions import exists
+
+        if self.parent is not None and self.parent != "operator" and not exists(conn, self.parent):
             from overstory.store.sessions import agent_not_found
 
             raise agent_not_found(conn, self.parent, option="--parent")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from overstory import printable, procs
 from overstory.clock import iso, now_ms
-from overstory.store import budgets
+from overstory.store import budgets, mail_queries, overview
+from overstory.store import events as event_store
 from overstory.store.db import sqlite3
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
 
@@ -81,23 +82,15 @@ def pending_by_agent(conn: sqlite3.Connection, agents: t.Iterable[Session] = ())
     Names the partial index: left alone, SQLite picks ``mail_claims`` for
     ``claimed_by IS NULL`` and walks nearly every row (35 ms at 100k messages).
     """
-    rows = conn.execute(
-        "SELECT recipient, count(*) FROM mail INDEXED BY mail_pending "
-        "WHERE read_at IS NULL AND claimed_by IS NULL AND sender != recipient GROUP BY recipient"
-    ).fetchall()
     ended = {agent.name for agent in agents if agent.is_terminal}
-    return {row[0]: int(row[1]) for row in rows if row[0] not in ended}
+    return {name: count for name, count in mail_queries.pending_by_recipient(conn).items() if name not in ended}
 
 
 def recent_runs(conn: sqlite3.Connection, limit: int = RUNS_LIMIT, now: int | None = None,
                 run_id: str | None = None) -> list[dict[str, t.Any]]:
     """The newest ``limit`` runs, newest first (only ``run_id`` when given)."""
     now = now_ms() if now is None else now
-    where, args = ("WHERE r.id = ? ", (run_id, limit)) if run_id is not None else ("", (limit,))
-    rows = conn.execute(
-        "SELECT r.id, r.coordinator, r.status, r.started_at, r.completed_at, "
-        "(SELECT count(*) FROM sessions s WHERE s.run_id = r.id) AS agents "
-        f"FROM runs r {where}ORDER BY r.started_at DESC LIMIT ?", args).fetchall()
+    rows = overview.recent_runs(conn, limit, run_id)
     found = budgets.runs(conn, [r["id"] for r in rows])
     return [{"id": r["id"], "coordinator": r["coordinator"], "status": r["status"],
              "started_at": iso(r["started_at"]), "completed_at": iso(r["completed_at"]), "agents": r["agents"],
@@ -150,8 +143,7 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
 def pending_approvals(conn: sqlite3.Connection, now: int, limit: int = 20) -> list[dict[str, t.Any]]:
     """Approval gates waiting for a decision, oldest first: the "waiting for you" section."""
     try:
-        rows = conn.execute("SELECT id, agent, tool, input, reason, decider, deadline FROM approvals "
-                            "WHERE status = 'pending' ORDER BY deadline LIMIT ?", (limit,)).fetchall()
+        rows = overview.pending_approvals(conn, limit)
     except sqlite3.OperationalError:  # a state.db older than approval gates (read-only, not migrated)
         return []
     if not rows:
@@ -182,9 +174,7 @@ def collect_empty(now: int | None = None) -> dict[str, t.Any]:
 
 def recent_mail(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.Any]]:
     """The newest ``limit`` messages, newest first (by primary key, so bounded)."""
-    rows = conn.execute(
-        "SELECT id, sender, recipient, type, priority, subject, created_at, read_at, claimed_by "
-        "FROM mail ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+    rows = mail_queries.newest(conn, limit)
     return [{"id": r["id"], "from": r["sender"], "to": r["recipient"], "type": r["type"], "priority": r["priority"],
              "subject": r["subject"], "created_at": iso(r["created_at"]),
              "state": "read" if r["read_at"] else ("claimed" if r["claimed_by"] else "unread")} for r in rows]
@@ -192,11 +182,7 @@ def recent_mail(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.A
 
 def merge_queue(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, t.Any]]:
     """Pending merge requests first, then the latest processed ones."""
-    rows = conn.execute(
-        "SELECT * FROM (SELECT id, agent, branch, target, status, tier, enqueued_at FROM merge_queue "
-        "WHERE status = 'pending' ORDER BY id LIMIT ?) "
-        "UNION ALL SELECT * FROM (SELECT id, agent, branch, target, status, tier, enqueued_at FROM merge_queue "
-        "WHERE status != 'pending' ORDER BY id DESC LIMIT ?)", (limit, limit)).fetchall()
+    rows = overview.merge_queue(conn, limit)
     return [{"id": r["id"], "agent": r["agent"], "branch": r["branch"], "target": r["target"], "status": r["status"],
              "tier": r["tier"], "enqueued_at": iso(r["enqueued_at"])} for r in rows][:limit]
 
@@ -211,13 +197,7 @@ ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "wat
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None
                   ) -> list[dict[str, t.Any]]:
     """The newest ``limit`` events (optionally of some kinds), newest first; index-bounded."""
-    if kinds:
-        rows = events.execute(
-            f"SELECT id, at, agent, kind, tool, summary FROM events WHERE kind IN ({','.join('?' * len(kinds))}) "
-            "ORDER BY id DESC LIMIT ?", (*kinds, limit)).fetchall()
-    else:
-        rows = events.execute("SELECT id, at, agent, kind, tool, summary FROM events ORDER BY id DESC LIMIT ?",
-                              (limit,)).fetchall()
+    rows = event_store.newest(events, limit, kinds)
     return [{"id": r["id"], "at": iso(r["at"]), "agent": r["agent"], "kind": r["kind"], "tool": r["tool"],
              "summary": r["summary"]} for r in rows]
 

@@ -13,12 +13,10 @@ import typing as t
 
 from overstory.clock import iso, now_ms
 from overstory.status import agent_entry
-from overstory.store import sessions, turns
+from overstory.store import mail_queries, sessions, turns
 
 # Unread mail of these types to the operator needs a person.
 ATTENTION_TYPES = ("question", "escalation", "decision_gate", "worker_died", "merge_failed")
-_MAIL_COLUMNS = ("id, thread_id, reply_to, sender, recipient, type, priority, subject, body, payload, created_at, "
-                 "read_at, claimed_by")
 _PRIORITY_NAMES = {0: "low", 1: "normal", 2: "high", 3: "urgent"}
 
 
@@ -38,12 +36,8 @@ def agent_detail(conn: sqlite3.Connection, name: str, *, turn_limit: int = 20, h
     if agent is None:
         raise sessions.agent_not_found(conn, name)
     now = now_ms() if now is None else now
-    pending = conn.execute("SELECT count(*) FROM mail INDEXED BY mail_pending WHERE recipient = ? "
-                           "AND read_at IS NULL AND claimed_by IS NULL", (name,)).fetchone()[0]
-    document = agent_entry(agent, now, int(pending))
-    history = conn.execute("SELECT from_state, to_state, actor, reason, at FROM transitions WHERE name = ? "
-                           "AND generation = ? ORDER BY id DESC LIMIT ?",
-                           (name, agent.generation, history_limit)).fetchall()
+    document = agent_entry(agent, now, mail_queries.pending_indexed(conn, name))
+    history = sessions.recent_transitions(conn, name, agent.generation, history_limit)
     document.update({
         "task": agent.spec.get("prompt"), "model": agent.model, "worktree": agent.worktree,
         "base_branch": agent.base_branch, "created_at": iso(agent.created_at), "failed_turns": agent.failed_turns,
@@ -70,10 +64,7 @@ def _message(row: sqlite3.Row, *, body_limit: int | None = None) -> dict[str, t.
 
 def agent_mail(conn: sqlite3.Connection, name: str, *, limit: int = 50) -> list[dict[str, t.Any]]:
     """The newest ``limit`` messages to or from ``name``, oldest first (its conversation)."""
-    received = conn.execute(f"SELECT {_MAIL_COLUMNS} FROM mail WHERE recipient = ? ORDER BY id DESC LIMIT ?",
-                            (name, limit)).fetchall()
-    sent = conn.execute(f"SELECT {_MAIL_COLUMNS} FROM mail WHERE sender = ? ORDER BY id DESC LIMIT ?",
-                        (name, limit)).fetchall()
+    received, sent = mail_queries.newest_of(conn, name, limit)
     rows = sorted({r["id"]: r for r in (*received, *sent)}.values(), key=lambda r: r["id"])[-limit:]
     return [_message(r) for r in rows]
 
@@ -83,7 +74,5 @@ def waiting(conn: sqlite3.Connection, *, limit: int = 50) -> dict[str, t.Any]:
     parked = [{"name": a.name, "capability": a.capability, "task_id": a.task_id, "reason": a.state_reason,
                "since": iso(a.updated_at)} for a in sessions.list_sessions(conn, include_terminal=False)
               if a.state == "parked"]
-    marks = ",".join("?" * len(ATTENTION_TYPES))
-    rows = conn.execute(f"SELECT {_MAIL_COLUMNS} FROM mail WHERE recipient = 'operator' AND read_at IS NULL "
-                        f"AND type IN ({marks}) ORDER BY id DESC LIMIT ?", (*ATTENTION_TYPES, limit)).fetchall()
+    rows = mail_queries.unread_to_operator(conn, ATTENTION_TYPES, limit)
     return {"parked": parked, "mail": [_message(r, body_limit=2000) for r in reversed(rows)]}

@@ -96,9 +96,8 @@ class WaitResult:
 
 def run_members(conn: sqlite3.Connection, run_id: str) -> list[Session]:
     """The run's agents that a wait is about: all but idle persistent ones."""
-    rows = conn.execute("SELECT name FROM sessions WHERE run_id = ? ORDER BY depth, created_at, name",
-                        (run_id,)).fetchall()
-    found = [agent for agent in (sessions.get(conn, row["name"]) for row in rows) if agent is not None]
+    names = sessions.names_in_run(conn, run_id, by_depth=True)
+    found = [agent for agent in (sessions.get(conn, name) for name in names) if agent is not None]
     return [a for a in found if a.capability not in PERSISTENT_CAPABILITIES or is_settled(a)]
 
 

@@ -38,7 +38,7 @@ from overstory.agents.loop_starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
 from overstory.errors import ConfigError, LockHeld, OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.store import intents, sessions, turns
+from overstory.store import intents, mail_queries, sessions, turns
 from overstory.store.db import write_transaction
 from overstory.store.lifecycle import (
     complete_promised,
@@ -337,12 +337,8 @@ class Watchdog:
 
         if kill_leftover(loop_record(self.project.run_dir, agent.name)):  # a loop's check (or gate) it left running
             killed += "; killed the check its loop left running"
-        latest = self.state.execute(
-            "SELECT id, status, started_at FROM turns WHERE agent = ? AND generation = ? ORDER BY rowid DESC LIMIT 1",
-            (agent.name, agent.generation)).fetchone()
-        claimed = self.state.execute(
-            "SELECT count(*) FROM mail WHERE recipient = ? AND claimed_by IS NOT NULL AND read_at IS NULL",
-            (agent.name,)).fetchone()[0]
+        latest = turns.last_inserted(self.state, agent.name, agent.generation)
+        claimed = mail_queries.claimed_unread(self.state, agent.name)
         try:
             if latest is not None and latest["status"] == "ok" and agent.state in ("in_turn", "stalled", "booting"):
                 action = self._settle_finished_turn(agent, latest["id"], latest["started_at"])
@@ -383,7 +379,7 @@ class Watchdog:
 
     def _fence(self, tx: sqlite3.Connection, agent: Session) -> None:
         """Inside a transaction: stop if a newer generation or a new loop appeared."""
-        row = tx.execute("SELECT generation, loop_pid FROM sessions WHERE name = ?", (agent.name,)).fetchone()
+        row = sessions.fence_row(tx, agent.name)
         if row is None or row["generation"] != agent.generation:
             raise _RowChanged("the agent was replaced while the watchdog looked at it")
         if row["loop_pid"] != agent.loop_pid:
@@ -414,9 +410,7 @@ class Watchdog:
                 return Action(agent.name, "lost_race", f"could not settle the failed turn: {type(outcome).__name__}")
         else:
             with write_transaction(self.state):
-                row = self.state.execute("SELECT state FROM sessions WHERE name = ? AND generation = ?",
-                                         (agent.name, agent.generation)).fetchone()
-                if row is None or row["state"] != agent.state:
+                if sessions.state_of(self.state, agent.name, agent.generation) != agent.state:
                     raise _RowChanged("the agent changed state while the watchdog looked at it")
                 bookkeeping(self.state)
                 sessions.update_fields(self.state, agent.name, agent.generation, **turn_fields)

@@ -236,11 +236,10 @@ def spend_gate(conn: sqlite3.Connection, agent: sessions.Session, over_usd: floa
     from overstory.store import lifecycle
 
     key = f"spend:{agent.name}:{agent.generation}"
-    latest = conn.execute("SELECT * FROM approvals WHERE key = ? ORDER BY requested_at DESC, rowid DESC LIMIT 1",
-                          (key,)).fetchone()
+    latest = store.latest_by_key(conn, key)
     if latest is not None and latest["status"] in ("rejected", "expired") and latest["used_at"] is None:
         def used(tx: sqlite3.Connection) -> None:
-            tx.execute("UPDATE approvals SET used_at = ? WHERE id = ?", (now_ms(), latest["id"]))
+            store.mark_used(tx, latest["id"])
 
         lifecycle.park(conn, agent, "budget", f"spend past ${over_usd:g} was {latest['status']}"
                        f"{': ' + latest['note'] if latest['note'] else ''}; `ov resume {agent.name}` asks again"[:300],
@@ -258,7 +257,7 @@ def spend_gate(conn: sqlite3.Connection, agent: sessions.Session, over_usd: floa
                f"{approval_id}: a turn past ${over_usd:g} of spend waits for {decider}")
 
     def still_pending(tx: sqlite3.Connection) -> None:
-        if tx.execute("SELECT status FROM approvals WHERE id = ?", (approval_id,)).fetchone()[0] != "pending":
+        if store.status_of(tx, approval_id) != "pending":
             raise _Decided()
 
     try:

@@ -272,10 +272,8 @@ def resume_run(project: ProjectPaths, conn: sqlite3.Connection, run_id: str, *, 
     if crossing is not None:
         raise BudgetExhausted(f"run {run_id} stays parked: {crossing.reason}; add more")
     unparked = []
-    rows = conn.execute("SELECT name FROM sessions WHERE run_id = ? AND state = 'parked' AND park_kind = 'budget' "
-                        "ORDER BY depth, created_at", (run_id,)).fetchall()
-    for row in rows:
-        agent = sessions.get(conn, row["name"])
+    for name in sessions.budget_parked_in_run(conn, run_id):
+        agent = sessions.get(conn, name)
         if agent is None:
             continue
         outcome = lifecycle.unpark(conn, agent, actor="operator", reason=f"run {run_id} resumed by the operator",

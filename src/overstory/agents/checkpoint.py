@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import typing as t
 
-from overstory.store import checkpoints
+from overstory.store import checkpoints, sessions
 from overstory.store.sessions import Session
 
 STATUS_SAMPLE = 10
@@ -65,8 +65,7 @@ def save_start(state: sqlite3.Connection, agent: Session, turn_id: str, *, attem
 def save_end(state: sqlite3.Connection, agent: Session, turn_id: str, *, session_id: str | None, cwd: str | None,
              turn_status: str) -> None:
     head, status = worktree_state(cwd)
-    row = state.execute("SELECT cost_usd, input_tokens, output_tokens FROM sessions WHERE name = ? AND generation = ?",
-                        (agent.name, agent.generation)).fetchone()
+    row = sessions.usage_row(state, agent.name, agent.generation)
     cost, tokens_in, tokens_out = (row[0], row[1], row[2]) if row else (agent.cost_usd, agent.input_tokens,
                                                                          agent.output_tokens)
     checkpoints.save_end(state, turn_id, session_id=session_id, head=head, git_status=status, cost_usd=cost,

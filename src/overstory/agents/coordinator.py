@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from overstory.clock import iso, now_ms
 from overstory.errors import CoordinatorNotRunning, CoordinatorRunning, HierarchyError, NoReply, OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.store import mail, runs, sessions
-from overstory.store.sessions import TERMINAL_STATES, Session
+from overstory.store import mail, mail_queries, runs, sessions
+from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from pathlib import Path
@@ -49,11 +49,8 @@ START_PROMPT = (
 
 def active_coordinator(conn: sqlite3.Connection) -> Session | None:
     """The active (non-terminal) coordinator, whatever its name."""
-    marks = ",".join("?" * len(TERMINAL_STATES))
-    row = conn.execute(
-        f"SELECT name FROM sessions WHERE capability = 'coordinator' AND state NOT IN ({marks}) "
-        "ORDER BY created_at DESC LIMIT 1", tuple(TERMINAL_STATES)).fetchone()
-    return sessions.get(conn, row["name"]) if row else None
+    name = sessions.coordinator_name(conn, active=True)
+    return sessions.get(conn, name) if name is not None else None
 
 
 def require_coordinator(conn: sqlite3.Connection) -> Session:
@@ -180,11 +177,9 @@ def ask(conn: sqlite3.Connection, question: str, *, timeout: float, subject: str
         on_sent(question_id)
     deadline = started + max(timeout, 0)
     while True:
-        row = conn.execute(
-            "SELECT id FROM mail WHERE thread_id = ? AND id > ? AND recipient = ? ORDER BY id LIMIT 1",
-            (question_id, question_id, asker)).fetchone()
-        if row is not None:
-            reply = mail.read_message(conn, row["id"], reader=asker)
+        reply_id = mail_queries.reply_in_thread(conn, question_id, asker)
+        if reply_id is not None:
+            reply = mail.read_message(conn, reply_id, reader=asker)
             return Answer(question_id, reply, time.monotonic() - started)
         current = sessions.get(conn, agent.name)
         if current is None or current.generation != agent.generation or current.is_terminal \
@@ -215,18 +210,16 @@ def status(conn: sqlite3.Connection, *, now: int | None = None) -> dict[str, t.A
     now = now_ms() if now is None else now
     agent = active_coordinator(conn)
     if agent is None:
-        row = conn.execute("SELECT name FROM sessions WHERE capability = 'coordinator' "
-                           "ORDER BY updated_at DESC LIMIT 1").fetchone()
-        agent = sessions.get(conn, row["name"]) if row else None
+        name = sessions.coordinator_name(conn, active=False)
+        agent = sessions.get(conn, name) if name is not None else None
     if agent is None:
         return {"running": False, "coordinator": None, "run": None, "children": [], "last_report": None}
     pending = mail.pending_count(conn, agent.name)
     run = runs.get_run(conn, agent.run_id) if agent.run_id else None
     children = [{"name": c.name, "capability": c.capability, "task_id": c.task_id, "state": c.state}
                 for c in sessions.list_sessions(conn) if c.parent == agent.name]
-    last = conn.execute("SELECT id FROM mail WHERE sender = ? AND recipient = 'operator' ORDER BY id DESC LIMIT 1",
-                        (agent.name,)).fetchone()
-    last_report = mail.get(conn, last["id"]) if last else None
+    last = mail_queries.last_to_operator(conn, agent.name)
+    last_report = mail.get(conn, last) if last is not None else None
     return {
         "running": not agent.is_terminal,
         "coordinator": agent_entry(agent, now, pending),

@@ -11,6 +11,7 @@ import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.store import sessions
 from overstory.store.sessions import Session
 
 OPERATOR = "operator"
@@ -115,11 +116,11 @@ def ancestors(conn: sqlite3.Connection, name: str) -> list[str]:
     chain: list[str] = []
     current = name
     while True:
-        row = conn.execute("SELECT parent FROM sessions WHERE name = ?", (current,)).fetchone()
-        if row is None or row[0] in (OPERATOR, None) or row[0] in chain or row[0] == name:
+        parent = sessions.parent_of(conn, current)
+        if parent is None or parent == OPERATOR or parent in chain or parent == name:
             return chain
-        chain.append(row[0])
-        current = row[0]
+        chain.append(parent)
+        current = parent
 
 
 def is_descendant(conn: sqlite3.Connection, name: str, ancestor: str) -> bool:

@@ -38,26 +38,23 @@ def nudge_text(agent: Session) -> tuple[str, str]:
 
 def waiting_for_others(conn: sqlite3.Connection, agent: Session) -> bool:
     """Idling is legitimate: it has active children, or its last question is unanswered."""
-    child = conn.execute("SELECT 1 FROM sessions WHERE parent = ? AND state NOT IN ('completed', 'zombie') LIMIT 1",
-                         (agent.name,)).fetchone()
-    if child is not None:
+    from overstory.store import mail_queries
+
+    if sessions.has_active_children(conn, agent.name):
         return True
-    marks = ",".join("?" * len(WAITING_TYPES))
-    asked = conn.execute(f"SELECT max(id) FROM mail WHERE sender = ? AND type IN ({marks}) AND created_at >= ?",
-                         (agent.name, *WAITING_TYPES, agent.created_at)).fetchone()[0]
+    asked = mail_queries.last_asked(conn, agent.name, WAITING_TYPES, agent.created_at)
     if asked is None:
         return False
-    answered = conn.execute("SELECT max(id) FROM mail WHERE recipient = ? AND id > ? AND sender != ?",
-                            (agent.name, asked, NUDGE_SENDER)).fetchone()[0]
-    return answered is None
+    return not mail_queries.answered_after(conn, agent.name, asked, NUDGE_SENDER)
 
 
 def check(conn: sqlite3.Connection, agent: Session, *, idle_nudge: float, max_nudges: int, now: int) -> str | None:
     """Nudge or escalate ``agent`` if it idles without a report; returns what was done ('nudged'/'escalated')."""
     if agent.capability in PERSISTENT_CAPABILITIES or agent.mode != "headless" or agent.state != "between_turns":
         return None
-    last = conn.execute("SELECT status, started_at, ended_at FROM turns WHERE agent = ? AND generation = ? "
-                        "ORDER BY started_at DESC LIMIT 1", (agent.name, agent.generation)).fetchone()
+    from overstory.store import turns
+
+    last = turns.last_started(conn, agent.name, agent.generation)
     if last is None or last["status"] != "ok" or last["ended_at"] is None:
         return None
     if now - last["ended_at"] < idle_nudge * 1000 or waiting_for_others(conn, agent):
@@ -73,10 +70,7 @@ def nudge(conn: sqlite3.Connection, agent: Session) -> int | None:
 
     subject, body = nudge_text(agent)
     with write_transaction(conn):
-        counted = conn.execute("UPDATE sessions SET nudges = nudges + 1 WHERE name = ? AND generation = ? "
-                               "AND nudges = ? AND state = 'between_turns'",
-                               (agent.name, agent.generation, agent.nudges)).rowcount
-        if not counted:
+        if not sessions.count_nudge(conn, agent.name, agent.generation, agent.nudges):
             return None
         message_id = mail.insert_message(conn, sender=NUDGE_SENDER, recipient=agent.name, type="nudge",
                                          priority="high", subject=subject, body=body,

@@ -56,7 +56,7 @@ from overstory.agents.process import POLL_SECONDS, acquire_turn_slot, load_launc
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.guards.policy import PHASE_TOOLS_ENV
-from overstory.store import approvals, lifecycle, loop_reports, loops, mail, mail_text, sessions
+from overstory.store import approvals, lifecycle, loop_reports, loops, mail, mail_text, sessions, turns
 from overstory.store import events as event_store
 from overstory.store.db import write_transaction
 from overstory.store.dispatch import SCOPE_ENV, loop_scope
@@ -312,8 +312,7 @@ class IterationRunner:
         pending = loops.open_iteration(self.state, self.name, self.generation)
         if pending is None or pending["status"] != "running":
             return
-        turn = self.state.execute("SELECT status, session_id, cost_usd FROM turns WHERE id = ?",
-                                  (pending["turn_id"],)).fetchone()
+        turn = turns.outcome(self.state, pending["turn_id"])
         if turn is not None and turn["status"] == "ok":
             promise = loop.definition["until"] in self._turn_text(pending["turn_id"])
             loops.mark_checking(self.state, pending, session_id=turn["session_id"], cost_usd=turn["cost_usd"],
@@ -327,8 +326,7 @@ class IterationRunner:
 
     def _turn_text(self, turn_id: str) -> str:
         """The model's last words in a turn, from the events (the loop that read them live is gone)."""
-        rows = self.events.execute("SELECT kind, data FROM events WHERE turn_id = ? AND kind IN "
-                                   "('assistant_text', 'turn_result') ORDER BY id DESC LIMIT 5", (turn_id,)).fetchall()
+        rows = event_store.last_words(self.events, turn_id)
         for row in rows:
             data = json.loads(row["data"] or "{}")
             text = data.get("result") if row["kind"] == "turn_result" else data.get("text")

@@ -27,7 +27,7 @@ from overstory.agents.process import (
 )
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
-from overstory.store import checkpoints, sessions, turns
+from overstory.store import checkpoints, mail_queries, sessions, turns
 from overstory.store.db import open_events
 from overstory.store.lifecycle import (
     PERSISTENT_CAPABILITIES,
@@ -267,10 +267,7 @@ class AgentLoop(AgentProcess):
         return True
 
     def _has_pending_mail(self) -> bool:
-        row = self.state.execute(
-            "SELECT 1 FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL LIMIT 1", (self.name,)
-        ).fetchone()
-        return row is not None
+        return mail_queries.has_pending(self.state, self.name)
 
     def _one_turn(self, agent: Session) -> None:
         from overstory.agents import idle
@@ -447,10 +444,8 @@ class AgentLoop(AgentProcess):
                            summary=f"{reason} -- fix the key or login (`ov doctor`), then `ov resume {self.name}`"[:300])
 
     def _fresh_session_summary(self, agent: Session) -> str:
-        rows = self.state.execute(
-            "SELECT sender, type, subject FROM mail WHERE recipient = ? AND created_at >= ? ORDER BY id DESC LIMIT 10",
-            (self.name, agent.created_at),  # this generation's: an earlier one's mail is not its business
-        ).fetchall()
+        # this generation's: an earlier one's mail is not its business
+        rows = mail_queries.recent_to(self.state, self.name, agent.created_at, limit=10)
         recent = "\n".join(f"- from {r['sender']} ({r['type']}): {r['subject']}" for r in reversed(rows))
         prompt = agent.spec.get("prompt") or "(no prompt text; see your instructions)"
         return (

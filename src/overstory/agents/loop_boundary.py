@@ -115,8 +115,9 @@ def start_critic(project: ProjectPaths, config: Config, agent: Session, loop: Lo
 
 def read_verdict(conn: sqlite3.Connection, loop_agent: str, critic: str) -> tuple[str, str, int] | None:
     """(verdict, notes, mail id) of the critic's first ``result`` mail to the loop, if it came."""
-    row = conn.execute("SELECT id, subject, body, payload FROM mail WHERE recipient = ? AND sender = ? "
-                       "AND type = 'result' ORDER BY id LIMIT 1", (loop_agent, critic)).fetchone()
+    from overstory.store import mail_queries
+
+    row = mail_queries.first_result(conn, loop_agent, critic)
     if row is None:
         return None
     payload: dict[str, t.Any] = {}
@@ -137,12 +138,9 @@ def read_verdict(conn: sqlite3.Connection, loop_agent: str, critic: str) -> tupl
 
 def consume_critic_mail(conn: sqlite3.Connection, loop_agent: str, prefix: str) -> int:
     """Mark read the mail the loop's critics sent it (their verdicts and reports are the loop's, not the model's)."""
-    from overstory.clock import now_ms
+    from overstory.store import mail
 
-    return conn.execute("UPDATE mail SET read_at = ? WHERE recipient = ? AND read_at IS NULL AND sender LIKE ? "
-                        "ESCAPE '\\'", (now_ms(), loop_agent,
-                                        prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-                                        )).rowcount
+    return mail.mark_read_from(conn, loop_agent, prefix)
 
 
 def critic_prefix(loop: Loop) -> str:

@@ -110,7 +110,7 @@ def status_document(conn: sqlite3.Connection, name: str, root: Path | None = Non
     (given the project ``root``) the protected paths its branch changes now."""
     agent = sessions.get(conn, name)
     if agent is None or not agent.spec.get("loop"):
-        known = [r[0] for r in conn.execute("SELECT DISTINCT name FROM loops ORDER BY name")]
+        known = loops.names(conn)
         raise LoopError(f"no loop named {name!r}" + (f"; loops: {', '.join(known)}" if known else
                                                      "; start one with `ov loop CAPABILITY TASK --prompt ...`"))
     loop = loops.get(conn, name, agent.generation)

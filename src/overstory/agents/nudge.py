@@ -12,7 +12,7 @@ import typing as t
 from dataclasses import dataclass
 
 from overstory.paths import ProjectPaths
-from overstory.store import mail
+from overstory.store import mail, sessions
 
 DEFAULT_SUBJECT = "nudge: check your mail and carry on"
 
@@ -42,8 +42,7 @@ def nudge(project: ProjectPaths, conn: sqlite3.Connection, agent: str, message: 
     first_line = next((line.strip() for line in text.splitlines() if line.strip()), "")
     ids = mail.send(conn, sender=sender or mail.default_sender(), to=agent, subject=first_line[:120] or DEFAULT_SUBJECT,
                     body=text, type="nudge", priority="high")
-    mode = conn.execute("SELECT mode FROM sessions WHERE name = ?", (agent,)).fetchone()
-    if not ids or mode is None or mode[0] != "tmux":
+    if not ids or sessions.mode_of(conn, agent) != "tmux":
         return NudgeResult(ids)
     from overstory.agents.tmux import deliver_mail  # only for tmux agents: libtmux is not cheap to import
     from overstory.errors import TmuxError

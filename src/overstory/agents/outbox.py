@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 
 def recipients_of(conn: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
     """Message id -> recipient, for saying what was sent."""
-    if not ids:
-        return {}
-    rows = conn.execute(f"SELECT id, recipient FROM mail WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
-    return {int(r["id"]): r["recipient"] for r in rows}
+    from overstory.store.mail_queries import recipients_of as recipients
+
+    return recipients(conn, ids)
 
 
 def send_once(conn: sqlite3.Connection, env: t.Mapping[str, str], project: t.Callable[[], ProjectPaths], *,

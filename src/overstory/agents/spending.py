@@ -27,7 +27,7 @@ import typing as t
 from dataclasses import dataclass
 
 from overstory.prices import PriceTable, Tokens
-from overstory.store import budgets
+from overstory.store import budgets, sessions
 from overstory.store.budgets import Crossing
 
 if t.TYPE_CHECKING:
@@ -112,8 +112,7 @@ class TurnMeter:
             if abs(self.estimate - self._written) >= LIVE_WRITE_STEP:
                 budgets.set_live(self.state, self.agent.name, self.agent.generation, self.estimate)
                 self._written = self.estimate
-            row = self.state.execute("SELECT state, state_reason, generation FROM sessions WHERE name = ?",
-                                     (self.agent.name,)).fetchone()
+            row = sessions.live_row(self.state, self.agent.name)
             if row is not None and row["generation"] == self.agent.generation and row["state"] == "parked":
                 return Stop("parked", row["state_reason"] or "parked")
             crossing = budgets.check(self.state, self.agent.name, self.agent.generation,

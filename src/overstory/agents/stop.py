@@ -137,9 +137,8 @@ def _stop_processes(conn: sqlite3.Connection, agent: Session, result: StopResult
             procs.kill_group(pgid, ticks, grace=kill_grace, force=force)
             result.killed_groups.append(pgid)
     # Tool processes the runtime moved into sessions of their own carry the turn's id.
-    running = conn.execute("SELECT id FROM turns WHERE agent = ? AND generation = ? AND ended_at IS NULL",
-                           (agent.name, agent.generation)).fetchall()
-    for turn_id in {agent.current_turn_id, final.current_turn_id if final else None, *(r[0] for r in running)}:
+    running = turns.running_ids_of(conn, agent.name, agent.generation)
+    for turn_id in {agent.current_turn_id, final.current_turn_id if final else None, *running}:
         if turn_id:
             procs.kill_turn(None, None, turn_id, grace=kill_grace, force=force)
     if final is not None and final.generation == agent.generation:

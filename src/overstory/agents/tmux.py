@@ -371,11 +371,12 @@ def deliver_mail(project: ProjectPaths, conn: sqlite3.Connection, agent_name: st
     if not agent.tmux_session or not pane_alive(agent):
         return "gone"
     with _TypingLock(project.run_dir / agent_name / "tmux-type.lock"):
-        rows = conn.execute("SELECT id FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL",
-                            (agent_name,)).fetchall()
-        if not rows:
+        from overstory.store.mail_queries import pending_ids
+
+        waiting = pending_ids(conn, agent_name)
+        if not waiting:
             return "no_mail"
-        newest = max(int(r[0]) for r in rows)
+        newest = max(waiting)
         state_path = _wake_state_path(project, agent_name)
         try:
             wake = json.loads(state_path.read_text(encoding="utf-8"))
@@ -390,10 +391,10 @@ def deliver_mail(project: ProjectPaths, conn: sqlite3.Connection, agent_name: st
         tui = tui_of(agent)
         if not _settled_idle(pane, tui):
             return "busy"
-        type_line(pane, wake_line(len(rows)), tui=tui)
+        type_line(pane, wake_line(len(waiting)), tui=tui)
         state_path.write_text(json.dumps({"generation": agent.generation, "mail_id": newest, "at": time.time()}),
                               encoding="utf-8")
-    record_event(project, agent_name, agent.generation, "tmux_wake", f"announced {len(rows)} unread message(s)")
+    record_event(project, agent_name, agent.generation, "tmux_wake", f"announced {len(waiting)} unread message(s)")
     return "typed"
 
 

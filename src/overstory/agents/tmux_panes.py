@@ -244,9 +244,9 @@ def _kill_tagged(project: ProjectPaths, name: str, generation: int) -> list[int]
 
 def orphan_sessions(project: ProjectPaths, conn: sqlite3.Connection) -> list[str]:
     """Sessions on the project's socket that no active tmux agent owns (for the watchdog's reconcile)."""
-    owned = {row[0] for row in conn.execute(
-        "SELECT tmux_session FROM sessions WHERE mode = 'tmux' AND tmux_session IS NOT NULL "
-        "AND state NOT IN ('completed', 'zombie')").fetchall()}
+    from overstory.store.sessions import owned_tmux_sessions
+
+    owned = owned_tmux_sessions(conn)
     return [name for name in list_sessions(project) if name not in owned]
 
 

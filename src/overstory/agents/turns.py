@@ -8,36 +8,33 @@ classes) comes from the agent's runtime adapter (``runtimes.base.Runtime``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import select
-import selectors
 import sqlite3
 import subprocess
 import time
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory import procs, sandbox
 from overstory.agents import checkpoint, ledger
 from overstory.agents.spending import ToolCallGate, TurnMeter
+from overstory.agents.turn_stream import PARKING_STATUS, _LineReader, _pump
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.runtimes import get_runtime
 from overstory.runtimes.base import (
-    AUTH,
     PERMANENT,
-    RATE_LIMIT,
-    UNKNOWN,
     ParsedEvent,
     TurnFailure,
     TurnParser,
     TurnRequest,
     Usage,
 )
-from overstory.store import budgets, checkpoints, sessions
+from overstory.store import budgets, sessions
 from overstory.store import events as event_store
 from overstory.store import turns as turn_rows
 from overstory.store.budgets import Crossing
@@ -46,15 +43,10 @@ from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.config import Config
+    from overstory.runtimes.base import Runtime
 
 # Variables a parent coding-agent session exports; a nested session would react to them.
 NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT")
-ACTIVITY_WRITE_INTERVAL = 1.0
-PERIODIC_SECONDS = 1.0
-# The longest wait for a refused call's tool_end before a turn is stopped (``TurnParser.stop_after_refusal``).
-REFUSED_CALL_GRACE = 3.0
-# The turn statuses of failure kinds the loop parks for instead of retrying.
-PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth", UNKNOWN: "unknown"}
 
 
 @dataclass
@@ -181,59 +173,60 @@ def approval_rules(config: Config, agent: Session) -> list[dict[str, t.Any]]:
     return rules
 
 
-class _LineReader:
-    """Read whole lines from a pipe without blocking past a deadline.
+@dataclass
+class TurnPlan:
+    """What a turn will run, decided before it touches anything."""
 
-    With a ``gate`` (``spending.ToolCallGate``) it also wakes when a tool call asks the gate: it then
-    takes the gate's tickets (``ticket``) and reads everything the pipe holds at that moment, so the
-    turn runner can answer them once those lines are priced.
-    """
+    runtime: Runtime
+    stream: TurnParser
+    model: str | None
+    argv: list[str]  # before the sandbox wraps it
+    env: dict[str, str]
+    dispatch: list[int]  # the mail the turn claimed
 
-    DRY_READ_LIMIT = 4 << 20  # bytes read in one go for a waiting tool call (a flood must not starve the loop)
 
-    def __init__(self, stream: t.IO[bytes], gate: ToolCallGate | None = None) -> None:
-        self.fd = stream.fileno()
-        self.buffer = b""
-        self.eof = False
-        self.gate = gate
-        self.ticket = 0
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.fd, selectors.EVENT_READ)
-        if gate is not None:
-            self.selector.register(gate.fileno(), selectors.EVENT_READ)
+@dataclass
+class _Turn:
+    """One turn under way: what it was asked, its plan, and what its steps made so far."""
 
-    def lines(self, timeout: float) -> list[bytes]:
-        if self.eof:
-            return []
-        ready = self.selector.select(timeout)
-        if not ready:
-            return []
-        if self.gate is not None and any(key.fd != self.fd for key, _ in ready):
-            self.ticket = self.gate.take()  # before reading: what the runtime printed before it asked is in the pipe
-            return self._read(dry=True)
-        return self._read(dry=False)
+    project: ProjectPaths
+    config: Config
+    state: sqlite3.Connection
+    events: sqlite3.Connection
+    agent: Session
+    prompt: str
+    turn_id: str
+    resume_session_id: str | None
+    base_env: t.Mapping[str, str]
+    attempt: int
+    should_stop: t.Callable[[], bool]
+    extra_env: t.Mapping[str, str] | None
+    settings_file: Path | None
+    env_ready: t.Callable[[t.Mapping[str, str]], None] | None
+    gate: ToolCallGate | None
+    started_ms: int = 0
+    plan: TurnPlan | None = None
+    failed: TurnResult | None = None  # why no plan could be made
+    argv: list[str] = field(default_factory=list)  # as the sandbox runs it
+    env: dict[str, str] = field(default_factory=dict)
+    meter: TurnMeter | None = None
+    stream_ledger: ledger.StreamLedger | None = None
+    files: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the turn's stdout and stderr logs
+    raw_out: t.IO[bytes] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    pgid: int = 0
+    ticks: int | None = None
+    status: str = ""
+    reason: str = ""
+    exit_code: int = 0
 
-    def _read(self, *, dry: bool) -> list[bytes]:
-        read = 0
-        while True:
-            if dry and not select.select([self.fd], [], [], 0)[0]:
-                break
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                self.eof = True
-                rest, self.buffer = self.buffer, b""
-                if rest.strip():
-                    self.buffer = rest + b"\n"
-                break
-            self.buffer += chunk
-            read += len(chunk)
-            if not dry or read >= self.DRY_READ_LIMIT:
-                break
-        *complete, self.buffer = self.buffer.split(b"\n")
-        return complete
+    @property
+    def log_dir(self) -> Path:
+        return self.project.logs_dir / self.agent.name / self.turn_id
 
-    def close(self) -> None:
-        self.selector.close()
+    @property
+    def cwd(self) -> str:
+        return self.agent.worktree or str(self.project.root)
 
 
 def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, events: sqlite3.Connection,
@@ -245,115 +238,196 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     """Run one turn of ``agent`` in its sandbox. ``extra_env``: variables for this turn only (the endpoint's
     per-turn secret; an `ov loop` names its iteration and phase there). ``settings_file``: the loop's HTTP
     hooks instead of the command hooks; ``env_ready`` is told the turn's whole environment before it starts;
-    ``gate``: where the endpoint's tool-call hooks wait for this turn's stream to be priced (``spending``)."""
-    started_ms = now_ms()
-    log_dir = project.logs_dir / agent.name / turn_id
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / "prompt.txt").write_text(prompt, encoding="utf-8")
-    scenario = Path(agent.spec["scenario"]) if agent.spec.get("scenario") else None
+    ``gate``: where the endpoint's tool-call hooks wait for this turn's stream to be priced (``spending``).
+
+    Plan (``plan_turn``: touches nothing), then the named steps (``TURN_STEPS``; a test can kill the
+    loop after any of them with ``OV_TEST_KILL_AT=turn:<step>``), then settle (``_settle``)."""
+    turn = _Turn(project, config, state, events, agent, prompt, turn_id, resume_session_id, base_env, attempt,
+                 should_stop, extra_env, settings_file, env_ready, gate, started_ms=now_ms())
     try:
-        runtime = get_runtime(agent.runtime)
-        stream = runtime.new_parser()
-        model, provider_env = resolve_model_and_provider(agent, config, base_env)
-        argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=resume_session_id,
-                                                    run_dir=project.run_dir / agent.name,
-                                                    at_project_root=not agent.worktree, scenario=scenario,
-                                                    provider_env=provider_env,
-                                                    sandboxed=sandbox.effective_mode(config).name == "bwrap",
-                                                    settings_file=settings_file), config)
-        dispatch = claimed_ids(state, turn_id)
-        provider_env.update(durable_env(config, agent, attempt, dispatch))
-        env = turn_environment(base_env, agent, project, turn_id, {**provider_env, **(extra_env or {})})
-        prepared = sandbox.prepare_turn(project, config, agent, argv, env, launch_env=base_env)
+        turn.plan = plan_turn(turn)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
-        return TurnResult("permanent", str(exc), None, started_ms, _NoOutput())
+        turn.failed = TurnResult("permanent", str(exc), None, turn.started_ms, _NoOutput())
     except OSError as exc:
-        return TurnResult("transient", f"could not prepare the turn's sandbox: {exc}", None, started_ms, _NoOutput())
-    _record_take_back(events, agent, turn_id, prepared.took_back, before=True)
-    argv, env = prepared.argv, prepared.env
-    if env_ready is not None:
-        env_ready(env)
+        turn.failed = TurnResult("transient", f"could not prepare the turn's sandbox: {exc}", None, turn.started_ms,
+                                 _NoOutput())
+    with turn.files:
+        for name, act in TURN_STEPS:
+            ended = act(turn)
+            if ended is not None:
+                return ended
+            procs.kill_point(f"turn:{name}")
+    return _settle(turn)
+
+
+def plan_turn(turn: _Turn) -> TurnPlan:
+    """The runtime, its command line and the turn's environment, from the agent, the configuration and the
+    mail the turn claimed. Reads only."""
+    agent, config = turn.agent, turn.config
+    runtime = get_runtime(agent.runtime)
+    stream = runtime.new_parser()
+    model, provider_env = resolve_model_and_provider(agent, config, turn.base_env)
+    scenario = Path(agent.spec["scenario"]) if agent.spec.get("scenario") else None
+    argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=turn.resume_session_id,
+                                                run_dir=turn.project.run_dir / agent.name,
+                                                at_project_root=not agent.worktree, scenario=scenario,
+                                                provider_env=provider_env,
+                                                sandboxed=sandbox.effective_mode(config).name == "bwrap",
+                                                settings_file=turn.settings_file), config)
+    dispatch = claimed_ids(turn.state, turn.turn_id)
+    provider_env.update(durable_env(config, agent, turn.attempt, dispatch))
+    env = turn_environment(turn.base_env, agent, turn.project, turn.turn_id,
+                           {**provider_env, **(turn.extra_env or {})})
+    return TurnPlan(runtime, stream, model, list(argv), env, list(dispatch))
+
+
+# ---- the steps ----------------------------------------------------------------------------
+
+
+def _logs(turn: _Turn) -> None:
+    turn.log_dir.mkdir(parents=True, exist_ok=True)
+    (turn.log_dir / "prompt.txt").write_text(turn.prompt, encoding="utf-8")
+
+
+def _sandbox(turn: _Turn) -> TurnResult | None:
+    """The sandbox's housekeeping and the command line that runs the turn inside it."""
+    if turn.failed is not None:
+        return turn.failed
+    assert turn.plan is not None
+    agent = turn.agent
+    try:
+        prepared = sandbox.prepare_turn(turn.project, turn.config, agent, turn.plan.argv, turn.plan.env,
+                                        launch_env=turn.base_env)
+    except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
+        return TurnResult("permanent", str(exc), None, turn.started_ms, _NoOutput())
+    except OSError as exc:
+        return TurnResult("transient", f"could not prepare the turn's sandbox: {exc}", None, turn.started_ms,
+                          _NoOutput())
+    _record_take_back(turn.events, agent, turn.turn_id, prepared.took_back, before=True)
+    turn.argv, turn.env = prepared.argv, prepared.env
+    if turn.env_ready is not None:
+        turn.env_ready(turn.env)
+    return None
+
+
+def _record(turn: _Turn) -> None:
+    """The turn's row, its command line, its checkpoint: from here on a crash leaves a turn to settle."""
+    assert turn.plan is not None
+    state, agent, turn_id, plan = turn.state, turn.agent, turn.turn_id, turn.plan
     turn_rows.start(state, turn_id, agent=agent.name, generation=agent.generation, number=agent.turns + 1,
-                    attempt=attempt, resumed=bool(resume_session_id), started_ms=started_ms, log_dir=str(log_dir))
-    turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=model)
-    meter = TurnMeter(state, agent, config, model=model)
-    (log_dir / "command.json").write_text(json.dumps(argv), encoding="utf-8")
-    cwd = agent.worktree or str(project.root)
+                    attempt=turn.attempt, resumed=bool(turn.resume_session_id), started_ms=turn.started_ms,
+                    log_dir=str(turn.log_dir))
+    turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=plan.model)
+    turn.meter = TurnMeter(state, agent, turn.config, model=plan.model)
+    (turn.log_dir / "command.json").write_text(json.dumps(turn.argv), encoding="utf-8")
     stale = checkpoint.clear_stale_git_locks(agent.worktree, agent.branch)
     if stale:
-        event_store.record(events, "git_lock_removed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
+        event_store.record(turn.events, "git_lock_removed", agent=agent.name, generation=agent.generation,
+                           turn_id=turn_id,
                            summary=f"removed stale git lock(s) left by a killed process: {', '.join(stale)}"[:300])
-    checkpoint.save_start(state, agent, turn_id, attempt=attempt, scope=turn_scope(env), mail_ids=dispatch,
-                          resume_session_id=resume_session_id, cwd=cwd, started_ms=started_ms)
+    checkpoint.save_start(state, agent, turn_id, attempt=turn.attempt, scope=turn_scope(turn.env),
+                          mail_ids=plan.dispatch, resume_session_id=turn.resume_session_id, cwd=turn.cwd,
+                          started_ms=turn.started_ms)
     # Receipts come from the stream (a headless turn has no PostToolUse hook); without a PreToolUse hook
     # (`ov guard` never runs) the rows do too.
-    stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(env) or ledger.LedgerContext(agent.name),
-                                        receipts_only="pre" in runtime.tool_hooks,
-                                        hook_call=None if runtime.hook_ids_match else runtime.hook_call)
-    with open(log_dir / "stdout.ndjson", "wb") as raw_out, open(log_dir / "stderr.txt", "wb") as raw_err:
+    runtime = plan.runtime
+    turn.stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(turn.env)
+                                             or ledger.LedgerContext(agent.name),
+                                             receipts_only="pre" in runtime.tool_hooks,
+                                             hook_call=None if runtime.hook_ids_match else runtime.hook_call)
+
+
+def _launch(turn: _Turn) -> TurnResult | None:
+    """The runtime's process group, noted on the turn's row and the agent's, and the prompt on its stdin."""
+    assert turn.plan is not None and turn.meter is not None
+    state, agent, turn_id, stream = turn.state, turn.agent, turn.turn_id, turn.plan.stream
+    turn.raw_out = turn.files.enter_context(open(turn.log_dir / "stdout.ndjson", "wb"))
+    raw_err = turn.files.enter_context(open(turn.log_dir / "stderr.txt", "wb"))
+    try:
+        proc = subprocess.Popen(turn.argv, cwd=turn.cwd, env=turn.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=raw_err, start_new_session=True)
+    except OSError as exc:
+        _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {exc}")
+        return TurnResult("permanent", f"cannot start {turn.argv[0]}: {exc.strerror or exc}", None, turn.started_ms,
+                          stream)
+    turn.proc, turn.pgid = proc, proc.pid
+    turn.ticks = procs.start_ticks(turn.pgid)
+    turn_rows.mark_running(state, turn_id, pid=proc.pid, pgid=turn.pgid)
+    if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=turn.pgid, turn_start_ticks=turn.ticks,
+                                  current_turn_id=turn_id, last_activity=now_ms()):
+        procs.kill_turn(turn.pgid, turn.ticks, turn_id, force=True)
+        proc.wait()
+        _finish_turn_row(state, turn_id, "aborted", stream, "agent replaced before the turn started")
+        return TurnResult("aborted", "agent was replaced by a newer generation", None, turn.started_ms, stream)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(turn.plan.runtime.stdin_message(turn.prompt))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    if turn.gate is not None:
+        turn.gate.open_turn(watch=turn.meter.enabled and turn.meter.watches_usd)
+    return None
+
+
+def _watch(turn: _Turn) -> None:
+    """Read the stream until the runtime ends or the turn is stopped; then nothing of its group is left."""
+    assert turn.plan is not None and turn.meter is not None and turn.proc is not None and turn.raw_out is not None
+    plan, proc, meter, agent, config = turn.plan, turn.proc, turn.meter, turn.agent, turn.config
+    assert proc.stdout is not None
+    reader = _LineReader(proc.stdout, turn.gate)
+    try:
+        turn.status, turn.reason = _pump(
+            reader, turn.raw_out, proc, plan.stream, turn.state, turn.events, agent, turn.turn_id, meter,
+            stall_timeout=config.turns.stall_timeout, should_stop=turn.should_stop,
+            price=lambda data: _price_result(data, plan.stream.model or plan.model, config),
+            periodic=lambda: _record_take_back(turn.events, agent, turn.turn_id,
+                                               sandbox.take_back(turn.project, agent)),
+            stream_ledger=turn.stream_ledger)
+    finally:
+        if turn.gate is not None:  # every call still waiting is answered: refused when the turn was stopped
+            turn.gate.close_turn(meter.stopped_by)
+        reader.close()
+    status = turn.status
+    if status == "running":
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=raw_err, start_new_session=True)
-        except OSError as exc:
-            _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {exc}")
-            return TurnResult("permanent", f"cannot start {argv[0]}: {exc.strerror or exc}", None, started_ms, stream)
-        pgid = proc.pid
-        ticks = procs.start_ticks(pgid)
-        turn_rows.mark_running(state, turn_id, pid=proc.pid, pgid=pgid)
-        if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=pgid, turn_start_ticks=ticks,
-                                      current_turn_id=turn_id, last_activity=now_ms()):
-            procs.kill_turn(pgid, ticks, turn_id, force=True)
-            proc.wait()
-            _finish_turn_row(state, turn_id, "aborted", stream, "agent replaced before the turn started")
-            return TurnResult("aborted", "agent was replaced by a newer generation", None, started_ms, stream)
-        try:
-            assert proc.stdin is not None
-            proc.stdin.write(runtime.stdin_message(prompt))
-            proc.stdin.close()
-        except BrokenPipeError:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             pass
-        assert proc.stdout is not None
-        if gate is not None:
-            gate.open_turn(watch=meter.enabled and meter.watches_usd)
-        reader = _LineReader(proc.stdout, gate)
-        try:
-            status, reason = _pump(reader, raw_out, proc, stream, state, events, agent, turn_id, meter,
-                                   stall_timeout=config.turns.stall_timeout, should_stop=should_stop,
-                                   price=lambda data: _price_result(data, stream.model or model, config),
-                                   periodic=lambda: _record_take_back(events, agent, turn_id,
-                                                                      sandbox.take_back(project, agent)),
-                                   stream_ledger=stream_ledger)
-        finally:
-            if gate is not None:  # every call still waiting is answered: refused when the turn was stopped
-                gate.close_turn(meter.stopped_by)
-            reader.close()
-        if status == "running":
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        # Anything the turn left behind in its group (background shells…) goes with it.
-        stopping_at = time.monotonic()
-        procs.kill_turn(pgid, ticks, turn_id, grace=config.turns.kill_grace if status == "running" else 0.5,
-                        force=status != "running")
-        exit_code = proc.wait()
-        if status in ("budget", "parked", "auth"):
-            event_store.record(events, "turn_stopped", agent=agent.name, generation=agent.generation,
-                               turn_id=turn_id, summary=f"{status}: process group {pgid} stopped"[:300],
-                               data={"status": status, "pgid": pgid,
-                                     "stop_seconds": round(time.monotonic() - stopping_at, 3)})
-    _record_take_back(events, agent, turn_id, sandbox.take_back(project, agent))
-    stream.finish(exit_code, _tail(log_dir / "stderr.txt"))
+    # Anything the turn left behind in its group (background shells…) goes with it.
+    stopping_at = time.monotonic()
+    procs.kill_turn(turn.pgid, turn.ticks, turn.turn_id, grace=config.turns.kill_grace if status == "running" else 0.5,
+                    force=status != "running")
+    turn.exit_code = proc.wait()
+    if status in ("budget", "parked", "auth"):
+        event_store.record(turn.events, "turn_stopped", agent=agent.name, generation=agent.generation,
+                           turn_id=turn.turn_id, summary=f"{status}: process group {turn.pgid} stopped"[:300],
+                           data={"status": status, "pgid": turn.pgid,
+                                 "stop_seconds": round(time.monotonic() - stopping_at, 3)})
+    turn.files.close()  # the logs are complete (settling reads the end of stderr)
+
+
+TURN_STEPS: tuple[tuple[str, t.Callable[[_Turn], TurnResult | None]], ...] = (
+    ("logs", _logs), ("sandbox", _sandbox), ("record", _record), ("launch", _launch), ("watch", _watch))
+
+
+def _settle(turn: _Turn) -> TurnResult:
+    """The turn's verdict, its usage and cost on the rows, its checkpoint and its end event."""
+    assert turn.plan is not None and turn.meter is not None
+    state, events, agent, turn_id, config = turn.state, turn.events, turn.agent, turn.turn_id, turn.config
+    stream, meter, exit_code, status, reason = turn.plan.stream, turn.meter, turn.exit_code, turn.status, turn.reason
+    _record_take_back(events, agent, turn_id, sandbox.take_back(turn.project, agent))
+    stream.finish(exit_code, _tail(turn.log_dir / "stderr.txt"))
     failure: TurnFailure | None = None
     if status == "running":
         if stream.succeeded:
             status, reason = "ok", "turn finished"
         else:
-            failure = stream.failure(resumed=bool(resume_session_id))
+            failure = stream.failure(resumed=bool(turn.resume_session_id))
             status = PARKING_STATUS.get(failure.kind, failure.kind)
             reason = failure.reason + (f" (exit {exit_code})" if not stream.finished else "")
     reported = stream.usage()
-    input_tokens, output_tokens, cost = priced_usage(stream, model, config)
+    input_tokens, output_tokens, cost = priced_usage(stream, turn.plan.model, config)
     # ov's figure, not the runtime's: the turn stopped before it reported one (our live estimate stands),
     # or the runtime reports tokens only (priced with the same table).
     estimated = not stream.finished or (not reported.cost_usd and cost > 0)
@@ -369,9 +443,9 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                        cost_usd=cost)
     budgets.settle_turn(state, agent.name, agent.generation, cost)
     _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code,
-                     usage=(input_tokens, output_tokens, cost))
+                     usage=Usage(input_tokens, output_tokens, cost))
     turn_rows.record_costs(state, turn_id, **_cost_detail(stream, meter, estimated, cost))
-    checkpoint.save_end(state, agent, turn_id, session_id=stream.session_id, cwd=cwd, turn_status=status)
+    checkpoint.save_end(state, agent, turn_id, session_id=stream.session_id, cwd=turn.cwd, turn_status=status)
     event_store.record(events, "turn_end", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                        summary=f"{status}: {reason}"[:300],
                        data={"status": status, "reason": reason, "exit_code": exit_code, "cost_usd": cost,
@@ -380,7 +454,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                              **({"price_notes": meter.notes} if meter.notes else {}),
                              **({"failure": failure.kind, "reset_at_ms": failure.reset_at_ms} if failure else {})})
     crossing = meter.stopped_by.crossing if meter.stopped_by is not None else None
-    return TurnResult(status, reason, stream.session_id, started_ms, stream, crossing=crossing,
+    return TurnResult(status, reason, stream.session_id, turn.started_ms, stream, crossing=crossing,
                       reset_at_ms=failure.reset_at_ms if failure else None, cost_usd=cost)
 
 
@@ -417,102 +491,6 @@ def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, 
     event_store.record(events, "branch_take_back" if took.status == "moved" else "branch_refused", agent=agent.name,
                        generation=agent.generation, turn_id=turn_id, summary=summary[:300],
                        data={"status": took.status, "old": took.old, "new": took.new, "detail": took.detail})
-
-
-def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
-          state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, *,
-          stall_timeout: float, should_stop: t.Callable[[], bool],
-          price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
-          periodic: t.Callable[[], None] = lambda: None,
-          stream_ledger: ledger.StreamLedger | None = None) -> tuple[str, str]:
-    """Read the stream until EOF; returns ('running', '') normally, or a stop status.
-
-    ``periodic`` runs about every ``PERIODIC_SECONDS`` (bringing a writer's commits out of its
-    sandbox as they happen, so its branch is current while the turn runs).
-    """
-    last_event = time.monotonic()
-    last_periodic = last_event
-    last_write = 0.0
-    entered_turn = False
-    exited_at: float | None = None
-    saved_session: str | None = None
-    refused_at: float | None = None
-    while not reader.eof:
-        lines = reader.lines(timeout=0.5)
-        now = time.monotonic()
-        batch: list[ParsedEvent] = []
-        for raw in lines:
-            raw_out.write(raw + b"\n")
-            raw_out.flush()
-            parsed = stream.feed(raw.decode("utf-8", errors="replace"), now=now)
-            batch.extend(parsed)
-            last_event = now
-            for item in parsed:
-                if item.kind == "turn_result" and item.data is not None:
-                    price(item.data)
-                event_store.record(events, item.kind, agent=agent.name, generation=agent.generation, turn_id=turn_id,
-                                   tool=item.tool, summary=item.summary, data=item.data)
-            if stream_ledger is not None:
-                stream_ledger.feed(parsed)
-            if not entered_turn and stream.events_seen:
-                entered_turn = True
-                outcome = sessions.transition(state, agent.name, agent.generation, "in_turn", actor="turn-runner",
-                                              reason=f"turn {turn_id}", expect={"booting", "between_turns", "stalled"})
-                if not outcome.ok:
-                    return "aborted", f"agent can no longer take a turn ({_describe(outcome)})"
-            if stream.session_id and stream.session_id != saved_session:
-                # Saved the moment it is known: a turn killed from here on is retried in this session.
-                saved_session = stream.session_id
-                turn_rows.set_session_id(state, turn_id, saved_session)
-                checkpoints.set_session(state, turn_id, saved_session)
-                sessions.update_fields(state, agent.name, agent.generation, runtime_session_id=saved_session)
-            if parsed and now - last_write >= ACTIVITY_WRITE_INTERVAL or any(p.kind in ("tool_start", "tool_end") for p in parsed):
-                last_write = now
-                written = sessions.update_fields(state, agent.name, agent.generation, last_activity=now_ms(),
-                                                 current_tool=stream.current_tool)
-                if not written:
-                    return "aborted", "agent was replaced by a newer generation"
-                _revive_if_stalled(state, agent)
-        early = stream.early_failure()
-        if early is not None:
-            event_store.record(events, "auth_failed", agent=agent.name, generation=agent.generation, turn_id=turn_id,
-                               summary=f"auth: {early.reason}"[:300], data={"reason": early.reason})
-            return PARKING_STATUS.get(early.kind, early.kind), early.reason
-        ticket, reader.ticket = reader.ticket, 0
-        stop = meter.poll(stream, batch, now, force=bool(ticket))
-        if ticket and reader.gate is not None:
-            reader.gate.answer(ticket, stop)  # the tool calls that asked: refused if this batch crossed a limit
-        if refused_at is not None:  # the runtime took the refusal (its tool_end), or took too long: stop now
-            taken = any(p.kind == "tool_end" for p in batch) or now - refused_at > REFUSED_CALL_GRACE
-            stop = meter.stopped_by if taken else None
-        elif stop is not None and stream.stop_after_refusal and (ticket or stream.current_tool) and reader.gate:
-            reader.gate.answer(0, stop)  # a call in flight is refused at the gate: stop once the refusal is taken
-            meter.stopped_by, refused_at, stop = stop, now, None
-        if stop is not None:
-            return _stopped(events, agent, turn_id, meter, stop)
-        if now - last_periodic >= PERIODIC_SECONDS:
-            last_periodic = now
-            periodic()
-        if should_stop():
-            return "aborted", "the agent was stopped"
-        if now - last_event > stall_timeout:
-            return "stalled", f"no output for {stall_timeout:g}s (stall timeout)"
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-        if exited_at is not None and not lines and now - exited_at > 5:
-            break  # the runtime exited; a straggler child still holds its stdout open
-    if refused_at is not None and meter.stopped_by is not None:
-        return _stopped(events, agent, turn_id, meter, meter.stopped_by)
-    return "running", ""
-
-
-def _stopped(events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, stop: t.Any) -> tuple[str, str]:
-    meter.stopped_by = stop  # a limit stops the turn: its event, and the status the caller settles with
-    event_store.record(events, "budget_crossed" if stop.status == "budget" else "turn_parked",
-                       agent=agent.name, generation=agent.generation, turn_id=turn_id, summary=stop.reason[:300],
-                       data={"estimate_usd": round(meter.estimate, 6),
-                             **({"crossing": stop.crossing.as_dict()} if stop.crossing else {})})
-    return stop.status, stop.reason
 
 
 def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage:
@@ -552,22 +530,6 @@ def _tail(path: Path, size: int = 4096) -> str:
             return handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def _revive_if_stalled(state: sqlite3.Connection, agent: Session) -> None:
-    """A turn the watchdog marked stalled that speaks again is back in its turn."""
-    row = state.execute("SELECT state FROM sessions WHERE name=? AND generation=?", (agent.name, agent.generation)).fetchone()
-    if row and row["state"] == "stalled":
-        sessions.transition(state, agent.name, agent.generation, "in_turn", actor="turn-runner",
-                            reason="activity resumed", expect={"stalled"})
-
-
-def _describe(outcome: sessions.Outcome) -> str:
-    if isinstance(outcome, sessions.IllegalTransition):
-        return f"it is {outcome.prev}"
-    if isinstance(outcome, sessions.StaleGeneration):
-        return f"a newer generation {outcome.current} exists"
-    return "it no longer exists"
 
 
 def _finish_turn_row(state: sqlite3.Connection, turn_id: str, status: str, stream: TurnParser, error: str | None,

@@ -20,7 +20,9 @@ def fill_worker_done(project: ProjectPaths, conn: sqlite3.Connection, sender: st
         return payload  # the payload check names the problem
     if payload and payload.get("commit") and payload.get("files_modified"):
         return payload
-    row = conn.execute("SELECT branch, base_branch, spec FROM sessions WHERE name = ?", (sender,)).fetchone()
+    from overstory.store.sessions import branch_row
+
+    row = branch_row(conn, sender)
     if row is None or not row["branch"]:
         return payload
     head = git(project.root, "rev-parse", "-q", "--verify", f"refs/heads/{row['branch']}^{{commit}}",

@@ -78,8 +78,7 @@ def budget(agent: str | None, run_ref: str | None, as_json: bool) -> None:
         run = runs.resolve(conn, run_ref)
         found = budgets.get_run(conn, run.id)
         documents.append((f"run {run.id}", found.as_dict() if found else None))
-        names = [r["name"] for r in conn.execute("SELECT name FROM sessions WHERE run_id = ? ORDER BY created_at",
-                                                  (run.id,)).fetchall()]
+        names = sessions.names_in_run(conn, run.id)
     elif agent:
         if sessions.get(conn, agent) is None:
             raise sessions.agent_not_found(conn, agent)

@@ -27,7 +27,7 @@ def _project_root(ctx: click.Context) -> Path | None:
         return None
 
 
-def _query(ctx: click.Context, sql: str, args: t.Sequence[t.Any] = ()) -> list[tuple[t.Any, ...]]:
+def _query(ctx: click.Context, reader: t.Callable[[sqlite3.Connection], list[t.Any]]) -> list[tuple[t.Any, ...]]:
     root = _project_root(ctx)
     if root is None:
         return []
@@ -37,7 +37,7 @@ def _query(ctx: click.Context, sql: str, args: t.Sequence[t.Any] = ()) -> list[t
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
         try:
-            return conn.execute(sql, args).fetchall()
+            return [tuple(row) for row in reader(conn)]
         finally:
             conn.close()
     except sqlite3.Error:  # e.g. a table that a newer ov creates and this database does not have yet
@@ -51,7 +51,9 @@ def _items(rows: list[tuple[t.Any, ...]], incomplete: str) -> list[CompletionIte
 
 def complete_agents(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Agent names, active ones first, each with its state."""
-    rows = _query(ctx, "SELECT name, state FROM sessions ORDER BY state IN ('completed', 'zombie'), name")
+    from overstory.store.sessions import names_and_states
+
+    rows = _query(ctx, names_and_states)
     return _items(rows, incomplete)
 
 
@@ -67,9 +69,13 @@ def complete_capabilities(ctx: click.Context, param: click.Parameter, incomplete
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    return _items(_query(ctx, "SELECT id, status FROM runs ORDER BY started_at DESC"), incomplete)
+    from overstory.store.runs import ids_and_statuses
+
+    return _items(_query(ctx, ids_and_statuses), incomplete)
 
 
 def complete_approvals(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Ids (`apr-...`) of the approval requests still waiting, with whose they are."""
-    return _items(_query(ctx, "SELECT id, agent FROM approvals WHERE status = 'pending' ORDER BY id"), incomplete)
+    from overstory.store.approvals import pending_ids
+
+    return _items(_query(ctx, pending_ids), incomplete)

@@ -50,8 +50,9 @@ def _print_events(events_conn: t.Any, *, agent: str | None, kinds: tuple[str, ..
 
 
 def _newest_id(events_conn: t.Any) -> int:
-    row = events_conn.execute("SELECT max(id) FROM events").fetchone()
-    return int(row[0] or 0)
+    from overstory.store.events import newest_id
+
+    return newest_id(events_conn)
 
 
 def _open_events(project: t.Any) -> t.Any:
@@ -88,14 +89,16 @@ def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: 
 
     project = project_paths()
     events_conn = _open_events(project)
-    known = events_conn.execute("SELECT 1 FROM events WHERE agent = ? LIMIT 1", (agent,)).fetchone() is not None
+    from overstory.store.events import any_from
+
+    known = any_from(events_conn, agent)
     similar: list[str] = []
     if not known and project.state_db.exists():
-        from overstory.store.sessions import similar_names
+        from overstory.store.sessions import exists, similar_names
 
         state = open_state(project.state_db)
         try:
-            known = state.execute("SELECT 1 FROM sessions WHERE name = ?", (agent,)).fetchone() is not None
+            known = exists(state, agent)
             similar = [] if known else similar_names(state, agent)
         finally:
             state.close()

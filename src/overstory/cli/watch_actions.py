@@ -49,16 +49,17 @@ def run_foreground(root: Path, args: t.Sequence[str]) -> Outcome:
 
 def pending_approval(state_db: Path, agent: str) -> str | None:
     """The id of ``agent``'s pending gate in the ``approvals`` table; None when there is none (or no table)."""
+    from overstory.store.approvals import first_pending_of
+
     try:
         conn = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=2)
         try:
-            row = conn.execute("SELECT id FROM approvals WHERE agent = ? AND status = 'pending' ORDER BY id LIMIT 1",
-                               (agent,)).fetchone()
+            found = first_pending_of(conn, agent)
         finally:
             conn.close()
     except sqlite3.Error:
         return None
-    return str(row[0]) if row else None
+    return str(found) if found else None
 
 
 class Runner:

@@ -167,11 +167,9 @@ def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> st
 
     me = caller.agent
     if agent_name is None and branch is not None:
-        row = caller.conn.execute("SELECT name FROM sessions WHERE branch = ? ORDER BY generation DESC",
-                                  (branch,)).fetchone()
-        if row is None:
+        agent_name = sessions.newest_on_branch(caller.conn, branch)
+        if agent_name is None:
             raise NotPermitted(f"{me.name} may merge only agents' branches; {branch} belongs to no agent")
-        agent_name = row["name"]
     assert agent_name is not None
     target = sessions.get(caller.conn, agent_name)
     if target is None:

@@ -186,10 +186,10 @@ def gather(root: Path, config: Config, conn: sqlite3.Connection,
 
 def _ready_at(conn: sqlite3.Connection, agent: sessions.Session) -> int:
     """When the builder finished: its move to completed, else its terminal mail."""
-    row = conn.execute("SELECT max(at) FROM transitions WHERE name = ? AND generation = ? AND to_state = 'completed'",
-                       (agent.name, agent.generation)).fetchone()
-    if row and row[0] is not None:
-        return int(row[0])
-    mail = conn.execute("SELECT min(created_at) FROM mail WHERE sender = ? AND type = 'worker_done' "
-                        "AND created_at >= ?", (agent.name, agent.created_at)).fetchone()
-    return int(mail[0]) if mail and mail[0] is not None else agent.updated_at
+    from overstory.store.mail_queries import first_done_since
+
+    completed = sessions.completed_at(conn, agent.name, agent.generation)
+    if completed is not None:
+        return completed
+    done = first_done_since(conn, agent.name, agent.created_at)
+    return done if done is not None else agent.updated_at

@@ -185,8 +185,8 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
             raise MergeError(f"{agent_name} works at the project root and has no branch to merge")
         branch = agent.branch
     elif branch is not None:
-        rows = conn.execute("SELECT name FROM sessions WHERE branch = ?", (branch,)).fetchall()
-        agent = sessions.get(conn, rows[0]["name"]) if rows else None
+        owners = sessions.names_on_branch(conn, branch)
+        agent = sessions.get(conn, owners[0]) if owners else None
     assert branch is not None
     if not branch_exists(project.root, branch):
         raise MergeError(f"branch {branch} does not exist")

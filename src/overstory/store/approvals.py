@@ -291,3 +291,30 @@ def orphaned(conn: sqlite3.Connection) -> list[dict[str, t.Any]]:
     return [dict(r) for r in conn.execute(
         "SELECT a.* FROM approvals a LEFT JOIN sessions s ON s.name = a.agent WHERE a.status = 'pending' "
         "AND (s.name IS NULL OR s.generation != a.generation OR s.state IN ('completed', 'zombie'))").fetchall()]
+
+
+def latest_by_key(conn: sqlite3.Connection, key: str) -> dict[str, t.Any] | None:
+    """The newest request with that key (e.g. ``spend:NAME:GEN``)."""
+    row = conn.execute("SELECT * FROM approvals WHERE key = ? ORDER BY requested_at DESC, rowid DESC LIMIT 1",
+                       (key,)).fetchone()
+    return dict(row) if row else None
+
+
+def mark_used(conn: sqlite3.Connection, approval_id: str) -> None:
+    """A decided request has been acted on (a rejection parks the agent once, not at every turn)."""
+    conn.execute("UPDATE approvals SET used_at = ? WHERE id = ?", (now_ms(), approval_id))
+
+
+def status_of(conn: sqlite3.Connection, approval_id: str) -> str:
+    return str(conn.execute("SELECT status FROM approvals WHERE id = ?", (approval_id,)).fetchone()[0])
+
+
+def first_pending_of(conn: sqlite3.Connection, agent: str) -> str | None:
+    row = conn.execute("SELECT id FROM approvals WHERE agent = ? AND status = 'pending' ORDER BY id LIMIT 1",
+                       (agent,)).fetchone()
+    return row[0] if row is not None else None
+
+
+def pending_ids(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(id, agent) of every request still waiting (shell completion)."""
+    return conn.execute("SELECT id, agent FROM approvals WHERE status = 'pending' ORDER BY id").fetchall()

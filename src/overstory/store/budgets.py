@@ -343,3 +343,10 @@ def raise_limits(conn: sqlite3.Connection, scope: str, name: str, generation: in
         fresh = conn.execute("SELECT * FROM budgets WHERE scope = ? AND name = ? AND generation = ?",
                              (scope, name, generation)).fetchone()
     return Budget.from_row(fresh)
+
+
+def live_usd_total(conn: sqlite3.Connection) -> float:
+    """The live spend estimate of every running turn of a current agent generation."""
+    return float(conn.execute("SELECT coalesce(sum(b.live_usd), 0) FROM budgets b JOIN sessions s ON s.name = b.name "
+                              "AND s.generation = b.generation WHERE b.scope = 'agent' AND b.live_usd > 0"
+                              ).fetchone()[0])

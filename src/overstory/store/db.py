@@ -80,6 +80,25 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
+def integrity(conn: sqlite3.Connection) -> tuple[str, int]:
+    """(SQLite's quick_check verdict, "ok" when sound; the schema version)."""
+    verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+    return verdict, schema_version(conn)
+
+
+def events_write_refused(conn: sqlite3.Connection) -> str | None:
+    """Why a write to this events database fails (tried and rolled back; root ignores permission bits), or None."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM events WHERE 0")
+        finally:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        return str(exc)
+    return None
+
+
 def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration], *, label: str = "database") -> int:
     """Apply the migrations past ``PRAGMA user_version``, each in its own transaction.
 

@@ -74,3 +74,28 @@ def query(conn: sqlite3.Connection, *, agent: str | None = None, kinds: t.Collec
     ).fetchall()
     found = [Event.from_row(r) for r in rows]
     return found[::-1] if newest else found
+
+
+def newest_id(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT max(id) FROM events").fetchone()
+    return int(row[0] or 0)
+
+
+def any_from(conn: sqlite3.Connection, agent: str) -> bool:
+    return conn.execute("SELECT 1 FROM events WHERE agent = ? LIMIT 1", (agent,)).fetchone() is not None
+
+
+def last_words(conn: sqlite3.Connection, turn_id: str) -> list[sqlite3.Row]:
+    """(kind, data) of a turn's newest five text and result events, newest first."""
+    return conn.execute("SELECT kind, data FROM events WHERE turn_id = ? AND kind IN "
+                        "('assistant_text', 'turn_result') ORDER BY id DESC LIMIT 5", (turn_id,)).fetchall()
+
+
+def newest(conn: sqlite3.Connection, limit: int, kinds: t.Sequence[str] | None = None) -> list[sqlite3.Row]:
+    """(id, at, agent, kind, tool, summary) of the newest ``limit`` events (of ``kinds``), newest first."""
+    if kinds:
+        return conn.execute(
+            f"SELECT id, at, agent, kind, tool, summary FROM events WHERE kind IN ({','.join('?' * len(kinds))}) "
+            "ORDER BY id DESC LIMIT ?", (*kinds, limit)).fetchall()
+    return conn.execute("SELECT id, at, agent, kind, tool, summary FROM events ORDER BY id DESC LIMIT ?",
+                        (limit,)).fetchall()

@@ -248,3 +248,13 @@ def turn_summaries(conn: sqlite3.Connection, turn_ids: t.Sequence[str]) -> dict[
             entry["by_class"][r["class"]] = entry["by_class"].get(r["class"], 0) + r["n"]
             entry["flagged"] += r["n"] if r["flagged"] else 0
     return summary
+
+
+def uncertain_side_effects(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+    """Side effects that started in ended turns of active agents, with no result and no replay recorded."""
+    return conn.execute(
+        "SELECT c.id, c.agent, c.tool, c.class, c.turn_id FROM tool_calls c JOIN turns tr ON tr.id = c.turn_id "
+        "WHERE c.status = 'started' AND c.class = 'side_effect' AND tr.ended_at IS NOT NULL "
+        "AND NOT EXISTS (SELECT 1 FROM tool_calls r WHERE r.replay_of = c.id) "
+        "AND EXISTS (SELECT 1 FROM sessions s WHERE s.name = c.agent AND s.state NOT IN ('completed', 'zombie')) "
+        "ORDER BY c.id").fetchall()

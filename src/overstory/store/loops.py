@@ -215,3 +215,7 @@ def checkpoints(conn: sqlite3.Connection, name: str, generation: int) -> list[di
     rows = conn.execute("SELECT * FROM loop_checkpoints WHERE name = ? AND generation = ? ORDER BY seq",
                         (name, generation)).fetchall()
     return [dict(row) for row in rows]
+
+
+def names(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT DISTINCT name FROM loops ORDER BY name")]

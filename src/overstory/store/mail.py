@@ -417,6 +417,13 @@ def unread(conn: sqlite3.Connection, agent: str, *, peek: bool = False) -> list[
     return _sorted_for_delivery(rows)
 
 
+def mark_read_from(conn: sqlite3.Connection, recipient: str, sender_prefix: str) -> int:
+    """Mark read ``recipient``'s unread mail from senders whose names start with ``sender_prefix``; how many."""
+    pattern = sender_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    return conn.execute("UPDATE mail SET read_at = ? WHERE recipient = ? AND read_at IS NULL AND sender LIKE ? "
+                        "ESCAPE '\\'", (now_ms(), recipient, pattern)).rowcount
+
+
 def pending_count(conn: sqlite3.Connection, agent: str) -> int:
     """Mail waiting for ``agent``'s next turn (unread and not claimed by a turn)."""
     row = conn.execute(

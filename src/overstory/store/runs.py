@@ -397,3 +397,13 @@ def summaries(conn: sqlite3.Connection, run_id: str) -> list[dict[str, t.Any]]:
                         "WHERE substr(dedup_key, 1, ?) = ? ORDER BY id", (len(prefix), prefix)).fetchall()
     return [{"id": r["id"], "to": r["recipient"], "subject": r["subject"], "created_at": iso(r["created_at"]),
              "payload": json.loads(r["payload"]) if r["payload"] else None} for r in rows]
+
+
+def ids_and_statuses(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(id, status) of every run, newest first (shell completion)."""
+    return conn.execute("SELECT id, status FROM runs ORDER BY started_at DESC").fetchall()
+
+
+def ended(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+    """(id, status) of the runs no longer open."""
+    return conn.execute("SELECT id, status FROM runs WHERE status != 'open'").fetchall()

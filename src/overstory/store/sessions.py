@@ -350,3 +350,153 @@ def history(conn: sqlite3.Connection, name: str) -> list[dict[str, t.Any]]:
 def transition_table() -> list[tuple[str, list[str]]]:
     """(to, sorted predecessors) rows for `ov doctor` and the README."""
     return [(to, sorted(ALLOWED_FROM[to])) for to in STATES]
+
+
+# ---- small reads and counters other layers ask for (the SQL stays in store/) ----------------
+
+
+def exists(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sessions WHERE name = ?", (name,)).fetchone() is not None
+
+
+def parent_of(conn: sqlite3.Connection, name: str) -> str | None:
+    """``name``'s parent; None when there is no such agent (or it has none)."""
+    row = conn.execute("SELECT parent FROM sessions WHERE name = ?", (name,)).fetchone()
+    return row[0] if row is not None else None
+
+
+def mode_of(conn: sqlite3.Connection, name: str) -> str | None:
+    row = conn.execute("SELECT mode FROM sessions WHERE name = ?", (name,)).fetchone()
+    return row[0] if row is not None else None
+
+
+def state_of(conn: sqlite3.Connection, name: str, generation: int) -> str | None:
+    """The state of that generation of ``name``; None when the row is gone or newer."""
+    row = conn.execute("SELECT state FROM sessions WHERE name = ? AND generation = ?", (name, generation)).fetchone()
+    return row[0] if row is not None else None
+
+
+def live_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+    """(state, state_reason, generation) of ``name``: what a running turn checks between its steps."""
+    return conn.execute("SELECT state, state_reason, generation FROM sessions WHERE name = ?", (name,)).fetchone()
+
+
+def fence_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+    """(generation, loop_pid) of ``name``: what tells a reader that the agent was replaced under it."""
+    return conn.execute("SELECT generation, loop_pid FROM sessions WHERE name = ?", (name,)).fetchone()
+
+
+def usage_row(conn: sqlite3.Connection, name: str, generation: int) -> sqlite3.Row | None:
+    """(cost_usd, input_tokens, output_tokens) of that generation of ``name``."""
+    return conn.execute("SELECT cost_usd, input_tokens, output_tokens FROM sessions WHERE name = ? AND generation = ?",
+                        (name, generation)).fetchone()
+
+
+def branch_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+    """(branch, base_branch, spec) of ``name``."""
+    return conn.execute("SELECT branch, base_branch, spec FROM sessions WHERE name = ?", (name,)).fetchone()
+
+
+def count_active(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM sessions WHERE state NOT IN ('completed','zombie')").fetchone()[0])
+
+
+def count_active_children(conn: sqlite3.Connection, parent: str) -> int:
+    return int(conn.execute("SELECT count(*) FROM sessions WHERE parent = ? AND state NOT IN ('completed', 'zombie')",
+                            (parent,)).fetchone()[0])
+
+
+def has_active_children(conn: sqlite3.Connection, parent: str) -> bool:
+    return conn.execute("SELECT 1 FROM sessions WHERE parent = ? AND state NOT IN ('completed', 'zombie') LIMIT 1",
+                        (parent,)).fetchone() is not None
+
+
+def active_names(conn: sqlite3.Connection) -> list[str]:
+    ended = tuple(TERMINAL_STATES)
+    return [r[0] for r in conn.execute(
+        f"SELECT name FROM sessions WHERE state NOT IN ({','.join('?' * len(ended))}) ORDER BY name", ended)]
+
+
+def names_and_states(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(name, state) of every agent, active ones first (shell completion)."""
+    return conn.execute("SELECT name, state FROM sessions ORDER BY state IN ('completed', 'zombie'), name").fetchall()
+
+
+def names_in_run(conn: sqlite3.Connection, run_id: str, *, by_depth: bool = False) -> list[str]:
+    """The run's agents, oldest first (``by_depth``: parents before their children)."""
+    order = "depth, created_at, name" if by_depth else "created_at"
+    return [r[0] for r in conn.execute(f"SELECT name FROM sessions WHERE run_id = ? ORDER BY {order}",
+                                       (run_id,)).fetchall()]
+
+
+def budget_parked_in_run(conn: sqlite3.Connection, run_id: str) -> list[str]:
+    """The run's agents parked on a budget, parents first."""
+    return [r[0] for r in conn.execute("SELECT name FROM sessions WHERE run_id = ? AND state = 'parked' "
+                                       "AND park_kind = 'budget' ORDER BY depth, created_at", (run_id,)).fetchall()]
+
+
+def auth_parked(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+    """(name, runtime, state_reason) of the agents parked because their runtime could not log in."""
+    return conn.execute("SELECT name, runtime, state_reason FROM sessions WHERE state = 'parked' "
+                        "AND park_kind = 'auth' ORDER BY name").fetchall()
+
+
+def names_on_branch(conn: sqlite3.Connection, branch: str) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT name FROM sessions WHERE branch = ?", (branch,)).fetchall()]
+
+
+def newest_on_branch(conn: sqlite3.Connection, branch: str) -> str | None:
+    row = conn.execute("SELECT name FROM sessions WHERE branch = ? ORDER BY generation DESC", (branch,)).fetchone()
+    return row[0] if row is not None else None
+
+
+def owned_tmux_sessions(conn: sqlite3.Connection) -> set[str]:
+    """The tmux sessions that active tmux agents own."""
+    return {row[0] for row in conn.execute(
+        "SELECT tmux_session FROM sessions WHERE mode = 'tmux' AND tmux_session IS NOT NULL "
+        "AND state NOT IN ('completed', 'zombie')").fetchall()}
+
+
+def coordinator_name(conn: sqlite3.Connection, *, active: bool) -> str | None:
+    """The newest active coordinator's name (``active``), else the one touched last, active or not."""
+    if active:
+        marks = ",".join("?" * len(TERMINAL_STATES))
+        row = conn.execute(f"SELECT name FROM sessions WHERE capability = 'coordinator' AND state NOT IN ({marks}) "
+                           "ORDER BY created_at DESC LIMIT 1", tuple(TERMINAL_STATES)).fetchone()
+    else:
+        row = conn.execute("SELECT name FROM sessions WHERE capability = 'coordinator' "
+                           "ORDER BY updated_at DESC LIMIT 1").fetchone()
+    return row[0] if row is not None else None
+
+
+def fork_names_taken(conn: sqlite3.Connection, source: str) -> set[str]:
+    """Names ever used by forks of ``source`` (``SOURCE-forkN``)."""
+    return {r[0] for r in conn.execute("SELECT name FROM generations WHERE name LIKE ?", (f"{source}-fork%",))}
+
+
+def count_nudge(conn: sqlite3.Connection, name: str, generation: int, seen: int) -> bool:
+    """One more nudge for an idle agent, if nobody counted one since it read ``seen``; whether it counted."""
+    return bool(conn.execute("UPDATE sessions SET nudges = nudges + 1 WHERE name = ? AND generation = ? "
+                             "AND nudges = ? AND state = 'between_turns'", (name, generation, seen)).rowcount)
+
+
+def recent_transitions(conn: sqlite3.Connection, name: str, generation: int, limit: int) -> list[sqlite3.Row]:
+    """That generation's newest ``limit`` state changes, newest first."""
+    return conn.execute("SELECT from_state, to_state, actor, reason, at FROM transitions WHERE name = ? "
+                        "AND generation = ? ORDER BY id DESC LIMIT ?", (name, generation, limit)).fetchall()
+
+
+def completed_at(conn: sqlite3.Connection, name: str, generation: int) -> int | None:
+    """When that generation moved to completed, if it did."""
+    row = conn.execute("SELECT max(at) FROM transitions WHERE name = ? AND generation = ? AND to_state = 'completed'",
+                       (name, generation)).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def parkings_after(conn: sqlite3.Connection, after_id: int) -> tuple[list[sqlite3.Row], int]:
+    """Moves to parked after transition ``after_id`` (with the agent's current row), and the newest transition id."""
+    rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, s.park_kind, s.state, s.generation AS g "
+                        "FROM transitions t LEFT JOIN sessions s ON s.name = t.name "
+                        "WHERE t.id > ? AND t.to_state = 'parked' ORDER BY t.id", (after_id,)).fetchall()
+    top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0]
+    return rows, int(top)

@@ -88,3 +88,41 @@ def recent(conn: sqlite3.Connection, agent: str, *, limit: int = 20) -> list[dic
     rows = conn.execute("SELECT * FROM turns WHERE agent = ? ORDER BY started_at DESC, id DESC LIMIT ?",
                         (agent, limit)).fetchall()
     return [dict(r) for r in rows]
+
+
+def running_ids(conn: sqlite3.Connection) -> set[str]:
+    """Turns not ended yet, of any agent."""
+    return {row[0] for row in conn.execute("SELECT id FROM turns WHERE ended_at IS NULL")}
+
+
+def running_ids_of(conn: sqlite3.Connection, agent: str, generation: int) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT id FROM turns WHERE agent = ? AND generation = ? AND ended_at IS NULL",
+                                       (agent, generation)).fetchall()]
+
+
+def last_inserted(conn: sqlite3.Connection, agent: str, generation: int) -> sqlite3.Row | None:
+    """(id, status, started_at) of the turn of that generation written last."""
+    return conn.execute("SELECT id, status, started_at FROM turns WHERE agent = ? AND generation = ? "
+                        "ORDER BY rowid DESC LIMIT 1", (agent, generation)).fetchone()
+
+
+def last_started(conn: sqlite3.Connection, agent: str, generation: int) -> sqlite3.Row | None:
+    """(status, started_at, ended_at) of the turn of that generation that started last."""
+    return conn.execute("SELECT status, started_at, ended_at FROM turns WHERE agent = ? AND generation = ? "
+                        "ORDER BY started_at DESC LIMIT 1", (agent, generation)).fetchone()
+
+
+def outcome(conn: sqlite3.Connection, turn_id: str) -> sqlite3.Row | None:
+    """(status, session_id, cost_usd) of one turn."""
+    return conn.execute("SELECT status, session_id, cost_usd FROM turns WHERE id = ?", (turn_id,)).fetchone()
+
+
+def finished_with_owner(conn: sqlite3.Connection, since_ms: int | None) -> list[sqlite3.Row]:
+    """Ended turns started since ``since_ms``, oldest first, with their capability and run (for `ov costs`)."""
+    return conn.execute(
+        "SELECT t.agent, t.input_tokens, t.output_tokens, t.cost_usd, t.tool_calls, t.model, t.cache_read_tokens, "
+        "t.cache_write_tokens, t.cost_estimated, t.usage_by_model, "
+        "COALESCE(t.capability, s.capability) AS capability, COALESCE(t.run_id, s.run_id) AS run_id "
+        "FROM turns t LEFT JOIN sessions s ON s.name = t.agent AND s.generation = t.generation "
+        "WHERE t.ended_at IS NOT NULL AND t.started_at >= ? ORDER BY t.started_at",
+        (since_ms or 0,)).fetchall()

@@ -92,8 +92,7 @@ class EventHub:
         return self._conn
 
     def _newest(self) -> int:
-        row = self._connection().execute("SELECT max(id) FROM events").fetchone()
-        return int(row[0] or 0)
+        return event_store.newest_id(self._connection())
 
     def _read(self, after: int) -> list[Item]:
         return [frame_of(e) for e in event_store.query(self._connection(), after_id=after, limit=PAGE)]
