@@ -36,12 +36,17 @@ def access_for(capability: str) -> str:
     return READ_WRITE if check_capability(capability) in WRITERS else READ_ONLY
 
 
-def render_file_scope(files: t.Iterable[str]) -> str:
-    """A markdown list of the paths an agent should keep to, or ``NO_FILE_SCOPE``."""
+def render_file_scope(files: t.Iterable[str], *, enforced: bool = False) -> str:
+    """A markdown list of the paths an agent should keep to, or ``NO_FILE_SCOPE``. ``enforced``: it is
+    a writer's write scope, which the guard and `ov merge` hold it to."""
     paths = [str(path) for path in files if str(path).strip()]
     if not paths:
         return NO_FILE_SCOPE
     listed = "\n".join(f"- `{path}`" for path in paths)
+    if enforced:
+        return (f"{listed}\n\nThis is your write scope (`**` is any depth): ov refuses your writes to other files "
+                "of the worktree, and `ov merge` refuses a branch that changes them. Reading is free. If another "
+                "file must change, ask your parent first.")
     return f"{listed}\n\nKeep your work to these paths. Ask your parent before touching anything else."
 
 

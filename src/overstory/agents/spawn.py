@@ -89,6 +89,7 @@ class SlingResult:
     tmux_session: str | None = None
     budget: dict[str, t.Any] = field(default_factory=dict)
     budget_notes: list[str] = field(default_factory=list)
+    scope_overlaps: list[str] = field(default_factory=list)  # other active builders' write scopes it overlaps
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
@@ -160,6 +161,9 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     if capability not in CAPABILITIES:
         raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
     task_id = validate_name(request.task_id, "task id")
+    from overstory.agents import scopes
+
+    files = scopes.checked_files(request.files)  # a bad pattern is a usage error before anything else
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
     spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
     runtime = request.runtime or config.runtime_for(capability)
@@ -213,6 +217,12 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
 
     _require_events_db(project, name)
     run_id = _open_run_id(conn)
+    write_scope = scopes.write_scope_of(capability, files)
+    scope_overlaps = scopes.overlaps_with(sessions.list_sessions(conn, include_terminal=False), run_id, name,
+                                          write_scope)
+    if scope_overlaps and config.agents.exclusive_scopes:
+        raise SpawnError(f"{'; '.join(scope_overlaps)}, and agents.exclusive_scopes is on: give {name} other "
+                         "--files, or wait for the other builder to finish; nothing was created")
     from overstory.agents.budgeting import agent_limits
     from overstory.agents.turns import provider_of
 
@@ -230,7 +240,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
                                       branch=branch or base_branch or "", base_branch=base_branch or "",
                                       worktree=worktree or project.root, parent=parent, prompt=prompt or "",
-                                      files=request.files)
+                                      files=files)
     spawn_journal.begin(conn, intent)
     intent["started_at"] = (intents.get_spawn(conn, name) or {}).get("started_at", 0)
     spawn_journal.kill_point("intent", environ)
@@ -248,7 +258,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             spawn_journal.kill_point("worktree", environ)
             home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                       worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
-                                      prompt=prompt or "", files=request.files, ov_command=ov_command, tmux_mode=tmux,
+                                      prompt=prompt or "", files=files, ov_command=ov_command, tmux_mode=tmux,
                                       model=model)
             if home_files is None:  # ov's files go to the run dir (below); the worktree gets a copy for humans
                 _fault("instructions", environ)
@@ -258,7 +268,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         else:
             home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                       worktree=None, branch=base_branch or "", base_branch=base_branch or "",
-                                      parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
+                                      parent=parent, prompt=prompt or "", files=files, ov_command=ov_command,
                                       tmux_mode=tmux, model=model)
         spawn_journal.step(conn, intent, "rundir")
         if run_dir.exists():
@@ -289,7 +299,8 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             write_agent_snapshot(project.config_file, project.local_config_file, launch_env, run_dir)
         _fault("session", environ)
         spawn_journal.step(conn, intent, "session")
-        spec = {"prompt": prompt, "files": list(request.files), "ov_bin_dir": ov_bin_dir,
+        spec = {"prompt": prompt, "files": files, "ov_bin_dir": ov_bin_dir,
+                **({"write_scope": write_scope} if write_scope else {}),
                 "scenario": str(scenario_path) if scenario_path else None, "base_commit": base_commit,
                 "idempotency_key": key, **({"loop": request.loop} if request.loop else {}),
                 **({"approve": list(request.approve)} if request.approve else {})}
@@ -315,7 +326,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                 subject=f"task {task_id}",
                 body=prompt or f"Work on task {task_id} as described in your instructions.",
                 payload={"task_id": task_id, "capability": capability, "base_branch": base_branch,
-                         "file_scope": list(request.files)},
+                         "file_scope": files},
             )
             spawn_journal.step(conn, intent, "dispatch", generation=generation, dispatch_id=dispatch_id)
         spawn_journal.kill_point("dispatch", environ)
@@ -356,7 +367,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                        worktree=str(worktree) if worktree else None, parent=parent, depth=depth, runtime=runtime,
                        loop_pid=loop_pid, run_id=run_id, dispatch_mail_id=dispatch_id,
                        mode="tmux" if tmux else "headless", tmux_session=_tmux_session_name(name) if tmux else None,
-                       budget=limits, budget_notes=budget_notes)
+                       budget=limits, budget_notes=budget_notes, scope_overlaps=scope_overlaps)
 
 
 def _spawn_failure(name: str, exc: Exception, problems: list[str]) -> OrchestratorError:
@@ -509,7 +520,7 @@ def _open_run_id(conn: sqlite3.Connection) -> str | None:
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
                        base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
-    from overstory.agents.overlay import render_instructions
+    from overstory.agents.overlay import render_file_scope, render_instructions
     from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
     agents_dir = project.agents_dir if project.agents_dir.is_dir() and any(project.agents_dir.iterdir()) else shipped_agents_dir()
@@ -517,7 +528,7 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
     context = {
         "agent_name": name, "capability": capability, "task_id": task_id, "branch": branch,
         "base_branch": base_branch, "worktree": str(worktree), "parent": parent, "prompt": prompt,
-        "file_scope": "\n".join(f"- {f}" for f in files) if files else "no file scope given",
+        "file_scope": render_file_scope(files, enforced=capability in WRITER_CAPABILITIES),
         "access": "read-write inside your worktree" if capability in WRITER_CAPABILITIES else "read-only",
     }
     return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
