@@ -175,10 +175,13 @@ def waiting_text(waiting: list[dict[str, t.Any]]) -> list[str]:
 
 def scope_overlaps(agents: list[Session]) -> list[dict[str, t.Any]]:
     """Active builders of one run whose write scopes (`ov sling --files`) may name one file."""
+    scoped = [(a.run_id, a.name, a.spec["write_scope"]) for a in agents
+              if a.state not in TERMINAL_STATES and a.spec.get("write_scope")]
+    if len(scoped) < 2:
+        return []  # nothing to compare, and `re` stays unloaded (a hot command)
     from overstory.guards.scope import overlapping_pairs
 
-    return overlapping_pairs([(a.run_id, a.name, a.spec.get("write_scope") or ()) for a in agents
-                              if a.state not in TERMINAL_STATES and a.spec.get("write_scope")])
+    return overlapping_pairs(scoped)
 
 
 def collect_empty(now: int | None = None) -> dict[str, t.Any]:
