@@ -111,6 +111,7 @@ def test_a_leads_worker_done_is_refused_while_a_builder_works_or_is_unmerged(pro
     go = shared / "go"  # the builder waits for it: the lead reports while it is provably still working
     builder = write_scenario(shared / "builder.json", [{"actions": [
         {"bash": f"for i in $(seq 1200); do test -e {go} && break; sleep 0.05; done"},
+        {"write": {"path": "src/b.py", "content": "B = 2\n"}},  # its lead gave it src/a.py only
         {"write": {"path": "src/a.py", "content": "A = 2\n"}},
         {"bash": "git add src/a.py && git commit -qm 'a: 2'"}, DONE]}])
     lead = write_scenario(tmp_path / "lead.json", [
@@ -130,13 +131,16 @@ def test_a_leads_worker_done_is_refused_while_a_builder_works_or_is_unmerged(pro
     first = wait_for(lambda: lead_reports(), 60, message="the lead's first report")[0]
     assert first["status"] == "failed", first
     assert "worker_done refused: 1 of your builders is not done: builder-b is still working" in first["receipt"]
-    assert agent_state(project, "builder-b").state in ("booting", "in_turn")
+    builder_b = agent_state(project, "builder-b")
+    assert builder_b.state in ("booting", "in_turn") and builder_b.spec["write_scope"] == ["src/a.py"]
     go.write_text("go")
 
     second = wait_for(lambda: (r := lead_reports()) and len(r) >= 2 and r[1], 90, message="the lead's second report")
     assert second["status"] == "failed"
     assert "builder-b has 1 commit on ov/builder-b not merged into main" in second["receipt"]
     assert [m for m in mail_rows(project, type="worker_done") if m["sender"] == "lead-l"] == []
+    writes = [(c["tool"], c["status"]) for c in _calls(project, "builder-b") if c["tool"] == "Write"]
+    assert writes == [("Write", "denied"), ("Write", "succeeded")]  # the lead's --files hold its builder too
 
     merged = run_ov("merge", "builder-b", cwd=project.root)  # its `merged` mail wakes the lead
     assert merged.returncode == 0, merged.stdout + merged.stderr

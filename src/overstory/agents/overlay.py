@@ -83,7 +83,8 @@ def report_instructions(capability: str, context: t.Mapping[str, str]) -> str:
                 """         --payload '{"agent": "<builder name>", "branch": "ov/<builder name>", """
                 """"task_id": "<its task id>", "files_modified": ["<each file the branch changes>"]}'\n\n"""
                 "Always name the builder in the payload: left out, `agent`, `branch` and `task_id` are yours.\n\n"
-                f"When your whole stream (`{task}`) is merged or handed up, report to `{parent}` and end your turn:\n\n"
+                f"When your whole stream (`{task}`) is merged (ov refuses your report while a builder of yours is "
+                f"working or unmerged), report to `{parent}` and end your turn:\n\n"
                 f'       {done} --subject "{task}: <one line>" \\\n'
                 f'         --body "<what was built, by whom, what is merged, what is still open>"\n\n'
                 f"Send your own `worker_done` once, at the very end.\n\n{ask}")

@@ -209,15 +209,14 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     unmerged = unmerged_commits(project.root, branch, target)
     if not unmerged:
         return _nothing_new(project, conn, agent, report, queue_id, sender)
-    strays = [] if allow_out_of_scope else scope_check.outside_scope(project.root, agent, f"refs/heads/{branch}",
-                                                                        target)
+    source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()  # checked and merged: one commit
+    strays = [] if allow_out_of_scope else scope_check.outside_scope(project.root, agent, source_sha, target)
     if strays:
         assert agent is not None
-        return _out_of_scope(project, conn, agent, report, label, strays, unmerged, sender)
+        return _out_of_scope(project, conn, agent, report, label, strays, unmerged, source_sha, sender)
     if dry_run:
         return _predict(project, config, report, levels, unmerged, label, sequence)
     resolver = _resolver(config, levels)
-    source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()
     target_sha = git(project.root, "rev-parse", f"refs/heads/{target}").stdout.strip()
     intent_id = merge_intents.begin(conn, agent=agent, branch=branch, target=target, source_commit=source_sha,
                                     target_before=target_sha, queue_id=queue_id)
@@ -255,7 +254,7 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
 
 
 def _out_of_scope(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session, report: MergeReport,
-                  label: str, strays: list[str], unmerged: list[str], sender: str | None) -> MergeReport:
+                  label: str, strays: list[str], unmerged: list[str], source: str, sender: str | None) -> MergeReport:
     """Refused (or, in a dry run, predicted refused): the branch changes files outside the agent's write scope."""
     report.reason = scope_check.refusal(agent, strays)
     report.next_step = scope_check.next_step(label)
@@ -263,7 +262,6 @@ def _out_of_scope(project: ProjectPaths, conn: sqlite3.Connection, agent: sessio
     if report.dry_run:
         report.reason = f"would NOT merge: {report.reason}"
         return report
-    source = git(project.root, "rev-parse", f"refs/heads/{report.branch}").stdout.strip()
     target_before = git(project.root, "rev-parse", f"refs/heads/{report.target}").stdout.strip()
     announce(conn, project.root, agent, merged=False, branch=report.branch, target=report.target,
              source_commit=source, reason=report.reason, target_before=target_before, next_step=report.next_step,
