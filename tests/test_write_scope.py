@@ -30,6 +30,10 @@ def test_patterns_match_files_directories_and_globs() -> None:
     assert scope.matches(["**/*.md"], "README.md") and scope.matches(["**/*.md"], "a/b/c.md")
     assert scope.matches(["x/[!a].py"], "x/b.py") and not scope.matches(["x/[!a].py"], "x/a.py")
     assert scope.matches([], "anything/at/all")  # no scope: the whole worktree
+    # Directories on the way to the scope (a new one may be made), and not beyond or beside it.
+    assert scope.leads_to(["src/calc.py"], "src") and not scope.leads_to(["src/calc.py"], "src/calc")
+    assert scope.leads_to(["src/**/x.py"], "src/deep/er") and not scope.leads_to(["src/**/x.py"], "lib")
+    assert not scope.leads_to(["docs/*.md"], "src")
 
 
 @pytest.mark.parametrize(("value", "says"), [

@@ -148,13 +148,13 @@ def leads_to(patterns: Sequence[str], relative: str) -> bool:
     relative = relative.strip("/")
     if not relative:
         return True
+    mine = relative.split("/")
     for pattern in patterns:
         parts = pattern.split("/")
-        mine = relative.split("/")
         for index, name in enumerate(mine):
-            if index >= len(parts) - 1 or parts[index] == "**":
-                break
-            if not _part_meets(parts[index], name):
+            if index < len(parts) - 1 and parts[index] == "**":
+                return True  # any directory under a ** may hold what the rest names
+            if index >= len(parts) - 1 or not _part_meets(parts[index], name):
                 break
         else:
             return True
