@@ -252,7 +252,9 @@ def _team(project: ProjectPaths, conn: t.Any, tmp_path: Path) -> dict[str, str]:
     busy_file.write_text(json.dumps(busy))
     lead = {"turns": [
         {"actions": [{"bash": f"ov sling builder busy --runtime scripted --scenario {busy_file}"}], "result": "waiting"},
-        {"actions": [{"expect_in_prompt": "done builder-busy"}, {"bash": REPORT}], "result": "done"},
+        # Refused while builder-busy's commit is not merged (a lead reports last); its `merged` mail wakes it.
+        {"actions": [{"expect_in_prompt": "done builder-busy"}, {"bash": REPORT}], "result": "waiting for the merge"},
+        {"actions": [{"bash": REPORT}], "result": "done"},
     ]}
     idle = {"turns": [
         {"actions": [{"bash": "ov mail send --to operator --type question --subject 'which way?' --body '?'"}],
@@ -308,6 +310,9 @@ def _finish(project: ProjectPaths, conn: t.Any, team: dict[str, str]) -> None:
     # The operator un-parks it (what `ov resume AGENT` does once budgets land).
     assert sessions.transition(conn, parked.name, parked.generation, "between_turns", actor="operator",
                                reason="approved").ok
+    wait_for(lambda: row(conn, team["busy"]).state == "completed", 120, "builder-busy to finish")
+    merged = run_ov("merge", team["busy"], cwd=project.root, timeout=120)  # the lead reports once it is merged
+    assert merged.returncode == 0, merged.stdout + merged.stderr
     wait_for(lambda: all(a.is_terminal for a in sessions.list_sessions(conn)), 180, "every agent to finish")
 
 

@@ -38,6 +38,9 @@ def _lead_scenario(path: Path, child_command: str) -> Path:
         {"actions": [{"bash": relay}], "result": "slung"},
         {"actions": [{"bash": 'ov mail send --type worker_done --subject "lead done" --body "child reported"'}],
          "result": "done"},
+        # A child with commits: refused until they are merged (a lead reports last); the `merged` mail wakes it.
+        {"actions": [{"bash": 'ov mail send --type worker_done --subject "lead done" --body "child merged"'}],
+         "result": "done"},
     ]}))
     return path
 
@@ -55,6 +58,7 @@ def test_a_lead_slings_a_scripted_child_with_a_yaml_scenario(team: ProjectPaths)
     assert wait_terminal(team, "builder-c1").state == "completed"
     assert [m["subject"] for m in mail_rows(team, sender="builder-c1")] == ["child done"]
     assert run_git(team.root, "log", "--format=%s", "-1", "ov/builder-c1").strip() == "yaml plan"
+    assert run_ov("merge", "builder-c1", cwd=team.root).returncode == 0
     assert wait_terminal(team, "lead-l1").state == "completed"
     assert (team.run_dir / "builder-c1" / "scenario.yaml").read_text() == CHILD_PLAN  # kept as written
 

@@ -57,7 +57,7 @@ def test_failure_at_any_step_leaves_nothing_and_retry_works(project, step):
 
 
 def test_successful_sling_creates_everything(project):
-    result = _sling(project, prompt="do the thing", files=["src/a.py"])
+    result = _sling(project, prompt="do the thing", files=["src/a.py", "work/*.md"])  # the scripted default writes work/
     assert result.branch == "ov/builder-t1" and result.parent == "operator" and result.depth == 0
     worktree = project.worktree("builder-t1")
     instructions = (worktree / ".claude" / "CLAUDE.md").read_text()

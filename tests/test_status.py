@@ -53,7 +53,7 @@ def test_json_document_has_the_documented_shape(project: ProjectPaths, state_db:
     mail.claim(state_db, "busy", "turn-1")  # claimed mail is not pending
 
     document = json.loads(_invoke(project, "--json"))
-    assert set(document) == {"generated_at", "agents", "mail", "runs", "waiting", "totals"}
+    assert set(document) == {"generated_at", "agents", "mail", "runs", "waiting", "scope_overlaps", "totals"}
     assert document["waiting"] == [], "no approval gates"
     by_name = {a["name"]: a for a in document["agents"]}
     assert sorted(by_name) == ["busy", "dead", "waiting"], "completed hidden, zombie shown"

@@ -130,6 +130,7 @@ class AgentsSection(_Section):
     max_depth: int = Field(2, ge=0)
     max_children_per_lead: int = Field(5, ge=1)
     max_concurrent_agents: int = Field(20, ge=1)
+    exclusive_scopes: bool = False  # refuse (not only warn about) a builder whose --files overlap another's
 
 
 class MergeSection(_Section):

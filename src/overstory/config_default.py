@@ -66,6 +66,8 @@ agents:
   max_children_per_lead: 5
   # Non-terminal agents allowed in the project at once.
   max_concurrent_agents: 20
+  # `ov sling --files` of two active builders of one run that may name one file: false warns, true refuses.
+  exclusive_scopes: false
 
 merge:
   # Highest resolution tier `ov merge` tries: 1 plain merge, 2 mechanical, 3 model-assisted.

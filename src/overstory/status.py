@@ -128,6 +128,7 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
         "mail": {"pending": sum(pending.values()), "by_agent": dict(sorted(pending.items()))},
         "runs": runs_shown,
         "waiting": waiting,
+        "scope_overlaps": scope_overlaps(every),
         "totals": {
             "agents": len(every),
             "active": sum(1 for a in every if a.state not in TERMINAL_STATES),
@@ -164,10 +165,21 @@ def waiting_text(waiting: list[dict[str, t.Any]]) -> list[str]:
     return lines
 
 
+def scope_overlaps(agents: list[Session]) -> list[dict[str, t.Any]]:
+    """Active builders of one run whose write scopes (`ov sling --files`) may name one file."""
+    scoped = [(a.run_id, a.name, a.spec["write_scope"]) for a in agents
+              if a.state not in TERMINAL_STATES and a.spec.get("write_scope")]
+    if len(scoped) < 2:
+        return []  # nothing to compare, and `re` stays unloaded (a hot command)
+    from overstory.guards.scope import overlapping_pairs
+
+    return overlapping_pairs(scoped)
+
+
 def collect_empty(now: int | None = None) -> dict[str, t.Any]:
     """The status document of a project whose state database does not exist yet."""
     return {"generated_at": iso(now_ms() if now is None else now), "agents": [],
-            "mail": {"pending": 0, "by_agent": {}}, "runs": [], "waiting": [],
+            "mail": {"pending": 0, "by_agent": {}}, "runs": [], "waiting": [], "scope_overlaps": [],
             "totals": {"agents": 0, "active": 0, "by_state": {}, "turns": 0, "input_tokens": 0,
                        "output_tokens": 0, "cost_usd": 0.0}}
 
@@ -283,6 +295,8 @@ def render_text(document: dict[str, t.Any], *, filtered: bool = False) -> str:
             lines.append("(! = its agent loop is not running; the watchdog re-adopts it: `ov watchdog`)")
         if hidden:
             lines.append(f"({hidden} completed agent{'s' if hidden != 1 else ''} not shown: `ov status --all`)")
+    for overlap in document.get("scope_overlaps") or ():
+        lines.append(f"overlap: {overlap['message']}; their merges may conflict")
     mail = document["mail"]
     waiting = ", ".join(f"{name} {count}" for name, count in mail["by_agent"].items())
     lines.append(f"mail: {mail['pending']} pending" + (f" ({waiting})" if waiting else ""))

@@ -141,8 +141,8 @@ class SlingRequest:
 
 @dataclass
 class MergeRequest:
-    """`ov merge`'s request: AGENT, --branch or --all, and how. ``allow_protected`` is the operator's
-    alone (a person has looked at the change) and never travels."""
+    """`ov merge`'s request: AGENT, --branch or --all, and how. ``allow_protected`` and
+    ``allow_out_of_scope`` are the operator's alone (a person has looked at the change) and never travel."""
 
     agent: str | None = None
     branch: str | None = None
@@ -153,6 +153,7 @@ class MergeRequest:
     force: bool = False
     # -- not on the wire -----------------------------------------------------------------
     allow_protected: bool = False
+    allow_out_of_scope: bool = False
 
     WIRE = {"agent": "text", "branch": "text", "all": "flag", "into": "text", "dry_run": "flag", "tier_max": "count",
             "force": "flag"}
@@ -161,6 +162,8 @@ class MergeRequest:
         """The JSON object the endpoint's ``merge`` route reads (``from_wire``)."""
         if self.allow_protected:
             raise ValueError("not sent through the endpoint: allow_protected (the operator's own decision)")
+        if self.allow_out_of_scope:
+            raise ValueError("not sent through the endpoint: allow_out_of_scope (the operator's own decision)")
         return {key: getattr(self, key) for key in self.WIRE}
 
     @classmethod

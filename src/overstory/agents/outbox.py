@@ -48,8 +48,9 @@ def send_once(conn: sqlite3.Connection, env: t.Mapping[str, str], project: t.Cal
     ids = sent_before(conn, key)
     if not ids:
         if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
-            from overstory.agents.work_report import fill_worker_done
+            from overstory.agents.work_report import fill_worker_done, refuse_early_lead_report
 
+            refuse_early_lead_report(project, conn, sender)  # a lead's builders first: done and merged
             payload = fill_worker_done(project(), conn, sender, payload)
         ids = store.send(conn, sender=sender, to=to, subject=subject, body=body, type=type_, priority=priority,
                          payload=payload, reply_to=reply_to, allow_unknown=allow_unknown, dedup_key=key,

@@ -36,12 +36,17 @@ def access_for(capability: str) -> str:
     return READ_WRITE if check_capability(capability) in WRITERS else READ_ONLY
 
 
-def render_file_scope(files: t.Iterable[str]) -> str:
-    """A markdown list of the paths an agent should keep to, or ``NO_FILE_SCOPE``."""
+def render_file_scope(files: t.Iterable[str], *, enforced: bool = False) -> str:
+    """A markdown list of the paths an agent should keep to, or ``NO_FILE_SCOPE``. ``enforced``: it is
+    a writer's write scope, which the guard and `ov merge` hold it to."""
     paths = [str(path) for path in files if str(path).strip()]
     if not paths:
         return NO_FILE_SCOPE
     listed = "\n".join(f"- `{path}`" for path in paths)
+    if enforced:
+        return (f"{listed}\n\nThis is your write scope (`**` is any depth): ov refuses your writes to other files "
+                "of the worktree, and `ov merge` refuses a branch that changes them. Reading is free. If another "
+                "file must change, ask your parent first.")
     return f"{listed}\n\nKeep your work to these paths. Ask your parent before touching anything else."
 
 
@@ -78,7 +83,8 @@ def report_instructions(capability: str, context: t.Mapping[str, str]) -> str:
                 """         --payload '{"agent": "<builder name>", "branch": "ov/<builder name>", """
                 """"task_id": "<its task id>", "files_modified": ["<each file the branch changes>"]}'\n\n"""
                 "Always name the builder in the payload: left out, `agent`, `branch` and `task_id` are yours.\n\n"
-                f"When your whole stream (`{task}`) is merged or handed up, report to `{parent}` and end your turn:\n\n"
+                f"When your whole stream (`{task}`) is merged (ov refuses your report while a builder of yours is "
+                f"working or unmerged), report to `{parent}` and end your turn:\n\n"
                 f'       {done} --subject "{task}: <one line>" \\\n'
                 f'         --body "<what was built, by whom, what is merged, what is still open>"\n\n'
                 f"Send your own `worker_done` once, at the very end.\n\n{ask}")

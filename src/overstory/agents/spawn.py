@@ -18,7 +18,7 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory.agents import spawn_journal, spawn_steps
+from overstory.agents import scopes, spawn_journal, spawn_steps
 from overstory.agents.spawn_steps import FAULT_ENV as FAULT_ENV  # the tests' names for the hooks
 from overstory.agents.spawn_steps import SPAWN_STEPS as SPAWN_STEPS
 from overstory.errors import (
@@ -65,6 +65,7 @@ class SlingResult:
     tmux_session: str | None = None
     budget: dict[str, t.Any] = field(default_factory=dict)
     budget_notes: list[str] = field(default_factory=list)
+    scope_overlaps: list[str] = field(default_factory=list)  # other active builders' write scopes it overlaps
 
     def as_dict(self) -> dict[str, t.Any]:
         return dict(self.__dict__)
@@ -113,9 +114,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     if capability not in CAPABILITIES:
         raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
     task_id = validate_name(request.task_id, "task id")
+    files = scopes.checked_files(request.files)  # a bad pattern is a usage error before anything else
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
     spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
-    plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id)
+    plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id, files=files)
     if isinstance(plan, SlingResult):
         return plan  # a retried turn slinging again: the agent it already started
     spawning = spawn_steps.Spawning(project, config, conn, plan)
@@ -129,11 +131,13 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
                        branch=plan.branch, worktree=str(plan.worktree) if plan.worktree else None, parent=plan.parent,
                        depth=plan.depth, runtime=plan.runtime, loop_pid=spawning.loop_pid, run_id=plan.run_id,
                        dispatch_mail_id=spawning.dispatch_id, mode="tmux" if plan.tmux else "headless",
-                       tmux_session=plan.tmux_session, budget=plan.limits, budget_notes=plan.budget_notes)
+                       tmux_session=plan.tmux_session, budget=plan.limits, budget_notes=plan.budget_notes,
+                       scope_overlaps=plan.scope_overlaps)
 
 
 def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, request: SlingRequest,
-               environ: dict[str, str], *, name: str, task_id: str) -> spawn_steps.SpawnPlan | SlingResult:
+               environ: dict[str, str], *, name: str, task_id: str,
+               files: list[str]) -> spawn_steps.SpawnPlan | SlingResult:
     """Check everything a spawn of ``name`` needs and decide all it will do; creates nothing, writes no row.
 
     Returns the agent an earlier identical sling from the same turn started instead, when there is one.
@@ -188,6 +192,12 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
             raise SpawnError(f"{worktree} already exists; remove it or choose another --name")
     _require_events_db(project, name)
     run_id = _open_run_id(conn)
+    write_scope = scopes.write_scope_of(capability, files)
+    scope_overlaps = scopes.overlaps_with(sessions.list_sessions(conn, include_terminal=False), run_id, name,
+                                          write_scope)
+    if scope_overlaps and config.agents.exclusive_scopes:
+        raise SpawnError(f"{'; '.join(scope_overlaps)}, and agents.exclusive_scopes is on: give {name} other "
+                         "--files, or wait for the other builder to finish; nothing was created")
     from overstory.agents.budgeting import agent_limits
 
     limits, budget_notes = agent_limits(conn, config, run_id, request.budget, adapter, capability=request.capability)
@@ -199,17 +209,18 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
                                       branch=branch or base_branch or "", base_branch=base_branch or "",
                                       worktree=worktree or project.root, parent=parent, prompt=prompt or "",
-                                      files=request.files)
+                                      files=files)
     home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                               worktree=worktree, branch=branch or base_branch or "", base_branch=base_branch or "",
-                              parent=parent, prompt=prompt or "", files=request.files, ov_command=ov_command,
+                              parent=parent, prompt=prompt or "", files=files, ov_command=ov_command,
                               tmux_mode=tmux, model=model)
     return spawn_steps.SpawnPlan(
         name=name, capability=capability, task_id=task_id, runtime=runtime, adapter=adapter, tmux=tmux, prompt=prompt,
         key=key, parent=parent, depth=depth, scenario_text=scenario_text, scenario_file=scenario_file, branch=branch,
         worktree=worktree, base_branch=base_branch, base_commit=base_commit, run_id=run_id, limits=limits,
         budget_notes=budget_notes, ov_command=ov_command, ov_bin_dir=ov_bin_dir, run_dir=run_dir,
-        instructions=instructions, home_files=home_files, files=list(request.files), model=request.model,
+        instructions=instructions, home_files=home_files, files=files, write_scope=write_scope,
+        scope_overlaps=scope_overlaps, model=request.model,
         provider=provider_of(request.model, capability, config, runtime), loop=request.loop,
         approve=list(request.approve), environ=environ)
 
@@ -303,7 +314,7 @@ def _open_run_id(conn: sqlite3.Connection) -> str | None:
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
                        base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
-    from overstory.agents.overlay import render_instructions
+    from overstory.agents.overlay import render_file_scope, render_instructions
     from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
     agents_dir = project.agents_dir if project.agents_dir.is_dir() and any(project.agents_dir.iterdir()) else shipped_agents_dir()
@@ -311,7 +322,7 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
     context = {
         "agent_name": name, "capability": capability, "task_id": task_id, "branch": branch,
         "base_branch": base_branch, "worktree": str(worktree), "parent": parent, "prompt": prompt,
-        "file_scope": "\n".join(f"- {f}" for f in files) if files else "no file scope given",
+        "file_scope": render_file_scope(files, enforced=capability in WRITER_CAPABILITIES),
         "access": "read-write inside your worktree" if capability in WRITER_CAPABILITIES else "read-only",
     }
     return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)

@@ -65,6 +65,8 @@ class SpawnPlan:
     instructions: str
     home_files: dict[Path, str] | None  # the runtime's own home under the run dir (None: it has none)
     files: list[str]
+    write_scope: list[str]  # a writer's --files, enforced by the guard and at merge (empty: none)
+    scope_overlaps: list[str]  # other active builders' write scopes it overlaps (a warning)
     model: str | None  # as asked (None: the configuration decides at each turn)
     provider: str
     loop: dict[str, t.Any] | None
@@ -183,6 +185,7 @@ def _rundir(sp: Spawning) -> None:
 def _session(sp: Spawning) -> None:
     plan = sp.plan
     spec = {"prompt": plan.prompt, "files": plan.files, "ov_bin_dir": plan.ov_bin_dir,
+            **({"write_scope": plan.write_scope} if plan.write_scope else {}),
             "scenario": str(sp.scenario_path) if sp.scenario_path else None, "base_commit": plan.base_commit,
             "idempotency_key": plan.key, **({"loop": plan.loop} if plan.loop else {}),
             **({"approve": plan.approve} if plan.approve else {})}

@@ -138,6 +138,7 @@ def turn_environment(base: t.Mapping[str, str], agent: Session, project: Project
         "OVERSTORY_PARENT": agent.parent,
         "OVERSTORY_GENERATION": str(agent.generation),
         "OVERSTORY_TURN_ID": turn_id,
+        "OVERSTORY_WRITE_SCOPE": "\n".join(agent.spec.get("write_scope") or ()),  # guards.scope.ENV (--files)
     })
     ov_bin_dir = agent.spec.get("ov_bin_dir")
     if ov_bin_dir:

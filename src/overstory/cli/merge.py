@@ -24,15 +24,19 @@ from overstory.cli._common import agent_channel, completer, echo_json, json_opti
 @click.option("--allow-protected", is_flag=True,
               help="You have looked at the branch's changes to protected paths (config loop.protected_paths): "
                    "let the merge gates judge them.")
+@click.option("--allow-out-of-scope", is_flag=True,
+              help="You have looked at the branch's changes to files outside its builder's write scope "
+                   "(`ov sling --files`): merge them.")
 @json_option
 def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool, into: str | None, dry_run: bool,
-          tier_max: int | None, force: bool, allow_protected: bool, as_json: bool) -> None:
+          tier_max: int | None, force: bool, allow_protected: bool, allow_out_of_scope: bool, as_json: bool) -> None:
     """Merge agents' branches back, never dropping content; the result is mailed to the parent.
 
     The merge is made in a scratch worktree and the target moves to it in one step:
     an interrupted `ov merge` never leaves a half-done merge in your checkout. Its
     gates (config merge.gates) run there in the agents' sandbox; a branch that
-    changes a protected path is not merged without --allow-protected.
+    changes a protected path is not merged without --allow-protected, nor one that
+    changes files outside its builder's --files scope without --allow-out-of-scope.
 
     \b
     ov merge builder-task-42
@@ -52,8 +56,11 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
         raise UsageError("name exactly one of: an AGENT, --branch B, or --all")
     if allow_protected and merge_all_:
         raise UsageError("--allow-protected is for one merge you have looked at: ov merge AGENT --allow-protected")
+    if allow_out_of_scope and merge_all_:
+        raise UsageError("--allow-out-of-scope is for one merge you have looked at: "
+                         "ov merge AGENT --allow-out-of-scope")
     if dismiss:
-        if merge_all_ or dry_run or tier_max or force or into or allow_protected:
+        if merge_all_ or dry_run or tier_max or force or into or allow_protected or allow_out_of_scope:
             raise UsageError("--dismiss takes an AGENT or --branch B and no other option")
         if agent_channel() is not None:
             raise UsageError("only the operator dismisses a merge-queue entry")
@@ -68,8 +75,10 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
     remote = agent_channel()
     if remote is not None and allow_protected:
         raise UsageError("only the operator can allow a change to protected paths (--allow-protected)")
+    if remote is not None and allow_out_of_scope:
+        raise UsageError("only the operator can allow a change outside a write scope (--allow-out-of-scope)")
     request = MergeRequest(agent=agent, branch=branch, all=merge_all_, into=into, dry_run=dry_run, tier_max=tier_max,
-                           force=force, allow_protected=allow_protected)
+                           force=force, allow_protected=allow_protected, allow_out_of_scope=allow_out_of_scope)
     if remote is not None:  # an agent merges through its endpoint, outside its sandbox
         run = MergeRun([MergeReport(**remote.call("merge", request.to_wire()))])
     else:
@@ -87,7 +96,8 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
             run = MergeRun([merge_one(project, config, conn, agent_name=request.agent, branch=request.branch,
                                       into=request.into, dry_run=request.dry_run, tier_max=request.tier_max,
                                       force=request.force, on_lock_wait=waiting,
-                                      allow_protected=request.allow_protected)])
+                                      allow_protected=request.allow_protected,
+                                      allow_out_of_scope=request.allow_out_of_scope)])
     failed = [r for r in run.reports if r.failed]
     if as_json:
         echo_json({"merges": [r.as_dict() for r in run.reports], "skipped": [s.as_dict() for s in run.skipped],

@@ -16,7 +16,9 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--name", help="Agent name (default: CAPABILITY-TASK_ID).")
 @click.option("--prompt", help="What the agent should do.")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path), help="Read the prompt from a file.")
-@click.option("--files", multiple=True, help="File scope; repeat for several files: --files a.py --files b.py.")
+@click.option("--files", multiple=True, metavar="PATTERNS",
+              help="Write scope of a builder: paths relative to the worktree, comma-separated or repeated, globs "
+                   "allowed ('src/calc.py,src/calc/**'); writes elsewhere in the worktree are refused.")
 @click.option("--parent", shell_complete=completer("complete_agents"), help="Agent to report to (default: the calling agent, else operator).")
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtimes.<capability>, else runtime.default).")
 @click.option("--model", help="Model for this agent.")
@@ -40,6 +42,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
 
     \b
     ov sling builder task-42 --prompt "add a --json flag to status" --files src/status.py
+    ov sling builder calc --files 'src/calc.py,src/calc/**'   # writes elsewhere are refused
     ov sling scout survey --runtime scripted
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
@@ -62,6 +65,9 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
             parse_pattern(pattern)
         except ValueError as exc:
             raise UsageError(f"--approve: {exc}") from None
+    from overstory.agents.scopes import checked_files
+
+    files = tuple(checked_files(files))  # a bad pattern: one usage line, before anything is asked or made
     budget = {"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
               "max_wallclock": max_wallclock}
     request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
@@ -81,6 +87,9 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     if prompt is None and spec_file is None:
         click.echo(f"ov: warning: no --prompt or --spec: {document['name']} has only its role ({capability}) and the "
                    f"task id {task_id!r} to go on; send it the details with `ov mail send --to {document['name']}`",
+                   err=True)
+    for overlap in document.get("scope_overlaps") or ():
+        click.echo(f"ov: warning: {overlap}; their merges may conflict (agents.exclusive_scopes: true refuses this)",
                    err=True)
     if as_json:
         echo_json(document)

@@ -53,6 +53,8 @@ def status(include_completed: bool, capability: str | None, state: str | None, p
      "runs": [{"id", "coordinator", "status", "started_at", "completed_at", "agents",
                "budget" (as for agents, for the whole run)}],
      "waiting": [{"id", "agent", "call", "reason", "decider", "seconds_left"}] (approval gates),
+     "scope_overlaps": [{"run", "agents": [A, B], "patterns": [[PA, PB]], "message"}]
+                       (active builders of one run whose --files may name one file),
      "totals": {"agents", "active", "by_state": {STATE: N}, "turns", "input_tokens",
                 "output_tokens", "cost_usd"}}
     """

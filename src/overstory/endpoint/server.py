@@ -79,6 +79,7 @@ class Caller:
             "OVERSTORY_PARENT": self.agent.parent, "OVERSTORY_PROJECT_ROOT": str(self.project.root),
             "OVERSTORY_GENERATION": str(self.agent.generation),
             "OVERSTORY_WORKTREE": self.agent.worktree or str(self.project.root),  # as turns.turn_environment
+            "OVERSTORY_WRITE_SCOPE": "\n".join(self.agent.spec.get("write_scope") or ()),
         })
         env.pop(TOKEN_ENV, None)
         env.pop(ENDPOINT_ENV, None)

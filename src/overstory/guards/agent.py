@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from overstory.guards import scope as write_scope
 from overstory.guards.shell import _SUBST
 
 WRITE_CAPABILITIES = frozenset({"builder", "merger"})
@@ -40,6 +41,7 @@ class _Agent:
         "name",
         "project_root",
         "real_dirs",
+        "scope",
         "temp_dirs",
         "worktree",
         "writable",
@@ -55,6 +57,8 @@ class _Agent:
         self.env = env
         self.temp_dirs = temp_dirs
         self.real_dirs: dict[str, str] = {}  # realpath answers for this one hook call
+        # Its write scope inside the worktree (`ov sling --files`); empty: the whole worktree.
+        self.scope = write_scope.from_env(env.get(write_scope.ENV))
 
     def __repr__(self) -> str:
         return f"_Agent({self.name!r}, {self.capability!r}, worktree={self.worktree!r})"
@@ -285,7 +289,7 @@ class _Agent:
                     f"{shown} is the worktree's git metadata; change it only through git "
                     "commands."
                 )
-            return None
+            return self.scope_denial(shown, path, removes=removes)
         if self.project_root and _inside(path, self.project_root):
             return (
                 f"{shown} is in the project checkout {self.project_root}; {self.who} may only "
@@ -295,6 +299,23 @@ class _Agent:
         if path in _NULL_SINKS or any(_inside(path, t) for t in self.temp_dirs):
             return None
         return f"{self.who} may only write inside {self._own()}; {shown} is outside it."
+
+    def scope_denial(self, shown: str, path: str, *, removes: bool = False) -> str | None:
+        """Why ``path`` (inside the worktree) is outside this agent's write scope, or None."""
+        if not self.scope or not self.worktree or path == self.worktree and not removes:
+            return None
+        relative = os.path.relpath(path, self.worktree).replace(os.sep, "/")
+        if write_scope.matches(self.scope, relative):
+            return None
+        if not removes and not os.path.lexists(path) and write_scope.leads_to(self.scope, relative):
+            return None  # a new directory on the way to the scope (mkdir -p src/calc)
+        parent = self.env.get("OVERSTORY_PARENT") or "operator"
+        return (
+            f"{shown} is outside {self.name}'s write scope ({write_scope.describe(self.scope)}), "
+            f"set by `ov sling --files`: it may change only those paths (reading anything is fine). "
+            f"If {relative} must change, ask {parent} with `ov mail send --to {parent} --type question`; "
+            "another builder may own it."
+        )
 
     def hook_settings_inside(self, path: str) -> bool:
         """Does ``path`` (a directory about to be removed) hold this worktree's hook settings?"""

@@ -28,6 +28,7 @@ from overstory.clock import iso
 from overstory.errors import MergeError, UsageError
 from overstory.gitutil import branch_exists, current_branch, git
 from overstory.merge import intents as merge_intents
+from overstory.merge import scope_check
 from overstory.merge.announce import announce, merge_commit_of
 from overstory.merge.branch_merge import combined_insertions, merge_branch
 from overstory.merge.candidates import Skipped, agent_commits, announced, gather, target_for, unmerged_commits
@@ -173,9 +174,10 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
               sequence: MergeSequence | None = None,
               tier_max: int | None = None, queue_id: int | None = None, force: bool = False,
               on_lock_wait: t.Callable[[int | None], None] | None = None, sender: str | None = None,
-              allow_protected: bool = False) -> MergeReport:
+              allow_protected: bool = False, allow_out_of_scope: bool = False) -> MergeReport:
     """Merge one agent's branch (or ``branch``). ``allow_protected``: the operator has looked at the
-    branch's changes to protected paths and lets the merge gates judge them."""
+    branch's changes to protected paths and lets the merge gates judge them. ``allow_out_of_scope``: it
+    may change files outside the agent's write scope (``merge.scope_check``)."""
     agent = None
     if agent_name is not None:
         agent = sessions.get(conn, agent_name)
@@ -207,10 +209,14 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     unmerged = unmerged_commits(project.root, branch, target)
     if not unmerged:
         return _nothing_new(project, conn, agent, report, queue_id, sender)
+    source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()  # checked and merged: one commit
+    strays = [] if allow_out_of_scope else scope_check.outside_scope(project.root, agent, source_sha, target)
+    if strays:
+        assert agent is not None
+        return _out_of_scope(project, conn, agent, report, label, strays, unmerged, source_sha, sender)
     if dry_run:
         return _predict(project, config, report, levels, unmerged, label, sequence)
     resolver = _resolver(config, levels)
-    source_sha = git(project.root, "rev-parse", f"refs/heads/{branch}").stdout.strip()
     target_sha = git(project.root, "rev-parse", f"refs/heads/{target}").stdout.strip()
     intent_id = merge_intents.begin(conn, agent=agent, branch=branch, target=target, source_commit=source_sha,
                                     target_before=target_sha, queue_id=queue_id)
@@ -244,6 +250,23 @@ def merge_one(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *
     merge_queue.settle_branch(conn, branch, target, status="merged" if report.merged else "failed", tier=report.tier,
                               result=report.reason)
     intents.end_merge(conn, intent_id)
+    return report
+
+
+def _out_of_scope(project: ProjectPaths, conn: sqlite3.Connection, agent: sessions.Session, report: MergeReport,
+                  label: str, strays: list[str], unmerged: list[str], source: str, sender: str | None) -> MergeReport:
+    """Refused (or, in a dry run, predicted refused): the branch changes files outside the agent's write scope."""
+    report.reason = scope_check.refusal(agent, strays)
+    report.next_step = scope_check.next_step(label)
+    report.commits = unmerged
+    if report.dry_run:
+        report.reason = f"would NOT merge: {report.reason}"
+        return report
+    target_before = git(project.root, "rev-parse", f"refs/heads/{report.target}").stdout.strip()
+    announce(conn, project.root, agent, merged=False, branch=report.branch, target=report.target,
+             source_commit=source, reason=report.reason, target_before=target_before, next_step=report.next_step,
+             sender=sender)
+    merge_queue.settle_branch(conn, report.branch, report.target, status="failed", tier=None, result=report.reason)
     return report
 
 

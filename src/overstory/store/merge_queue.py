@@ -59,6 +59,12 @@ def dismiss(conn: sqlite3.Connection, branch: str, result: str) -> int:
     return cursor.rowcount
 
 
+def dismissed(conn: sqlite3.Connection, branch: str) -> bool:
+    """Whether the operator gave ``branch`` up (a dismissed row, and no open row after it)."""
+    row = conn.execute("SELECT status FROM merge_queue WHERE branch = ? ORDER BY id DESC LIMIT 1", (branch,)).fetchone()
+    return row is not None and row[0] == "dismissed"
+
+
 def branches_with_rows(conn: sqlite3.Connection) -> dict[str, int]:
     """Branch -> when its latest row was made (any status)."""
     return {r[0]: int(r[1]) for r in conn.execute("SELECT branch, max(enqueued_at) FROM merge_queue GROUP BY branch")}
