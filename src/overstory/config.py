@@ -34,6 +34,8 @@ class RuntimeSection(_Section):
     codex_bin: str = "codex"
     gemini_bin: str = "gemini"
     opencode_bin: str = "opencode"
+    kilo_bin: str = "kilo"
+    qwen_bin: str = "qwen"
     model: str | None = None
     tmux: bool = False
 

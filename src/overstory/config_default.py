@@ -19,7 +19,8 @@ project:
 
 runtime:
   # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
-  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
+  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode), kilo (Kilo CLI), qwen (Qwen Code)
+  # or scripted (built-in fake).
   default: claude
   # Program started for the claude runtime (a name on PATH or an absolute path).
   claude_bin: claude
@@ -29,6 +30,10 @@ runtime:
   gemini_bin: gemini
   # Program started for the opencode runtime (npm package opencode-ai).
   opencode_bin: opencode
+  # Program started for the kilo runtime (npm package @kilocode/cli).
+  kilo_bin: kilo
+  # Program started for the qwen runtime (npm package @qwen-code/qwen-code).
+  qwen_bin: qwen
   # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
   model: null
   # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
