@@ -278,6 +278,9 @@ class Provider(_Section):
     api_key_env: str = "ANTHROPIC_API_KEY"
     # The API the endpoint speaks; when set, ov refuses to point a runtime that speaks another at it.
     protocol: str | None = None
+    # "ollama": a local Ollama server (overstory.ollama): no key needed, every runtime that speaks the
+    # Anthropic or an OpenAI API can use it, its models are priced at $0, `ov doctor` checks it.
+    kind: t.Literal["api", "ollama"] = "api"
 
     @field_validator("protocol")
     @classmethod

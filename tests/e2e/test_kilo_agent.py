@@ -124,9 +124,12 @@ def test_kilo_builder_retries_resumes_is_refused_outside_commits_and_reports(pro
 def test_kilo_401_parks_for_auth_and_a_stalled_model_dies_once(project: ProjectPaths) -> None:
     with MockChatAPI([error_reply(401, "Incorrect API key provided", "invalid_request_error")]) as bad, \
             MockChatAPI([stalled_reply(None)]) as stalled:
-        env = setup(project, {"badkey": bad, "stuck": stalled}, stall_timeout=30, kill_grace=1)
-        parked = sling(project, "builder", "task-1", PROMPT, env)
-        zombie = sling(project, "builder", "task-2", PROMPT, env, "--model", f"stuck/{MODEL_ID}")
+        # Each agent's config is snapshotted at its sling: the 401 one keeps the default stall timeout (a
+        # start can take a minute on a loaded machine), the stalled one gets a short one.
+        parked = sling(project, "builder", "task-1", PROMPT, setup(project, {"badkey": bad, "stuck": stalled}))
+        zombie = sling(project, "builder", "task-2", PROMPT,
+                       setup(project, {"badkey": bad, "stuck": stalled}, stall_timeout=30, kill_grace=1),
+                       "--model", f"stuck/{MODEL_ID}")
         agent = wait_for(lambda: (a := agent_state(project, parked)) and a.state == "parked" and a, 150,
                          message="parked")
         dead = wait_terminal(project, zombie, timeout=180)
