@@ -230,7 +230,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
                                       branch=branch or base_branch or "", base_branch=base_branch or "",
                                       worktree=worktree or project.root, parent=parent, prompt=prompt or "",
-                                      files=request.files)
+                                      files=request.files, own_agent_tools=adapter.own_agent_tools)
     spawn_journal.begin(conn, intent)
     intent["started_at"] = (intents.get_spawn(conn, name) or {}).get("started_at", 0)
     spawn_journal.kill_point("intent", environ)
@@ -508,7 +508,8 @@ def _open_run_id(conn: sqlite3.Connection) -> str | None:
 
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
-                       base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
+                       base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str],
+                       own_agent_tools: str | None = None) -> str:
     from overstory.agents.overlay import render_instructions
     from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
@@ -520,7 +521,8 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
         "file_scope": "\n".join(f"- {f}" for f in files) if files else "no file scope given",
         "access": "read-write inside your worktree" if capability in WRITER_CAPABILITIES else "read-only",
     }
-    return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
+    return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir,
+                               own_agent_tools=own_agent_tools)
 
 
 def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,

@@ -33,6 +33,7 @@ EXEC_FLAGS = ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-h
 
 class CodexRuntime(Runtime):
     name = "codex"
+    own_agent_tools = "Codex's own sub-agents, or another `codex` process"
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
     hook_ids_match = False  # the hook gets the model's call id (call_...), the stream numbers items (item_N)
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator

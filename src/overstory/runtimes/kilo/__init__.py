@@ -48,6 +48,7 @@ def kilo_json(model: str) -> dict[str, t.Any]:
 
 class KiloRuntime(OpenCodeRuntime):
     name = "kilo"
+    own_agent_tools = "Kilo's own sub-agents, board or wake-ups (task, board_post, schedule_wakeup: all off)"
     instructions_file = "AGENTS.md"  # in kilo's ov-owned config dir, not the worktree
 
     def _bin(self, config: Config | None) -> str:

@@ -63,6 +63,7 @@ def settings(ov_command: list[str]) -> dict[str, t.Any]:
 
 class QwenRuntime(Runtime):
     name = "qwen"
+    own_agent_tools = "Qwen Code's own sub-agents or messages (agent, send_message: both off)"
     tool_hooks = frozenset({"pre"})  # receipts come from the stream; the hook's tool_call_id is the stream's id
     usage_during_turn = True  # every assistant message carries its usage
     credential_vars = ("OPENAI_API_KEY",)
