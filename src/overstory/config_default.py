@@ -199,9 +199,11 @@ executor:
     # The Ray namespace of ov's turn hub and tasks.
     namespace: overstory
 
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
+# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ..., kind: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
-# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
+# openai-chat (opencode, kilo, qwen) or gemini (gemini); a runtime is never pointed at an endpoint of another.
+# kind: ollama is a local Ollama server (no key; claude, codex, opencode, kilo and qwen can use it; $0;
+# `ov doctor` checks it), e.g. {ollama: {base_url: "http://localhost:11434", kind: ollama}}.
 providers: {}
 
 # Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).
