@@ -44,6 +44,13 @@ def opencode(tool: str, args: dict[str, object], agent: str = "builder-a") -> di
     return {"tool": tool, "sessionID": "ses_1", "callID": "call_1", "args": args, "cwd": worktree(agent)}
 
 
+def qwen(tool: str, tool_input: dict[str, object], agent: str = "builder-a") -> dict[str, object]:
+    """Qwen Code's PreToolUse input as measured with 0.24.4 (tests/fixtures/QWEN_PROBE_NOTES.md)."""
+    return {"session_id": "s", "transcript_path": "/dev/null", "cwd": worktree(agent), "hook_event_name": "PreToolUse",
+            "timestamp": "2026-11-29T00:00:00Z", "permission_mode": "yolo", "prompt_id": "p", "tool_name": tool,
+            "tool_input": tool_input, "tool_use_id": "toolu_1_x", "tool_call_id": "call_q1"}
+
+
 def codex(command: str, agent: str = "builder-a") -> dict[str, object]:
     return {"session_id": "t", "turn_id": "u", "cwd": worktree(agent), "hook_event_name": "PreToolUse",
             "model": "m", "permission_mode": "bypassPermissions", "tool_name": "Bash",
@@ -78,6 +85,14 @@ CASES = [
     (opencode("write", {"filePath": "a.py", "content": "x"}), "scout", False),
     (opencode("task", {"description": "d", "prompt": "p", "subagent_type": "general"}), "builder", False),
     (opencode("read", {"filePath": "/etc/hostname"}), "scout", True),
+    # Qwen Code (its PreToolUse hook)
+    (qwen("run_shell_command", {"command": "git status"}), "builder", True),
+    (qwen("run_shell_command", {"command": f"echo x > {OUTSIDE}"}), "builder", False),
+    (qwen("write_file", {"file_path": worktree("builder-a") + "/a.py", "content": "x"}), "builder", True),
+    (qwen("write_file", {"file_path": OUTSIDE, "content": "x"}), "builder", False),
+    (qwen("edit", {"file_path": "a.py", "old_string": "a", "new_string": "b"}), "reviewer", False),
+    (qwen("agent", {"description": "d", "prompt": "p"}), "builder", False),
+    (qwen("read_file", {"file_path": "/etc/hostname"}), "scout", True),
     # Codex: apply_patch through its shell tool
     (codex(patch("Add File: greet.py")), "builder", True),
     (codex(patch("Update File: greet.py", "Add File: sub/dir/new.py")), "builder", True),
@@ -104,8 +119,8 @@ def test_decisions_in_each_dialect(hook_input: dict[str, object], capability: st
     elif dialect == "gemini":
         reply = json.loads(stdout)
         assert status == 0 and reply["decision"] == "deny" and reply["reason"]
-    elif dialect == "opencode":
-        assert status == 2 and stdout == "" and stderr
+    elif dialect in ("opencode", "qwen"):
+        assert status == 2 and stdout == "" and stderr  # Qwen blocks on exit 2 (and runs the call on exit 1)
     else:
         reply = json.loads(stdout)["hookSpecificOutput"]
         assert status == 0 and reply["permissionDecision"] == "deny" and reply["permissionDecisionReason"]
@@ -123,6 +138,9 @@ def test_inputs_are_read_as_claude_calls() -> None:
     assert "tool_use_id" not in mapped  # Gemini's BeforeTool input has no id
     assert mapped["tool_name"] == "web_fetch"  # a tool ov does not know keeps its name (and is allowed)
     assert as_claude_input(codex("ls"))[0] == "claude"
+    dialect, mapped = as_claude_input(qwen("run_shell_command", {"command": "ls"}))
+    assert dialect == "qwen" and mapped["tool_name"] == "Bash" and mapped["tool_input"] == {"command": "ls"}
+    assert mapped["tool_use_id"] == "call_q1"  # its tool_call_id is the stream's id (its tool_use_id is not)
 
 
 def test_reasons_reach_the_model_in_each_dialect() -> None:

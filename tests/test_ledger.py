@@ -729,3 +729,23 @@ def test_an_interrupted_ov_mail_send_or_sling_just_runs_again(state_db: t.Any) -
     _post(state_db, retry, send, "u2", "sent #7 to lead-1")
     assert not ledger.record_pre(state_db, _hook(send, "u3"), ALLOW, _ctx("turn-3", 2)).allow, \
         "once a result is known, a replay is answered with it"
+
+
+def test_a_codex_apply_patch_gets_its_receipt_from_the_file_change(state_db: t.Any) -> None:
+    """Codex's hook sees an apply_patch as a Bash heredoc, its stream as a file_change listing the files:
+    the receipt goes to the started row whose patch names the same files, and to no other."""
+    from overstory.guards.runtimes import as_claude_input
+    from overstory.runtimes import get_runtime
+
+    repo = "/tmp/pytest-of-root/pytest-82/test_apply_patch_through_exec_0/repo"  # where the fixture was captured
+    parsed = _parsed("codex", "codex-file_change.jsonl")
+    ctx = ledger.LedgerContext(agent="builder-a", generation=1, task="t", turn_id="turn-1", attempt=1,
+                               dispatch=(7,), worktree=repo)
+    other = "apply_patch <<'EOF'\n*** Begin Patch\n*** Add File: elsewhere.txt\n+x\n*** End Patch\nEOF\n"
+    patch = ("apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: README.md\n@@\n-a\n+b\n"
+             "*** Add File: hello.txt\n+hello\n*** End Patch\nEOF\n")
+    for command in (other, patch):
+        ledger.record_pre(state_db, as_claude_input(_hook(command, "call_x"))[1], ALLOW, ctx)
+    runtime = get_runtime("codex")
+    ledger.StreamLedger(state_db, ctx, receipts_only=True, hook_call=runtime.hook_call).feed(parsed)
+    assert [r["status"] for r in store.calls(state_db)] == ["started", "succeeded"]

@@ -175,3 +175,28 @@ def test_payloads_in_the_instructions_are_valid(capability: str) -> None:
         validate_payload(mail_type, json.loads(payload), known={"task_id": "t", "branch": "ov/a", "agent": "a"})
     expected = {"lead": 2, "merger": 2, "monitor": 2, "builder": 1}.get(capability, 0)
     assert len(found) == expected
+
+
+# ---- roles in the terms of the runtime an agent runs on ---------------------------
+
+CLAUDE_ONLY_TOOLS = re.compile(r"\b(Task|Agent|SendMessage)\b")
+
+
+@pytest.mark.parametrize("runtime", ["codex", "gemini", "opencode", "kilo", "qwen"])
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_roles_rendered_for_another_runtime_name_no_claude_only_tool(runtime: str, capability: str) -> None:
+    from overstory.runtimes import get_runtime
+
+    own = get_runtime(runtime).own_agent_tools
+    text = render_instructions(capability, context(capability), agents_dir=AGENTS, templates_dir=TEMPLATES,
+                               own_agent_tools=own)
+    assert not CLAUDE_ONLY_TOOLS.search(text), CLAUDE_ONLY_TOOLS.search(text)
+    assert own in " ".join(text.split()) and "ov sling" in text  # still told not to delegate by itself
+
+
+def test_claude_roles_keep_claude_tool_names() -> None:
+    from overstory.runtimes import get_runtime
+
+    text = render_instructions("coordinator", context("coordinator"), agents_dir=AGENTS, templates_dir=TEMPLATES,
+                               own_agent_tools=get_runtime("claude").own_agent_tools)
+    assert "(Task, Agent, SendMessage, team creation)" in " ".join(text.split())

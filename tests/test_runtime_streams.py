@@ -303,3 +303,32 @@ def test_opencode_exit_status_must_be_clean_for_success() -> None:
     stream = OpenCodeTurnStream()
     feed(stream, "opencode-text_turn", exit_code=1)
     assert stream.finished and not stream.succeeded
+
+
+# ---- qwen (Qwen Code 0.24.4: Claude's stream-json, its own error texts and shell results) ----------
+
+
+def test_qwen_tool_turn_receipts_come_from_exit_codes() -> None:
+    from overstory.runtimes.qwen.stream import QwenTurnStream
+
+    stream = QwenTurnStream()
+    parsed = feed(stream, "qwen-tool_turn")
+    ends = [p.data for p in parsed if p.kind == "tool_end"]
+    # `echo hi > a.txt && exit 3` ran: the receipt says failed, with its exit code; the write succeeded.
+    assert [(e["is_error"], e.get("exit_code")) for e in ends] == [(True, 3), (False, None)]
+    assert stream.succeeded and stream.session_id and stream.tool_calls == 2
+    usage = stream.usage()
+    assert usage.input_tokens > 0 and usage.output_tokens > 0 and usage.cost_usd == 0.0  # qwen reports no dollars
+    assert sum(t.total for t in stream.live_usage().values()) > 0  # each message's usage, for budgets mid-turn
+
+
+def test_qwen_401_is_auth_and_a_silent_exit_is_transient() -> None:
+    from overstory.runtimes.qwen.stream import QwenTurnStream
+
+    stream = QwenTurnStream()
+    feed(stream, "qwen-error_401", exit_code=1)
+    failure = stream.failure(resumed=False)
+    assert not stream.succeeded and failure.kind == "auth" and "401" in failure.reason
+    killed = QwenTurnStream()
+    killed.finish(-9, "")
+    assert killed.failure(resumed=False).kind == "transient"

@@ -34,6 +34,8 @@ class RuntimeSection(_Section):
     codex_bin: str = "codex"
     gemini_bin: str = "gemini"
     opencode_bin: str = "opencode"
+    kilo_bin: str = "kilo"
+    qwen_bin: str = "qwen"
     model: str | None = None
     tmux: bool = False
 
@@ -278,6 +280,9 @@ class Provider(_Section):
     api_key_env: str = "ANTHROPIC_API_KEY"
     # The API the endpoint speaks; when set, ov refuses to point a runtime that speaks another at it.
     protocol: str | None = None
+    # "ollama": a local Ollama server (overstory.ollama): no key needed, every runtime that speaks the
+    # Anthropic or an OpenAI API can use it, its models are priced at $0, `ov doctor` checks it.
+    kind: t.Literal["api", "ollama"] = "api"
 
     @field_validator("protocol")
     @classmethod

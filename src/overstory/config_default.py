@@ -19,7 +19,8 @@ project:
 
 runtime:
   # Runtime for new agents (unless `runtimes` names one for the capability): claude (Claude Code),
-  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode) or scripted (built-in fake).
+  # codex (OpenAI Codex CLI), gemini (Gemini CLI), opencode (OpenCode), kilo (Kilo CLI), qwen (Qwen Code)
+  # or scripted (built-in fake).
   default: claude
   # Program started for the claude runtime (a name on PATH or an absolute path).
   claude_bin: claude
@@ -29,6 +30,10 @@ runtime:
   gemini_bin: gemini
   # Program started for the opencode runtime (npm package opencode-ai).
   opencode_bin: opencode
+  # Program started for the kilo runtime (npm package @kilocode/cli).
+  kilo_bin: kilo
+  # Program started for the qwen runtime (npm package @qwen-code/qwen-code).
+  qwen_bin: qwen
   # Model passed as --model to every agent unless `models` or `ov sling --model` says otherwise (null: the CLI's default).
   model: null
   # Run agents' interactive TUI in tmux instead of headless spawn-per-turn.
@@ -199,9 +204,11 @@ executor:
     # The Ray namespace of ov's turn hub and tasks.
     namespace: overstory
 
-# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ...}}.
+# Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ..., kind: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
-# openai-chat (opencode) or gemini (gemini); a runtime is never pointed at an endpoint of another.
+# openai-chat (opencode, kilo, qwen) or gemini (gemini); a runtime is never pointed at an endpoint of another.
+# kind: ollama is a local Ollama server (no key; claude, codex, opencode, kilo and qwen can use it; $0;
+# `ov doctor` checks it), e.g. {ollama: {base_url: "http://localhost:11434", kind: ollama}}.
 providers: {}
 
 # Model per capability: "provider/model" or a plain model alias (e.g. opus, sonnet, haiku).

@@ -73,6 +73,13 @@ def check_runtimes(config: Config | None) -> list[Check]:
     return checks
 
 
+def check_local_providers(config: Config) -> list[Check]:
+    """Each Ollama provider: its server answers, and has pulled every model the config names on it."""
+    from overstory.ollama import doctor_findings
+
+    return [Check(name, OK if ok else FAIL, detail, hint) for name, ok, detail, hint in doctor_findings(config)]
+
+
 def check_sandbox(config: Config) -> Check:
     """Whether every turn runs inside bubblewrap (README "Security")."""
     from overstory.sandbox import OFF_WARNING, effective_mode
@@ -250,6 +257,7 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
         checks.append(check_canonical_branch(project.root, config.project.canonical_branch))
     checks.extend(check_runtimes(config))
     if config is not None:
+        checks.extend(check_local_providers(config))
         checks.append(check_sandbox(config))
         costs = check_sandbox_off(config)
         if costs is not None:

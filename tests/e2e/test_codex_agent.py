@@ -99,9 +99,9 @@ def test_codex_builder_writes_commits_reports_and_completes(project: ProjectPath
     assert (project.run_dir / name / "codex-home" / "AGENTS.md").is_file()
     # The hook's rows (call ids call_...) get their receipts from the stream (item ids item_N), matched by
     # the call itself. The apply_patch reaches the hook as a Bash heredoc but the stream as a file_change:
-    # that row stays without one.
+    # its receipt finds the row by the patch's files.
     rows = [(r["tool"], r["status"], r["exit_code"], "apply_patch" in r["input"]) for r in ledger_rows(project, name)]
-    assert rows == [("Bash", "started", None, True), ("Bash", "succeeded", 0, False), ("Bash", "succeeded", 0, False)]
+    assert rows == [("Bash", "succeeded", None, True), ("Bash", "succeeded", 0, False), ("Bash", "succeeded", 0, False)]
 
 
 @requires_codex

@@ -488,6 +488,7 @@ class StreamLedger:
         self.receipts_only = receipts_only
         self.hook_call = hook_call
         self._keys: dict[str, str] = {}  # stream id -> idempotency key of the call as its hook recorded it
+        self._patches: dict[str, list[str]] = {}  # stream id -> files of a patch its hook saw as a shell command
 
     def feed(self, parsed: t.Iterable[ParsedEvent]) -> None:
         for event in parsed:
@@ -516,6 +517,23 @@ class StreamLedger:
         seen = self.hook_call(event.tool, event.call_input)
         if seen is not None:
             self._keys[stream_id] = _call(self.ctx, seen[0], seen[1], None).idem_key
+        elif isinstance(event.call_input.get("paths"), list):  # codex's apply_patch: a file_change in the stream
+            self._patches[stream_id] = [str(p) for p in event.call_input["paths"]]
+
+    def _patch_key(self, paths: list[str]) -> str | None:
+        """The key of this attempt's oldest ``started`` shell call that is a patch of the same files (its
+        hook saw ``apply_patch <<EOF ...`` as a command; the stream reports the files it changed)."""
+        from overstory.guards.classify import normalize_input
+        from overstory.guards.runtimes import patch_paths
+
+        changed = sorted(os.path.normpath(p) for p in json.loads(normalize_input("Bash", {"p": paths}, self.ctx.worktree))["p"])
+        for row in store.calls(self.conn, agent=self.ctx.agent, turn_ids=[self.ctx.turn_id] if self.ctx.turn_id else None):
+            if row["status"] != "started" or row["attempt"] != self.ctx.attempt or row["tool"] != "Bash":
+                continue
+            patched = patch_paths(str(json.loads(row["input"]).get("command") or ""))
+            if patched and sorted(os.path.normpath(p) for p in patched) == changed:
+                return str(row["idem_key"])
+        return None
 
     def _finish(self, tool_use_id: str, data: dict[str, t.Any]) -> None:
         output, exit_code = data.get("output"), data.get("exit_code")
@@ -525,6 +543,8 @@ class StreamLedger:
             store.finish(self.conn, agent=self.ctx.agent, tool_use_id=tool_use_id, **receipt)
             return
         key = self._keys.pop(tool_use_id, None)
+        if key is None and tool_use_id in self._patches:
+            key = self._patch_key(self._patches.pop(tool_use_id))
         if key is not None:  # else a call its hook never saw: it has no row to finish
             store.finish_by_key(self.conn, agent=self.ctx.agent, turn_id=self.ctx.turn_id, attempt=self.ctx.attempt,
                                 idem_key=key, **receipt)

@@ -7,6 +7,7 @@ A missing value is an error, never an empty hole in the instructions.
 
 from __future__ import annotations
 
+import re
 import string
 import typing as t
 from pathlib import Path
@@ -124,9 +125,22 @@ def _read(path: Path, what: str) -> str:
         raise OverlayError(f"cannot read the {what} {path}: {exc.strerror or exc}") from exc
 
 
+# How the shipped roles name Claude Code's own delegation tools (wrapped anywhere), replaced per runtime.
+_CLAUDE_AGENT_TOOLS = re.compile(r"Claude's\s+own\s+sub-agent\s+or\s+team\s+tools\s+\(Task,\s+Agent,\s+SendMessage,"
+                                 r"\s+team\s+creation\)")
+
+
+def for_runtime(text: str, own_agent_tools: str | None) -> str:
+    """A role's text with Claude's delegation tools replaced by ``own_agent_tools`` (a runtime's own)."""
+    if own_agent_tools is None:
+        return text
+    return _CLAUDE_AGENT_TOOLS.sub(lambda _: own_agent_tools, text)
+
+
 def render_instructions(capability: str, context: t.Mapping[str, str], *,
-                        agents_dir: Path, templates_dir: Path) -> str:
-    """The full instructions for one agent: base definition, then the rendered overlay.
+                        agents_dir: Path, templates_dir: Path, own_agent_tools: str | None = None) -> str:
+    """The full instructions for one agent: base definition (in its runtime's terms: ``own_agent_tools``),
+    then the rendered overlay.
 
     ``context`` must hold every key in ``CONTEXT_KEYS`` (``prompt`` and ``file_scope``
     may be empty strings) plus any extra placeholder a customised template uses.
@@ -138,7 +152,8 @@ def render_instructions(capability: str, context: t.Mapping[str, str], *,
     if missing:
         raise OverlayError(f"cannot render the overlay for {capability}: missing value for {', '.join(missing)}")
 
-    base = _read(Path(agents_dir) / f"{capability}.md", f"role definition for {capability!r}")
+    base = for_runtime(_read(Path(agents_dir) / f"{capability}.md", f"role definition for {capability!r}"),
+                       own_agent_tools)
     template = string.Template(_read(Path(templates_dir) / OVERLAY_TEMPLATE, "overlay template"))
     values = dict(context)
     values["capability"] = capability

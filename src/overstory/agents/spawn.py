@@ -209,7 +209,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
                                       branch=branch or base_branch or "", base_branch=base_branch or "",
                                       worktree=worktree or project.root, parent=parent, prompt=prompt or "",
-                                      files=files)
+                                      files=files, own_agent_tools=adapter.own_agent_tools)
     home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                               worktree=worktree, branch=branch or base_branch or "", base_branch=base_branch or "",
                               parent=parent, prompt=prompt or "", files=files, ov_command=ov_command,
@@ -313,7 +313,8 @@ def _open_run_id(conn: sqlite3.Connection) -> str | None:
 
 
 def _instructions_text(project: ProjectPaths, *, name: str, capability: str, task_id: str, branch: str,
-                       base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str]) -> str:
+                       base_branch: str, worktree: Path, parent: str, prompt: str, files: t.Sequence[str],
+                       own_agent_tools: str | None = None) -> str:
     from overstory.agents.overlay import render_file_scope, render_instructions
     from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
@@ -325,7 +326,8 @@ def _instructions_text(project: ProjectPaths, *, name: str, capability: str, tas
         "file_scope": render_file_scope(files, enforced=capability in WRITER_CAPABILITIES),
         "access": "read-write inside your worktree" if capability in WRITER_CAPABILITIES else "read-only",
     }
-    return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir)
+    return render_instructions(capability, context, agents_dir=agents_dir, templates_dir=templates_dir,
+                               own_agent_tools=own_agent_tools)
 
 
 def _state_files(project: ProjectPaths, run_dir: Path, runtime: Runtime, *, name: str, capability: str,

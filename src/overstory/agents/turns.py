@@ -18,7 +18,7 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory import procs, sandbox
+from overstory import ollama, procs, sandbox
 from overstory.agents import checkpoint, ledger
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.agents.turn_stream import PARKING_STATUS, _LineReader, _pump
@@ -101,11 +101,7 @@ def model_choice(model: str | None, capability: str, config: Config,
         if provider.protocol and adapter.protocols and provider.protocol not in adapter.protocols:
             raise OrchestratorError(f"provider {provider_name!r} speaks {provider.protocol}; the {adapter.name} runtime "
                                     f"needs {' or '.join(adapter.protocols)} (model {choice!r})")
-        key = environ.get(provider.api_key_env)
-        if not key:
-            raise OrchestratorError(f"provider {provider_name!r} (model {choice!r}) takes its API key from "
-                                    f"${provider.api_key_env}, which is not set")
-        extra.update(adapter.provider_env(provider.base_url, key))
+        extra.update(adapter.provider_env(*ollama.endpoint(provider_name, provider, adapter.protocols, environ, choice)))
         return model_name or None, extra
     return choice, extra
 
@@ -268,6 +264,7 @@ def plan_turn(turn: _Turn) -> TurnPlan:
     runtime = get_runtime(agent.runtime)
     stream = runtime.new_parser()
     model, provider_env = resolve_model_and_provider(agent, config, turn.base_env)
+    config = turn.config = ollama.priced_at_zero(config, provider_of(agent.model, agent.capability, config), model)
     scenario = Path(agent.spec["scenario"]) if agent.spec.get("scenario") else None
     argv = runtime.headless_command(TurnRequest(model=model, resume_session_id=turn.resume_session_id,
                                                 run_dir=turn.project.run_dir / agent.name,
@@ -501,6 +498,8 @@ def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage
     price it live), not as free: an unknown model must not make a budget blind.
     """
     usage = stream.usage()
+    if getattr(config, "priced_at_zero", False):  # a local model (overstory.ollama): whatever the CLI says it costs
+        return usage._replace(cost_usd=0.0)
     if usage.cost_usd or not (usage.input_tokens or usage.output_tokens):
         return usage
     return usage._replace(cost_usd=_table_cost(stream.model or model, usage.input_tokens, usage.output_tokens,

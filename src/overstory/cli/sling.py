@@ -22,6 +22,7 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--parent", shell_complete=completer("complete_agents"), help="Agent to report to (default: the calling agent, else operator).")
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), help="Runtime (default: config runtimes.<capability>, else runtime.default).")
 @click.option("--model", help="Model for this agent.")
+@click.option("--provider", help="Config provider serving --model (same as --model PROVIDER/MODEL).")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
               help="Scenario file for the scripted runtime (format: README.md, \"The scripted runtime's scenarios\").")
@@ -35,7 +36,7 @@ from overstory.runtimes import RUNTIME_NAMES
               help="Calls matching this tool pattern need approval first, e.g. 'Bash(git push*)'; repeatable.")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
-          files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None,
+          files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None, provider: str | None,
           base_branch: str | None, scenario: Path | None, tmux: bool | None, max_usd: float | None,
           max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, approve: tuple[str, ...], as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
@@ -45,6 +46,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling builder calc --files 'src/calc.py,src/calc/**'   # writes elsewhere are refused
     ov sling scout survey --runtime scripted
     ov sling builder task-7 --spec specs/task-7.md --model sonnet
+    ov sling builder task-11 --provider ollama --model qwen3-coder   # a local model, $0
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
     ov sling builder task-9 --max-usd 2 --max-turns 30 --max-wallclock 90m
     ov sling builder task-10 --approve 'Bash(git push*)'   # pushing waits for `ov approve`
@@ -58,6 +60,10 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")
+    if provider is not None:
+        if not model or "/" in model:
+            raise UsageError("--provider needs --model with the model's name on that provider (no PROVIDER/ prefix)")
+        model = f"{provider}/{model}"
     for pattern in approve:
         from overstory.guards.patterns import parse_pattern
 

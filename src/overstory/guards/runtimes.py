@@ -8,7 +8,11 @@ One ``ov guard`` serves every runtime; it tells them apart by the input's shape:
 - Gemini CLI (``BeforeTool`` hook): ``{hook_event_name: "BeforeTool", tool_name, tool_input,
   cwd}`` with Gemini's tool names (``run_shell_command``, ``write_file``, ``replace``...).
   It denies on ``{"decision": "deny", "reason": ...}``.
-- OpenCode (ov's plugin, ``tool.execute.before``): ``{tool, args, sessionID, callID, cwd}``
+- Qwen Code (``PreToolUse`` hook): Claude's shape with Qwen's tool names (``run_shell_command``,
+  ``write_file``, ``edit``...) and a ``tool_call_id`` that is its stream's id for the call (its
+  ``tool_use_id`` is not). It refuses a call on exit 2 with the reason on stderr; exit 1 lets
+  the call run (measured), which the hook command turns into exit 2.
+- OpenCode and Kilo (ov's plugin, ``tool.execute.before``): ``{tool, args, sessionID, callID, cwd}``
   with OpenCode's tool names (``bash``, ``write``, ``edit``...). The plugin blocks the
   call when ``ov guard`` exits non-zero, with stderr as the reason.
 
@@ -26,6 +30,7 @@ from collections.abc import Mapping
 CLAUDE = "claude"
 GEMINI = "gemini"
 OPENCODE = "opencode"
+QWEN = "qwen"
 
 # Their tool -> (Claude's tool, {their argument: Claude's argument}).
 GEMINI_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
@@ -33,6 +38,13 @@ GEMINI_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
     "write_file": ("Write", {"file_path": "file_path"}),
     "replace": ("Edit", {"file_path": "file_path"}),
     "invoke_agent": ("Agent", {}),
+}
+QWEN_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
+    "run_shell_command": ("Bash", {"command": "command"}),
+    "write_file": ("Write", {"file_path": "file_path"}),
+    "edit": ("Edit", {"file_path": "file_path"}),
+    "notebook_edit": ("NotebookEdit", {}),
+    "agent": ("Agent", {}),
 }
 OPENCODE_TOOLS: dict[str, tuple[str, dict[str, str]]] = {
     "bash": ("Bash", {"command": "command"}),
@@ -48,6 +60,8 @@ def dialect_of(hook_input: Mapping[str, object]) -> str:
         return GEMINI
     if "tool_name" not in hook_input and isinstance(hook_input.get("tool"), str):
         return OPENCODE
+    if "tool_call_id" in hook_input or hook_input.get("tool_name") in QWEN_TOOLS:
+        return QWEN
     return CLAUDE
 
 
@@ -72,6 +86,8 @@ def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, ob
         return dialect, dict(hook_input)
     if dialect == GEMINI:
         tool, args, table = hook_input.get("tool_name"), hook_input.get("tool_input"), GEMINI_TOOLS
+    elif dialect == QWEN:
+        tool, args, table = hook_input.get("tool_name"), hook_input.get("tool_input"), QWEN_TOOLS
     else:
         tool, args, table = hook_input.get("tool"), hook_input.get("args"), OPENCODE_TOOLS
     mapped: dict[str, object] = {"hook_event_name": "PreToolUse", "tool_name": tool, "tool_input": args}
@@ -79,6 +95,8 @@ def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, ob
         mapped["cwd"] = hook_input["cwd"]
     if dialect == OPENCODE and isinstance(hook_input.get("callID"), str):  # the stream's id for the same call:
         mapped["tool_use_id"] = hook_input["callID"]  # its receipt finds the ledger row by it (Gemini's has none)
+    if dialect == QWEN and isinstance(hook_input.get("tool_call_id"), str):
+        mapped["tool_use_id"] = hook_input["tool_call_id"]  # the stream's id (its tool_use_id is another)
     mapped["tool_name"], mapped["tool_input"] = _mapped(tool, args, table)
     return dialect, mapped
 
@@ -89,7 +107,7 @@ def reply(dialect: str, allow: bool, reason: str, claude_response: str) -> tuple
         return "", "", 0
     if dialect == GEMINI:
         return json.dumps({"decision": "deny", "reason": reason}), "", 0
-    if dialect == OPENCODE:
+    if dialect in (OPENCODE, QWEN):
         return "", reason, 2
     return claude_response, "", 0
 

@@ -21,6 +21,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "codex": ("overstory.runtimes.codex", "CodexRuntime"),
     "gemini": ("overstory.runtimes.gemini", "GeminiRuntime"),
     "opencode": ("overstory.runtimes.opencode", "OpenCodeRuntime"),
+    "kilo": ("overstory.runtimes.kilo", "KiloRuntime"),
+    "qwen": ("overstory.runtimes.qwen", "QwenRuntime"),
 }
 RUNTIME_NAMES: tuple[str, ...] = tuple(REGISTRY)
 

@@ -285,6 +285,9 @@ class Runtime(abc.ABC):
     # Whether its stream reports usage (tokens or dollars) as each model message or step arrives, so a
     # budget can stop a turn inside it (``TurnParser.live_usage``); else only at the turn's end.
     usage_during_turn: t.ClassVar[bool] = False
+    # Its own ways to start sub-agents or teams, as the roles name them ("Do not use ..."): only `ov sling`
+    # creates agents. The roles in agents/ say Claude's; ``agents.overlay`` puts each runtime's in their place.
+    own_agent_tools: t.ClassVar[str] = "Claude's own sub-agent or team tools (Task, Agent, SendMessage, team creation)"
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()

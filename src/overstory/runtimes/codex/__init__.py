@@ -33,6 +33,7 @@ EXEC_FLAGS = ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-h
 
 class CodexRuntime(Runtime):
     name = "codex"
+    own_agent_tools = "Codex's own sub-agents, or another `codex` process"
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
     hook_ids_match = False  # the hook gets the model's call id (call_...), the stream numbers items (item_N)
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
@@ -43,7 +44,8 @@ class CodexRuntime(Runtime):
     def hook_call(self, tool: str, tool_input: dict[str, t.Any]) -> tuple[str, dict[str, t.Any]] | None:
         # Its hook sees a shell command as Bash with the command as the model sent it; the stream's
         # command_execution wraps it in `/bin/bash -lc '...'`, which the parser takes off. An apply_patch
-        # reaches the hook as a Bash heredoc but the stream as a file_change: no match, no receipt.
+        # reaches the hook as a Bash heredoc but the stream as a file_change: the ledger matches its files
+        # (the tool_start's ``paths``) against the patch's instead.
         return ("Bash", tool_input) if tool == "shell" else None
 
     def _bin(self, config: Config | None) -> str:

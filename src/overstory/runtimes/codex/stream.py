@@ -129,7 +129,10 @@ class CodexTurnStream(TurnParser):
                 self.current_tool = tool
                 self._started[item_id] = (tool, now)
                 # A command as the model sent it (and the hook saw it), without the `/bin/bash -lc '...'`.
-                command = {"command": shell_command(item.get("command"))} if kind == "command_execution" else None
+                command: dict[str, t.Any] | None = ({"command": shell_command(item.get("command"))}
+                                                    if kind == "command_execution" else None)
+                if kind == "file_change":  # an apply_patch: its files, for the receipt of the hook's row (ledger)
+                    command = {"paths": [str(c.get("path")) for c in item.get("changes") or [] if isinstance(c, dict)]}
                 return [ParsedEvent("tool_start", tool=tool, summary=summary, data={"tool_use_id": item_id,
                                                                                       "input": summary},
                                     call_input=command)]

@@ -62,6 +62,7 @@ def settings(ov_command: list[str]) -> dict[str, t.Any]:
 
 class GeminiRuntime(Runtime):
     name = "gemini"
+    own_agent_tools = "Gemini CLI's own sub-agents (invoke_agent)"
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
     hook_ids_match = False  # its BeforeTool hook is given no call id at all
     credential_vars = ("GEMINI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator

@@ -86,6 +86,7 @@ def opencode_json(model: str) -> dict[str, t.Any]:
 
 class OpenCodeRuntime(Runtime):
     name = "opencode"
+    own_agent_tools = "OpenCode's own sub-agents (the task tool, which is off)"
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, found by the plugin's callID
     usage_during_turn = True  # each step_finish carries the step's tokens and cost
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
