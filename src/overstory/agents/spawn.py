@@ -284,7 +284,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
         launch_env = _launch_env(project, environ)
         save_launch_env(project, name, launch_env)
         if not tmux:  # the loop reads this instead of loading the configuration (and pydantic) itself
-            from overstory.config import write_agent_snapshot
+            from overstory.config_load import write_agent_snapshot
 
             write_agent_snapshot(project.config_file, project.local_config_file, launch_env, run_dir)
         _fault("session", environ)

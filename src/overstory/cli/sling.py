@@ -52,7 +52,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     """
     from overstory.agents.spawn import SlingRequest
     from overstory.agents.spawn import sling as do_sling
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.errors import UsageError
 
     if prompt is not None and spec_file is not None:
