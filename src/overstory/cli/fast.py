@@ -3,7 +3,7 @@
 Agents call `ov mail send`, `ov mail check`, `ov status` and (as their tool-call hook)
 `ov guard` many times a minute, and each call is a new Python process, so start-up is
 most of their cost: click alone costs more than the interpreter. This module parses
-exactly those commands with the same options the click commands declare (a test
+exactly those commands (and answers ``ov --version`` itself) with the same options the click commands declare (a test
 compares the tables below with them) and calls the same click-free bodies
 (``cli.hot``). Anything else, and anything unusual, goes to click untouched: every
 other command, ``-h``/``--help`` anywhere, an unknown or malformed option, a bad
@@ -213,8 +213,17 @@ def _as_click_error(plan: _Plan, exc: t.Any) -> Exception:
             else click.UsageError(exc.message, ctx=ctx))
 
 
+VERSION_OPTIONS = ("-V", "--version")  # the root group's click.version_option
+
+
 def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 1 and args[0] in VERSION_OPTIONS and COMPLETION_ENV not in os.environ:
+        from overstory import __version__  # what click's version_option prints, without click (5x `python -c pass`)
+
+        sys.stdout.write(f"ov {__version__}\n")
+        sys.stdout.flush()
+        sys.exit(0)
     for name in DEFERRED:
         defer(name)
     plan = parse(args)
