@@ -50,9 +50,10 @@ FIGURES: dict[int, tuple[str, str]] = {
     9: ("fig_guard", "guard: checking time by command length"),
     10: ("fig_hooks", "tool-call hooks with the real claude CLI: added time per call"),
     11: ("fig_sandbox", "sandbox start-up per turn, the endpoint's round trip"),
+    12: ("fig_sling", "ov sling with an instant fake claude: to the first turn_end (200 and 5,000 files)"),
 }
 RUNNERS = {1: "run", 2: "run_store", 3: "run_concurrency", 4: "run_watchdog", 5: "run_spawn", 6: "run_memory",
-           7: "run_scale", 8: "run_serve", 9: "run", 10: "run", 11: "run"}
+           7: "run_scale", 8: "run_serve", 9: "run", 10: "run", 11: "run", 12: "run"}
 BUDGET_SECONDS = {"full": 600, "quick": 120}
 
 
