@@ -502,6 +502,10 @@ def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, s
 
 def main(argv: t.Sequence[str] | None = None) -> int:
     # Started only by spawn_loop, always with the same three options: no argparse (memory, x 50 loops).
+    from overstory.deferred import DEFERRED, defer
+
+    for name in DEFERRED:  # inspect (with ast, dis, tokenize) only if something really uses it
+        defer(name)
     words = list(sys.argv[1:] if argv is None else argv)
     options = dict(zip(words[::2], words[1::2]))
     if len(words) != 6 or set(options) != {"--project", "--agent", "--generation"} \

@@ -59,6 +59,7 @@ PARKING_STATUS = {RATE_LIMIT: "rate_limit", AUTH: "auth", UNKNOWN: "unknown"}
 
 @dataclass
 class TurnResult:
+    """How one turn ended, and what the loop does next."""
     # ok | transient | permanent | resume_failed | stalled | aborted, or what parks the agent:
     # budget (a limit crossed), rate_limit (quota), auth, unknown (an error ov cannot classify), parked
     # (parked by someone else)

@@ -22,31 +22,12 @@ from __future__ import annotations
 import os
 import sys
 
+from overstory.deferred import DEFERRED, _Deferred, defer  # noqa: F401 - re-exported (tests, bench)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import typing as t
 
-
-class _Deferred(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
-    """A stand-in in ``sys.modules`` that imports the real module on first attribute access."""
-
-    def __getattr__(self, attribute: str) -> object:
-        name = self.__name__
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        import importlib
-
-        real = importlib.import_module(name)
-        self.__dict__.update(real.__dict__)  # modules that imported the stand-in now see the real thing
-        return getattr(real, attribute)
-
-
-DEFERRED = ("inspect", "copy")
-
-
-def defer(name: str) -> None:
-    if name not in sys.modules:
-        sys.modules[name] = _Deferred(name)
 
 
 # ---- the hot commands' options, as their click commands declare them ----------------------------

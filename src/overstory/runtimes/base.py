@@ -67,6 +67,8 @@ class ParsedEvent:
 
 @dataclass(frozen=True)
 class TurnFailure:
+    """Why a turn failed, as a runtime classifies it."""
+
     kind: str
     reason: str
     reset_at_ms: int | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -19,6 +18,8 @@ INSTALL_HINT = "apt-get install bubblewrap (or dnf/pacman install bubblewrap), o
 
 @dataclass(frozen=True)
 class Probe:
+    """Whether bubblewrap works here (a docstring: dataclasses then needs no inspect in an agent loop)."""
+
     ok: bool
     path: str | None
     detail: str  # the version, or why it does not work
@@ -28,6 +29,8 @@ def bwrap_path() -> str | None:
     explicit = os.environ.get("OV_BWRAP")  # tests and unusual installs
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
+    import shutil  # here: with bz2 and lzma, not in every agent loop
+
     return shutil.which(BWRAP)
 
 
