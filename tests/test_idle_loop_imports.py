@@ -2,7 +2,8 @@
 
 ``inspect`` (with ``ast``, ``dis`` and ``tokenize``, about 1 MiB) comes with ``dataclasses`` only for a
 dataclass without a docstring, and the loop defers it (``overstory.deferred``); ``secrets`` and
-``hashlib`` (OpenSSL's libcrypto) are imported where a token or a hash is made. The loop's own
+``hashlib`` (OpenSSL's libcrypto) are imported where a token or a hash is made; programs are looked up
+with ``procs.which``, not shutil's (which brings bz2 and lzma). The loop's own
 ``-X importtime`` report (PYTHONPROFILEIMPORTTIME, in its log) says what it imported.
 """
 
@@ -12,11 +13,14 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from agent_helpers import agent_env, wait_for
 from overstory.config_load import load
 from overstory.paths import ProjectPaths
 
-NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib", "pydantic", "yaml")
+NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib", "shutil", "bz2", "lzma",
+                       "pydantic", "yaml")
 
 
 def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths, tmp_path: Path) -> None:
@@ -44,3 +48,24 @@ def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths
     imported = set(re.findall(r"^import time:[^|]*\|[^|]*\| +(\S+)$", log, re.MULTILINE))
     assert {"overstory.agents.process", "overstory.agents.turns", "dataclasses"} <= imported  # the report is there
     assert sorted(imported & set(NOT_IN_AN_IDLE_LOOP)) == []
+
+
+def test_which_finds_what_shutil_finds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from overstory.procs import which
+
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    (tmp_path / "first" / "tool").write_text("not executable")
+    (tmp_path / "first" / "folder").mkdir()
+    for folder in ("first", "second"):
+        (tmp_path / folder / "prog").write_text("#!/bin/sh\n")
+    (tmp_path / "second" / "prog").chmod(0o755)
+    (tmp_path / "second" / "tool").write_text("#!/bin/sh\n")
+    (tmp_path / "second" / "tool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'first'}:{tmp_path / 'second'}:/usr/bin:/bin")
+    for name in ("prog", "tool", "folder", "sh", "no-such-program", str(tmp_path / "second" / "prog"),
+                 str(tmp_path / "first" / "prog"), str(tmp_path / "first"), "/bin/sh"):
+        assert which(name) == shutil.which(name), name
+    assert which("tool") == str(tmp_path / "second" / "tool")

@@ -35,9 +35,9 @@ def bwrap_path() -> str | None:
     explicit = os.environ.get("OV_BWRAP")  # tests and unusual installs
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
-    import shutil  # here: with bz2 and lzma, not in every agent loop
+    from overstory.procs import which
 
-    return shutil.which(BWRAP)
+    return which(BWRAP)
 
 
 @functools.lru_cache(maxsize=1)
