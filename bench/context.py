@@ -41,6 +41,7 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig10_calls": (60, 30),
     "fig10_rounds": (8, 2),
     "fig11_rounds": (30, 8),
+    "fig12_rounds": (7, 3),
 }
 
 

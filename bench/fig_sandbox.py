@@ -47,9 +47,9 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
 
     found = probe()
     if not found.ok:
-        return [not_available(10, "sandbox start-up per turn", found.detail)], {}
+        return [not_available(11, "sandbox start-up per turn", found.detail)], {}
     rounds, warmup = ctx.p("fig11_rounds"), 3
-    root = make_repo(ctx.scratch / "fig8", files=50)
+    root = make_repo(ctx.scratch / "fig11", files=50)
     init_project(root)
     project = ProjectPaths(root)
     env = ctx.env()
@@ -81,15 +81,15 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
     }, rounds=rounds, warmup=warmup)
     overhead = Stats([b - a for a, b in zip(timed["true"].samples, timed["bwrap"].samples)])
     total = prep.median + overhead.median
-    rows.append(row(10, "housekeeping before a turn (sandbox.prepare_turn, a builder)", "ms", prep,
+    rows.append(row(11, "housekeeping before a turn (sandbox.prepare_turn, a builder)", "ms", prep,
                     note="state dir, private refs/heads/ov copy, stale locks, the bwrap command line"))
-    rows.append(row(10, "/bin/true", "ms", timed["true"]))
-    rows.append(row(10, f"bwrap (a builder's full command line, {len(argv) - 2} words) /bin/true", "ms", timed["bwrap"]))
-    rows.append(row(10, "bwrap's own cost (paired difference)", "ms", overhead))
-    rows.append(row(10, "sandbox start-up per turn (housekeeping + bwrap)", "ms", value=total,
+    rows.append(row(11, "/bin/true", "ms", timed["true"]))
+    rows.append(row(11, f"bwrap (a builder's full command line, {len(argv) - 2} words) /bin/true", "ms", timed["bwrap"]))
+    rows.append(row(11, "bwrap's own cost (paired difference)", "ms", overhead))
+    rows.append(row(11, "sandbox start-up per turn (housekeeping + bwrap)", "ms", value=total,
                     target=f"< {START_TARGET_MS:g} ms", met=total < START_TARGET_MS))
     for problem in errors[:3]:
-        add_note(rows, problem, 10)
+        add_note(rows, problem, 11)
 
     # Taking the branch back after a turn that committed (git cat-file + update-ref).
     layout = prepare_turn(project, config, agent, ["/bin/true"], env, launch_env=env).layout
@@ -104,7 +104,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         (layout.private_refs / "builder-b1").write_text(next(commit_iter) + "\n")
 
     take = time_calls(lambda: gitrefs.take_back(layout), repeat=rounds, warmup=warmup, before=set_tip)
-    rows.append(row(10, "take a builder's branch back after a turn that committed", "ms", take))
+    rows.append(row(11, "take a builder's branch back after a turn that committed", "ms", take))
 
     # The endpoint: in-process round trip, then `ov mail send` from inside a sandbox.
     sender = _agent(root, "builder-b2")
@@ -114,7 +114,7 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         channel = Channel(secret["OVERSTORY_ENDPOINT"], secret["OVERSTORY_ENDPOINT_TOKEN"])
         rtt = time_calls(lambda: channel.call("mail.send", {"to": "operator", "subject": "bench"}),
                          repeat=rounds * 3, warmup=warmup)
-        rows.append(row(10, "endpoint round trip: one mail.send request (client in-process)", "ms", rtt))
+        rows.append(row(11, "endpoint round trip: one mail.send request (client in-process)", "ms", rtt))
         inside_env = {**env, **secret, "OVERSTORY_AGENT_NAME": sender.name,
                       "OVERSTORY_PROJECT_ROOT": str(root)}
         boxed = prepare_turn(project, config, sender, [ctx.ov, "mail", "send", "--to", "operator", "--subject", "s"],
@@ -128,14 +128,14 @@ def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
         }, rounds=rounds, warmup=warmup)
         base_stats = processes["operator: ov mail send (database)"]
         for name, stats in processes.items():
-            rows.append(row(10, name, "ms", stats, ratio=stats.median / base_stats.median,
+            rows.append(row(11, name, "ms", stats, ratio=stats.median / base_stats.median,
                             baseline="operator: ov mail send (database)"))
         for problem in errors[:3]:
-            add_note(rows, problem, 10)
+            add_note(rows, problem, 11)
     finally:
         endpoint.close()
     sent = json.loads(ctx.ov_run("mail", "list", "--from", "builder-b2", "--limit", "100000", "--json", cwd=root,
                                  env=env).stdout)
     add_note(rows, f"mail from builder-b2 through its endpoint: {len(sent)} message(s), every one signed by it: "
-                   f"{all(m['from'] == 'builder-b2' for m in sent)}", 10)
+                   f"{all(m['from'] == 'builder-b2' for m in sent)}", 11)
     return rows, {"bwrap": found.detail, "argv_words": len(argv), "loadavg": os.getloadavg()[0]}

@@ -7,6 +7,9 @@
 Prints a table and writes bench/results/<date>-<commit>.json. Every timing is a
 median of repeated runs after warm-up, with min and max; ratios compare against a
 baseline measured in the same run. See bench/RESULTS.md for what each figure means.
+A figure that crashes is reported (its traceback, "not available: crashed") and the
+run goes on with the others, then exits 1. A figure that cannot be measured on this
+machine (no bubblewrap, no claude CLI) is not a crash.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ FIGURES: dict[int, tuple[str, str]] = {
     9: ("fig_guard", "guard: checking time by command length"),
     10: ("fig_hooks", "tool-call hooks with the real claude CLI: added time per call"),
     11: ("fig_sandbox", "sandbox start-up per turn, the endpoint's round trip"),
+    12: ("fig_sling", "ov sling with an instant fake claude: to the first turn_end (200 and 5,000 files)"),
 }
 RUNNERS = {1: "run", 2: "run_store", 3: "run_concurrency", 4: "run_watchdog", 5: "run_spawn", 6: "run_memory",
-           7: "run_scale", 8: "run_serve", 9: "run", 10: "run", 11: "run"}
+           7: "run_scale", 8: "run_serve", 9: "run", 10: "run", 11: "run", 12: "run"}
 BUDGET_SECONDS = {"full": 600, "quick": 120}
 
 
@@ -119,6 +123,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         "bytecode": bytecode_state(),
         "parameters": {name: ctx.p(name) for name in PARAMETERS}, "figures": {}, "rows": [],
     }
+    crashed: list[int] = []
     print(f"ov bench ({mode}) at {commit['commit']}; scratch {scratch}", flush=True)
     print(f"python {sys.executable} ({document['machine']['python']}), ov {ctx.ov}, "
           f"{document['machine']['nproc']} cores, {document['machine']['memory_gib']} GiB", flush=True)
@@ -131,9 +136,10 @@ def main(argv: t.Sequence[str] | None = None) -> int:
             try:
                 module = importlib.import_module(module_name)
                 rows, details = getattr(module, RUNNERS[number])(ctx)
-            except Exception as exc:  # one broken figure must not hide the others
+            except Exception as exc:  # one broken figure must not hide the others, nor pass for a result
                 traceback.print_exc()
-                rows, details = [not_available(number, title, f"{type(exc).__name__}: {exc}")], {}
+                crashed.append(number)
+                rows, details = [not_available(number, title, f"crashed: {type(exc).__name__}: {exc}")], {}
             finally:
                 ctx.registry.stop_all()
             seconds = time.monotonic() - figure_started
@@ -149,17 +155,20 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     budget = BUDGET_SECONDS[mode]
     document["total_seconds"] = round(total, 1)
     document["budget"] = {"seconds": budget, "met": total < budget} if not args.only else None
+    document["crashed"] = crashed
     print()
     print_table(document["rows"])
     print(f"\ntotal: {total:.0f}s ({mode} budget {budget}s: {'met' if total < budget else 'MISSED'})"
           if not args.only else f"\ntotal: {total:.0f}s (partial run)")
+    if crashed:
+        print(f"figure(s) {', '.join(map(str, crashed))} CRASHED (see the tracebacks above): the run fails")
     if args.only and args.out is None:
-        return 0
+        return 1 if crashed else 0
     out = args.out or (Path(__file__).resolve().parent / "results" /
                        f"{datetime.date.today().isoformat()}-{commit['commit']}{'-quick' if args.quick else ''}.json")
     write_json(out, document)
     print(f"wrote {out}")
-    return 0
+    return 1 if crashed else 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import pytest
 from agent_helpers import agent_env, wait_for
 from overstory import config_snapshot
 from overstory.agents.loop import load_loop_config
-from overstory.config import Config, load_config, write_agent_snapshot
+from overstory.config import Config, load_config
+from overstory.config_load import write_agent_snapshot
 from overstory.paths import ProjectPaths
 
 CUSTOM = """\
@@ -67,8 +68,9 @@ def test_the_snapshot_reads_as_the_validated_config(tmp_path: Path, text: str) -
     config_file = tmp_path / "config.yaml"
     config_file.write_text(text)
     environ = {"OV_TURNS_KILL_GRACE": "1.5", "OV_RUNTIME_MODEL": "sonnet"}  # the launch environment counts
-    validated = write_agent_snapshot(config_file, None, environ, tmp_path)
-    assert validated == load_config(config_file, None, environ=environ)
+    validated = load_config(config_file, None, environ=environ)
+    written = write_agent_snapshot(config_file, None, environ, tmp_path)
+    assert written.model_dump() == validated.model_dump(mode="json")
     snapshot = config_snapshot.read(tmp_path / "config.json")
     assert _leaves(snapshot) == _leaves(validated)
     assert snapshot.turns.kill_grace == 1.5 and snapshot.runtime.model == "sonnet"
@@ -92,11 +94,11 @@ def test_the_loop_loads_the_config_itself_without_a_usable_snapshot(project: Pro
     run_dir.mkdir(parents=True)
     project.local_config_file.write_text("turns:\n  max_retries: 7\n")
     fallback = load_loop_config(project, "builder-x", {})  # no snapshot (slung by an older ov)
-    assert isinstance(fallback, Config) and fallback.turns.max_retries == 7
+    assert isinstance(fallback, config_snapshot.Snapshot) and fallback.turns.max_retries == 7
     (run_dir / "config.json").write_text('{"format": 99}')
-    assert isinstance(load_loop_config(project, "builder-x", {}), Config)
+    assert load_loop_config(project, "builder-x", {}).turns.max_retries == 7
     (run_dir / "config.json").write_text("{half a fi")
-    assert isinstance(load_loop_config(project, "builder-x", {}), Config)
+    assert load_loop_config(project, "builder-x", {}).turns.max_retries == 7
     write_agent_snapshot(project.config_file, project.local_config_file, {}, run_dir)
     project.local_config_file.write_text("turns:\n  max_retries: 1\n")  # changed after the sling
     read = load_loop_config(project, "builder-x", {})
@@ -104,10 +106,13 @@ def test_the_loop_loads_the_config_itself_without_a_usable_snapshot(project: Pro
 
 
 def test_a_reading_loop_never_sees_half_a_snapshot(tmp_path: Path) -> None:
-    write_agent_snapshot(tmp_path / "none.yaml", None, {}, tmp_path)
-    write_agent_snapshot(tmp_path / "none.yaml", None, {"OV_TURNS_MAX_RETRIES": "4"}, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # the temporary file was renamed over it
-    assert config_snapshot.read(tmp_path / "config.json").turns.max_retries == 4
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_agent_snapshot(tmp_path / "none.yaml", None, {}, run_dir)
+    write_agent_snapshot(tmp_path / "none.yaml", None, {"OV_TURNS_MAX_RETRIES": "4"}, run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json"]  # the temporary file was renamed over it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.snapshot.json", "run"]
+    assert config_snapshot.read(run_dir / "config.json").turns.max_retries == 4
 
 
 def test_watchdog_readoption_refreshes_the_snapshot_and_keeps_it_if_the_config_broke(

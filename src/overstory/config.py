@@ -1,6 +1,7 @@
 """Project configuration: built-in defaults < config.yaml < config.local.yaml < OV_<SECTION>_<KEY>.
 
-Imports pydantic and yaml, so hot commands (mail, guard, status) never import this module.
+The schema and its validation. Imports pydantic and yaml, so only ``config_load.load`` imports this
+module, when a configuration file changed (hot commands never do).
 """
 
 from __future__ import annotations
@@ -336,7 +337,11 @@ class Config(_Section):
 
 def load_config(config_file: Path, local_file: Path | None = None,
                 environ: t.Mapping[str, str] | None = None) -> Config:
-    """Merge the layers; an invalid result is blamed on the first layer that made it invalid."""
+    """Merge the layers and build the models; an invalid result is blamed on the first layer that made it invalid.
+
+    Commands and loops load the configuration with ``config_load.load``, which calls this only when a file
+    (or an OV_* variable) changed since the last validation. Called directly by what needs the models
+    themselves (`ov init`'s check of the file it writes, tests that change a value in place)."""
     merged: dict[str, t.Any] = {}
     layers: list[tuple[str, dict[str, t.Any]]] = []
     for path in (config_file, local_file):
@@ -520,14 +525,3 @@ def snapshot_shape(annotation: t.Any = None) -> t.Any:
     if origin in (t.Union, types.UnionType):
         return next((shape for arg in t.get_args(annotation) if (shape := snapshot_shape(arg)) is not None), None)
     return None
-
-
-def write_agent_snapshot(config_file: Path, local_file: Path | None, environ: t.Mapping[str, str],
-                         run_dir: Path) -> Config:
-    """Validate the configuration as an agent's loop would see it (its launch environment) and hand it
-    over as ``run_dir/config.json``, so the loop needs no pydantic. ConfigError if it is invalid."""
-    from overstory import config_snapshot
-
-    config = load_config(config_file, local_file, environ=environ)
-    config_snapshot.write(config.model_dump(mode="json"), snapshot_shape(), config_snapshot.snapshot_path(run_dir))
-    return config

@@ -1,9 +1,10 @@
-"""A validated configuration, handed to a per-agent loop as plain JSON.
+"""A validated configuration as plain JSON, read back with the standard library alone.
 
-`ov sling` loads and validates the configuration (pydantic and yaml, in ``config``) once
-and writes the result to ``.overstory/run/<agent>/config.json``; the agent's loop reads
-it back here with the standard library alone. An idle loop is then a small process:
-pydantic and yaml were 11 MiB of its 30 MiB, and 50 agents means 50 loops.
+``config_load.load`` keeps the project's validated configuration as such a snapshot
+(``.overstory/config.snapshot.json``), and `ov sling` writes the one an agent runs with to
+``.overstory/run/<agent>/config.json``; the agent's loop reads it back here. An idle loop
+is then a small process: pydantic and yaml were 11 MiB of its 30 MiB, and 50 agents means
+50 loops.
 
 The file holds the configuration's values (``model_dump(mode="json")``) and its shape:
 which keys are sections (attribute access, as on the pydantic models) and which are
@@ -90,14 +91,14 @@ def _plain(value: t.Any) -> t.Any:
     return value
 
 
-def _wrap(value: t.Any, shape: t.Any, kind: type[Section] = Section) -> t.Any:
+def wrap(value: t.Any, shape: t.Any, kind: type[Section] = Section) -> t.Any:
     """Values -> Sections where ``shape`` says a model is: {field: shape} for a model, {"*": shape} for a
     mapping of models, None for a plain value."""
     if shape is None or not isinstance(value, dict):
         return value
     if set(shape) == {"*"}:
-        return {key: _wrap(item, shape["*"]) for key, item in value.items()}
-    return kind({key: _wrap(item, shape.get(key)) for key, item in value.items()})
+        return {key: wrap(item, shape["*"]) for key, item in value.items()}
+    return kind({key: wrap(item, shape.get(key)) for key, item in value.items()})
 
 
 def snapshot_path(run_dir: str | os.PathLike[str]) -> str:
@@ -110,14 +111,21 @@ def read(path: str | os.PathLike[str]) -> Config:
         document = json.load(handle)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path}: not a configuration snapshot this ov understands")
-    config: Config = _wrap(document["config"], document["shape"], Snapshot)
+    config: Config = wrap(document["config"], document["shape"], Snapshot)
     return config
 
 
-def write(document: dict[str, t.Any], shape: dict[str, t.Any], path: str | os.PathLike[str]) -> None:
-    """Write atomically (a loop reading it sees the old file or the new one, never half of one)."""
+def write_json(document: dict[str, t.Any], path: str | os.PathLike[str]) -> None:
+    """Write atomically (a reader sees the old file or the new one, never half of one)."""
     target = os.fspath(path)
-    temporary = f"{target}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump({"format": FORMAT, "shape": shape, "config": document}, handle, indent=1, sort_keys=True)
-    os.replace(temporary, target)
+    temporary = f"{target}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)  # in the models' order, as validating gives it
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise

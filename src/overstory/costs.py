@@ -139,7 +139,7 @@ def costs_report(project: t.Any, conn: sqlite3.Connection, *, by: str | None = N
                  since: str | None = None) -> dict[str, t.Any]:
     """`ov costs` for callers that hold text (`ov serve`): ``since`` as `ov costs --since` takes it."""
     from overstory.clock import parse_since
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.errors import UsageError
     from overstory.prices import PriceTable
 

@@ -86,7 +86,7 @@ def run_demo(*, runtime: str, directory: Path | None, timeout: float,
     import os
 
     from overstory.agents.spawn import SlingRequest, sling
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.project_init import init_project
     from overstory.store.db import open_state
 

@@ -247,7 +247,7 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
     checks.append(Check("project", OK, str(project.root)))
     config = None
     try:
-        from overstory.config import load_config
+        from overstory.config_load import load as load_config
 
         config = load_config(project.config_file, project.local_config_file)
         checks.append(Check("config", OK, f"{project.config_file} is valid"))

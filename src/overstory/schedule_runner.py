@@ -70,12 +70,14 @@ def run_fire(project: ProjectPaths, fire_id: int, *, timeout: float | None = Non
 
 def _settings(project: ProjectPaths) -> tuple[t.Any, str | None]:
     """Config ``schedules`` (its defaults, and why, when the configuration cannot be read)."""
-    from overstory.config import SchedulesSection, load_config
+    from overstory.config_load import load as load_config
     from overstory.errors import OrchestratorError
 
     try:
         return load_config(project.config_file, project.local_config_file).schedules, None
     except OrchestratorError as exc:
+        from overstory.config import SchedulesSection
+
         return SchedulesSection(), str(exc)
 
 

@@ -210,7 +210,7 @@ class Scheduler:
         return self._backoff
 
     def _settings(self) -> t.Any:
-        from overstory.config import load_config
+        from overstory.config_load import load as load_config
 
         return load_config(self.project.config_file, self.project.local_config_file).schedules
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ GITIGNORE_LINE = "serve-token"
 
 @dataclass(frozen=True)
 class Token:
+    """The project's `ov serve` token, and whether this call created it."""
+
     value: str
     created: bool
 
@@ -57,6 +58,8 @@ def ensure_token(project: ProjectPaths) -> Token:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(project)
     temporary = path.with_name(f".serve-token.{os.getpid()}.tmp")
+    import secrets  # here: random, hmac, hashlib, not in every agent loop
+
     value = secrets.token_urlsafe(TOKEN_BYTES)
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -116,6 +116,8 @@ def _operator_escalation(crossing: Crossing, names: list[str]) -> t.Callable[[sq
 
 @dataclass
 class ResumeResult:
+    """What `ov resume` did to one agent's budget."""
+
     name: str
     previous_state: str
     park_kind: str | None
@@ -253,6 +255,8 @@ def refresh_credentials(project: ProjectPaths, config: Config, agent: Session,
 
 @dataclass
 class RunResumeResult:
+    """What `ov resume --run` did to a run's budget."""
+
     run_id: str
     budget: dict[str, t.Any]
     unparked: list[str]

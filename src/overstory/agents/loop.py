@@ -488,20 +488,24 @@ def park_for_error(state: sqlite3.Connection, events: sqlite3.Connection, agent:
 def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, str]) -> Config:
     """The configuration `ov sling` validated for this agent (``config_snapshot``), without pydantic.
 
-    An agent slung before snapshots existed has none: then it is loaded and validated here.
+    An agent slung before snapshots existed has none: then it is loaded here, as a command loads it.
     """
     from overstory import config_snapshot
 
     try:
         return config_snapshot.read(config_snapshot.snapshot_path(project.run_dir / name))
     except (OSError, ValueError, KeyError, TypeError):
-        from overstory.config import load_config
+        from overstory import config_load
 
-        return load_config(project.config_file, project.local_config_file, environ=environ)
+        return config_load.load(project.config_file, project.local_config_file, environ=environ)
 
 
 def main(argv: t.Sequence[str] | None = None) -> int:
     # Started only by spawn_loop, always with the same three options: no argparse (memory, x 50 loops).
+    from overstory.deferred import DEFERRED, defer
+
+    for name in DEFERRED:  # inspect (with ast, dis, tokenize) only if something really uses it
+        defer(name)
     words = list(sys.argv[1:] if argv is None else argv)
     options = dict(zip(words[::2], words[1::2]))
     if len(words) != 6 or set(options) != {"--project", "--agent", "--generation"} \

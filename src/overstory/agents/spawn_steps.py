@@ -177,7 +177,7 @@ def _rundir(sp: Spawning) -> None:
     sp.launch_env = launch_env(sp.project, plan.environ)
     save_launch_env(sp.project, plan.name, sp.launch_env)
     if not plan.tmux:  # the loop reads this instead of loading the configuration (and pydantic) itself
-        from overstory.config import write_agent_snapshot
+        from overstory.config_load import write_agent_snapshot
 
         write_agent_snapshot(sp.project.config_file, sp.project.local_config_file, sp.launch_env, run_dir)
 

@@ -51,6 +51,7 @@ NESTED_SESSION_VARS = ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_
 
 @dataclass
 class TurnResult:
+    """How one turn ended, and what the loop does next."""
     # ok | transient | permanent | resume_failed | stalled | aborted, or what parks the agent:
     # budget (a limit crossed), rate_limit (quota), auth, unknown (an error ov cannot classify), parked
     # (parked by someone else)

@@ -34,7 +34,7 @@ def clean(completed: bool, merged_only: bool, dry_run: bool, force: bool, as_jso
     ov clean --completed --force   # also throw away unmerged work of finished agents
     """
     from overstory import cleanup
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.errors import UsageError
 
     if completed and merged_only:

@@ -15,14 +15,16 @@ def config(defaults: bool, as_json: bool) -> None:
     ov config --json
     OV_TURNS_STALL_TIMEOUT=30 ov config
     """
-    from overstory.config import DEFAULT_CONFIG_YAML, Config, load_config
-
     if defaults:
+        from overstory.config import DEFAULT_CONFIG_YAML, Config
+
         if as_json:
             echo_json(Config().model_dump())
         else:
             click.echo(DEFAULT_CONFIG_YAML, nl=False)
         return
+    from overstory.config_load import load as load_config
+
     project = project_paths()
     effective = load_config(project.config_file, project.local_config_file).model_dump()
     if as_json:

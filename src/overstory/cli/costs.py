@@ -27,7 +27,7 @@ def costs(by: str, since: str | None, show_prices: bool, as_json: bool) -> None:
     ov costs --prices
     """
     from overstory.clock import parse_since
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.costs import render_text, report
     from overstory.errors import UsageError
     from overstory.prices import PriceTable

@@ -26,7 +26,7 @@ def diff(agent: str, stat: bool, no_pager: bool) -> None:
     ov diff builder-task-42 --stat
     ov diff builder-task-42 --no-pager | grep TODO
     """
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.diffs import agent_diff
 
     project = project_paths()

@@ -3,7 +3,7 @@
 Agents call `ov mail send`, `ov mail check`, `ov status` and (as their tool-call hook)
 `ov guard` many times a minute, and each call is a new Python process, so start-up is
 most of their cost: click alone costs more than the interpreter. This module parses
-exactly those commands with the same options the click commands declare (a test
+exactly those commands (and answers ``ov --version`` itself) with the same options the click commands declare (a test
 compares the tables below with them) and calls the same click-free bodies
 (``cli.hot``). Anything else, and anything unusual, goes to click untouched: every
 other command, ``-h``/``--help`` anywhere, an unknown or malformed option, a bad
@@ -22,31 +22,12 @@ from __future__ import annotations
 import os
 import sys
 
+from overstory.deferred import DEFERRED, _Deferred, defer  # noqa: F401 - re-exported (tests, bench)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import typing as t
 
-
-class _Deferred(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
-    """A stand-in in ``sys.modules`` that imports the real module on first attribute access."""
-
-    def __getattr__(self, attribute: str) -> object:
-        name = self.__name__
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        import importlib
-
-        real = importlib.import_module(name)
-        self.__dict__.update(real.__dict__)  # modules that imported the stand-in now see the real thing
-        return getattr(real, attribute)
-
-
-DEFERRED = ("inspect", "copy")
-
-
-def defer(name: str) -> None:
-    if name not in sys.modules:
-        sys.modules[name] = _Deferred(name)
 
 
 # ---- the hot commands' options, as their click commands declare them ----------------------------
@@ -213,8 +194,17 @@ def _as_click_error(plan: _Plan, exc: t.Any) -> Exception:
             else click.UsageError(exc.message, ctx=ctx))
 
 
+VERSION_OPTIONS = ("-V", "--version")  # the root group's click.version_option
+
+
 def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 1 and args[0] in VERSION_OPTIONS and COMPLETION_ENV not in os.environ:
+        from overstory import __version__  # what click's version_option prints, without click (5x `python -c pass`)
+
+        sys.stdout.write(f"ov {__version__}\n")
+        sys.stdout.flush()
+        sys.exit(0)
     for name in DEFERRED:
         defer(name)
     plan = parse(args)

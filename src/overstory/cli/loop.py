@@ -69,7 +69,7 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
                                          model, parent, base_branch, scenario, allow_protected or None])
         return
     from overstory.agents.loop_start import LoopRequest, check_environment, start_loop
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")

@@ -14,7 +14,7 @@ from overstory.cli._common import echo_json, project_paths, state_conn
 
 def recover_all(as_json: bool) -> None:
     """Re-adopt or restart every active agent once, as the watchdog does when it starts."""
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.errors import LockHeld
     from overstory.recovery import recover_all as do_recover
 
@@ -37,7 +37,7 @@ def recover_all(as_json: bool) -> None:
 
 def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> None:
     """Sling a new agent from AGENT's newest checkpoint: its task, a new name, a branch at its commit."""
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.recovery import fork as do_fork
 
     project = project_paths()

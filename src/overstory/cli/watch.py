@@ -23,7 +23,7 @@ class _WatchdogThread:
         self.failure: str | None = None
 
     def start(self) -> None:
-        from overstory.config import load_config
+        from overstory.config_load import load as load_config
         from overstory.errors import LockHeld
         from overstory.watchdog import WatchdogLock, WatchdogSettings, lock_holder
 

@@ -28,7 +28,7 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
     OV_WATCHDOG_STALE_AFTER=60 ov watchdog --interval 2
     """
     from overstory.clock import iso, now_ms
-    from overstory.config import load_config
+    from overstory.config_load import load as load_config
     from overstory.watchdog import Action, ReconcileReport, Watchdog, WatchdogLock, WatchdogSettings
 
     if interval is not None and not 0 < interval < float("inf"):  # nan and inf too: they would spin or hang

@@ -48,9 +48,9 @@ def _config(caller: Caller) -> Config:
     try:  # as agents.loop.load_loop_config does (importing it from here would close an import circle)
         return config_snapshot.read(config_snapshot.snapshot_path(caller.project.run_dir / caller.name))
     except (OSError, ValueError, KeyError, TypeError):
-        from overstory.config import load_config
+        from overstory import config_load
 
-        return load_config(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
+        return config_load.load(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
 
 
 def _sender(caller: Caller, args: dict[str, t.Any]) -> str:

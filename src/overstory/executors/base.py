@@ -70,12 +70,16 @@ class TurnSpec:
 
 @dataclass(frozen=True)
 class Submitted:
+    """A turn handed to an executor."""
+
     turn_id: str
     created: bool  # False: the id was submitted before; nothing new was started
 
 
 @dataclass(frozen=True)
 class TurnStatus:
+    """Where a submitted turn is."""
+
     turn_id: str
     state: TurnState
     reason: str = ""

@@ -67,6 +67,8 @@ class ParsedEvent:
 
 @dataclass(frozen=True)
 class TurnFailure:
+    """Why a turn failed, as a runtime classifies it."""
+
     kind: str
     reason: str
     reset_at_ms: int | None = None
@@ -369,6 +371,6 @@ class Runtime(abc.ABC):
 
 def find_program(name_or_path: str) -> str | None:
     """An executable on PATH, or an existing file path; None when neither."""
-    import shutil  # not at the top: every idle agent loop imports this module
+    from overstory.procs import which  # not shutil's: every idle agent loop looks a program up
 
-    return shutil.which(name_or_path) or (name_or_path if Path(name_or_path).is_file() else None)
+    return which(name_or_path) or (name_or_path if Path(name_or_path).is_file() else None)

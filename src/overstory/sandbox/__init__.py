@@ -41,6 +41,8 @@ __all__ = ["OFF_WARNING", "Prepared", "TakeBack", "effective_mode", "prepare_tur
 
 @dataclass(frozen=True)
 class Mode:
+    """The sandbox a turn gets here (``effective_mode``)."""
+
     name: str     # "bwrap" or "off"
     reason: str   # why: configured, or what the probe found
 
@@ -60,6 +62,8 @@ def effective_mode(config: Config) -> Mode:
 
 @dataclass(frozen=True)
 class Prepared:
+    """A turn's command line and environment, ready to start (``prepare_turn``)."""
+
     argv: list[str]
     env: dict[str, str]
     layout: Layout

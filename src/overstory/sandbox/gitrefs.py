@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,8 @@ _REDIRECTING = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", 
 
 @dataclass(frozen=True)
 class TakeBack:
+    """What taking an agent's branch back after its turn did (a docstring: dataclasses then needs no inspect)."""
+
     status: str   # "moved", "unchanged", "none" (nothing to take), "refused", "conflict"
     detail: str = ""
     old: str | None = None
@@ -87,6 +88,8 @@ def _clear(directory: Path) -> None:
     if directory.is_symlink() or directory.is_file():
         directory.unlink()
     elif directory.is_dir():
+        import shutil  # here: with bz2 and lzma, not in an idle agent loop
+
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
 
@@ -114,6 +117,8 @@ def prepare(layout: Layout) -> TakeBack:
         own.write_text(tip + "\n", encoding="ascii")
         reflog = git / OWN_LOGS / layout.own_ref_name
         if reflog.is_file() and not reflog.is_symlink():
+            import shutil  # here: with bz2 and lzma, not in an idle agent loop
+
             shutil.copyfile(reflog, layout.private_logs / layout.own_ref_name)
     elif own.exists():
         own.unlink()

@@ -29,6 +29,8 @@ OWN_LOGS = "logs/refs/heads/ov"
 
 @dataclass(frozen=True)
 class Layout:
+    """Where one agent's sandbox puts things (the docstring also spares dataclasses an inspect.signature)."""
+
     root: Path                 # the main checkout
     ov_dir: Path               # <root>/.overstory
     runs: Path                 # <root>/.overstory/run (every agent's run dir)

@@ -3,13 +3,18 @@
 The probe runs the same kind of sandbox a turn gets (read-only root, private /tmp, a pid
 namespace, no capabilities) around ``true``. bwrap can be installed and still fail: no
 user namespaces for an unprivileged user, a container without the rights to mount.
+
+A probe that found bwrap working is remembered for this user until something it depends on
+changes (``_key``: the bwrap binary, the boot, the user-namespace settings), in a file of
+their own in $XDG_RUNTIME_DIR (else $TMPDIR, /tmp): `ov sling` and then the new agent's loop
+each asked it before, two processes each, on the way to the agent's first turn (issue 34).
+A failing probe is never remembered.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -19,6 +24,8 @@ INSTALL_HINT = "apt-get install bubblewrap (or dnf/pacman install bubblewrap), o
 
 @dataclass(frozen=True)
 class Probe:
+    """Whether bubblewrap works here (a docstring: dataclasses then needs no inspect in an agent loop)."""
+
     ok: bool
     path: str | None
     detail: str  # the version, or why it does not work
@@ -28,7 +35,9 @@ def bwrap_path() -> str | None:
     explicit = os.environ.get("OV_BWRAP")  # tests and unusual installs
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
-    return shutil.which(BWRAP)
+    from overstory.procs import which
+
+    return which(BWRAP)
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,6 +45,85 @@ def probe() -> Probe:
     path = bwrap_path()
     if path is None:
         return Probe(False, None, f"bubblewrap ({BWRAP}) is not installed")
+    key = _key(path)
+    remembered = _remembered(key)
+    if remembered is not None:
+        return Probe(True, path, remembered)
+    found = _run_probe(path)
+    if found.ok and key is not None:
+        _remember(key, found.detail)
+    return found
+
+
+# What a working probe depends on besides the binary: the boot, and the user-namespace switches.
+_SETTINGS = ("/proc/sys/kernel/random/boot_id", "/proc/sys/kernel/unprivileged_userns_clone",
+             "/proc/sys/user/max_user_namespaces", "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+
+
+def _key(path: str) -> list[object] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    settings: list[str | None] = []
+    for name in _SETTINGS:
+        try:
+            with open(name, encoding="utf-8") as handle:
+                settings.append(handle.read().strip())
+        except OSError:
+            settings.append(None)
+    return [path, stat.st_ino, stat.st_size, stat.st_mtime_ns, os.getuid(), settings]
+
+
+def memory_file() -> str:
+    folder = os.environ.get("XDG_RUNTIME_DIR") or os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(folder, f"ov-bwrap-probe-{os.getuid()}.json")
+
+
+def _remembered(key: list[object] | None) -> str | None:
+    """The detail of a working probe with this key, from a file this user owns and only it can write."""
+    if key is None:
+        return None
+    import json
+
+    try:
+        fd = os.open(memory_file(), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        stat = os.fstat(fd)
+        if stat.st_uid != os.getuid() or stat.st_mode & 0o022:
+            return None
+        with os.fdopen(os.dup(fd), encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if isinstance(document, dict) and document.get("key") == json.loads(json.dumps(key)):
+        detail = document.get("detail")
+        return detail if isinstance(detail, str) else None
+    return None
+
+
+def _remember(key: list[object], detail: str) -> None:
+    import json
+
+    target = memory_file()
+    temporary = f"{target}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"key": key, "detail": detail}, handle)
+        os.replace(temporary, target)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+
+
+def _run_probe(path: str) -> Probe:
     argv = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--", "true"]
     try:

@@ -28,6 +28,8 @@ IDLE_STATES = ("booting", "between_turns")
 
 @dataclass(frozen=True)
 class Window:
+    """A provider's usage limit window: no new turns until it ends."""
+
     provider: str
     until_ms: int
     level: int

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import secrets
 import sqlite3
 import time
 import typing as t
@@ -41,6 +40,8 @@ REPORT_TYPES = ("worker_done", "merged", "merge_failed", "worker_died", "result"
 
 @dataclass(frozen=True)
 class Run:
+    """One row of ``runs``."""
+
     id: str
     coordinator: str | None
     status: str
@@ -65,6 +66,8 @@ class Run:
 
 def new_run_id(now: int | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime((now if now is not None else now_ms()) / 1000))
+    import secrets  # here: random, hmac, hashlib and base64 are not an idle agent loop's
+
     return f"run-{stamp}-{secrets.token_hex(2)}"
 
 

@@ -9,7 +9,6 @@ not idle. Pure functions apart from ``command``, which looks the program up.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import typing as t
@@ -104,6 +103,8 @@ def activity_fingerprint(text: str) -> str:
     if rules:
         lines = lines[:rules[-1]]
     kept = [re.sub(r"\d+", "#", line.rstrip()) for line in lines if not _SPINNER.match(line)]
+    import hashlib  # here: with OpenSSL's libcrypto, not in every agent loop
+
     return hashlib.sha1("\n".join(kept).encode("utf-8")).hexdigest()
 
 

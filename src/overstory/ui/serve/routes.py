@@ -53,7 +53,7 @@ class Core:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from overstory.config import load_config
+            from overstory.config_load import load as load_config
 
             self._config = load_config(self.project.config_file, self.project.local_config_file)
         return self._config
