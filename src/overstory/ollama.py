@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import typing as t
-import urllib.error
-import urllib.request
 
 from overstory.errors import OrchestratorError
 
@@ -74,6 +72,9 @@ class _WithPrices:
 
 def pulled_models(base_url: str, timeout: float = 5.0) -> list[str]:
     """The models an Ollama server has pulled (``GET /api/tags``); OSError when it does not answer."""
+    import urllib.error  # here, not at the top: it brings hashlib, email and http (the idle loop imports us)
+    import urllib.request
+
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
         with urllib.request.urlopen(f"{root}/api/tags", timeout=timeout) as response:  # noqa: S310 (a configured URL)
