@@ -69,6 +69,7 @@ class SlingRequest:
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
     approve: t.Sequence[str] = ()  # tool patterns whose calls need approval (ov sling --approve)
     loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
+    continue_branch: bool = False  # `ov resume NAME --restart`: its existing ov/NAME branch (and worktree) go on
 
 
 @dataclass
@@ -196,7 +197,7 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     scenario_text, scenario_file = checked_scenario(adapter, scenario_text, request.scenario or request.scenario_name,
                                                     capability=capability, task_id=task_id)
 
-    at_root = request.at_project_root
+    at_root, reuse_worktree = request.at_project_root, False
     branch = None if at_root else f"ov/{name}"
     worktree = None if at_root else project.worktree(name)
     base_branch = request.base_branch or current_branch(project.root)
@@ -205,10 +206,12 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             raise SpawnError("the project is on a detached HEAD; check out a branch or pass --base-branch")
         if not branch_exists(project.root, base_branch):
             raise UsageError(f"base branch {base_branch!r} does not exist")
-        if branch_exists(project.root, branch):  # type: ignore[arg-type]
-            raise SpawnError(f"branch {branch} already exists (left by an earlier {name}); merge it, or delete it with "
-                             f"`ov stop {name} --clean`, or choose another --name")
-        if worktree.exists():  # type: ignore[union-attr]
+        if request.continue_branch:  # neither is ours to undo: the intent names neither the branch nor a reused tree
+            reuse_worktree = spawn_journal.continuation(project, branch, worktree)  # type: ignore[arg-type]
+        elif branch_exists(project.root, branch):  # type: ignore[arg-type]
+            raise SpawnError(f"branch {branch} already exists (left by an earlier {name}); merge it, `ov resume {name} "
+                             f"--restart` it, delete it with `ov stop {name} --clean`, or choose another --name")
+        elif worktree.exists():  # type: ignore[union-attr]
             raise SpawnError(f"{worktree} already exists; remove it or choose another --name")
 
     _require_events_db(project, name)
@@ -222,8 +225,9 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.
     base_commit = None if at_root else _commit_of(project, base_branch, request.start_point)  # type: ignore[arg-type]
     intent: dict[str, t.Any] = {
-        "name": name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()), "branch": branch,
-        "base_commit": base_commit, "worktree": str(worktree) if worktree else None, "run_dir": str(run_dir),
+        "name": name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()),
+        "branch": None if request.continue_branch else branch, "base_commit": base_commit,
+        "worktree": str(worktree) if worktree and not reuse_worktree else None, "run_dir": str(run_dir),
         "tmux_session": _tmux_session_name(name) if tmux else None, "step": "intent", "started_at": 0,
     }
     # Rendered before anything exists: a broken template leaves nothing to undo.
@@ -241,10 +245,12 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
             assert worktree is not None and branch is not None
             _fault("branch", environ)
             spawn_journal.step(conn, intent, "branch")
-            spawn_journal.run_git(project.root, "branch", branch, base_commit or base_branch)
+            if not request.continue_branch:
+                spawn_journal.run_git(project.root, "branch", branch, base_commit or base_branch)
             spawn_journal.kill_point("branch", environ)
             _fault("worktree", environ)
-            spawn_journal.add_worktree(project, conn, intent, worktree, branch)  # notes the step first
+            if not reuse_worktree:
+                spawn_journal.add_worktree(project, conn, intent, worktree, branch)  # notes the step first
             spawn_journal.kill_point("worktree", environ)
             home_files = _state_files(project, run_dir, adapter, name=name, capability=capability, task_id=task_id,
                                       worktree=worktree, branch=branch, base_branch=base_branch or "", parent=parent,
