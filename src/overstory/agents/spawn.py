@@ -19,6 +19,8 @@ from pathlib import Path
 
 from overstory import procs
 from overstory.agents import spawn_journal
+from overstory.capabilities import SLINGERS as SLINGING_CAPABILITIES
+from overstory.capabilities import WRITERS as WRITER_CAPABILITIES
 from overstory.errors import (
     AgentExists,
     DiskFull,
@@ -35,7 +37,7 @@ from overstory.resources import ov_executable
 from overstory.runtimes import get_runtime
 from overstory.sandbox.layout import PINNED_FILES
 from overstory.store import intents, sessions
-from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
+from overstory.store.sessions import CAPABILITIES
 
 if t.TYPE_CHECKING:
     import sqlite3
@@ -43,7 +45,6 @@ if t.TYPE_CHECKING:
     from overstory.config import Config
     from overstory.runtimes.base import Runtime
 
-SLINGING_CAPABILITIES = frozenset({"coordinator", "lead"})
 FAULT_ENV = "OV_TEST_FAIL_AT"  # test hook: name of a spawn step that must fail
 SPAWN_STEPS = ("branch", "worktree", "instructions", "session", "dispatch", "start")
 
