@@ -23,7 +23,7 @@ def _seconds(value: t.Any) -> t.Any:
 
 
 NOTIFY_EVENTS = ("approval_requested", "worker_died", "budget_parked", "quota_parked", "run_finished",
-                 "merge_failed")
+                 "merge_failed", "session_lost")
 NOTIFY_KINDS = (*NOTIFY_EVENTS, "approval_approved", "approval_rejected", "approval_expired")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from overstory import procs, sandbox
 from overstory.agents import checkpoint, ledger
+from overstory.agents.session_lost import note_session
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
@@ -37,7 +38,7 @@ from overstory.runtimes.base import (
     TurnRequest,
     Usage,
 )
-from overstory.store import budgets, checkpoints, sessions
+from overstory.store import budgets, sessions
 from overstory.store import events as event_store
 from overstory.store import turns as turn_rows
 from overstory.store.budgets import Crossing
@@ -322,7 +323,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
                                    price=lambda data: _price_result(data, stream.model or model, config),
                                    periodic=lambda: _record_take_back(events, agent, turn_id,
                                                                       sandbox.take_back(project, agent)),
-                                   stream_ledger=stream_ledger)
+                                   stream_ledger=stream_ledger, asked_session=resume_session_id)
         finally:
             if gate is not None:  # every call still waiting is answered: refused when the turn was stopped
                 gate.close_turn(meter.stopped_by)
@@ -424,7 +425,7 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
           stall_timeout: float, should_stop: t.Callable[[], bool],
           price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
           periodic: t.Callable[[], None] = lambda: None,
-          stream_ledger: ledger.StreamLedger | None = None) -> tuple[str, str]:
+          stream_ledger: ledger.StreamLedger | None = None, asked_session: str | None = None) -> tuple[str, str]:
     """Read the stream until EOF; returns ('running', '') normally, or a stop status.
 
     ``periodic`` runs about every ``PERIODIC_SECONDS`` (bringing a writer's commits out of its
@@ -460,12 +461,9 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                                               reason=f"turn {turn_id}", expect={"booting", "between_turns", "stalled"})
                 if not outcome.ok:
                     return "aborted", f"agent can no longer take a turn ({_describe(outcome)})"
-            if stream.session_id and stream.session_id != saved_session:
-                # Saved the moment it is known: a turn killed from here on is retried in this session.
-                saved_session = stream.session_id
-                turn_rows.set_session_id(state, turn_id, saved_session)
-                checkpoints.set_session(state, turn_id, saved_session)
-                sessions.update_fields(state, agent.name, agent.generation, runtime_session_id=saved_session)
+            if stream.session_id and stream.session_id != saved_session:  # saved the moment it is known (and
+                saved_session = note_session(state, events, agent, turn_id,  # a context lost is said)
+                                             stream.session_id, asked=asked_session)
             if parsed and now - last_write >= ACTIVITY_WRITE_INTERVAL or any(p.kind in ("tool_start", "tool_end") for p in parsed):
                 last_write = now
                 written = sessions.update_fields(state, agent.name, agent.generation, last_activity=now_ms(),
