@@ -51,11 +51,15 @@ def collect(conn: sqlite3.Connection) -> int:
                                     f"ov: {row['subject']}"[:200], (row["body"] or row["subject"])[:2000])
         outbox.set_cursor(conn, "mail", top)
         last = outbox.cursor(conn, "transitions")
-        rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, s.park_kind, s.state, s.generation AS g "
+        rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, t.to_state, s.park_kind, s.state, "
+                            "s.generation AS g, s.run_id, s.capability, s.task_id "
                             "FROM transitions t LEFT JOIN sessions s ON s.name = t.name "
-                            "WHERE t.id > ? AND t.to_state = 'parked' ORDER BY t.id", (last,)).fetchall()
+                            "WHERE t.id > ? AND t.to_state IN ('parked', 'completed') ORDER BY t.id", (last,)).fetchall()
         top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0]
         for row in rows:
+            if row["to_state"] == "completed":
+                added += _completed_outside_a_run(conn, row)
+                continue
             kind = row["park_kind"] if row["state"] == "parked" and row["g"] == row["generation"] else None
             if kind in ("budget", "quota"):
                 added += outbox.enqueue(conn, f"{kind}_parked:{row['id']}", f"{kind}_parked", row["name"],
@@ -68,6 +72,40 @@ def collect(conn: sqlite3.Connection) -> int:
                                     f"ov: run {row['id']} {row['status']}",
                                     f"Run {row['id']} is {row['status']}. `ov run show {row['id']}`.")
     return added
+
+
+def _completed_outside_a_run(conn: sqlite3.Connection, row: sqlite3.Row) -> int:
+    """An agent no run reports on (slung by you, not under `ov coordinator`) that finished its task: announced
+    as a run's end is. Not one you stopped yourself, not the coordinator or a monitor (they never finish)."""
+    from overstory.capabilities import PERSISTENT
+
+    reason = row["reason"] or "done"
+    if row["g"] != row["generation"] or row["run_id"] is not None or row["capability"] in PERSISTENT \
+            or reason.startswith("stopped by"):
+        return 0
+    name = row["name"]
+    return int(outbox.enqueue(conn, f"agent_completed:{name}:{row['generation']}", "agent_completed", name,
+                              f"ov: {name} completed", f"{name} ({row['capability']} on task {row['task_id']}) "
+                              f"completed: {reason}. `ov diff {name}` shows its work; `ov merge {name}` merges it."))
+
+
+def _named(conn: sqlite3.Connection, row: dict[str, t.Any], project: ProjectPaths | None) -> tuple[str, str]:
+    """A notification's title and body, naming its agent (or run) and where its logs are."""
+    from pathlib import Path
+
+    if project is not None:
+        logs = project.logs_dir
+    else:
+        found = [r[2] for r in conn.execute("PRAGMA database_list").fetchall() if r[1] == "main" and r[2]]
+        logs = Path(found[0]).parent / "logs" if found else Path(".overstory/logs")
+    title, body, agent = row["title"], row["body"] or row["title"], row["agent"]
+    if agent:
+        if agent not in title:
+            title = f"ov: {agent}: {title.removeprefix('ov: ')}"[:200]
+        return title, f"{body}\nagent: {agent}; logs: {logs / agent}"
+    run = row["dedup_key"].split(":")[1] if row["kind"] == "run_finished" else None
+    return title, body + (f"\nrun: {run}; logs: {logs} (one folder per agent; `ov run show {run}`)" if run
+                          else f"\nlogs: {logs}")
 
 
 @dataclass
@@ -99,7 +137,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         if not outbox.lease(conn, row["id"], row["next_at"], now_ms() + LEASE_MS):
             continue  # another sender (the watchdog, `ov approve`) has it
         delivered = list(json.loads(row["delivered"] or "[]"))
-        body = row["body"] or row["title"]  # apprise sends no empty body
+        title, body = _named(conn, row, project)  # apprise sends no empty body
         if row["kind"] == "approval_requested" and project is not None:
             if not links:
                 from overstory.serve_token import running_address
@@ -111,7 +149,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         for target in config.notify.targets:
             if target in delivered:
                 continue
-            error = send(target, row["title"], body)
+            error = send(target, title, body)
             if error is None:
                 delivered.append(target)
             else:
