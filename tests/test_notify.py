@@ -245,6 +245,11 @@ def test_an_agent_finished_outside_a_run_is_announced_and_every_notification_say
                                reason="terminal mail sent").ok
     runs.complete(state_db, run.id, force=True)
     assert lifecycle.declare_zombie(state_db, fake_agent(state_db, "builder-dead"), "gone", actor="test").ok
+    lead = fake_agent(state_db, "lead-solo")
+    generation = sessions.create_session(state_db, name="builder-child", capability="builder", task_id="t-c",
+                                         runtime="scripted", actor="test", parent=lead.name, depth=1)
+    assert sessions.transition(state_db, "builder-child", generation, "completed", actor="test",
+                               reason="terminal mail sent").ok  # it reports to its lead, not to you
     assert watchdog_once(project).returncode == 0
     by_title = {b["title"]: b["message"] for b in receiver.bodies}
     assert sorted(by_title) == sorted(["ov: builder-solo completed", f"ov: run {run.id} completed",

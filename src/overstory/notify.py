@@ -52,7 +52,7 @@ def collect(conn: sqlite3.Connection) -> int:
         outbox.set_cursor(conn, "mail", top)
         last = outbox.cursor(conn, "transitions")
         rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, t.to_state, s.park_kind, s.state, "
-                            "s.generation AS g, s.run_id, s.capability, s.task_id "
+                            "s.generation AS g, s.run_id, s.capability, s.task_id, s.parent "
                             "FROM transitions t LEFT JOIN sessions s ON s.name = t.name "
                             "WHERE t.id > ? AND t.to_state IN ('parked', 'completed') ORDER BY t.id", (last,)).fetchall()
         top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0]
@@ -76,12 +76,13 @@ def collect(conn: sqlite3.Connection) -> int:
 
 def _completed_outside_a_run(conn: sqlite3.Connection, row: sqlite3.Row) -> int:
     """An agent no run reports on (slung by you, not under `ov coordinator`) that finished its task: announced
-    as a run's end is. Not one you stopped yourself, not the coordinator or a monitor (they never finish)."""
+    as a run's end is. Not one you stopped yourself, not the coordinator or a monitor (they never finish), not
+    a child of another agent (it reports to its parent, whose own end is announced)."""
     from overstory.capabilities import PERSISTENT
 
     reason = row["reason"] or "done"
     if row["g"] != row["generation"] or row["run_id"] is not None or row["capability"] in PERSISTENT \
-            or reason.startswith("stopped by"):
+            or row["parent"] != "operator" or reason.startswith("stopped by"):
         return 0
     name = row["name"]
     return int(outbox.enqueue(conn, f"agent_completed:{name}:{row['generation']}", "agent_completed", name,
