@@ -51,15 +51,13 @@ def collect(conn: sqlite3.Connection) -> int:
                                     f"ov: {row['subject']}"[:200], (row["body"] or row["subject"])[:2000])
         outbox.set_cursor(conn, "mail", top)
         last = outbox.cursor(conn, "transitions")
-        rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, t.to_state, s.park_kind, s.state, "
-                            "s.generation AS g, s.run_id, s.capability, s.task_id, s.parent "
+        rows = conn.execute("SELECT t.id, t.name, t.generation, t.reason, s.park_kind, s.state, s.generation AS g "
                             "FROM transitions t LEFT JOIN sessions s ON s.name = t.name "
-                            "WHERE t.id > ? AND t.to_state IN ('parked', 'completed') ORDER BY t.id", (last,)).fetchall()
+                            "WHERE t.id > ? AND t.to_state = 'parked' ORDER BY t.id", (last,)).fetchall()
         top = conn.execute("SELECT COALESCE(MAX(id), 0) FROM transitions").fetchone()[0]
+        for completion in outbox.completions_after(conn, last):  # read with the same cursor, before it moves
+            added += _completed_outside_a_run(conn, completion)
         for row in rows:
-            if row["to_state"] == "completed":
-                added += _completed_outside_a_run(conn, row)
-                continue
             kind = row["park_kind"] if row["state"] == "parked" and row["g"] == row["generation"] else None
             if kind in ("budget", "quota"):
                 added += outbox.enqueue(conn, f"{kind}_parked:{row['id']}", f"{kind}_parked", row["name"],

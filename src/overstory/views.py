@@ -14,7 +14,7 @@ import typing as t
 from overstory.clock import iso, now_ms
 from overstory.errors import AgentNotFound
 from overstory.status import agent_entry
-from overstory.store import sessions, turns
+from overstory.store import approvals, sessions, turns
 from overstory.store.lifecycle import PARK_KINDS
 
 # Unread mail of these types to the operator needs a person.
@@ -90,7 +90,7 @@ def waiting(conn: sqlite3.Connection, *, limit: int = 50) -> dict[str, t.Any]:
     that announced it) or stale: mail about an agent that has since ended (a question, an escalation) or that
     was slung again since (any of them)."""
     agents = {a.name: a for a in sessions.list_sessions(conn, include_terminal=True)}
-    gated = {r[0] for r in conn.execute("SELECT DISTINCT agent FROM approvals WHERE status = 'pending'")}
+    gated = approvals.agents_waiting(conn)
     parked: dict[str, dict[str, t.Any]] = {a.name: {"name": a.name, "capability": a.capability, "task_id": a.task_id, "reason": a.state_reason,
                        "park_kind": a.park_kind, "since": iso(a.updated_at), "mail": []}
               for a in agents.values() if a.state == "parked" and not (a.park_kind == "approval" and a.name in gated)}

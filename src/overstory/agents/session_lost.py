@@ -38,8 +38,7 @@ def note_session(state: sqlite3.Connection, events: sqlite3.Connection, agent: S
 
 def _tell(state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, asked: str,
           started: str) -> None:
-    row = state.execute("SELECT log_dir FROM turns WHERE id = ?", (turn_id,)).fetchone()
-    logs = row[0] if row is not None and row[0] else None
+    logs = turn_rows.log_dir_of(state, turn_id)
     subject = f"{agent.name}: its {agent.runtime} session was not resumed; the context was lost"
     body = (f"ov asked {agent.runtime} to resume session {asked} for {agent.name} (turn {turn_id}); it started a new "
             f"session {started} instead, so the agent goes on without what it knew (its branch and mail are intact). "

@@ -295,3 +295,8 @@ def orphaned(conn: sqlite3.Connection) -> list[dict[str, t.Any]]:
     return [dict(r) for r in conn.execute(
         "SELECT a.* FROM approvals a LEFT JOIN sessions s ON s.name = a.agent WHERE a.status = 'pending' "
         "AND (s.name IS NULL OR s.generation != a.generation OR s.state IN ('completed', 'zombie'))").fetchall()]
+
+
+def agents_waiting(conn: sqlite3.Connection) -> set[str]:
+    """The agents with an approval request still pending (the dashboard's approval card stands for their park)."""
+    return {r[0] for r in conn.execute("SELECT DISTINCT agent FROM approvals WHERE status = 'pending'")}

@@ -88,3 +88,9 @@ def recent(conn: sqlite3.Connection, agent: str, *, limit: int = 20) -> list[dic
     rows = conn.execute("SELECT * FROM turns WHERE agent = ? ORDER BY started_at DESC, id DESC LIMIT ?",
                         (agent, limit)).fetchall()
     return [dict(r) for r in rows]
+
+
+def log_dir_of(conn: sqlite3.Connection, turn_id: str) -> str | None:
+    """Where the turn's logs are (its stream, stderr, command line), as it was recorded when it started."""
+    row = conn.execute("SELECT log_dir FROM turns WHERE id = ?", (turn_id,)).fetchone()
+    return row[0] if row is not None and row[0] else None
