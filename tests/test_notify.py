@@ -225,3 +225,39 @@ def test_two_senders_at_once_send_each_notification_once(project: ProjectPaths, 
         thread.join(30)
     assert sorted(sent) == sorted(set(sent)) and len(sent) == 5, sent
     assert state_db.execute("SELECT count(*) FROM notify_outbox WHERE sent_at IS NULL").fetchone()[0] == 0
+
+
+def test_an_agent_finished_outside_a_run_is_announced_and_every_notification_says_where_the_logs_are(
+        project: ProjectPaths, state_db: t.Any, receiver: Receiver) -> None:
+    """Issue 32: a run's end is announced, so is an agent's that no run reports on (not one you stopped, not
+    one in a run); each notification names its agent or run and the path of its logs."""
+    write_local_config(project, notify={"targets": [f"json://127.0.0.1:{receiver.port}/hook"]})
+    solo = fake_agent(state_db, "builder-solo")
+    assert sessions.transition(state_db, solo.name, solo.generation, "completed", actor="test",
+                               reason="terminal mail sent").ok
+    stopped = fake_agent(state_db, "builder-stopped")
+    assert sessions.transition(state_db, stopped.name, stopped.generation, "completed", actor="operator",
+                               reason="stopped by the operator").ok
+    run, _ = runs.open_or_join(state_db, "operator")
+    generation = sessions.create_session(state_db, name="builder-in-run", capability="builder", task_id="t-r",
+                                         runtime="scripted", actor="test", run_id=run.id)
+    assert sessions.transition(state_db, "builder-in-run", generation, "completed", actor="test",
+                               reason="terminal mail sent").ok
+    runs.complete(state_db, run.id, force=True)
+    assert lifecycle.declare_zombie(state_db, fake_agent(state_db, "builder-dead"), "gone", actor="test").ok
+    lead = fake_agent(state_db, "lead-solo")
+    generation = sessions.create_session(state_db, name="builder-child", capability="builder", task_id="t-c",
+                                         runtime="scripted", actor="test", parent=lead.name, depth=1)
+    assert sessions.transition(state_db, "builder-child", generation, "completed", actor="test",
+                               reason="terminal mail sent").ok  # it reports to its lead, not to you
+    assert watchdog_once(project).returncode == 0
+    by_title = {b["title"]: b["message"] for b in receiver.bodies}
+    assert sorted(by_title) == sorted(["ov: builder-solo completed", f"ov: run {run.id} completed",
+                                       "ov: builder-dead died: gone"]), by_title
+    logs = project.logs_dir
+    assert "terminal mail sent" in by_title["ov: builder-solo completed"]
+    assert f"agent: builder-solo; logs: {logs / 'builder-solo'}" in by_title["ov: builder-solo completed"]
+    assert f"run: {run.id}; logs: {logs}" in by_title[f"ov: run {run.id} completed"]
+    died = next(m for t, m in by_title.items() if "builder-dead" in t)
+    assert f"logs: {logs / 'builder-dead'}" in died
+    assert watchdog_once(project).returncode == 0 and len(receiver.bodies) == 3, "each once"

@@ -233,3 +233,35 @@ def test_agents_slung_without_an_open_run_join_none(team: ProjectPaths) -> None:
     assert json.loads(slung.stdout)["run_id"] is None
     listed = run_ov("run", "list", cwd=team.root)
     assert listed.returncode == 0 and "no runs yet" in listed.stdout
+
+
+def test_a_monitor_is_persistent_as_its_role_says(project: ProjectPaths, state_db: t.Any,
+                                                  open_run: runs.Run) -> None:
+    """agents/monitor.md: persistent, never worker_done. So an active monitor blocks no run summary and
+    idle handling never nudges it; and the role files and the one capability table agree."""
+    from overstory import capabilities
+    from overstory.agents import idle
+    from overstory.resources import shipped_agents_dir
+    from overstory.store import turns
+
+    _agent(state_db, "monitor-1", "monitor", open_run.id)
+    _agent(state_db, "builder-a", "builder", open_run.id)
+    _finish(state_db, "builder-a")
+    assert runs.maybe_send_summary(state_db, open_run.id) is not None, "the monitor still watches: no matter"
+
+    monitor = sessions.get(state_db, "monitor-1")
+    assert sessions.transition(state_db, "monitor-1", monitor.generation, "between_turns", actor="test").ok
+    long_ago = int(time.time() * 1000) - 3_600_000
+    turns.start(state_db, "t-1", agent="monitor-1", generation=monitor.generation, number=1, attempt=0,
+                resumed=False, started_ms=long_ago, log_dir="/nowhere")
+    turns.finish(state_db, "t-1", "ok", input_tokens=0, output_tokens=0, cost_usd=0.0, tool_calls=0,
+                 session_id=None, error=None)
+    monitor = sessions.get(state_db, "monitor-1")
+    assert idle.check(state_db, monitor, idle_nudge=0.001, max_nudges=2, now=int(time.time() * 1000) + 60_000) is None
+    assert mails(project, to="monitor-1", type="nudge") == []
+
+    for capability in capabilities.CAPABILITIES:
+        role = (shipped_agents_dir() / f"{capability}.md").read_text(encoding="utf-8").lower()
+        says_persistent = "do not send `worker_done`" in role or "never finish with `worker_done`" in role
+        assert says_persistent == (capability in capabilities.PERSISTENT), capability
+        assert (capabilities.TERMINAL_MAIL_TYPES[capability] == frozenset()) == says_persistent, capability

@@ -137,7 +137,7 @@ def test_two_racing_schedulers_one_killed_mid_fire_fire_once_per_minute(project,
 
 def test_a_real_watchdog_fires_twice_in_real_time_and_a_restart_does_not_refire(project):
     """Real time, real `ov watchdog` processes (killed with SIGKILL and restarted between the fires)."""
-    added = run_ov("schedule", "add", "rt", "--cron", "* * * * * */15", "--overlap", "allow", "--",
+    added = run_ov("schedule", "add", "rt", "--every", "15s", "--overlap", "allow", "--",
                    "sling", "builder", "rt-{n}", "--runtime", "scripted", "--prompt", "go", cwd=project.root)
     assert added.returncode == 0, added.stderr
 
@@ -311,7 +311,7 @@ def test_schedule_commands(project):
     added = ov("add", "nightly", "--cron", "0 2 * * *", "--", "ov", "sling", "builder", "deps-{date}",
                "--runtime", "scripted", "--prompt", "update the dependencies")
     assert added.returncode == 0, added.stderr
-    assert "next fire:" in added.stdout and "02:00:00 JST (UTC+0900)" in added.stdout
+    assert "next fires (JST (UTC+0900)):" in added.stdout and added.stdout.count("02:00:00") == 3, added.stdout
     assert ov("add", "nightly", "--cron", "0 3 * * *", "--", "sling", "builder", "y").returncode == 1
     listed = ov("list")
     assert "times are local: JST (UTC+0900)" in listed.stdout and "02:00:00" in listed.stdout
@@ -327,6 +327,40 @@ def test_schedule_commands(project):
     assert ov("resume", "nightly").returncode == 0 and "[active]" in ov("list").stdout
     assert ov("remove", "nightly").returncode == 0 and "no schedules" in ov("list").stdout
     assert ov("remove", "nightly").returncode == 1
+
+
+def test_six_field_cron_is_refused_and_seconds_are_named(project):
+    """Quartz and node-cron put seconds first, croniter last: "*/20 * * * * *" would fire every second of
+    minutes 0, 20 and 40. It is refused in one line; --seconds or --every say what is meant, and `add` shows
+    the next three fires."""
+    def ov(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_ov("schedule", *args, "--", "coordinator", "send", "anything new?", cwd=project.root,
+                      env={"TZ": "UTC"})
+
+    refused = ov("add", "tick", "--cron", "*/20 * * * * *")
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "six-field cron" in refused.stderr and "--every" in refused.stderr and "--seconds" in refused.stderr
+    assert ov("add", "tick", "--seconds", "*/20").returncode == 2, "--seconds needs --cron"
+    assert ov("add", "tick", "--cron", "* * * * *", "--seconds", "61").returncode == 1
+    assert ov("add", "tick", "--every", "7m").returncode == 1, "7 minutes do not divide an hour"
+    assert ov("add", "tick", "--every", "20x").returncode == 1
+
+    def seconds_apart(name: str, *options: str) -> list[int]:
+        added = ov("add", name, *options, "--json")
+        assert added.returncode == 0, added.stderr
+        document = json.loads(added.stdout)
+        stamps = [int(time.mktime(time.strptime(at[:19], "%Y-%m-%dT%H:%M:%S"))) for at in document["next_fires"]]
+        assert len(stamps) == 3 and document["next_at"] == document["next_fires"][0]
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    assert seconds_apart("every20", "--every", "20s") == [20, 20]
+    assert seconds_apart("cron20", "--cron", "* * * * *", "--seconds", "*/20") == [20, 20]
+    assert seconds_apart("five", "--every", "5m") == [300, 300]
+    assert seconds_apart("two-hours", "--every", "2h") == [7200, 7200]
+    text = ov("add", "plain", "--cron", "0 2 * * *")
+    assert text.returncode == 0 and text.stdout.count("02:00:00") == 3, text.stdout
+    assert "cron * * * * * seconds */20" in run_ov("schedule", "list", cwd=project.root).stdout
 
 
 def test_the_claim_is_unique_per_occasion(project):

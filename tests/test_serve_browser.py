@@ -333,3 +333,62 @@ def test_another_local_port_never_receives_anything_that_signs_in(browser: t.Any
         events.close()
         served.stop()
         preview.close()
+
+
+# ---- one card per thing waiting ---------------------------------------------------------------
+
+
+def test_waiting_for_you_shows_one_card_per_thing_and_drops_what_is_decided_resumed_or_stale(
+        browser: t.Any, project: ProjectPaths, state_db: sqlite3.Connection) -> None:
+    """Issue 32: an approval, its decision_gate mail and the agent's park are one card; a budget park and its
+    escalation are one card; an escalation about an agent that has since completed is none. Deciding and
+    resuming take the cards away."""
+    from overstory.store import approvals, lifecycle, sessions
+
+    def agent(name: str) -> sessions.Session:
+        generation = sessions.create_session(state_db, name=name, capability="builder", task_id=f"t-{name}",
+                                             runtime="scripted", actor="test")
+        assert sessions.transition(state_db, name, generation, "between_turns", actor="test").ok
+        found = sessions.get(state_db, name)
+        assert found is not None
+        return found
+
+    gated = agent("builder-gated")
+    _, approval_id = approvals.gate(state_db, agent=gated.name, generation=gated.generation, parent="operator",
+                                    task_id="t", turn_id=None, tool="Bash", input='{"command":"git push origin x"}',
+                                    key="k", rule=approvals.Rule("Bash(git push*)"), decider="operator",
+                                    timeout_s=600, on_timeout="reject")
+    assert lifecycle.park(state_db, gated, "approval", f"approval {approval_id}", actor="test", escalate=False).ok
+    broke = agent("builder-broke")
+    assert lifecycle.park(state_db, broke, "budget", "budget: max_usd 1 reached", actor="test").ok
+    done = agent("builder-done")
+    mail.send(state_db, sender="monitor-1", to="operator", type="escalation", subject="builder-done looks stuck",
+              payload={"severity": "warning", "agent": "builder-done"})
+    assert sessions.transition(state_db, done.name, done.generation, "completed", actor="test",
+                               reason="terminal mail sent").ok
+    served: Served = start_server(project)
+
+    def cards() -> list[str]:
+        return browser.execute_script(
+            "return [...document.querySelectorAll('#waiting-list .item')].map(n => n.textContent)")
+
+    try:
+        browser.get(served.sign_in)
+        page_wait(browser, "document.querySelectorAll('#waiting-list .item').length === 2", what="two cards")
+        shown = cards()
+        assert browser.execute_script("return document.getElementById('waiting-count').textContent") == "2"
+        assert sum("builder-gated" in c for c in shown) == 1 and "git push" in " ".join(shown)
+        assert sum("builder-broke" in c for c in shown) == 1, shown
+        assert not any("builder-done" in c for c in shown), "about an agent that has completed: stale"
+        click(browser, "#waiting-list button[data-approve]")
+        page_wait(browser, "document.querySelectorAll('#waiting-list .item').length === 1", what="one card left")
+        assert "builder-broke" in cards()[0]
+        broke = sessions.get(state_db, "builder-broke")
+        assert broke is not None
+        assert sessions.transition(state_db, broke.name, broke.generation, "between_turns", actor="operator",
+                                   reason="resumed", expect={"parked"}).ok  # as `ov resume` does
+        browser.refresh()
+        page_wait(browser, "document.getElementById('waiting-list').textContent.includes('Nothing is waiting')",
+                  what="nothing left")
+    finally:
+        served.stop()

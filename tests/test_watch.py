@@ -188,3 +188,30 @@ def test_feed_follow_prints_new_events(project: ProjectPaths, events_db: t.Any) 
     finally:
         follower.terminate()
         follower.wait(timeout=10)
+
+
+def test_at_80_columns_names_are_kept_whole(project: ProjectPaths, state_db: t.Any) -> None:
+    """builder-green and builder-greet must not both read `builder-gr…`: other columns give way first."""
+    for name in ("builder-green", "builder-greet", "reviewer-builder-greet-2"):
+        _agent(state_db, name, "parked", 0.5, state_reason="budget: max_usd 0.5 reached by a long tool call")
+    for width in ("80", "60", "50"):
+        out = _cli(project, "watch", "--once", "--width", width).output
+        assert max(len(line) for line in out.splitlines()) <= int(width)
+        for name in ("builder-green", "builder-greet", "reviewer-builder-greet-2"):
+            assert "parked" in _line_with(out, name), (width, out)
+    status = _cli(project, "status").output
+    for name in ("builder-green", "builder-greet", "reviewer-builder-greet-2"):
+        assert _line_with(status, name)
+    from rich.console import Console
+
+    from overstory.status import dashboard_snapshot
+    from overstory.ui.dashboard import agents_table
+
+    snapshot = dashboard_snapshot(state_db, None)
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(agents_table(snapshot["agents"], 80, marker=True, selected="builder-green"))  # the TUI's table
+    screen = console.export_text()
+    assert [line.split()[:3] for line in screen.splitlines() if line.startswith(">")] == [
+        [">", "builder-green", "parked"]], screen
+    for name in ("builder-greet", "reviewer-builder-greet-2"):
+        assert _line_with(screen, name)

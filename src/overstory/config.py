@@ -395,6 +395,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "OV_DEBUG": "1 prints tracebacks for errors",
     "OV_SCRIPTED_SCENARIO": "the scripted runtime's scenario file when --scenario is not given",
     "OV_SCRIPTED_STATE_DIR": "where the scripted runtime keeps its sessions",
+    "OV_SCRIPTED_FORGET_SESSIONS": "tests: the scripted runtime starts a new session when asked to resume one",
     "OV_CLAUDE_BIN": "the claude binary the test suite's e2e tests use",
     "OV_CAPTURE_STREAM_FIXTURES": "1 makes the e2e tests save stream fixtures",
     "OV_SCREENSHOTS": "where the browser tests save the dashboard's screenshots",

@@ -23,7 +23,7 @@ def _seconds(value: t.Any) -> t.Any:
 
 
 NOTIFY_EVENTS = ("approval_requested", "worker_died", "budget_parked", "quota_parked", "run_finished",
-                 "merge_failed")
+                 "merge_failed", "agent_completed", "session_lost")
 NOTIFY_KINDS = (*NOTIFY_EVENTS, "approval_approved", "approval_rejected", "approval_expired")
 
 
@@ -103,8 +103,9 @@ notify:
   # Where to tell a person: apprise URLs, e.g. ["ntfy://topic", "json://127.0.0.1:8080/hook"].
   targets: []
   # Which events: approval_requested, worker_died, budget_parked, quota_parked, run_finished,
-  # merge_failed (also approval_approved, approval_rejected, approval_expired). Quoted: YAML reads a
-  # bare `on` as true (ov accepts that too).
-  "on": [approval_requested, worker_died, budget_parked, quota_parked, run_finished, merge_failed]
+  # merge_failed, agent_completed (an agent outside a run finished), session_lost (a runtime did not
+  # resume the agent's session) (also approval_approved, approval_rejected, approval_expired). Quoted:
+  # YAML reads a bare `on` as true (ov accepts that too).
+  "on": [approval_requested, worker_died, budget_parked, quota_parked, run_finished, merge_failed, agent_completed, session_lost]
 
 """

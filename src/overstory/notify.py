@@ -50,6 +50,8 @@ def collect(conn: sqlite3.Connection) -> int:
         outbox.set_cursor(conn, "mail", top)
         last = outbox.cursor(conn, "transitions")
         rows, top = sessions.parkings_after(conn, last)
+        for completion in outbox.completions_after(conn, last):  # read with the same cursor, before it moves
+            added += _completed_outside_a_run(conn, completion)
         for row in rows:
             kind = row["park_kind"] if row["state"] == "parked" and row["g"] == row["generation"] else None
             if kind in ("budget", "quota"):
@@ -63,6 +65,43 @@ def collect(conn: sqlite3.Connection) -> int:
                                     f"ov: run {row['id']} {row['status']}",
                                     f"Run {row['id']} is {row['status']}. `ov run show {row['id']}`.")
     return added
+
+
+def _completed_outside_a_run(conn: sqlite3.Connection, row: sqlite3.Row) -> int:
+    """An agent no run reports on (slung by you, not under `ov coordinator`) that finished its task: announced
+    as a run's end is. Not one you stopped yourself, not the coordinator or a monitor (they never finish), not
+    a child of another agent (it reports to its parent, whose own end is announced)."""
+    from overstory.capabilities import PERSISTENT
+
+    reason = row["reason"] or "done"
+    if row["g"] != row["generation"] or row["run_id"] is not None or row["capability"] in PERSISTENT \
+            or row["parent"] != "operator" or reason.startswith("stopped by"):
+        return 0
+    name = row["name"]
+    return int(outbox.enqueue(conn, f"agent_completed:{name}:{row['generation']}", "agent_completed", name,
+                              f"ov: {name} completed", f"{name} ({row['capability']} on task {row['task_id']}) "
+                              f"completed: {reason}. `ov diff {name}` shows its work; `ov merge {name}` merges it."))
+
+
+def _named(conn: sqlite3.Connection, row: dict[str, t.Any], project: ProjectPaths | None) -> tuple[str, str]:
+    """A notification's title and body, naming its agent (or run) and where its logs are."""
+    from pathlib import Path
+
+    if project is not None:
+        logs = project.logs_dir
+    else:
+        from overstory.store.db import file_of
+
+        found = file_of(conn)
+        logs = Path(found).parent / "logs" if found else Path(".overstory/logs")
+    title, body, agent = row["title"], row["body"] or row["title"], row["agent"]
+    if agent:
+        if agent not in title:
+            title = f"ov: {agent}: {title.removeprefix('ov: ')}"[:200]
+        return title, f"{body}\nagent: {agent}; logs: {logs / agent}"
+    run = row["dedup_key"].split(":")[1] if row["kind"] == "run_finished" else None
+    return title, body + (f"\nrun: {run}; logs: {logs} (one folder per agent; `ov run show {run}`)" if run
+                          else f"\nlogs: {logs}")
 
 
 @dataclass
@@ -94,7 +133,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         if not outbox.lease(conn, row["id"], row["next_at"], now_ms() + LEASE_MS):
             continue  # another sender (the watchdog, `ov approve`) has it
         delivered = list(json.loads(row["delivered"] or "[]"))
-        body = row["body"] or row["title"]  # apprise sends no empty body
+        title, body = _named(conn, row, project)  # apprise sends no empty body
         if row["kind"] == "approval_requested" and project is not None:
             if not links:
                 from overstory.serve_token import running_address
@@ -106,7 +145,7 @@ def flush(conn: sqlite3.Connection, config: Config, *, project: ProjectPaths | N
         for target in config.notify.targets:
             if target in delivered:
                 continue
-            error = send(target, row["title"], body)
+            error = send(target, title, body)
             if error is None:
                 delivered.append(target)
             else:

@@ -209,3 +209,135 @@ def _path(text: str | None) -> t.Any:
     from pathlib import Path
 
     return Path(text) if text and Path(text).is_file() else None
+
+
+# --------------------------------------------------------------------------- restarts
+
+RESTART_EVENT = "agent_restart"  # written before the re-spawn: what it needs, should the old row be gone
+
+
+@dataclass
+class RestartResult:
+    """A stopped or zombie agent slung again under its own name, on its own branch, in a fresh session."""
+
+    sling: SlingResult
+    previous_state: str
+    commits: list[str]
+    uncommitted: list[str]
+    archived_run_dir: str | None
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {**self.sling.as_dict(), "previous_state": self.previous_state, "commits": self.commits,
+                "uncommitted": self.uncommitted, "archived_run_dir": self.archived_run_dir}
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"restarted {self.sling.name} (was {self.previous_state}) on {self.sling.branch}, a fresh session "
+                 f"(generation {self.sling.generation})",
+                 f"  its dispatch lists {len(self.commits)} commit(s) so far and {len(self.uncommitted)} uncommitted "
+                 "change(s) in its worktree"]
+        if self.archived_run_dir:
+            lines.append(f"  the earlier run dir: {self.archived_run_dir} (turn logs: .overstory/logs/{self.sling.name}/)")
+        return lines
+
+
+def restart(project: ProjectPaths, config: Config, state: sqlite3.Connection, name: str, *,
+            prompt: str | None = None, environ: t.Mapping[str, str] | None = None) -> RestartResult:
+    """Sling a stopped or zombie ``name`` again under its own name: its branch goes on (the worktree too, when it
+    is still there), with a fresh runtime session and a dispatch that lists what was done so far.
+
+    Goes through `ov sling`'s journal (``continue_branch``: the intent names neither the branch nor a reused
+    worktree, so an undo never removes the work) and ``sessions.create_session`` (the one state path). What
+    the re-spawn needs is recorded (an ``agent_restart`` event) before anything changes: killed after the new
+    session row replaced the old one, the undo removes the new row, and running this again finds the record."""
+    from overstory.agents import spawn_journal
+    from overstory.agents.spawn import SlingRequest, sling
+
+    spawn_journal.settle_abandoned(project, state, name)  # a restart killed half-way is undone first
+    source = sessions.get(state, name)
+    spec = _restart_spec(project, name) if source is None else None
+    if source is None and spec is None:
+        raise sessions.agent_not_found(state, name)
+    if source is not None:
+        if not source.is_terminal:
+            raise UsageError(f"{name} is {source.state}: `ov resume {name}` continues it; to restart it, `ov stop "
+                             f"{name}` first")
+        if source.state == "completed" and not (source.state_reason or "").startswith("stopped by"):
+            raise UsageError(f"{name} completed its task ({source.state_reason or 'done'}); merge it, or `ov resume "
+                             f"{name} --fork` to try again from its checkpoint")
+        if not source.worktree or not source.branch:
+            raise UsageError(f"{name} works at the project root, not on a branch of its own: sling it again instead")
+        budget, approve, loop = _inherited(state, source, "[ov] restarted: continue the work on your branch")
+        spec = {"capability": source.capability, "task_id": source.task_id, "prompt": source.spec.get("prompt"),
+                "files": list(source.spec.get("files") or ()), "parent": source.parent, "runtime": source.runtime,
+                "model": source.model, "base_branch": source.base_branch, "base_commit": source.spec.get("base_commit"),
+                "scenario": source.spec.get("scenario"), "tmux": source.mode == "tmux", "budget": budget,
+                "approve": approve, "loop": loop, "state": source.state, "generation": source.generation,
+                "branch": source.branch, "worktree": source.worktree}
+        _record_restart(project, name, source.generation, spec)
+    assert spec is not None
+    commits, uncommitted = _done_so_far(project, spec)
+    archived = _archive_run_dir(project, name, int(spec["generation"]))
+    scenario = spec.get("scenario")
+    old_run_dir = str(project.run_dir / name) + "/"
+    if archived and scenario and scenario.startswith(old_run_dir):  # its scenario file moved with the logs
+        scenario = f"{archived}/{scenario[len(old_run_dir):]}"
+    parent_row = sessions.get(state, spec["parent"]) if spec["parent"] != "operator" else None
+    parent = spec["parent"] if parent_row is not None and not parent_row.is_terminal else "operator"
+    note = (f"[ov] You were restarted with a fresh session (the earlier one was {spec['state']}); your branch "
+            f"{spec['branch']} keeps what was done: " + (f"{len(commits)} commit(s):\n" + "\n".join(
+                f"  {c}" for c in commits[:30]) if commits else "no commits yet.")
+            + ("\nUncommitted changes in your worktree:\n" + "\n".join(f"  {c}" for c in uncommitted[:30])
+               if uncommitted else "") + "\nContinue from there; do not start over." + (f"\n{prompt}" if prompt else ""))
+    request = SlingRequest(capability=spec["capability"], task_id=spec["task_id"], name=name,
+                           prompt=f"{spec.get('prompt') or ''}\n\n{note}".strip(), files=spec["files"], parent=parent,
+                           runtime=spec["runtime"], model=spec["model"], base_branch=spec["base_branch"],
+                           start_point=spec.get("base_commit"), scenario=_path(scenario),
+                           tmux=spec["tmux"], budget=spec["budget"], approve=spec["approve"], loop=spec["loop"],
+                           continue_branch=True)
+    result = sling(project, config, state, request, environ)
+    return RestartResult(result, str(spec["state"]), commits, uncommitted, archived)
+
+
+def _record_restart(project: ProjectPaths, name: str, generation: int, spec: dict[str, t.Any]) -> None:
+    from overstory.store import events
+    from overstory.store.db import open_events
+
+    conn = open_events(project.events_db)
+    try:
+        events.record(conn, RESTART_EVENT, agent=name, generation=generation,
+                      summary=f"restart of {name} (was {spec['state']}) on {spec['branch']}", data=spec)
+    finally:
+        conn.close()
+
+
+def _restart_spec(project: ProjectPaths, name: str) -> dict[str, t.Any] | None:
+    """The recorded restart of ``name`` whose re-spawn was undone after its session row was replaced."""
+    from overstory.store import events
+    from overstory.store.db import open_events
+
+    conn = open_events(project.events_db)
+    try:
+        found = events.query(conn, agent=name, kinds=[RESTART_EVENT], newest=True, limit=1)
+    finally:
+        conn.close()
+    return dict(found[0].data) if found and found[0].data else None
+
+
+def _done_so_far(project: ProjectPaths, spec: t.Mapping[str, t.Any]) -> tuple[list[str], list[str]]:
+    from pathlib import Path
+
+    from overstory.gitutil import git
+
+    since = spec.get("base_commit") or spec.get("base_branch")
+    log = git(project.root, "log", "--oneline", "--no-decorate", f"{since}..{spec['branch']}", check=False)
+    worktree = Path(spec["worktree"])
+    dirty = git(worktree, "status", "--short", check=False).stdout if worktree.is_dir() else ""
+    return log.stdout.splitlines() if log.returncode == 0 else [], dirty.splitlines()
+
+
+def _archive_run_dir(project: ProjectPaths, name: str, generation: int) -> str | None:
+    """Keep the earlier run's logs: the re-spawn starts a fresh run dir (``NAME@genN`` is no agent's name)."""
+    old, target = project.run_dir / name, project.run_dir / f"{name}@gen{generation}"
+    if old.is_dir() and not target.exists():
+        old.rename(target)
+    return str(target) if target.is_dir() else None

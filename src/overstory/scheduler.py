@@ -56,14 +56,58 @@ def _local(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz.tzlocal())
 
 
-def check_cron(expression: str) -> str:
+def check_cron(expression: str, seconds: str | None = None) -> str:
+    """The stored (croniter-order) expression: five fields, plus ``seconds`` as a sixth, last, field.
+
+    A six-field expression is refused: croniter (and ov) read the sixth field as seconds, while Quartz and
+    node-cron put seconds first, so ``*/20 * * * * *`` would fire every second of minutes 0, 20 and 40."""
     from croniter import croniter
 
-    expression = " ".join(expression.split())
-    if len(expression.split()) not in (5, 6) or not croniter.is_valid(expression):
-        raise ScheduleError(f"not a cron expression: {expression!r} (five fields, minute hour day month weekday, "
-                            "e.g. \"0 2 * * *\"; a sixth field is seconds)")
+    fields = expression.split()
+    if len(fields) == 6:
+        raise ScheduleError(f"six-field cron {expression!r} refused: ov would read the LAST field as seconds "
+                            "(croniter order), Quartz and node-cron read the first; give five fields (minute hour "
+                            "day month weekday) and the seconds with --seconds, or use --every (e.g. --every 20s)")
+    expression = " ".join(fields)
+    if seconds is not None:
+        if len(seconds.split()) != 1 or not croniter.is_valid(f"* * * * * {seconds}"):
+            raise ScheduleError(f"not a seconds field: {seconds!r} (e.g. \"0\", \"*/20\", \"0,30\")")
+        expression = f"{expression} {seconds}"
+    if len(fields) != 5 or not croniter.is_valid(expression):
+        raise ScheduleError(f"not a cron expression: {' '.join(fields)!r} (five fields, minute hour day month "
+                            "weekday, e.g. \"0 2 * * *\"; seconds go in --seconds)")
     return expression
+
+
+def every_cron(interval: str) -> str:
+    """``--every 20s`` / ``5m`` / ``2h`` as a cron expression; the interval must divide a minute, an hour or a
+    day evenly (so every fire is the same distance apart, counted from the top of the minute, hour or day)."""
+    text = interval.strip().lower()
+    unit = text[-1:]
+    try:
+        n = int(text[:-1])
+    except ValueError:
+        n = 0
+    whole = {"s": 60, "m": 60, "h": 24}.get(unit)
+    if whole is None or n <= 0:
+        raise ScheduleError(f"not an interval: {interval!r} (a whole number of s, m or h, e.g. 20s, 5m, 2h)")
+    if whole % n and n != whole:
+        raise ScheduleError(f"--every {interval} does not divide a {'minute' if unit == 's' else 'hour' if unit == 'm' else 'day'} "
+                            "evenly; use --cron (with --seconds) for other timings")
+    if unit == "s":
+        return "* * * * *" if n == 60 else f"* * * * * */{n}"
+    if unit == "m":
+        return "0 * * * *" if n == 60 else f"*/{n} * * * *"
+    return "0 0 * * *" if n == 24 else f"0 */{n} * * *"
+
+
+def next_fires(expression: str, after_ms: int, count: int = 3) -> list[int]:
+    """The next ``count`` times the expression names strictly after ``after_ms``."""
+    out: list[int] = []
+    for _ in range(count):
+        after_ms = next_due(expression, after_ms)
+        out.append(after_ms)
+    return out
 
 
 def next_due(expression: str, after_ms: int) -> int:

@@ -13,7 +13,8 @@ import typing as t
 
 from overstory.clock import iso, now_ms
 from overstory.status import agent_entry
-from overstory.store import mail_queries, sessions, turns
+from overstory.store import approvals, mail_queries, sessions, turns
+from overstory.store.lifecycle import PARK_KINDS
 
 # Unread mail of these types to the operator needs a person.
 ATTENTION_TYPES = ("question", "escalation", "decision_gate", "worker_died", "merge_failed")
@@ -70,9 +71,39 @@ def agent_mail(conn: sqlite3.Connection, name: str, *, limit: int = 50) -> list[
 
 
 def waiting(conn: sqlite3.Connection, *, limit: int = 50) -> dict[str, t.Any]:
-    """What needs a person: parked agents and unread mail to the operator that asks for something."""
-    parked = [{"name": a.name, "capability": a.capability, "task_id": a.task_id, "reason": a.state_reason,
-               "since": iso(a.updated_at)} for a in sessions.list_sessions(conn, include_terminal=False)
-              if a.state == "parked"]
+    """What needs a person, one item per thing waiting: parked agents and unread mail to the operator that asks
+    for something.
+
+    An approval (``/api/approvals``), its ``decision_gate`` mail and its agent's ``parked`` state are one item:
+    the approval's, so neither of the other two is listed. A park's own escalation mail goes into its parked
+    entry (``mail``). An item goes when it is decided (the approval), resumed (the park, and with it the mail
+    that announced it) or stale: mail about an agent that has since ended (a question, an escalation) or that
+    was slung again since (any of them)."""
+    agents = {a.name: a for a in sessions.list_sessions(conn, include_terminal=True)}
+    gated = approvals.agents_waiting(conn)
+    parked: dict[str, dict[str, t.Any]] = {
+        a.name: {"name": a.name, "capability": a.capability, "task_id": a.task_id, "reason": a.state_reason,
+                 "park_kind": a.park_kind, "since": iso(a.updated_at), "mail": []}
+        for a in agents.values() if a.state == "parked" and not (a.park_kind == "approval" and a.name in gated)}
     rows = mail_queries.unread_to_operator(conn, ATTENTION_TYPES, limit)
-    return {"parked": parked, "mail": [_message(r, body_limit=2000) for r in reversed(rows)]}
+    mail = []
+    for row in reversed(rows):
+        message = _message(row, body_limit=2000)
+        payload = message["payload"] if isinstance(message["payload"], dict) else {}
+        about = agents.get(str(payload.get("agent") or row["sender"]))
+        if row["type"] == "decision_gate":
+            continue  # its approval is the item (or was decided)
+        if about is not None:
+            if about.created_at > row["created_at"]:
+                continue  # slung again since (`ov resume --restart`, a new sling of the name)
+            if about.is_terminal and row["type"] in ("question", "escalation"):
+                continue  # it has ended: nobody waits for the answer
+            if row["type"] == "escalation" and payload.get("kind") and payload.get("kind") == about.park_kind \
+                    and about.state == "parked":
+                if about.name in parked:
+                    parked[about.name]["mail"].append(message)
+                continue  # the park's own announcement: part of its parked item
+            if row["type"] == "escalation" and payload.get("kind") in PARK_KINDS and about.state != "parked":
+                continue  # resumed since
+        mail.append(message)
+    return {"parked": list(parked.values()), "mail": mail}

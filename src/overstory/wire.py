@@ -100,6 +100,7 @@ class SlingRequest:
     scenario: Path | None = None
     at_project_root: bool = False  # the coordinator works at the root, with no worktree
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
+    continue_branch: bool = False  # `ov resume NAME --restart`: its existing ov/NAME branch (and worktree) go on
     loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
 
     WIRE = {  # no annotation: a class constant, not a field
@@ -122,6 +123,8 @@ class SlingRequest:
     def to_wire(self) -> dict[str, t.Any]:
         """The JSON object the endpoint's ``sling`` route reads (``from_wire``)."""
         local = [key for key in ("spec_file", "scenario", "start_point", "loop") if getattr(self, key) is not None]
+        if self.continue_branch:
+            local.append("continue_branch")
         if local or self.at_project_root:
             raise ValueError(f"not sent through the endpoint: {', '.join(local) or 'at_project_root'} "
                              "(read_files() reads the files first)")

@@ -12,10 +12,10 @@ import string
 import typing as t
 from pathlib import Path
 
+from overstory.capabilities import CAPABILITIES as CAPABILITIES
+from overstory.capabilities import WRITERS as WRITERS
 from overstory.errors import OverlayError, UnknownCapability
 
-CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
-WRITERS = frozenset({"builder", "merger"})
 READ_WRITE = "read-write inside your worktree"
 READ_ONLY = "read-only"
 NO_FILE_SCOPE = "no file scope given"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import typing as t
 
+from overstory.capabilities import WRITERS as WRITER_CAPABILITIES
 from overstory.errors import UsageError
 from overstory.guards import scope as patterns
-from overstory.store.sessions import WRITER_CAPABILITIES, Session
+from overstory.store.sessions import Session
 
 
 def checked_files(values: t.Iterable[str]) -> list[str]:

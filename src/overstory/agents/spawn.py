@@ -21,6 +21,8 @@ from pathlib import Path
 from overstory.agents import scopes, spawn_journal, spawn_steps
 from overstory.agents.spawn_steps import FAULT_ENV as FAULT_ENV  # the tests' names for the hooks
 from overstory.agents.spawn_steps import SPAWN_STEPS as SPAWN_STEPS
+from overstory.capabilities import SLINGERS as SLINGING_CAPABILITIES
+from overstory.capabilities import WRITERS as WRITER_CAPABILITIES
 from overstory.errors import (
     AgentExists,
     DiskFull,
@@ -35,7 +37,7 @@ from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
 from overstory.runtimes import get_runtime
 from overstory.store import sessions
-from overstory.store.sessions import CAPABILITIES, WRITER_CAPABILITIES
+from overstory.store.sessions import CAPABILITIES
 from overstory.wire import SlingRequest  # the request's one shape (also its wire shape)
 
 if t.TYPE_CHECKING:
@@ -44,7 +46,6 @@ if t.TYPE_CHECKING:
     from overstory.config import Config
     from overstory.runtimes.base import Runtime
 
-SLINGING_CAPABILITIES = frozenset({"coordinator", "lead"})
 
 
 @dataclass
@@ -176,7 +177,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
 
     scenario_text, scenario_file = checked_scenario(adapter, scenario_text, request.scenario or request.scenario_name,
                                                     capability=capability, task_id=task_id)
-    at_root = request.at_project_root
+    at_root, reuse_worktree = request.at_project_root, False
     branch = None if at_root else f"ov/{name}"
     worktree = None if at_root else project.worktree(name)
     base_branch = request.base_branch or current_branch(project.root)
@@ -185,10 +186,12 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
             raise SpawnError("the project is on a detached HEAD; check out a branch or pass --base-branch")
         if not branch_exists(project.root, base_branch):
             raise UsageError(f"base branch {base_branch!r} does not exist")
-        if branch_exists(project.root, branch):  # type: ignore[arg-type]
-            raise SpawnError(f"branch {branch} already exists (left by an earlier {name}); merge it, or delete it with "
-                             f"`ov stop {name} --clean`, or choose another --name")
-        if worktree.exists():  # type: ignore[union-attr]
+        if request.continue_branch:  # neither is ours to undo: the intent names neither the branch nor a reused tree
+            reuse_worktree = spawn_journal.continuation(project, branch, worktree)  # type: ignore[arg-type]
+        elif branch_exists(project.root, branch):  # type: ignore[arg-type]
+            raise SpawnError(f"branch {branch} already exists (left by an earlier {name}); merge it, `ov resume {name} "
+                             f"--restart` it, delete it with `ov stop {name} --clean`, or choose another --name")
+        elif worktree.exists():  # type: ignore[union-attr]
             raise SpawnError(f"{worktree} already exists; remove it or choose another --name")
     _require_events_db(project, name)
     run_id = _open_run_id(conn)
@@ -220,7 +223,8 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         worktree=worktree, base_branch=base_branch, base_commit=base_commit, run_id=run_id, limits=limits,
         budget_notes=budget_notes, ov_command=ov_command, ov_bin_dir=ov_bin_dir, run_dir=run_dir,
         instructions=instructions, home_files=home_files, files=files, write_scope=write_scope,
-        scope_overlaps=scope_overlaps, model=request.model,
+        scope_overlaps=scope_overlaps, continue_branch=request.continue_branch,
+        reuse_worktree=reuse_worktree, model=request.model,
         provider=provider_of(request.model, capability, config, runtime), loop=request.loop,
         approve=list(request.approve), environ=environ)
 

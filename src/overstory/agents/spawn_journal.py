@@ -93,6 +93,25 @@ def add_worktree(project: ProjectPaths, conn: sqlite3.Connection, intent: dict[s
         run_git(project.root, "worktree", "add", str(worktree), branch)
 
 
+def continuation(project: ProjectPaths, branch: str, worktree: Path) -> bool:
+    """Check that a restart can go on with ``branch``; True when its worktree is still there (reused as it is,
+    uncommitted changes included), False when a new one is to be added on the branch."""
+    if git(project.root, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode:
+        raise SpawnError(f"branch {branch} is gone (removed by `ov stop --clean` or a merge): nothing to continue; "
+                         "sling the task afresh")
+    git(project.root, "worktree", "prune", check=False)
+    listed = git(project.root, "worktree", "list", "--porcelain", check=False).stdout.split("\n\n")
+    found = [block for block in listed if block.split("\n", 1)[0] in (f"worktree {worktree}",
+                                                                      f"worktree {worktree.resolve()}")]
+    if found:
+        if f"branch refs/heads/{branch}" not in found[0]:
+            raise SpawnError(f"{worktree} is not on {branch} any more; check out {branch} there, or remove it")
+        return True
+    if worktree.exists():
+        raise SpawnError(f"{worktree} exists but is not a git worktree of this project; remove it first")
+    return False
+
+
 def _die_with_parent() -> t.Callable[[], None] | None:
     """A preexec function that makes the child die with this process (Linux PR_SET_PDEATHSIG), if that is safe."""
     import threading

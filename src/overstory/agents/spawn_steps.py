@@ -67,6 +67,8 @@ class SpawnPlan:
     files: list[str]
     write_scope: list[str]  # a writer's --files, enforced by the guard and at merge (empty: none)
     scope_overlaps: list[str]  # other active builders' write scopes it overlaps (a warning)
+    continue_branch: bool  # `ov resume --restart`: ov/NAME exists and goes on (not ours to undo)
+    reuse_worktree: bool  # ... and so does its worktree (the journal must never remove it)
     model: str | None  # as asked (None: the configuration decides at each turn)
     provider: str
     loop: dict[str, t.Any] | None
@@ -138,11 +140,15 @@ def launch_env(project: ProjectPaths, environ: dict[str, str]) -> dict[str, str]
 def _branch(sp: Spawning) -> None:
     plan = sp.plan
     assert plan.branch is not None
-    spawn_journal.run_git(sp.project.root, "branch", plan.branch, plan.base_commit or plan.base_branch or "")
+    if not plan.continue_branch:
+        spawn_journal.run_git(sp.project.root, "branch", plan.branch, plan.base_commit or plan.base_branch or "")
 
 
 def _worktree(sp: Spawning) -> None:
     assert sp.plan.worktree is not None and sp.plan.branch is not None
+    if sp.plan.reuse_worktree:
+        spawn_journal.step(sp.conn, sp.intent, "worktree")  # the step noted like add_worktree does; nothing added
+        return
     spawn_journal.add_worktree(sp.project, sp.conn, sp.intent, sp.plan.worktree, sp.plan.branch)  # notes the step
 
 
@@ -256,8 +262,10 @@ def run(sp: Spawning, steps: t.Sequence[Step]) -> None:
     """Open the journal, take ``steps``, and commit (delete the intent); on any failure undo and raise."""
     plan, environ = sp.plan, sp.plan.environ
     sp.intent = {"name": plan.name, "pid": os.getpid(), "pid_ticks": procs.start_ticks(os.getpid()),
-                 "branch": plan.branch, "base_commit": plan.base_commit,
-                 "worktree": str(plan.worktree) if plan.worktree else None, "run_dir": str(plan.run_dir),
+                 # A continued branch or a reused worktree is not named: the undo must never remove them.
+                 "branch": None if plan.continue_branch else plan.branch, "base_commit": plan.base_commit,
+                 "worktree": str(plan.worktree) if plan.worktree and not plan.reuse_worktree else None,
+                 "run_dir": str(plan.run_dir),
                  "tmux_session": plan.tmux_session, "step": "intent", "started_at": 0}
     spawn_journal.begin(sp.conn, sp.intent)
     sp.intent["started_at"] = (intents.get_spawn(sp.conn, plan.name) or {}).get("started_at", 0)

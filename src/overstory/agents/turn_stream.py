@@ -14,12 +14,12 @@ import time
 import typing as t
 
 from overstory.agents import ledger
+from overstory.agents.session_lost import note_session
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.clock import now_ms
 from overstory.runtimes.base import AUTH, RATE_LIMIT, UNKNOWN, ParsedEvent, TurnParser
-from overstory.store import checkpoints, sessions
 from overstory.store import events as event_store
-from overstory.store import turns as turn_rows
+from overstory.store import sessions
 from overstory.store.sessions import Session
 
 ACTIVITY_WRITE_INTERVAL = 1.0
@@ -90,7 +90,7 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
           stall_timeout: float, should_stop: t.Callable[[], bool],
           price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,
           periodic: t.Callable[[], None] = lambda: None,
-          stream_ledger: ledger.StreamLedger | None = None) -> tuple[str, str]:
+          stream_ledger: ledger.StreamLedger | None = None, asked_session: str | None = None) -> tuple[str, str]:
     """Read the stream until EOF; returns ('running', '') normally, or a stop status.
 
     ``periodic`` runs about every ``PERIODIC_SECONDS`` (bringing a writer's commits out of its
@@ -127,11 +127,9 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
                 if not outcome.ok:
                     return "aborted", f"agent can no longer take a turn ({_describe(outcome)})"
             if stream.session_id and stream.session_id != saved_session:
-                # Saved the moment it is known: a turn killed from here on is retried in this session.
-                saved_session = stream.session_id
-                turn_rows.set_session_id(state, turn_id, saved_session)
-                checkpoints.set_session(state, turn_id, saved_session)
-                sessions.update_fields(state, agent.name, agent.generation, runtime_session_id=saved_session)
+                # Saved the moment it is known: a turn killed from here on is retried in this session (and a
+                # runtime that started a new session instead of resuming ``asked_session`` is said: note_session).
+                saved_session = note_session(state, events, agent, turn_id, stream.session_id, asked=asked_session)
             if parsed and now - last_write >= ACTIVITY_WRITE_INTERVAL or any(p.kind in ("tool_start", "tool_end") for p in parsed):
                 last_write = now
                 written = sessions.update_fields(state, agent.name, agent.generation, last_activity=now_ms(),

@@ -382,7 +382,7 @@ def _watch(turn: _Turn) -> None:
             price=lambda data: _price_result(data, plan.stream.model or plan.model, config),
             periodic=lambda: _record_take_back(turn.events, agent, turn.turn_id,
                                                sandbox.take_back(turn.project, agent)),
-            stream_ledger=turn.stream_ledger)
+            stream_ledger=turn.stream_ledger, asked_session=turn.resume_session_id)
     finally:
         if turn.gate is not None:  # every call still waiting is answered: refused when the turn was stopped
             turn.gate.close_turn(meter.stopped_by)

@@ -123,11 +123,13 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
 @click.option("--all", "all_agents", is_flag=True,
               help="Re-adopt or restart every active agent (after ov's processes died, e.g. a reboot).")
 @click.option("--fork", is_flag=True, help="Start a new agent from AGENT's checkpoint (same commit, new name).")
+@click.option("--restart", is_flag=True, help="Sling a stopped or zombie AGENT again under its name: its branch goes "
+                                              "on, in a fresh session told what was done.")
 @click.option("--name", help="With --fork: the new agent's name (default: AGENT-forkN).")
-@click.option("--prompt", help="With --fork: what the new agent should try differently.")
+@click.option("--prompt", help="With --fork or --restart: what the agent should try (differently).")
 @json_option
 def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
-           add_iterations: int, all_agents: bool, fork: bool, name: str | None, prompt: str | None,
+           add_iterations: int, all_agents: bool, fork: bool, restart: bool, name: str | None, prompt: str | None,
            as_json: bool) -> None:
     """Un-park an agent, raising its limits first; it continues the same runtime session.
 
@@ -143,7 +145,11 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     says so. --fork slings a new agent with AGENT's capability and task, on a new
     branch that starts at the commit of AGENT's newest checkpoint; it keeps AGENT's
     budget limits (within what is left of the run's), its --approve gates and its
-    loop, and says what it cannot carry over.
+    loop, and says what it cannot carry over. --restart slings a stopped or zombie
+    AGENT again under its own name: its branch (and worktree, uncommitted changes
+    included) goes on, with a fresh runtime session, its limits and gates, and a
+    dispatch listing its commits so far; the earlier run dir is kept as
+    .overstory/run/AGENT@genN.
 
     \b
     ov resume builder-task-42 --add-usd 5
@@ -152,17 +158,25 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     ov resume builder-task-42 --add-iterations 3   # a parked `ov loop`
     ov resume --all                    # after a reboot
     ov resume builder-task-42 --fork --prompt "try a streaming parser instead"
+    ov resume builder-task-42 --restart   # a zombie or stopped agent, on its own branch
     """
     raised = add_usd or add_turns or add_tool_calls or add_seconds or add_iterations
     if all_agents:
-        if agent or fork or name or prompt or raised:
-            raise click.UsageError("--all takes no AGENT, --fork, --name, --prompt or --add-* option")
+        if agent or fork or restart or name or prompt or raised:
+            raise click.UsageError("--all takes no AGENT, --fork, --restart, --name, --prompt or --add-* option")
         from overstory.cli.resume import recover_all
 
         recover_all(as_json)
         return
     if agent is None:
         raise click.UsageError("give an AGENT (or --all)")
+    if restart:
+        if fork or name or raised:
+            raise click.UsageError("--restart keeps AGENT's name and limits: no --fork, --name or --add-*")
+        from overstory.cli.resume import restart as do_restart
+
+        do_restart(agent, prompt, as_json)
+        return
     if fork:
         if raised:
             raise click.UsageError("--fork keeps AGENT's limits; raise the fork's afterwards with "
@@ -172,7 +186,7 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
         do_fork(agent, name, prompt, as_json)
         return
     if name or prompt:
-        raise click.UsageError("--name and --prompt go with --fork")
+        raise click.UsageError("--name goes with --fork, --prompt with --fork or --restart")
     from overstory.agents.budgeting import resume_agent
 
     project = project_paths()

@@ -1,7 +1,7 @@
-"""`ov resume --all` (recover every agent after a crash) and `ov resume AGENT --fork`.
+"""`ov resume --all` (recover every agent after a crash), `ov resume AGENT --fork` and `--restart`.
 
 The `ov resume` command itself lives in ``cli.budget`` (un-parking an agent, raising its
-limits); these are its two other forms, each one call into ``overstory.recovery``.
+limits); these are its other forms, each one call into ``overstory.recovery``.
 """
 
 from __future__ import annotations
@@ -48,3 +48,18 @@ def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> Non
         return
     for line in result.summary_lines():
         click.echo(line)
+
+
+def restart(agent: str, prompt: str | None, as_json: bool) -> None:
+    """Sling a stopped or zombie AGENT again under its own name, continuing its branch in a fresh session."""
+    from overstory.config import load_config
+    from overstory.recovery import restart as do_restart
+
+    project = project_paths()
+    config = load_config(project.config_file, project.local_config_file)
+    result = do_restart(project, config, state_conn(project), agent, prompt=prompt)
+    if as_json:
+        echo_json(result.as_dict())
+        return
+    for line in result.summary_lines():
+        click.echo(printable.line(line))

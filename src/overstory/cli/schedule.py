@@ -24,7 +24,11 @@ def schedule() -> None:
 
 @schedule.command(name="add", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
-@click.option("--cron", "cron", help="Cron expression in the local time zone (5 fields; a 6th is seconds).")
+@click.option("--cron", "cron", help="Cron expression in the local time zone: five fields, minute hour day month "
+                                     "weekday (six are refused: whose order?).")
+@click.option("--seconds", "seconds", help="With --cron: the seconds field (e.g. \"*/20\"); default: at second 0.")
+@click.option("--every", "every", help="A simple interval instead of --cron: 20s, 5m, 2h (dividing a minute, hour or "
+                                       "day evenly).")
 @click.option("--on-mail", "mail_type", help="Fire once for each mail of this type that reaches the operator.")
 @click.option("--from", "mail_from", help="With --on-mail: only mail from this agent.")
 @click.option("--overlap", type=click.Choice(["skip", "allow"]), default="skip", show_default=True,
@@ -32,12 +36,14 @@ def schedule() -> None:
                    "decision; allow: fire anyway.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @json_option
-def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | None, overlap: str,
+def add(name: str, cron: str | None, seconds: str | None, every: str | None, mail_type: str | None, mail_from: str | None, overlap: str,
         command: tuple[str, ...], as_json: bool) -> None:
     """Add a schedule NAME that runs `ov COMMAND...` (sling, loop or coordinator send).
 
     In the command, {date} (YYYYMMDD) and {time} (HHMM) are the due time's, {n} the
-    fire's number; a mail trigger also fills {from} and {mail_id}. Missed fires while no
+    fire's number; a mail trigger also fills {from} and {mail_id}. A six-field cron is
+    refused (croniter reads seconds last, Quartz and node-cron first): name the seconds
+    with --seconds, or use --every 20s. Prints the next three fire times. Missed fires while no
     watchdog ran: config schedules.catch_up (latest: once; none: skipped). With
     --overlap skip (the default) an occasion that comes while the agent of an earlier
     fire is still active, or its fire still runs, is skipped (an event, counted in `ov
@@ -47,25 +53,28 @@ def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | Non
 
     \b
     ov schedule add nightly --cron "0 2 * * *" -- loop builder green-{date} --prompt "..." --check "pytest -q"
+    ov schedule add tick --every 20s -- coordinator send "anything new?"
     ov schedule add review --on-mail merge_ready --from builder-api -- sling reviewer rev-{n} --prompt "..."
     """
     from overstory.clock import iso, now_ms
     from overstory.errors import UsageError
     from overstory.names import validate_name
-    from overstory.scheduler import check_command, check_cron, next_due, zone_label
+    from overstory.scheduler import check_command, check_cron, every_cron, next_fires, zone_label
     from overstory.store import mail, schedules
 
     validate_name(name, "schedule name")
-    if bool(cron) == bool(mail_type):
-        raise UsageError("give exactly one of --cron EXPRESSION or --on-mail TYPE")
+    if sum(map(bool, (cron, every, mail_type))) != 1:
+        raise UsageError("give exactly one of --cron EXPRESSION, --every INTERVAL or --on-mail TYPE")
+    if seconds is not None and not cron:
+        raise UsageError("--seconds goes with --cron")
     if mail_from and not mail_type:
         raise UsageError("--from goes with --on-mail")
     argv = check_command(command)
     agent = _agent_template(_parse_check(argv))
     conn = state_conn(project_paths())
     now = now_ms()
-    if cron:
-        expression = check_cron(cron)
+    if cron or every:
+        expression = check_cron(cron, seconds) if cron else every_cron(every or "")
         created = schedules.add(conn, name, kind=schedules.CRON, argv=argv, cron=expression, cursor=now,
                                 overlap=overlap, agent=agent)
     else:
@@ -75,15 +84,17 @@ def add(name: str, cron: str | None, mail_type: str | None, mail_from: str | Non
             validate_name(mail_from, "--from agent")
         created = schedules.add(conn, name, kind=schedules.MAIL, argv=argv, mail_type=mail_type, mail_from=mail_from,
                                 cursor=schedules.max_mail_id(conn), overlap=overlap, agent=agent)
-    following = next_due(created.cron, now) if created.cron else None
+    upcoming = next_fires(created.cron, now) if created.cron else []
+    following = upcoming[0] if upcoming else None
     if as_json:
-        echo_json({**_document(created, following), "next_at": iso(following)})
+        echo_json({**_document(created, following), "next_at": iso(following),
+                   "next_fires": [iso(at) for at in upcoming]})
         return
     click.echo(f"added schedule {name}: {created.trigger()} -> ov {' '.join(argv)} (overlap: {overlap})")
-    if following is not None:
+    if upcoming:
         from overstory.scheduler import local_text
 
-        click.echo(f"  next fire: {local_text(following)} {zone_label(following)}")
+        click.echo(f"  next fires ({zone_label(upcoming[0])}): " + ", ".join(local_text(at) for at in upcoming))
     click.echo("  fired by the watchdog: keep `ov watch` or `ov watchdog` running")
 
 

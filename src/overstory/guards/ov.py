@@ -17,6 +17,7 @@ caller's own descendants. A command ov does not list here is refused.
 
 from __future__ import annotations
 
+from overstory.capabilities import NUDGERS as _NUDGERS
 from overstory.guards.agent import _Agent
 from overstory.guards.effects import _READ, _Effect, _parse_options, _values
 from overstory.guards.shell import _SUBST
@@ -24,7 +25,6 @@ from overstory.guards.shell import _SUBST
 _READS = frozenset({"status", "logs", "feed", "tree", "config", "doctor", "guard", "diff", "approvals"})
 _MERGERS = frozenset({"merger", "coordinator"})
 _STOPPERS = frozenset({"coordinator", "lead"})
-_NUDGERS = frozenset({"coordinator", "lead", "monitor"})
 _OPERATOR_ONLY = {
     "init": "sets up a project",
     "watch": "runs the watchdog",

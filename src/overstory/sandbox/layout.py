@@ -11,6 +11,7 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
+from overstory.capabilities import WRITERS as WRITER_CAPABILITIES
 from overstory.errors import SandboxError
 from overstory.paths import ProjectPaths
 
@@ -18,7 +19,6 @@ if t.TYPE_CHECKING:
     from overstory.runtimes.base import Runtime
     from overstory.store.sessions import Session
 
-WRITER_CAPABILITIES = frozenset({"builder", "merger"})
 PRIVATE_DIR = "sandbox"
 # In the run dir: the files `ov sling` wrote into a runtime's own home (its instructions, the config that
 # calls ov's guard). The home is writable in the sandbox; these files are bound read-only over themselves.

@@ -318,3 +318,8 @@ def first_pending_of(conn: sqlite3.Connection, agent: str) -> str | None:
 def pending_ids(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     """(id, agent) of every request still waiting (shell completion)."""
     return conn.execute("SELECT id, agent FROM approvals WHERE status = 'pending' ORDER BY id").fetchall()
+
+
+def agents_waiting(conn: sqlite3.Connection) -> set[str]:
+    """The agents with an approval request still pending (the dashboard's approval card stands for their park)."""
+    return {r[0] for r in conn.execute("SELECT DISTINCT agent FROM approvals WHERE status = 'pending'")}

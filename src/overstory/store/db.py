@@ -177,14 +177,19 @@ def _no_space_left(path: str | os.PathLike[str]) -> bool:
     return stats.f_bavail * stats.f_frsize < 64 * 1024
 
 
-def _file_of(conn: sqlite3.Connection) -> str:
+def file_of(conn: sqlite3.Connection) -> str | None:
+    """The path of the connection's main database file (None: in memory, or not readable)."""
     try:
         for row in conn.execute("PRAGMA database_list"):
             if row[1] == "main" and row[2]:
                 return str(row[2])
     except sqlite3.Error:
         pass
-    return "ov's database"
+    return None
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    return file_of(conn) or "ov's database"
 
 
 def open_state(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:

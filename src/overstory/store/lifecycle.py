@@ -19,6 +19,8 @@ from __future__ import annotations
 import sqlite3
 import typing as t
 
+from overstory.capabilities import PERSISTENT as PERSISTENT_CAPABILITIES
+from overstory.capabilities import TERMINAL_MAIL_TYPES as TERMINAL_MAIL_TYPES
 from overstory.clock import iso, now_ms
 from overstory.store import sessions
 from overstory.store.sessions import Session
@@ -27,17 +29,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from overstory.store.sessions import Outcome
 
-# Mail types that end an agent's task, by capability. Persistent capabilities have none.
-TERMINAL_MAIL_TYPES: dict[str, frozenset[str]] = {
-    "builder": frozenset({"worker_done"}),
-    "scout": frozenset({"worker_done"}),
-    "reviewer": frozenset({"worker_done"}),
-    "lead": frozenset({"worker_done"}),
-    "monitor": frozenset({"worker_done"}),
-    "merger": frozenset({"merged", "merge_failed"}),
-    "coordinator": frozenset(),
-}
-PERSISTENT_CAPABILITIES = frozenset({"coordinator"})
 # loop: an `ov loop` that reached its iterations, repeats one check failure, or whose critic escalated.
 # error: its turn failed with an error the runtime's parser could not classify (not retried blindly).
 PARK_KINDS = frozenset({"budget", "quota", "auth", "approval", "loop", "error"})

@@ -16,6 +16,7 @@ import os
 from _collections_abc import Mapping  # what collections.abc re-exports, without importing collections
 
 from overstory import jsontext as json
+from overstory.capabilities import CAPABILITIES as CAPABILITIES
 from overstory.clock import iso, now_ms
 from overstory.errors import MailError, OrchestratorError, PayloadError, UsageError
 from overstory.records import Record
@@ -44,7 +45,6 @@ BROADCAST_ALL = "@all"
 # Copies of overstory.store.sessions constants: importing that module (its 36-field
 # dataclass) costs milliseconds on the hot path. test_mail keeps them equal.
 TERMINAL_STATES = frozenset({"completed", "zombie"})
-CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
 
 
 class Message(Record):

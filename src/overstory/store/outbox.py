@@ -64,3 +64,11 @@ def set_cursor(conn: sqlite3.Connection, name: str, value: int) -> None:
 
 def pending(conn: sqlite3.Connection) -> list[dict[str, t.Any]]:
     return [dict(r) for r in conn.execute("SELECT * FROM notify_outbox WHERE sent_at IS NULL ORDER BY id")]
+
+
+def completions_after(conn: sqlite3.Connection, after_id: int) -> list[sqlite3.Row]:
+    """Transitions to ``completed`` after ``after_id`` (notify's transitions cursor), with the agent's row as it
+    is now (``g``: its generation, to tell whether the row is still the one that completed)."""
+    return conn.execute("SELECT t.id, t.name, t.generation, t.reason, s.generation AS g, s.run_id, s.capability, "
+                        "s.task_id, s.parent FROM transitions t LEFT JOIN sessions s ON s.name = t.name "
+                        "WHERE t.id > ? AND t.to_state = 'completed' ORDER BY t.id", (after_id,)).fetchall()

@@ -72,6 +72,9 @@ class Schedule:
 
     def trigger(self) -> str:
         if self.kind == CRON:
+            fields = (self.cron or "").split()
+            if len(fields) == 6:  # croniter order: seconds last
+                return f"cron {' '.join(fields[:5])} seconds {fields[5]}"
             return f"cron {self.cron}"
         return f"mail {self.mail_type}" + (f" from {self.mail_from}" if self.mail_from else "")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from overstory import errors
 from overstory import jsontext as json
+from overstory.capabilities import CAPABILITIES as CAPABILITIES
 from overstory.clock import now_ms
 from overstory.errors import AgentExists, AgentNotFound
 from overstory.records import Record
@@ -36,8 +37,6 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     "zombie": frozenset({"booting", "in_turn", "between_turns", "working", "stalled", "parked"}),
 }
 
-CAPABILITIES = ("coordinator", "lead", "scout", "builder", "reviewer", "merger", "monitor")
-WRITER_CAPABILITIES = frozenset({"builder", "merger"})
 
 
 def is_allowed(prev: str, to: str) -> bool:

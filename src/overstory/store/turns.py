@@ -126,3 +126,9 @@ def finished_with_owner(conn: sqlite3.Connection, since_ms: int | None) -> list[
         "FROM turns t LEFT JOIN sessions s ON s.name = t.agent AND s.generation = t.generation "
         "WHERE t.ended_at IS NOT NULL AND t.started_at >= ? ORDER BY t.started_at",
         (since_ms or 0,)).fetchall()
+
+
+def log_dir_of(conn: sqlite3.Connection, turn_id: str) -> str | None:
+    """Where the turn's logs are (its stream, stderr, command line), as it was recorded when it started."""
+    row = conn.execute("SELECT log_dir FROM turns WHERE id = ?", (turn_id,)).fetchone()
+    return row[0] if row is not None and row[0] else None

@@ -61,6 +61,11 @@ def _state_text(agent: dict[str, t.Any]) -> Text:
     return _plain(label, style=STATE_STYLES.get(agent["state"], ""))
 
 
+def _cell_text(agent: dict[str, t.Any], column: str) -> str:
+    cell = _cell(agent, column)
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
 def _cell(agent: dict[str, t.Any], column: str) -> RenderableType:
     if column == "state":
         return _state_text(agent)
@@ -86,17 +91,47 @@ def sort_agents(agents: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
     return sorted(agents, key=lambda a: STATE_RANK.get(a["state"], 4))
 
 
+FLEXIBLE = ("tool", "task", "why")  # share what is left; cut with an ellipsis
+KEEP = ("name", "state", "cost")  # never dropped
+
+
+def _fit_columns(agents: list[dict[str, t.Any]], width: int, marker: bool) -> tuple[list[str], int]:
+    """The columns shown at ``width`` and the NAME column's width. Names are kept whole: optional columns
+    are dropped (least important first) until the whole names fit; only a terminal too narrow for NAME,
+    STATE and COST cuts names."""
+    columns = [name for name, min_width in AGENT_COLUMNS if width >= min_width]
+    name_width = max([4, *(len(escaped(a["name"])) for a in agents)])
+
+    def needed(shown: list[str]) -> int:
+        total = 4 if marker else 0
+        for column in shown:
+            if column == "name":
+                total += name_width
+            elif column in FLEXIBLE:
+                total += len(column) + 2
+            else:
+                total += max([len(column), *(len(_cell_text(a, column)) for a in agents)])
+            total += 3  # the padding and the rule between columns
+        return total
+
+    while needed(columns) > width and any(c not in KEEP for c in columns):
+        columns.remove([c for c in columns if c not in KEEP][-1])
+    spare = width - needed(columns)
+    return columns, name_width + min(0, spare)
+
+
 def agents_table(agents: list[dict[str, t.Any]], width: int, max_rows: int | None = None, *,
                  selected: str | None = None, first: int = 0, marker: bool = False) -> Table:
     """The agents, ``max_rows`` of them from ``first``; ``marker`` adds a column showing the selected one."""
-    columns = [name for name, min_width in AGENT_COLUMNS if width >= min_width]
+    columns, name_width = _fit_columns(agents, width, marker)
     table = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, show_edge=False)
     if marker:
         table.add_column("", no_wrap=True, width=1)
     for name in columns:
         table.add_column(name.upper(), no_wrap=True, overflow="ellipsis",
                          justify="right" if name in ("cost", "idle", "turns", "tokens") else "left",
-                         ratio=2 if name in ("name", "tool", "task", "why") else None)
+                         min_width=max(4, name_width) if name == "name" else None,
+                         ratio=2 if name in FLEXIBLE else None)
     shown = agents[first:] if max_rows is None else agents[first:first + max_rows]
     for agent in shown:
         chosen = agent["name"] == selected

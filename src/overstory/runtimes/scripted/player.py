@@ -453,6 +453,9 @@ def _error_result(session_id: str, message: str) -> None:
           "uuid": str(uuid.uuid4()), "errors": [message]})
 
 
+FORGET_ENV = "OV_SCRIPTED_FORGET_SESSIONS"
+
+
 def main(argv: list[str] | None = None) -> int:
     options = _parse_args(sys.argv[1:] if argv is None else argv)
     scenario_name = options["--scenario"] or os.environ.get("OV_SCRIPTED_SCENARIO")
@@ -469,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     model = options["--model"] or os.environ.get("ANTHROPIC_MODEL") or DEFAULT_MODEL
     cwd = os.getcwd()
 
+    if os.environ.get(FORGET_ENV):  # tests: a CLI that lost its sessions and starts a new one, as some do
+        options["--resume"] = None
     session = Session(state_dir, cwd, options["--resume"] or str(uuid.uuid4()))
     if options["--resume"] and not session.exists():
         message = f"No conversation found with session ID: {session.id}"

@@ -27,6 +27,10 @@ def _plain(capability: str, task_id: str) -> dict[str, t.Any]:
         return {"turns": [{"actions": actions, "result": f"{task_id}: work committed and reported"}]}
     if capability == "coordinator":
         return {"turns": [{"actions": [{"text": "Coordinator ready; waiting for objectives."}], "result": "ready"}]}
+    if capability == "monitor":  # persistent: it reports what it saw, never worker_done
+        return {"turns": [{"actions": [{"bash": "ov status"}, {"bash": 'ov mail send --type status --subject '
+                                                                       '"monitor: watching" --body "no trouble seen"'}],
+                           "result": "watching"}]}
     return {"turns": [{
         "actions": [
             *_LOOK,

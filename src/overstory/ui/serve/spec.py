@@ -107,8 +107,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                                                                                "or a branch"),
                  Param("all", "query", "boolean", "or the whole merge queue, as one sequence"),
                  Param("into", "query", "string", "target branch (default: where the agent was slung from)"))),
-    Endpoint("GET", "/api/waiting", "waiting", "What waits for a person: parked agents and unread questions, "
-             "escalations, decision gates, deaths and failed merges addressed to the operator."),
+    Endpoint("GET", "/api/waiting", "waiting", "What waits for a person, one item per thing: parked agents (with "
+             "their park's escalation) and unread questions, escalations, deaths and failed merges addressed to the "
+             "operator; an approval's gate mail and park are the approval's item (/api/approvals), and mail about "
+             "an agent that has ended, was resumed or slung again since is left out."),
     Endpoint("GET", "/api/approvals", "approvals", "Pending approval gates (`ov approvals`; ?all=true adds "
              "decided ones).",
              (Param("all", "query", "boolean", "decided and expired ones too"),)),

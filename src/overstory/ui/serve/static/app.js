@@ -213,7 +213,8 @@ async function refreshWaiting() {
   const items = [];
   for (const approval of approvals || []) items.push(approvalItem(approval));
   for (const agent of waiting.parked) {
-    items.push(waitingItem("parked", `${agent.name} is parked`, agent.reason || "", [
+    const told = (agent.mail || []).map((m) => `${m.from}: ${m.subject}`);  // its park's own escalation
+    items.push(waitingItem("parked", `${agent.name} is parked`, [agent.reason || "", ...told].filter(Boolean).join("\n"), [
       el("button", { type: "button", class: "primary", "data-resume": agent.name, text: "Resume",
         onclick: () => act(`resumed ${agent.name}`, () => api(`/api/agents/${encodeURIComponent(agent.name)}/resume`, { body: {} })) }),
       el("button", { type: "button", text: "Open", onclick: () => select(agent.name) }),
