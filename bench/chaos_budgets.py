@@ -34,7 +34,7 @@ def scripted_extra(agent: str) -> float:
 
 def message_costs(log_dirs: t.Iterable[str]) -> list[float]:
     """Every assistant message of these turns, priced once (the CLI repeats a message per content block)."""
-    from overstory import prices
+    from overstory.runtimes import prices
 
     seen: dict[str, float] = {}
     for folder in log_dirs:

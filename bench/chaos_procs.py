@@ -120,7 +120,7 @@ def schedule_runners(root: Path) -> list[Victim]:
         if not entry.name.isdigit():
             continue
         argv = _cmdline(int(entry.name))
-        if b"overstory.schedule_runner" in argv and str(root).encode() in argv:
+        if b"overstory.scheduling.runner" in argv and str(root).encode() in argv:
             pid = int(entry.name)
             if alive(pid):
                 found.append(Victim("scheduler", None, pid, start_ticks(pid)))

@@ -95,7 +95,7 @@ def run_watchdog(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]
 
     from overstory.paths import ProjectPaths
     from overstory.store.db import open_state
-    from overstory.watchdog import Watchdog, WatchdogSettings
+    from overstory.watchdog.daemon import Watchdog, WatchdogSettings
 
     sleeper = start_sleeper(ctx.registry)
     rows: list[dict[str, t.Any]] = []
@@ -435,7 +435,7 @@ def run_memory(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
                             states=("between_turns", "in_turn", "completed", "completed", "between_turns"))
         add_mail(state, 2_000, agents)
         add_events(events, 100_000, agents)
-        from overstory import status as status_core
+        from overstory.views import status as status_core
 
         snapshot = time_calls(lambda: status_core.dashboard_snapshot(state, events), repeat=10, warmup=2)
     finally:
@@ -523,7 +523,7 @@ def _gated_scenario(path: Path, capability: str, gate: Path) -> Path:
 def _scale_once(ctx: Context, index: int, count: int) -> dict[str, t.Any]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from overstory.config import load_config
+    from overstory.config.model import load_config
     from overstory.paths import ProjectPaths
     from overstory.store import sessions
     from overstory.store.db import open_state

@@ -48,9 +48,9 @@ def _store_project(ctx: Context, name: str) -> tuple[t.Any, list[str]]:
 
 
 def run_store(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from overstory import status as status_core
     from overstory.store import lifecycle, mail, sessions
     from overstory.store.db import open_events, open_state
+    from overstory.views import status as status_core
 
     setup_started = time.monotonic()
     project, names = _store_project(ctx, "fig2-project")

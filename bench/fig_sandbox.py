@@ -37,7 +37,7 @@ def _agent(root: Path, name: str) -> t.Any:
 
 
 def run(ctx: Context) -> tuple[list[dict[str, t.Any]], dict[str, t.Any]]:
-    from overstory.config import load_config
+    from overstory.config.model import load_config
     from overstory.endpoint.client import Channel
     from overstory.endpoint.routes import ROUTES
     from overstory.endpoint.server import AgentEndpoint

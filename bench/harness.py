@@ -391,7 +391,7 @@ def tracked_files(root: Path) -> int:
 
 
 def init_project(root: Path) -> Path:
-    from overstory.project_init import init_project as do_init
+    from overstory.project.init import init_project as do_init
 
     do_init(root)
     return root

@@ -82,7 +82,7 @@ def project(git_repo: Path):
     processes recorded in this project's database, checked by start time).
     """
     from overstory.paths import ProjectPaths
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     init_project(git_repo)
     project = ProjectPaths(git_repo)

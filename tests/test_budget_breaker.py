@@ -117,7 +117,7 @@ def test_opencode_reports_each_steps_usage_as_it_ends():
 
 def test_sling_says_when_a_runtime_lets_ov_check_dollars_only_between_turns(conn, tmp_path):
     from overstory.agents.budgeting import agent_limits
-    from overstory.config import load_config
+    from overstory.config.model import load_config
     from overstory.runtimes import get_runtime
 
     config = load_config(tmp_path / "no-config.yaml")  # the default budgets: a wall clock, no tool-call limit

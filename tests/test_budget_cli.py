@@ -14,10 +14,10 @@ import typing as t
 import pytest
 
 from overstory.clock import now_ms
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.errors import ConfigError
 from overstory.store import budgets, lifecycle, runs, sessions, turns
-from overstory.waiting import EXIT_AUTH, EXIT_BUDGET, EXIT_OK, EXIT_QUOTA, EXIT_ZOMBIE, code_of, outcome_code
+from overstory.views.waiting import EXIT_AUTH, EXIT_BUDGET, EXIT_OK, EXIT_QUOTA, EXIT_ZOMBIE, code_of, outcome_code
 
 
 def invoke(project, *args: str, code: int = 0) -> str:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from overstory.clock import now_ms
-from overstory.prices import DEFAULT_PRICES, PriceTable, Tokens
 from overstory.runtimes.base import AUTH, RATE_LIMIT
 from overstory.runtimes.claude.stream import TurnStream
+from overstory.runtimes.prices import DEFAULT_PRICES, PriceTable, Tokens
 from overstory.store import budgets, lifecycle, mail, quota, sessions
 from overstory.store.db import open_state
 from overstory.store.tool_count import count_tool_call

@@ -21,10 +21,10 @@ from click.testing import CliRunner
 from conftest import make_repo, ov_command, run_git, run_ov
 from overstory import __version__
 from overstory.cli.main import COMMANDS, cli, main
-from overstory.config import DEFAULT_CONFIG_YAML
+from overstory.config.model import DEFAULT_CONFIG_YAML
 from overstory.errors import AlreadyInitialized, NotAGitRepository, ProjectNotFound
 from overstory.paths import ProjectPaths
-from overstory.project_init import OV_GITIGNORE
+from overstory.project.init import OV_GITIGNORE
 from overstory.resources import shipped_agents_dir, shipped_templates_dir
 
 # Commands that start agents, loops or dashboards: never run blind with only --json.
@@ -492,7 +492,7 @@ def test_every_json_output_parses(project: ProjectPaths) -> None:
 
 
 def test_config_json_variants(project: ProjectPaths) -> None:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
     effective = run_ov("config", "--json", cwd=project.root, env={"OV_TURNS_STALL_TIMEOUT": "30"})
     assert effective.returncode == 0, effective.stderr

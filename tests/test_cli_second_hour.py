@@ -22,10 +22,10 @@ import yaml
 from agent_helpers import agent_state, wait_for, write_scenario
 from conftest import make_repo
 from overstory.cli import fast
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.paths import ProjectPaths
 from overstory.store import budgets, lifecycle, mail, runs, sessions
-from overstory.waiting import EXIT_APPROVAL, EXIT_OK, EXIT_STOPPED, EXIT_ZOMBIE, code_of, outcome_code
+from overstory.views.waiting import EXIT_APPROVAL, EXIT_OK, EXIT_STOPPED, EXIT_ZOMBIE, code_of, outcome_code
 
 
 def ov(project: ProjectPaths | None, *args: str, code: int | None = None) -> tuple[int, str, str]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from overstory.config import DEFAULT_CONFIG_YAML, Config, env_var_names, load_config
+from overstory.config.model import DEFAULT_CONFIG_YAML, Config, env_var_names, load_config
 from overstory.errors import ConfigError
 
 
@@ -229,13 +229,13 @@ def test_default_file_loads_through_the_loader(tmp_path: Path) -> None:
 
 
 def test_sandbox_mode_off_and_on_written_bare_in_yaml(tmp_path):
-    from overstory.config import load_config
+    from overstory.config.model import load_config
 
     path = tmp_path / "config.yaml"
     path.write_text("sandbox:\n  mode: off\n  network: {default: on, scout: off}\n")
     config = load_config(path, environ={})
     assert config.sandbox.mode == "off"
-    from overstory.config_snapshot import network_for  # a function, so the loop's snapshot has it too
+    from overstory.config.snapshot import network_for  # a function, so the loop's snapshot has it too
 
     assert network_for(config.sandbox, "scout") is False and network_for(config.sandbox, "builder") is True
     path.write_text("sandbox:\n  mode: on\n")

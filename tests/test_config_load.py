@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from overstory import config_load, config_snapshot
-from overstory.config import load_config as validate
+from overstory.config import load as config_load
+from overstory.config import snapshot as config_snapshot
+from overstory.config.model import load_config as validate
 from overstory.errors import ConfigError
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "overstory"
@@ -108,13 +109,13 @@ def test_an_edited_schema_validates_again(tmp_path: Path, monkeypatch: pytest.Mo
     config_file, local_file = _files(tmp_path)
     config_load.load(config_file, local_file, {})
     calls: list[Path] = []
-    import overstory.config
+    import overstory.config.model
 
     def counting(*args: object, **kwargs: object) -> object:
         calls.append(Path(str(args[0])))
         return validate(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(overstory.config, "load_config", counting)
+    monkeypatch.setattr(overstory.config.model, "load_config", counting)
     config_load.load(config_file, local_file, {})
     assert calls == []
     monkeypatch.setattr(config_load, "SCHEMA_FILES", (*config_load.SCHEMA_FILES, "py.typed"))
@@ -126,5 +127,5 @@ def test_only_the_loader_validates() -> None:
     """Commands, loops and the watchdog call ``config_load.load``; the models are built only when a file
     changed (there) or when `ov init` checks the file it writes."""
     callers = sorted(str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
-                     if re.search(r"from overstory\.config import [^\n]*\bload_config\b", path.read_text()))
-    assert callers == ["config_load.py", "project_init.py"]
+                     if re.search(r"from overstory\.config\.model import [^\n]*\bload_config\b", path.read_text()))
+    assert callers == ["config/load.py", "project/init.py"]

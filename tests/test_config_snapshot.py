@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import agent_env, wait_for
-from overstory import config_snapshot
 from overstory.agents.loop import load_loop_config
-from overstory.config import Config, load_config
-from overstory.config_load import write_agent_snapshot
+from overstory.config import snapshot as config_snapshot
+from overstory.config.load import write_agent_snapshot
+from overstory.config.model import Config, load_config
 from overstory.paths import ProjectPaths
 
 CUSTOM = """\
@@ -117,9 +117,9 @@ def test_a_reading_loop_never_sees_half_a_snapshot(tmp_path: Path) -> None:
 
 def test_watchdog_readoption_refreshes_the_snapshot_and_keeps_it_if_the_config_broke(
         project: ProjectPaths, monkeypatch: pytest.MonkeyPatch) -> None:
-    from overstory import watchdog
     from overstory.agents import loop
     from overstory.agents.process import save_launch_env
+    from overstory.watchdog import daemon as watchdog
 
     started: list[str] = []
     monkeypatch.setattr(loop, "spawn_loop", lambda _project, agent, _gen, _env: (started.append(agent), (1, None))[1])
@@ -165,7 +165,7 @@ def test_a_real_idle_loop_has_neither_pydantic_nor_yaml_loaded(project: ProjectP
     maps = _mapped(agent.loop_pid)
     assert "_sqlite3" in maps  # the check can see extension modules
     assert "pydantic_core" not in maps and "_yaml" not in maps
-    control = subprocess.Popen([sys.executable, "-c", "import overstory.config, sys; sys.stdin.read()"],
+    control = subprocess.Popen([sys.executable, "-c", "import overstory.config.model, sys; sys.stdin.read()"],
                                stdin=subprocess.PIPE, env={**os.environ})
     try:
         wait_for(lambda: "pydantic_core" in _mapped(control.pid), 30, message="the control to import pydantic")

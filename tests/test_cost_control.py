@@ -18,7 +18,7 @@ from agent_helpers import agent_state, mail_rows, wait_for, write_scenario
 from conftest import run_ov
 from overstory import procs
 from overstory.agents.spawn import SlingRequest, sling
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.store.db import open_events, open_state
 
 REPORT = {"bash": 'ov mail send --type worker_done --subject "done ${OVERSTORY_AGENT_NAME}" --body ok'}

@@ -202,7 +202,7 @@ def test_sling_with_a_read_only_event_store_creates_nothing(project, tmp_path):
 def test_watchdog_settles_a_booting_agent_whose_loop_cannot_start(project, tmp_path):
     from overstory.agents.spawn import SlingRequest
     from overstory.agents.spawn import sling as do_sling
-    from overstory.config import load_config
+    from overstory.config.model import load_config
 
     conn = open_state(project.state_db)
     try:

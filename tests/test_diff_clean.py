@@ -79,7 +79,7 @@ def test_diff_shows_commits_and_uncommitted_work_against_the_base_only(project: 
 
 
 def test_diff_of_an_agent_without_changes_or_without_a_branch(project: ProjectPaths, tmp_path: Path) -> None:
-    from overstory.diffs import agent_diff
+    from overstory.views.diffs import agent_diff
 
     agent = sling(project, tmp_path, "quiet", [DONE])
     result = run_ov("diff", agent, cwd=project.root)
@@ -203,7 +203,7 @@ def test_clean_never_touches_active_agents_and_settles_zombies(project: ProjectP
 
 def test_clean_removes_only_a_dead_tmux_socket_of_this_project(project: ProjectPaths, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from overstory.cleanup import socket_path
+    from overstory.project.cleanup import socket_path
 
     monkeypatch.setenv("TMUX_TMPDIR", str(tmp_path))
     path = socket_path(project)

@@ -139,7 +139,7 @@ def test_a_side_effect_killed_mid_call_is_held_back_once_and_flagged(durable: tu
     # The operator's views: ov trace lists the flag, ov watch shows the event among its problems.
     trace = json.loads(run_ov("trace", name, "--json", cwd=project.root).stdout)
     assert [c["id"] for c in trace["flagged"]] == [first[1]["id"]]
-    from overstory.status import recent_problems
+    from overstory.views.status import recent_problems
 
     assert any(p["kind"] == "tool_call_flagged" for p in recent_problems(events_db))
 

@@ -28,7 +28,7 @@ from executor_cases import (
     wait_until,
 )
 from overstory import procs
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.errors import ConfigError, ExecutorUnavailable, TurnNotFound, UsageError
 from overstory.executors import EXECUTOR_KINDS, from_config, get_executor
 from overstory.executors.base import STOPPED, TurnSpec

@@ -90,7 +90,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 def build_world(tmp_path_factory: pytest.TempPathFactory) -> World:
     """A project with a lead, two builders (one with budget left), a finished scout and some mail."""
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     with pytest.MonkeyPatch.context() as patch:
         for name in ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"):

@@ -123,7 +123,7 @@ class Chaos:
 
 
 def _run_round(root: Path, seed: int) -> Counter[str]:
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
     from overstory.store.db import open_state
 
     init_project(make_repo(root))

@@ -12,7 +12,7 @@ from agent_helpers import wait_terminal
 from conftest import run_git, run_ov
 from overstory.agents import hierarchy
 from overstory.agents.spawn import SlingRequest, sling
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.errors import HierarchyError
 from overstory.paths import ProjectPaths
 from overstory.store import sessions

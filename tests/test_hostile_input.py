@@ -194,7 +194,7 @@ def _fill(disk: Path) -> None:
 
 
 def test_full_disk_nothing_is_written(small_disk: Path, tmp_path: Path) -> None:
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     root = make_repo(small_disk / "repo")
     init_project(root)

@@ -192,7 +192,7 @@ def test_one_kept_alive_connection_serves_call_after_call_and_bad_requests_get_4
 def test_which_agents_get_http_hooks(tmp_path: t.Any, runtime: str, config: dict[str, t.Any], expected: str) -> None:
     import yaml
 
-    from overstory.config import load_config
+    from overstory.config.model import load_config
     from overstory.endpoint.hooks import transport_for
     from sandbox_helpers import probe
 

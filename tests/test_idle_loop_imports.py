@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import agent_env, wait_for
-from overstory.config_load import load
+from overstory.config.load import load
 from overstory.paths import ProjectPaths
 
 NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib", "shutil", "bz2", "lzma",

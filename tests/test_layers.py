@@ -166,6 +166,26 @@ def test_runtimes_never_import_agents() -> None:
     assert forbidden_imports(ov_graph(), "runtimes", {"agents", "cli", "ui"}) == []
 
 
+# The package's root holds only modules every part shares (ARCHITECTURE §3): a new capability gets a
+# package whose name says what it is (config/, views/, watchdog/, scheduling/, project/, ...).
+ROOT_MODULES = {"__init__", "__main__", "capabilities", "clock", "deferred", "errors", "gitutil", "jsontext",
+                "limits", "names", "notify", "paths", "printable", "procs", "records", "resources", "serve_token",
+                "wire"}
+
+
+def test_the_root_holds_only_the_shared_modules() -> None:
+    assert {path.stem for path in PACKAGE.glob("*.py")} == ROOT_MODULES
+
+
+def test_read_models_and_config_import_no_actor() -> None:
+    """``views/`` (what status, watch, diff, costs and wait show) and ``config/`` only read: they import
+    nothing that acts (agents, merges, the watchdog, schedules, operator commands) and no front end."""
+    actors = {"agents", "merge", "watchdog", "scheduling", "project", "executors", "endpoint", "cli", "ui"}
+    graph = ov_graph()
+    assert forbidden_imports(graph, "views", actors) == []
+    assert forbidden_imports(graph, "config", actors | {"views"}) == []
+
+
 def test_no_import_circles() -> None:
     assert find_cycle(ov_graph()) is None
 

@@ -393,7 +393,7 @@ def test_a_turn_gets_its_own_durable_ids_never_inherited_ones(project: ProjectPa
     push permission or replay policy only ever comes from this project's config."""
     from overstory.agents.spawn import SlingRequest, sling
     from overstory.agents.turns import durable_env, turn_environment
-    from overstory.config import load_config
+    from overstory.config.model import load_config
 
     scenario = tmp_path / "s.json"
     scenario.write_text(json.dumps({"turns": [{"actions": [], "result": "done"}]}))
@@ -419,7 +419,7 @@ def test_a_turn_gets_its_own_durable_ids_never_inherited_ones(project: ProjectPa
 
 
 def test_config_rejects_broken_patterns_and_policies(project: ProjectPaths) -> None:
-    from overstory.config import load_config
+    from overstory.config.model import load_config
     from overstory.errors import ConfigError
 
     for body, needle in (("ledger:\n  side_effects: ['Bash(git push']\n", "must end with"),
@@ -594,7 +594,7 @@ def test_a_replayed_send_to_an_agent_that_finished_since_returns_the_first_id(pr
 
 def test_ov_sling_from_an_agent_is_idempotent_per_dispatch(project: ProjectPaths, state_db: t.Any) -> None:
     from overstory.agents.spawn import SlingRequest, sling
-    from overstory.config import load_config
+    from overstory.config.model import load_config
 
     config = load_config(project.config_file, project.local_config_file)
     _agent_row(state_db, "lead-1", capability="lead", depth=0)
@@ -660,7 +660,7 @@ def test_the_turn_runner_fills_the_ledger_from_the_stream_when_the_runtime_has_n
     tool_start/tool_end events. Nothing can be held back that way, but everything is recorded."""
     from overstory.agents.spawn import SlingRequest, sling
     from overstory.agents.turns import run_turn
-    from overstory.config import load_config
+    from overstory.config.model import load_config
     from overstory.runtimes.scripted import ScriptedRuntime
     from overstory.store import mail, mail_text
 

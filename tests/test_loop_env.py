@@ -328,7 +328,7 @@ def test_ov_mail_send_outside_a_sandbox_holds_a_looping_agents_worker_done_and_n
 
 
 def test_failed_checks_are_shown_once_per_kind_of_failure_the_newest_kinds_first_cut():
-    from overstory.agents.loop_start import failure_lines
+    from overstory.agents.iterations.start import failure_lines
 
     rows = [{"status": "done", "number": i, "attempt": 1, "check_exit": 1, "fingerprint": f"kind{i % 7}",
              "check_tail": "$ make test\n" + "".join(f"line {n} of {i}\n" for n in range(12)),

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from overstory import guards
-from overstory.agents.loop_checks import LoopChecker, fingerprint, progress_summary
-from overstory.agents.loop_prompt import iteration_message
-from overstory.agents.loop_spec import build_definition, limit_reached, parse_gate, read_spec
+from overstory.agents.iterations.checks import LoopChecker, fingerprint, progress_summary
+from overstory.agents.iterations.prompt import iteration_message
+from overstory.agents.iterations.spec import build_definition, limit_reached, parse_gate, read_spec
 from overstory.errors import LoopError
 from overstory.store.loops import Loop
 

@@ -11,7 +11,7 @@ import json
 
 from agent_helpers import mail_rows
 from conftest import run_git, run_ov
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.merge.queue import queue_view
 from overstory.store.db import open_state
 from test_merge_flow import DONE, sling

@@ -193,7 +193,7 @@ def test_notify_test_reports_each_target(project: ProjectPaths, receiver: Receiv
 
 def test_two_senders_at_once_send_each_notification_once(project: ProjectPaths, state_db: t.Any) -> None:
     """The watchdog and `ov approve` may flush together: each leases a row before sending it."""
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.notify import flush
     from overstory.store.db import open_state
 

@@ -1,4 +1,4 @@
-"""Local models through an Ollama server (``providers: {name: {kind: ollama}}``, overstory.ollama).
+"""Local models through an Ollama server (``providers: {name: {kind: ollama}}``, overstory.runtimes.ollama).
 
 Ollama is the model server and cannot be installed here, so its API is mocked on 127.0.0.1 (like
 every other model API in these tests): ``GET /api/tags`` lists the pulled models. The agent run
@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from conftest import run_ov
-from overstory.config import Config, Provider
-from overstory.doctor import check_local_providers
+from overstory.config.model import Config, Provider
 from overstory.errors import OrchestratorError
-from overstory.ollama import endpoint, priced_at_zero
 from overstory.paths import ProjectPaths
-from overstory.prices import PriceTable, Tokens
+from overstory.project.doctor import check_local_providers
+from overstory.runtimes.ollama import endpoint, priced_at_zero
+from overstory.runtimes.prices import PriceTable, Tokens
 
 
 class MockOllama:

@@ -66,7 +66,7 @@ def test_explicit_project_overrides_cwd(project: ProjectPaths, tmp_path: Path) -
 
 def test_environment_overrides_cwd(project: ProjectPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     other = make_repo(tmp_path / "other")
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     init_project(other)
     monkeypatch.setenv(PROJECT_ENV, str(other))

@@ -11,7 +11,7 @@ import pytest
 from agent_helpers import wait_terminal
 from conftest import run_git, run_ov
 from overstory.agents.turns import model_choice, resolve_model_and_provider, run_turn
-from overstory.config import Config, load_config
+from overstory.config.model import Config, load_config
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import sessions

@@ -17,15 +17,15 @@ import pytest
 from conftest import run_git
 from overstory.agents.spawn import SlingRequest, sling
 from overstory.agents.turns import model_choice
-from overstory.config import Config, load_config
-from overstory.doctor import check_runtimes
+from overstory.config.model import Config, load_config
 from overstory.errors import ConfigError, OrchestratorError, UsageError
 from overstory.paths import ProjectPaths
-from overstory.prices import cost_usd, price_of
+from overstory.project.doctor import check_runtimes
 from overstory.runtimes import RUNTIME_NAMES, get_runtime
 from overstory.runtimes.base import AgentSetup, Runtime, TurnRequest
 from overstory.runtimes.codex.home import filesystem_rules
 from overstory.runtimes.gemini import _safe_for_system_settings
+from overstory.runtimes.prices import cost_usd, price_of
 
 NEW_RUNTIMES = ("codex", "gemini", "opencode")
 

@@ -18,7 +18,7 @@ import pytest
 
 from agent_helpers import wait_terminal
 from conftest import run_git, run_ov
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.errors import SandboxError
 from overstory.paths import ProjectPaths
 from overstory.sandbox import effective_mode, gitrefs

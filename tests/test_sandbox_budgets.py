@@ -16,7 +16,7 @@ from pathlib import Path
 from agent_helpers import agent_state, wait_for, write_scenario
 from overstory import procs
 from overstory.agents.spawn import SlingRequest, sling
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.paths import ProjectPaths
 from overstory.store.db import open_events, open_state
 from sandbox_helpers import processes_with, requires_bwrap

@@ -71,7 +71,7 @@ def parked_for_approval(project: ProjectPaths, name: str) -> t.Any:
 
 
 def test_a_schedule_skips_while_its_agent_waits_for_a_person(gated: tuple[ProjectPaths, Path, Path]) -> None:
-    from overstory.scheduler import Scheduler, next_due
+    from overstory.scheduling.scheduler import Scheduler, next_due
 
     project, log, scenario = gated
     added = run_ov("schedule", "add", "deploy", "--cron", "* * * * *", "--", "sling", "builder", "d-{n}",
@@ -123,8 +123,8 @@ def test_a_schedule_skips_while_its_agent_waits_for_a_person(gated: tuple[Projec
 
 def test_failed_fires_back_off_and_escalate_once_per_row(project: ProjectPaths) -> None:
     """Every fire fails on max_concurrent_agents (another agent holds the only slot)."""
-    from overstory.schedule_runner import run_fire
-    from overstory.scheduler import Scheduler
+    from overstory.scheduling.runner import run_fire
+    from overstory.scheduling.scheduler import Scheduler
     from test_watchdog import start_agent
 
     write_local_config(project, agents={"max_concurrent_agents": 1})

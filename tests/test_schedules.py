@@ -78,7 +78,7 @@ DRIVER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from overstory.paths import ProjectPaths
-    from overstory.scheduler import Scheduler
+    from overstory.scheduling.scheduler import Scheduler
     from overstory.store.db import open_state
 
     root, clock, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
@@ -165,7 +165,7 @@ def test_a_real_watchdog_fires_twice_in_real_time_and_a_restart_does_not_refire(
 
 
 def test_a_mail_trigger_fires_once_per_matching_mail(project, monkeypatch):
-    from overstory.scheduler import Scheduler
+    from overstory.scheduling.scheduler import Scheduler
 
     conn = open_state(project.state_db)
     mail.insert_message(conn, sender="builder-a", recipient="operator", type="merge_ready", subject="before")
@@ -197,7 +197,7 @@ def test_a_mail_trigger_fires_once_per_matching_mail(project, monkeypatch):
 
 @pytest.mark.parametrize("catch_up, expected", [("latest", 1), ("none", 0)])
 def test_missed_fires_catch_up_once_or_not_at_all(project, catch_up, expected):
-    from overstory.scheduler import Scheduler
+    from overstory.scheduling.scheduler import Scheduler
 
     add_cron(project, "hourly", "0 * * * *", ["sling", "builder", "h-{n}", "--runtime", "scripted"], cursor=T0,
              overlap="allow")  # its fires are never run here: they stay open
@@ -214,8 +214,8 @@ def test_missed_fires_catch_up_once_or_not_at_all(project, catch_up, expected):
 
 
 def test_a_failed_fire_is_an_event_and_a_notification_never_a_crash(project):
-    from overstory import scheduler as scheduler_module
-    from overstory.schedule_runner import run_fire
+    from overstory.scheduling import scheduler as scheduler_module
+    from overstory.scheduling.runner import run_fire
 
     add_cron(project, "fixed", "* * * * *", ["sling", "builder", "same", "--runtime", "scripted"], cursor=T0,
              overlap="allow")
@@ -245,7 +245,7 @@ def test_a_failed_fire_is_an_event_and_a_notification_never_a_crash(project):
 
 
 def test_a_runner_killed_mid_command_is_reported_lost_not_rerun(project, monkeypatch):
-    from overstory.scheduler import Scheduler
+    from overstory.scheduling.scheduler import Scheduler
 
     add_cron(project, "dies", "* * * * *", SLING, cursor=T0)
     monkeypatch.setenv("OV_TEST_KILL_AT", "schedule_running")  # the runner dies with the fire taken
@@ -270,7 +270,7 @@ def test_a_runner_killed_mid_command_is_reported_lost_not_rerun(project, monkeyp
 def test_a_trigger_on_escalations_does_not_fire_on_its_own_failure_notices(project):
     """A mail trigger on `escalation` whose command fails: ov's notice of that failure is mail to the
     operator too, and must not fire the trigger again (a loop that would run every tick)."""
-    from overstory.scheduler import Scheduler
+    from overstory.scheduling.scheduler import Scheduler
 
     conn = open_state(project.state_db)
     schedules.add(conn, "echo", kind=schedules.MAIL, mail_type="escalation", mail_from=None, overlap="allow",

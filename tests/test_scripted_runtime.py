@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from overstory.config import Config
+from overstory.config.model import Config
 from overstory.runtimes import get_runtime
 from overstory.runtimes.base import TurnRequest
 

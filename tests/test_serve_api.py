@@ -101,7 +101,7 @@ def test_init_creates_a_private_git_ignored_token(project: ProjectPaths) -> None
 
 
 def test_first_serve_of_an_older_project_makes_the_token_and_ignores_it(tmp_path: Path) -> None:
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     repo = make_repo(tmp_path / "old")
     init_project(repo)
@@ -118,7 +118,7 @@ def test_first_serve_of_an_older_project_makes_the_token_and_ignores_it(tmp_path
 
 
 def test_processes_creating_the_token_at_once_agree_on_one(tmp_path: Path) -> None:
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     repo = make_repo(tmp_path / "race")
     init_project(repo)
@@ -146,7 +146,7 @@ KILLED_BEFORE_LINK = textwrap.dedent("""
 
 
 def test_a_creator_killed_before_linking_leaves_nothing_the_next_one_trips_on(tmp_path: Path) -> None:
-    from overstory.project_init import init_project
+    from overstory.project.init import init_project
 
     repo = make_repo(tmp_path / "killed")
     init_project(repo)

@@ -9,7 +9,7 @@ import pytest
 from agent_helpers import agent_env, loop_processes, wait_terminal
 from conftest import run_git, run_ov
 from overstory.agents.spawn import FAULT_ENV, SPAWN_STEPS, SlingRequest, sling
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.errors import AgentExists, InvalidName, SpawnError, UsageError
 from overstory.store import sessions
 from overstory.store.db import open_state

@@ -137,7 +137,7 @@ def test_status_json_imports_nothing_heavy(project: ProjectPaths, state_db: t.An
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     loaded = set(done.stdout.split())
-    assert "overstory.cli.status" in loaded and "overstory.status" in loaded
-    heavy = {"rich", "pydantic", "yaml", "git", "libtmux", "anthropic", "overstory.config", "overstory.ui",
-             "overstory.watchdog", "overstory.store.mail_payloads"}
+    assert "overstory.cli.status" in loaded and "overstory.views.status" in loaded
+    heavy = {"rich", "pydantic", "yaml", "git", "libtmux", "anthropic", "overstory.config.model", "overstory.ui",
+             "overstory.watchdog.daemon", "overstory.store.mail_payloads"}
     assert not heavy & loaded, heavy & loaded

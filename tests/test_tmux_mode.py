@@ -23,15 +23,16 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import TESTS_DIR, run_git, run_ov
-from overstory import procs, tmux_server
-from overstory.agents import tmux as tmux_mode
-from overstory.agents import tmux_panes
+from overstory import procs
+from overstory.agents.tmux import panes as tmux_panes
+from overstory.agents.tmux import server as tmux_server
+from overstory.agents.tmux import session as tmux_mode
+from overstory.agents.tmux.server import session_name, socket_name
 from overstory.errors import InvalidName, TmuxError
 from overstory.paths import ProjectPaths
 from overstory.runtimes.claude import tui as claude_tui
 from overstory.runtimes.claude.tui import activity_fingerprint, read_screen
 from overstory.store import sessions
-from overstory.tmux_server import session_name, socket_name
 from requires import need_program, requires_tmux
 
 needs_tmux = requires_tmux
@@ -186,7 +187,7 @@ class TmuxProject:
     env: dict[str, str]
 
     def config(self, **runtime: t.Any) -> t.Any:
-        from overstory.config import load_config
+        from overstory.config.model import load_config
 
         config = load_config(self.project.config_file, self.project.local_config_file, environ={})
         config.runtime.claude_bin = str(self.fake_claude)
@@ -555,7 +556,7 @@ def _is_driver_of(pid: int, project: ProjectPaths) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"overstory.agents.tmux" in argv and b"drive" in argv and str(project.root).encode() in argv
+    return b"overstory.agents.tmux.session" in argv and b"drive" in argv and str(project.root).encode() in argv
 
 
 def _all_pids() -> list[int]:
@@ -731,8 +732,8 @@ def test_an_agent_at_the_project_root_gets_its_instructions_and_hooks_as_flags(t
 
 
 def _watchdog_tick(project: ProjectPaths) -> list[t.Any]:
-    from overstory.config import load_config
-    from overstory.watchdog import Watchdog, WatchdogSettings
+    from overstory.config.model import load_config
+    from overstory.watchdog.daemon import Watchdog, WatchdogSettings
 
     dog = Watchdog(project, WatchdogSettings.from_config(load_config(project.config_file, project.local_config_file)))
     try:

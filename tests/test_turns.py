@@ -17,7 +17,7 @@ from agent_helpers import agent_state, loop_processes, mail_rows, shared_dir, wa
 from conftest import run_git
 from overstory import procs
 from overstory.agents.spawn import SlingRequest, sling
-from overstory.config import load_config
+from overstory.config.model import load_config
 from overstory.store.db import open_events, open_state
 
 REPORT = {"bash": 'ov mail send --type worker_done --subject "done ${OVERSTORY_TASK_ID}" --body "all good"'}

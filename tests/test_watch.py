@@ -91,7 +91,7 @@ def test_two_hundred_agents_and_a_hundred_thousand_events(project: ProjectPaths,
 
 def test_watch_runs_the_watchdog_only_when_the_lock_is_free(project: ProjectPaths) -> None:
     from overstory.cli.watch import _WatchdogThread
-    from overstory.watchdog import WatchdogLock, lock_holder
+    from overstory.watchdog.daemon import WatchdogLock, lock_holder
 
     holder = WatchdogLock(project)
     holder.acquire()
@@ -122,7 +122,7 @@ def test_watch_runs_the_watchdog_only_when_the_lock_is_free(project: ProjectPath
 def test_live_dashboard_holds_the_watchdog_lock_until_interrupted(project: ProjectPaths) -> None:
     import signal
 
-    from overstory.watchdog import WatchdogLock, lock_holder
+    from overstory.watchdog.daemon import WatchdogLock, lock_holder
 
     def launch(*extra: str) -> subprocess.Popen[str]:
         return subprocess.Popen([*ov_command(), "watch", "--interval", "0.2", "--width", "100", *extra],
@@ -204,8 +204,8 @@ def test_at_80_columns_names_are_kept_whole(project: ProjectPaths, state_db: t.A
         assert _line_with(status, name)
     from rich.console import Console
 
-    from overstory.status import dashboard_snapshot
     from overstory.ui.dashboard import agents_table
+    from overstory.views.status import dashboard_snapshot
 
     snapshot = dashboard_snapshot(state_db, None)
     console = Console(width=80, record=True, force_terminal=False)

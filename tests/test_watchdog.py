@@ -34,7 +34,7 @@ def write_local_config(project: ProjectPaths, **sections: dict[str, t.Any]) -> N
 
 
 def load(project: ProjectPaths) -> t.Any:
-    from overstory.config import load_config
+    from overstory.config.model import load_config
 
     return load_config(project.config_file, project.local_config_file)
 
@@ -128,7 +128,7 @@ def start_decoy(cwd: Path, mimic: list[str]) -> subprocess.Popen[bytes]:
 
 
 def make_watchdog(project: ProjectPaths, conn: t.Any = None, **overrides: t.Any) -> t.Any:
-    from overstory.watchdog import Watchdog, WatchdogSettings
+    from overstory.watchdog.daemon import Watchdog, WatchdogSettings
 
     settings = WatchdogSettings.from_config(load(project))
     if overrides:
@@ -181,7 +181,7 @@ def test_two_watchdogs_started_together_one_runs_the_other_refuses(fast_project:
         assert f"pid {winner.pid}" in err
         time.sleep(0.5)
         assert winner.poll() is None, "the winner must keep running"
-        from overstory.watchdog import lock_holder
+        from overstory.watchdog.daemon import lock_holder
 
         assert lock_holder(fast_project) == winner.pid
         again = run_ov("watchdog", "--once", cwd=fast_project.root)

@@ -122,7 +122,7 @@ class RunStillActive(OrchestratorError):
 class NoReply(OrchestratorError):
     """`ov coordinator ask` gave up: timeout, or the coordinator stopped first.
 
-    Its exit code follows `ov wait`'s contract (``overstory.waiting``), so it is the instance's.
+    Its exit code follows `ov wait`'s contract (``overstory.views.waiting``), so it is the instance's.
     """
 
     def __init__(self, message: str, exit_code: int = 1) -> None:

@@ -29,7 +29,7 @@ from overstory.store import mail_queries, outbox, runs, sessions
 from overstory.store.db import write_transaction
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.paths import ProjectPaths
 
 FAULT_ENV = "OV_TEST_NOTIFY_DIE"  # test hook: "before_send" kills the sender after the outbox commit

@@ -129,7 +129,7 @@ def test_a_side_effect_killed_mid_call_is_warned_not_repeated_and_flagged(projec
     assert [c["id"] for c in trace["flagged"]] == [rows[1]["id"]]
     conn = open_events(project.events_db)
     try:
-        from overstory.status import recent_problems
+        from overstory.views.status import recent_problems
 
         assert [p["agent"] for p in recent_problems(conn) if p["kind"] == "tool_call_flagged"] == [name]
     finally:

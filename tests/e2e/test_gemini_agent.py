@@ -26,7 +26,7 @@ from mock_gemini_api import (
 )
 from overstory import procs
 from overstory.paths import ProjectPaths
-from overstory.prices import cost_usd
+from overstory.runtimes.prices import cost_usd
 from runtime_agents import OFFLINE_ENV, configure, events, ledger_rows, ran_in_bubblewrap, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."

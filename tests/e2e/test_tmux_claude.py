@@ -23,8 +23,9 @@ from agent_helpers import agent_state
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude, seed_interactive_config
 from conftest import run_ov
 from mockapi import MockMessagesAPI, conversation_text, text_reply, tool_reply
-from overstory import procs, tmux_server
-from overstory.agents import tmux_panes
+from overstory import procs
+from overstory.agents.tmux import panes as tmux_panes
+from overstory.agents.tmux import server as tmux_server
 from overstory.paths import ProjectPaths
 from overstory.runtimes.claude import tui as claude_tui
 from overstory.store import sessions

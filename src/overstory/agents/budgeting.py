@@ -20,7 +20,7 @@ from overstory.store.budgets import Crossing
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 
 
@@ -195,7 +195,7 @@ def _raise_loop_limits(conn: sqlite3.Connection, agent: Session, add_iterations:
 
 def _check_loop_limits(conn: sqlite3.Connection, agent: Session) -> None:
     """A loop parked at an iteration limit stays parked until that limit is raised."""
-    from overstory.agents.loop_spec import limit_reached
+    from overstory.agents.iterations.spec import limit_reached
     from overstory.store import loops
 
     loop = loops.get(conn, agent.name, agent.generation)

@@ -33,7 +33,7 @@ from overstory.store.sessions import Session
 if t.TYPE_CHECKING:
     from pathlib import Path
 
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 COORDINATOR = "coordinator"
 COORDINATION_TASK = "coordination"
@@ -184,7 +184,7 @@ def ask(conn: sqlite3.Connection, question: str, *, timeout: float, subject: str
         current = sessions.get(conn, agent.name)
         if current is None or current.generation != agent.generation or current.is_terminal \
                 or current.state == "parked":
-            from overstory.waiting import EXIT_ERROR, code_of
+            from overstory.views.waiting import EXIT_ERROR, code_of
 
             state = current.state if current is not None else "gone"
             why = f": {current.state_reason}" if current is not None and current.state_reason else ""
@@ -192,7 +192,7 @@ def ask(conn: sqlite3.Connection, question: str, *, timeout: float, subject: str
             raise NoReply(f"the coordinator is {state}{why}; question #{question_id} is not answered yet",
                           exit_code=code or EXIT_ERROR)
         if time.monotonic() >= deadline:
-            from overstory.waiting import EXIT_TIMEOUT
+            from overstory.views.waiting import EXIT_TIMEOUT
 
             raise NoReply(f"no answer from the coordinator within {timeout:g}s; question #{question_id} stays in its "
                           f"inbox and a later answer will arrive in yours (`ov mail list --to {asker}`)",
@@ -205,7 +205,7 @@ def ask(conn: sqlite3.Connection, question: str, *, timeout: float, subject: str
 
 def status(conn: sqlite3.Connection, *, now: int | None = None) -> dict[str, t.Any]:
     """The coordinator (the active one, else the last one), its run, its children and its mail."""
-    from overstory.status import agent_entry
+    from overstory.views.status import agent_entry
 
     now = now_ms() if now is None else now
     agent = active_coordinator(conn)

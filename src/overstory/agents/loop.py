@@ -41,7 +41,7 @@ from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.agents.spending import ToolCallGate
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.endpoint.server import AgentEndpoint
 
 SUMMARY_CHECK_SECONDS = 1.0
@@ -143,7 +143,7 @@ class AgentLoop(AgentProcess):
         self._recover_interrupted_turn()
         first = self.current()
         if first is not None and first.spec.get("loop"):  # an `ov loop`: iterations, not mail, drive its turns
-            from overstory.agents.iterations import IterationRunner
+            from overstory.agents.iterations.run import IterationRunner
 
             return IterationRunner(self).run()
         while not self.stopping:
@@ -411,7 +411,7 @@ class AgentLoop(AgentProcess):
                 return
             note = None
             if fresh.spec.get("loop"):  # an `ov loop` iteration: its escalation quotes the failed checks
-                from overstory.agents.loop_start import failures_note
+                from overstory.agents.iterations.start import failures_note
 
                 note = failures_note(self.state, self.name, self.generation, self.project.root)
             parked = park_for_crossing(self.state, fresh, crossing, actor="turn-runner", expect=expect, note=note)
@@ -490,12 +490,12 @@ def load_loop_config(project: ProjectPaths, name: str, environ: t.Mapping[str, s
 
     An agent slung before snapshots existed has none: then it is loaded here, as a command loads it.
     """
-    from overstory import config_snapshot
+    from overstory.config import snapshot as config_snapshot
 
     try:
         return config_snapshot.read(config_snapshot.snapshot_path(project.run_dir / name))
     except (OSError, ValueError, KeyError, TypeError):
-        from overstory import config_load
+        from overstory.config import load as config_load
 
         return config_load.load(project.config_file, project.local_config_file, environ=environ)
 

@@ -44,7 +44,7 @@ def nudge(project: ProjectPaths, conn: sqlite3.Connection, agent: str, message: 
                     body=text, type="nudge", priority="high")
     if not ids or sessions.mode_of(conn, agent) != "tmux":
         return NudgeResult(ids)
-    from overstory.agents.tmux import deliver_mail  # only for tmux agents: libtmux is not cheap to import
+    from overstory.agents.tmux.session import deliver_mail  # only for tmux agents: libtmux is not cheap to import
     from overstory.errors import TmuxError
 
     try:

@@ -43,7 +43,7 @@ from overstory.wire import SlingRequest  # the request's one shape (also its wir
 if t.TYPE_CHECKING:
     import sqlite3
 
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 
 
@@ -300,7 +300,7 @@ def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:
         if request.tmux:
             raise UsageError(f"--tmux runs the runtime's interactive TUI; the {runtime.name} runtime is headless only")
         return False
-    from overstory.tmux_server import tmux_available
+    from overstory.agents.tmux.server import tmux_available
 
     if not tmux_available():
         from overstory.errors import RuntimeNotAvailable

@@ -238,7 +238,7 @@ def _stop_processes(project: ProjectPaths, conn: sqlite3.Connection, row: sessio
     if row is not None and row.mode == "headless" and (row.turn_pgid or row.current_turn_id):
         procs.kill_turn(row.turn_pgid, row.turn_start_ticks, row.current_turn_id, force=True)
     if row is not None and row.mode == "tmux" and row.tmux_session:
-        from overstory.agents import tmux_panes
+        from overstory.agents.tmux import panes as tmux_panes
 
         try:
             if tmux_panes.kill_session(project, row, grace=1.0, force=True).session_killed:

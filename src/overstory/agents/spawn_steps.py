@@ -29,7 +29,7 @@ from overstory.store import intents, sessions
 if t.TYPE_CHECKING:
     import sqlite3
 
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 
 FAULT_ENV = "OV_TEST_FAIL_AT"  # test hook: name of a spawn step that must fail
@@ -77,7 +77,7 @@ class SpawnPlan:
 
     @property
     def tmux_session(self) -> str | None:
-        from overstory.tmux_server import session_name
+        from overstory.agents.tmux.server import session_name
 
         return session_name(self.name) if self.tmux else None
 
@@ -183,7 +183,7 @@ def _rundir(sp: Spawning) -> None:
     sp.launch_env = launch_env(sp.project, plan.environ)
     save_launch_env(sp.project, plan.name, sp.launch_env)
     if not plan.tmux:  # the loop reads this instead of loading the configuration (and pydantic) itself
-        from overstory.config_load import write_agent_snapshot
+        from overstory.config.load import write_agent_snapshot
 
         write_agent_snapshot(sp.project.config_file, sp.project.local_config_file, sp.launch_env, run_dir)
 
@@ -227,7 +227,7 @@ def _dispatch(sp: Spawning) -> None:
 def _start(sp: Spawning) -> None:
     plan = sp.plan
     if plan.tmux:
-        from overstory.agents.tmux import abort_start, start_agent
+        from overstory.agents.tmux.session import abort_start, start_agent
 
         started = start_agent(sp.project, sp.config, sp.conn, plan.name, sp.generation, sp.launch_env)
         sp.undo.append(("start", lambda: abort_start(sp.project, started)))

@@ -1,7 +1,7 @@
 """Budgets during a turn: the live cost estimate and the checks that can stop the turn.
 
 The turn runner gives every parsed batch of stream events to ``TurnMeter.poll``. The
-meter prices the usage the stream has reported so far (``overstory.prices``, plus any
+meter prices the usage the stream has reported so far (``overstory.runtimes.prices``, plus any
 dollar figure the runtime reported itself), writes the estimate to the agent's budget
 row (so the run's total, `ov status` and `ov guard` see it), and checks the agent's and
 its run's limits: dollars, wall clock, and tool calls the guard refused past a limit. It
@@ -26,12 +26,12 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from overstory.prices import PriceTable, Tokens
+from overstory.runtimes.prices import PriceTable, Tokens
 from overstory.store import budgets, sessions
 from overstory.store.budgets import Crossing
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.runtimes.base import ParsedEvent, TurnParser
     from overstory.store.sessions import Session
 

@@ -112,7 +112,7 @@ def stop_agent(project: ProjectPaths, conn: sqlite3.Connection, name: str, *, fo
     for leftover in check_tree.leftovers(project.ov_dir, name):
         check_tree.remove(project.root, leftover)
     if agent.mode == "tmux":
-        from overstory.agents import tmux_panes
+        from overstory.agents.tmux import panes as tmux_panes
 
         tmux_panes.kill_session(project, agent, grace=kill_grace, force=force)
     if clean:

@@ -18,14 +18,14 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory import ollama, procs, sandbox
+from overstory import procs, sandbox
 from overstory.agents import checkpoint, ledger
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.agents.turn_stream import PARKING_STATUS, _LineReader, _pump
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
-from overstory.runtimes import get_runtime
+from overstory.runtimes import get_runtime, ollama
 from overstory.runtimes.base import (
     PERMANENT,
     ParsedEvent,
@@ -42,7 +42,7 @@ from overstory.store.dispatch import claimed_ids, turn_scope
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 
 # Variables a parent coding-agent session exports; a nested session would react to them.
@@ -84,7 +84,7 @@ def model_choice(model: str | None, capability: str, config: Config,
     would send one provider's key to another's endpoint. Raises OrchestratorError on
     an unknown provider or a missing key.
     """
-    from overstory.config_snapshot import DEFAULT_MODELS  # not from config: no pydantic in the loop
+    from overstory.config.snapshot import DEFAULT_MODELS  # not from config: no pydantic in the loop
 
     adapter = get_runtime(runtime or config.runtime_for(capability))
     configured = config.models.get(capability)
@@ -493,13 +493,13 @@ def _record_take_back(events: sqlite3.Connection, agent: Session, turn_id: str, 
 
 
 def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage:
-    """The turn's usage; dollars from the price table (``overstory.prices``) when the runtime reported none.
+    """The turn's usage; dollars from the price table (``overstory.runtimes.prices``) when the runtime reported none.
 
     A model the table does not know is priced as the most expensive known one (as budgets
     price it live), not as free: an unknown model must not make a budget blind.
     """
     usage = stream.usage()
-    if getattr(config, "priced_at_zero", False):  # a local model (overstory.ollama): whatever the CLI says it costs
+    if getattr(config, "priced_at_zero", False):  # a local model (overstory.runtimes.ollama): whatever the CLI says it costs
         return usage._replace(cost_usd=0.0)
     if usage.cost_usd or not (usage.input_tokens or usage.output_tokens):
         return usage
@@ -508,7 +508,7 @@ def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage
 
 
 def _table_cost(model: str | None, input_tokens: int, output_tokens: int, config: Config) -> float:
-    from overstory.prices import PriceTable, Tokens
+    from overstory.runtimes.prices import PriceTable, Tokens
 
     return PriceTable(config.prices).lookup(model).price.cost(Tokens(input_tokens, output_tokens))
 

@@ -100,7 +100,7 @@ def _decide(approval_id: str, *, approve: bool, note: str | None, as_json: bool)
 def _send_notifications(project: t.Any, conn: t.Any) -> None:
     """Send what the decision queued, after its commit; the watchdog retries anything that fails."""
     try:
-        from overstory.config_load import load as load_config
+        from overstory.config.load import load as load_config
         from overstory.notify import flush
 
         config = load_config(project.config_file, project.local_config_file)

@@ -25,9 +25,9 @@ def attach(agent: str, read_only: bool, print_only: bool, as_json: bool) -> None
     ov attach builder-task-42 --read-only
     ov attach builder-task-42 --print      # tmux -L ov-… attach-session -t =builder-task-42
     """
+    from overstory.agents.tmux.server import attach_command, tmux_available
     from overstory.errors import TmuxError
     from overstory.store import sessions
-    from overstory.tmux_server import attach_command, tmux_available
 
     project = project_paths()
     row = sessions.get(state_conn(project), agent)

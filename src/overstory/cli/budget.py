@@ -29,7 +29,7 @@ DURATION = Duration()
 
 
 def _config(project: t.Any) -> t.Any:
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
 
     return load_config(project.config_file, project.local_config_file)
 

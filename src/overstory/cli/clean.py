@@ -33,9 +33,9 @@ def clean(completed: bool, merged_only: bool, dry_run: bool, force: bool, as_jso
     ov clean --merged         # only agents whose branch is merged
     ov clean --completed --force   # also throw away unmerged work of finished agents
     """
-    from overstory import cleanup
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
     from overstory.errors import UsageError
+    from overstory.project import cleanup
 
     if completed and merged_only:
         raise UsageError("give --completed or --merged, not both")

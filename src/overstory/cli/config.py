@@ -16,14 +16,14 @@ def config(defaults: bool, as_json: bool) -> None:
     OV_TURNS_STALL_TIMEOUT=30 ov config
     """
     if defaults:
-        from overstory.config import DEFAULT_CONFIG_YAML, Config
+        from overstory.config.model import DEFAULT_CONFIG_YAML, Config
 
         if as_json:
             echo_json(Config().model_dump())
         else:
             click.echo(DEFAULT_CONFIG_YAML, nl=False)
         return
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
 
     project = project_paths()
     effective = load_config(project.config_file, project.local_config_file).model_dump()

@@ -27,10 +27,10 @@ def costs(by: str, since: str | None, show_prices: bool, as_json: bool) -> None:
     ov costs --prices
     """
     from overstory.clock import parse_since
-    from overstory.config_load import load as load_config
-    from overstory.costs import render_text, report
+    from overstory.config.load import load as load_config
     from overstory.errors import UsageError
-    from overstory.prices import PriceTable
+    from overstory.runtimes.prices import PriceTable
+    from overstory.views.costs import render_text, report
 
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)

@@ -32,7 +32,7 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
     """
     import os
 
-    from overstory.demo import run_demo
+    from overstory.project.demo import run_demo
     from overstory.runtimes import get_runtime
 
     config = _operator_config()
@@ -76,7 +76,7 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
 
 def _operator_config():  # type: ignore[no-untyped-def]
     """The configuration of the project `ov demo` is run in, else the defaults; OV_* variables apply either way."""
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
     from overstory.errors import ProjectNotFound
 
     try:

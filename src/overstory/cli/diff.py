@@ -26,8 +26,8 @@ def diff(agent: str, stat: bool, no_pager: bool) -> None:
     ov diff builder-task-42 --stat
     ov diff builder-task-42 --no-pager | grep TODO
     """
-    from overstory.config_load import load as load_config
-    from overstory.diffs import agent_diff
+    from overstory.config.load import load as load_config
+    from overstory.views.diffs import agent_diff
 
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)

@@ -21,7 +21,7 @@ def doctor(ctx: click.Context, states: bool, repair: bool, as_json: bool) -> Non
     ov doctor --states      # which state may follow which
     ov doctor --repair      # put back tables missing from a damaged database
     """
-    from overstory.doctor import FAIL, run_checks
+    from overstory.project.doctor import FAIL, run_checks
     from overstory.store.sessions import transition_table
 
     if states:

@@ -400,15 +400,15 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
 def status(project_option: str | None, *, include_completed: bool = False, as_json: bool = False,
            capability: str | None = None, state: str | None = None, parent: str | None = None,
            run_ref: str | None = None) -> None:
-    from overstory.selection import Selection
+    from overstory.views.selection import Selection
 
     selection = Selection(capability, state, parent, run_ref)  # a usage error before anything is opened
     remote = agent_channel()
     if remote is not None:
         document = remote.call("status", {"all": include_completed, **selection.as_dict()})
     else:
-        from overstory import status as core
         from overstory.paths import locate_project, state_db_path
+        from overstory.views import status as core
 
         path = state_db_path(locate_project(project_option))
         if not os.path.exists(path):
@@ -424,6 +424,6 @@ def status(project_option: str | None, *, include_completed: bool = False, as_js
     if as_json:
         echo_json(document)
     else:
-        from overstory import status as core
+        from overstory.views import status as core
 
         echo(core.render_text(document, filtered=not selection.empty))

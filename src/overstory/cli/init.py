@@ -23,7 +23,7 @@ def init(force: bool, no_limits: bool, as_json: bool) -> None:
     ov init
     ov init --no-limits
     """
-    from overstory.project_init import budget_summary, init_project, written_budgets
+    from overstory.project.init import budget_summary, init_project, written_budgets
 
     report = init_project(Path.cwd(), force=force, no_limits=no_limits)
     budgets = written_budgets(report.root)

@@ -68,8 +68,8 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
                                          name, runtime,
                                          model, parent, base_branch, scenario, allow_protected or None])
         return
-    from overstory.agents.loop_start import LoopRequest, check_environment, start_loop
-    from overstory.config_load import load as load_config
+    from overstory.agents.iterations.start import LoopRequest, check_environment, start_loop
+    from overstory.config.load import load as load_config
 
     if prompt is not None and spec_file is not None:
         raise UsageError("give either --prompt or --spec, not both")
@@ -108,7 +108,7 @@ def loop(capability: str, task_id: str, prompt: str | None, spec_file: Path | No
 
 
 def _status(name: str, as_json: bool, given: list[object]) -> None:
-    from overstory.agents.loop_start import status_document, status_lines
+    from overstory.agents.iterations.start import status_document, status_lines
     from overstory.errors import UsageError
 
     if any(value is not None for value in given):

@@ -46,7 +46,7 @@ def merge(agent: str | None, branch: str | None, merge_all_: bool, dismiss: bool
     ov merge builder-task-42 --dismiss      # out of the queue: its failed merge is not tried again
     ov merge --branch ov/builder-x --into main --tier-max 1
     """
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
     from overstory.errors import UsageError
     from overstory.merge.queue import MergeReport, MergeRun, dismiss_entry, merge_all, merge_one
     from overstory.wire import MergeRequest

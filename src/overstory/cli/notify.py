@@ -27,7 +27,7 @@ def test(as_json: bool) -> None:
     ov notify test
     ov notify test --json
     """
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
     from overstory.errors import ConfigError
     from overstory.notify import test_targets
 

@@ -1,7 +1,7 @@
 """`ov resume --all` (recover every agent after a crash), `ov resume AGENT --fork` and `--restart`.
 
 The `ov resume` command itself lives in ``cli.budget`` (un-parking an agent, raising its
-limits); these are its other forms, each one call into ``overstory.recovery``.
+limits); these are its other forms, each one call into ``overstory.watchdog.recovery``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from overstory.cli._common import echo_json, project_paths, state_conn
 
 def recover_all(as_json: bool) -> None:
     """Re-adopt or restart every active agent once, as the watchdog does when it starts."""
-    from overstory.config_load import load as load_config
+    from overstory.config.load import load as load_config
     from overstory.errors import LockHeld
-    from overstory.recovery import recover_all as do_recover
+    from overstory.watchdog.recovery import recover_all as do_recover
 
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)
@@ -37,8 +37,8 @@ def recover_all(as_json: bool) -> None:
 
 def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> None:
     """Sling a new agent from AGENT's newest checkpoint: its task, a new name, a branch at its commit."""
-    from overstory.config_load import load as load_config
-    from overstory.recovery import fork as do_fork
+    from overstory.config.load import load as load_config
+    from overstory.watchdog.recovery import fork as do_fork
 
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)
@@ -52,8 +52,8 @@ def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> Non
 
 def restart(agent: str, prompt: str | None, as_json: bool) -> None:
     """Sling a stopped or zombie AGENT again under its own name, continuing its branch in a fresh session."""
-    from overstory.config import load_config
-    from overstory.recovery import restart as do_restart
+    from overstory.config.model import load_config
+    from overstory.watchdog.recovery import restart as do_restart
 
     project = project_paths()
     config = load_config(project.config_file, project.local_config_file)

@@ -59,7 +59,7 @@ def add(name: str, cron: str | None, seconds: str | None, every: str | None, mai
     from overstory.clock import iso, now_ms
     from overstory.errors import UsageError
     from overstory.names import validate_name
-    from overstory.scheduler import check_command, check_cron, every_cron, next_fires, zone_label
+    from overstory.scheduling.scheduler import check_command, check_cron, every_cron, next_fires, zone_label
     from overstory.store import mail, schedules
 
     validate_name(name, "schedule name")
@@ -92,7 +92,7 @@ def add(name: str, cron: str | None, seconds: str | None, every: str | None, mai
         return
     click.echo(f"added schedule {name}: {created.trigger()} -> ov {' '.join(argv)} (overlap: {overlap})")
     if upcoming:
-        from overstory.scheduler import local_text
+        from overstory.scheduling.scheduler import local_text
 
         click.echo(f"  next fires ({zone_label(upcoming[0])}): " + ", ".join(local_text(at) for at in upcoming))
     click.echo("  fired by the watchdog: keep `ov watch` or `ov watchdog` running")
@@ -148,7 +148,7 @@ def list_schedules(as_json: bool) -> None:
     ov schedule list --json
     """
     from overstory.clock import iso, now_ms
-    from overstory.scheduler import local_text, next_due, zone_label
+    from overstory.scheduling.scheduler import local_text, next_due, zone_label
     from overstory.store import schedules
 
     conn = state_conn(project_paths())
@@ -251,8 +251,8 @@ def run_now(name: str, as_json: bool) -> None:
     from overstory import procs
     from overstory.clock import now_ms
     from overstory.errors import ScheduleError
-    from overstory.schedule_runner import run_fire
-    from overstory.scheduler import agent_name, render
+    from overstory.scheduling.runner import run_fire
+    from overstory.scheduling.scheduler import agent_name, render
     from overstory.store import schedules
 
     project = project_paths()

@@ -84,7 +84,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         document = remote.call("sling", request.read_files().to_wire())
     else:
         from overstory.agents.spawn import sling as do_sling
-        from overstory.config_load import load as load_config
+        from overstory.config.load import load as load_config
 
         project = project_paths()
         config = load_config(project.config_file, project.local_config_file)

@@ -31,7 +31,7 @@ def stop(agent: str, force: bool, clean: bool, as_json: bool) -> None:
         result = remote.call("stop", request.to_wire())
     else:
         from overstory.agents.stop import stop_agent
-        from overstory.config_load import load as load_config
+        from overstory.config.load import load as load_config
 
         project = project_paths()
         config = load_config(project.config_file, project.local_config_file)

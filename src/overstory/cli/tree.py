@@ -30,8 +30,8 @@ def tree(active: bool, capability: str | None, state: str | None, parent: str | 
     ov tree --run run-2026 --json
     """
     from overstory.agents import hierarchy
-    from overstory.selection import Selection
     from overstory.store.sessions import list_sessions
+    from overstory.views.selection import Selection
 
     selection = Selection(capability, state, parent, run_ref)  # a usage error before anything is opened
     project = project_paths()

@@ -33,8 +33,8 @@ def wait(agent: str | None, run_ref: str | None, timeout: float | None, quiet: b
     from overstory.errors import UsageError
     from overstory.printable import line
     from overstory.store import runs
-    from overstory.waiting import EXIT_OK, code_of
-    from overstory.waiting import wait as wait_for
+    from overstory.views.waiting import EXIT_OK, code_of
+    from overstory.views.waiting import wait as wait_for
 
     if bool(agent) == bool(run_ref):
         raise UsageError("give an agent name or --run RUN (one of them)")

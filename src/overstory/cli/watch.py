@@ -23,9 +23,9 @@ class _WatchdogThread:
         self.failure: str | None = None
 
     def start(self) -> None:
-        from overstory.config_load import load as load_config
+        from overstory.config.load import load as load_config
         from overstory.errors import LockHeld
-        from overstory.watchdog import WatchdogLock, WatchdogSettings, lock_holder
+        from overstory.watchdog.daemon import WatchdogLock, WatchdogSettings, lock_holder
 
         config = load_config(self.project.config_file, self.project.local_config_file)
         settings = WatchdogSettings.from_config(config)
@@ -41,7 +41,7 @@ class _WatchdogThread:
         self.thread.start()
 
     def _run(self, lock: t.Any, settings: t.Any) -> None:
-        from overstory.watchdog import Watchdog
+        from overstory.watchdog.daemon import Watchdog
 
         try:
             dog = Watchdog(self.project, settings)  # its own connections: sqlite objects stay in one thread
@@ -89,9 +89,9 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     """
     import sys
 
-    from overstory import status as core
     from overstory.store.db import open_events, open_state
     from overstory.ui.dashboard import console_for, render_frame
+    from overstory.views import status as core
 
     project = project_paths()
     state = open_state(project.state_db)

@@ -260,8 +260,8 @@ class WatchApp:
             self.view.last_event = found[-1].id
 
     def open_diff(self, agent: str) -> None:
-        from overstory.diffs import agent_diff
         from overstory.errors import OrchestratorError
+        from overstory.views.diffs import agent_diff
 
         try:
             text = agent_diff(self.project, self.state, agent)
@@ -326,8 +326,8 @@ class WatchApp:
     # ---- drawing -------------------------------------------------------------------------
 
     def screen(self, width: int, height: int) -> list[str]:
-        from overstory import status as core
         from overstory.ui import dashboard as ui
+        from overstory.views import status as core
 
         console = ui.console_for(width, terminal=True)
         snapshot = core.dashboard_snapshot(self.state, self.events, include_completed=self.include_completed)

@@ -28,8 +28,8 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
     OV_WATCHDOG_STALE_AFTER=60 ov watchdog --interval 2
     """
     from overstory.clock import iso, now_ms
-    from overstory.config_load import load as load_config
-    from overstory.watchdog import Action, ReconcileReport, Watchdog, WatchdogLock, WatchdogSettings
+    from overstory.config.load import load as load_config
+    from overstory.watchdog.daemon import Action, ReconcileReport, Watchdog, WatchdogLock, WatchdogSettings
 
     if interval is not None and not 0 < interval < float("inf"):  # nan and inf too: they would spin or hang
         raise click.BadParameter("must be a number of seconds greater than 0", param_hint="--interval")

@@ -59,7 +59,7 @@ def transport_for(config: t.Any, runtime_name: str, capability: str) -> str:
     requires), ``guards.hook_transport: auto``, and the host's network inside the sandbox.
     """
     from overstory import sandbox
-    from overstory.config_snapshot import network_for
+    from overstory.config.snapshot import network_for
     from overstory.runtimes import get_runtime
 
     if getattr(config.guards, "hook_transport", "auto") != "auto" or not get_runtime(runtime_name).http_hooks:

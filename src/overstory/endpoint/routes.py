@@ -35,7 +35,7 @@ from overstory.errors import NotPermitted, UsageError
 from overstory.store import mail
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.store.sessions import Session
 
 
@@ -43,12 +43,12 @@ def _config(caller: Caller) -> Config:
     """The configuration the agent's loop runs with (its snapshot, no pydantic); read the same way without one."""
     if caller.config is not None:
         return caller.config
-    from overstory import config_snapshot
+    from overstory.config import snapshot as config_snapshot
 
     try:  # as agents.loop.load_loop_config does (importing it from here would close an import circle)
         return config_snapshot.read(config_snapshot.snapshot_path(caller.project.run_dir / caller.name))
     except (OSError, ValueError, KeyError, TypeError):
-        from overstory import config_load
+        from overstory.config import load as config_load
 
         return config_load.load(caller.project.config_file, caller.project.local_config_file, environ=caller.launch_env)
 
@@ -112,8 +112,8 @@ def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 
 def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:
-    from overstory import status as core
-    from overstory.selection import Selection
+    from overstory.views import status as core
+    from overstory.views.selection import Selection
 
     selection = Selection(*(args.get(key) for key in ("capability", "state", "parent", "run")))
     return core.collect(caller.conn, include_completed=bool(args.get("all")), selection=selection)

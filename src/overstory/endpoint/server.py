@@ -40,7 +40,7 @@ from overstory.store.db import open_events, open_state
 from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 MAX_REQUEST_BYTES = 4 << 20  # a mail body is at most 1 MiB
 SWITCH_INTERVAL_S = 0.0005  # how long a thread may hold the GIL while another waits (see AgentEndpoint.start)

@@ -27,7 +27,7 @@ from overstory.store import merge_queue, sessions
 from overstory.store.lifecycle import promised
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 
 @dataclass

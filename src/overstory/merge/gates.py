@@ -18,7 +18,7 @@ from overstory.errors import SandboxError
 from overstory.sandbox.checks import run_check
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.paths import ProjectPaths
 
 GateRunner = t.Callable[[str, Path, float | None], tuple[int | None, str]]

@@ -40,7 +40,7 @@ from overstory.store import intents, merge_queue, sessions
 from overstory.store.lifecycle import promised
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 __all__ = ["MergeReport", "dismiss_entry", "merge_all", "merge_one", "queue_view", "sync_queue", "target_for"]
 

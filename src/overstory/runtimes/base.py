@@ -32,10 +32,10 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory.prices import Tokens
+from overstory.runtimes.prices import Tokens
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 # The kinds of failed turn. The turn runner decides what each means for the agent. A parser says
 # TRANSIENT only for a failure it recognises as one; an error it cannot place is UNKNOWN, never a guess.

@@ -17,7 +17,7 @@ import os
 import typing as t
 from dataclasses import dataclass
 
-from overstory.config_snapshot import network_for
+from overstory.config.snapshot import network_for
 from overstory.errors import OrchestratorError, SandboxError
 from overstory.runtimes import get_runtime
 from overstory.sandbox import gitrefs
@@ -27,7 +27,7 @@ from overstory.sandbox.probe import INSTALL_HINT
 from overstory.sandbox.probe import probe as probe_bwrap
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.paths import ProjectPaths
     from overstory.store.sessions import Session
 

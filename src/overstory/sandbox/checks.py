@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overstory import procs
-from overstory.config_snapshot import network_for
+from overstory.config.snapshot import network_for
 from overstory.errors import SandboxError
 from overstory.sandbox.gitrefs import _REDIRECTING
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
     from overstory.paths import ProjectPaths
 
 CHECK_TAG = "OVERSTORY_CHECK_ID"

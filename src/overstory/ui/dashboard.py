@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from overstory.printable import line as escaped
-from overstory.status import format_idle, reason_text, spend_text
+from overstory.views.status import format_idle, reason_text, spend_text
 
 STATE_STYLES = {
     "booting": "cyan",

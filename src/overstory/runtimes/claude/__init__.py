@@ -19,7 +19,7 @@ from overstory.runtimes.base import Runtime, RuntimeProbe, Tui, TurnParser, Turn
 from overstory.runtimes.claude.tui import SETTING_SOURCES_FLAGS
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 STREAM_FLAGS = ["-p", "--output-format", "stream-json", "--input-format", "stream-json", "--verbose",
                 "--permission-mode", "bypassPermissions"]

@@ -17,7 +17,6 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from overstory.prices import Tokens
 from overstory.runtimes.base import (
     AUTH,
     PERMANENT,
@@ -31,6 +30,7 @@ from overstory.runtimes.base import (
     TurnParser,
     Usage,
 )
+from overstory.runtimes.prices import Tokens
 
 ARG_LIMIT = 300
 TEXT_LIMIT = 2000

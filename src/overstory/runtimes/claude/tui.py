@@ -18,7 +18,7 @@ from overstory.errors import RuntimeNotAvailable
 from overstory.runtimes.base import Blocker, Screen, Tui, find_program
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 # Passed on every turn, headless and TUI: only ov's --settings counts. Without --setting-sources "",
 # a `disableAllHooks` in any settings file the agent can write (the worktree's .claude/, its config

@@ -21,7 +21,7 @@ from overstory.runtimes.codex.home import BASE_URL_ENV, KEY_ENV, PROVIDER, confi
 from overstory.runtimes.common import probe_program, under_temp_dir
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 PACKAGE = "@openai/codex"
 HOME_DIR = "codex-home"

@@ -32,7 +32,7 @@ from overstory.runtimes.base import AgentSetup, Runtime, RuntimeProbe, TurnParse
 from overstory.runtimes.common import git_identity_env, guard_hook_command, probe_program
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 PACKAGE = "@google/gemini-cli"
 HOME_DIR = "gemini-home"

@@ -24,7 +24,7 @@ from overstory.runtimes.common import git_identity_env, guard_hook_command, prob
 from overstory.runtimes.opencode import GUARD_TIMEOUT_MS, PLUGIN, PROVIDER, OpenCodeRuntime, opencode_json
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 PACKAGE = "@kilocode/cli"
 HOME_DIR = "kilo-home"

@@ -16,7 +16,6 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from overstory.prices import Tokens
 from overstory.runtimes.base import (
     PERMANENT,
     RATE_LIMIT,
@@ -37,6 +36,7 @@ from overstory.runtimes.common import (
     retry_seconds,
     trim,
 )
+from overstory.runtimes.prices import Tokens
 
 _ENDED = ("stop", "length")  # a final step's reasons that mean the model finished its answer
 _SESSION_GONE = re.compile(r"session not found", re.IGNORECASE)

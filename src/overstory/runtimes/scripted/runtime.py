@@ -16,7 +16,7 @@ from overstory.runtimes.base import RuntimeProbe, Tui, TurnParser, TurnRequest
 from overstory.runtimes.claude import ClaudeRuntime
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 
 class ScriptedRuntime(ClaudeRuntime):

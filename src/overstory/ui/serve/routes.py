@@ -19,15 +19,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from overstory import __version__, status, views
+from overstory import __version__
 from overstory.errors import NotFound, UsageError
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.ui.serve import bodies, openapi
 from overstory.ui.serve import events as live
+from overstory.views import documents as views
+from overstory.views import status
 
 if t.TYPE_CHECKING:
-    from overstory.config import Config
+    from overstory.config.model import Config
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 OPERATOR = "operator"
@@ -53,7 +55,7 @@ class Core:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from overstory.config_load import load as load_config
+            from overstory.config.load import load as load_config
 
             self._config = load_config(self.project.config_file, self.project.local_config_file)
         return self._config
@@ -174,7 +176,7 @@ async def agent(request: Request) -> Response:
 
 
 async def agent_diff(request: Request) -> Response:
-    from overstory.diffs import agent_diff as diff_of
+    from overstory.views.diffs import agent_diff as diff_of
 
     name, stat = _name(request), _flag(request, "stat")
     return PlainTextResponse(await run(request, lambda c: diff_of(c.project, c.state, name, stat=stat)))
@@ -390,7 +392,7 @@ async def approval_reject(request: Request) -> Response:
 
 
 async def costs(request: Request) -> Response:
-    from overstory.costs import costs_report as report
+    from overstory.views.costs import costs_report as report
 
     by, since = _text(request, "by"), _text(request, "since")
     return _json(await run(request, lambda c: report(c.project, c.state, by=by, since=since)))

@@ -1,0 +1,1 @@
+"""tmux mode: an agent's TUI in a session on the project's own tmux server."""

@@ -1,0 +1,1 @@
+"""The configuration: its model, defaults, approval rules and the validated snapshot hot paths read."""

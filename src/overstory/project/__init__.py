@@ -1,0 +1,1 @@
+"""Operator commands over a whole project: init, doctor, demo, clean."""

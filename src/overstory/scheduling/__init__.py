@@ -1,0 +1,1 @@
+"""`ov schedule`: cron and mail triggers, and the runner of one fire."""
