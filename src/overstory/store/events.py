@@ -8,6 +8,7 @@ from __future__ import annotations
 from overstory import jsontext as json
 from overstory.clock import now_ms
 from overstory.records import Record
+from overstory.store.event_kinds import KINDS
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class Event(Record):
 def record(conn: sqlite3.Connection, kind: str, *, agent: str | None = None, generation: int | None = None,
            turn_id: str | None = None, tool: str | None = None, summary: str | None = None,
            data: t.Mapping[str, t.Any] | None = None, at: int | None = None) -> int:
+    """Append one event; ``kind`` must be one of ``event_kinds.KINDS`` (anything else is a bug: ValueError)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}: add it to overstory.store.event_kinds.KINDS")
     cursor = conn.execute(
         "INSERT INTO events(at, agent, generation, turn_id, kind, tool, summary, data) VALUES (?,?,?,?,?,?,?,?)",
         (at or now_ms(), agent, generation, turn_id, kind, tool, summary,
