@@ -131,6 +131,10 @@ def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:
     else:
         target = runs.resolve(conn, run_ref)
     done, changed = runs.complete(conn, target.id, force=force)
+    if changed:
+        from overstory.agents.run_files import write_run_summary
+
+        write_run_summary(project, conn, done.id)  # a crash before it: the watchdog writes it
     if as_json:
         echo_json({**done.as_dict(), "changed": changed})
         return
