@@ -103,3 +103,20 @@ def newest(conn: sqlite3.Connection, limit: int, kinds: t.Sequence[str] | None =
             "ORDER BY id DESC LIMIT ?", (*kinds, limit)).fetchall()
     return conn.execute("SELECT id, at, agent, kind, tool, summary FROM events ORDER BY id DESC LIMIT ?",
                         (limit,)).fetchall()
+
+
+def kind_tool_counts(conn: sqlite3.Connection, kinds: t.Sequence[str], *, since_ms: int | None = None,
+                     agents: t.Collection[str] | None = None) -> list[sqlite3.Row]:
+    """(kind, tool, n) of the events of ``kinds`` (since a time, of some agents)."""
+    clauses = [f"kind IN ({','.join('?' * len(kinds))})"]
+    params: list[t.Any] = list(kinds)
+    if since_ms is not None:
+        clauses.append("at >= ?")
+        params.append(since_ms)
+    if agents is not None:
+        if not agents:
+            return []
+        clauses.append(f"agent IN ({','.join('?' * len(agents))})")
+        params.extend(agents)
+    return conn.execute(f"SELECT kind, tool, count(*) AS n FROM events WHERE {' AND '.join(clauses)} "
+                        "GROUP BY kind, tool ORDER BY n DESC", params).fetchall()
