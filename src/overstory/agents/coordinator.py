@@ -271,9 +271,9 @@ def stop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, sto
             run, changed = runs.complete(conn, agent.run_id)
             result.run_status = run.status
             if changed:
-                from overstory.agents.run_files import write_run_summary
+                from overstory.agents.run_files import run_ended
 
-                write_run_summary(project, conn, run.id)  # a crash before it: the watchdog writes it
+                run_ended(project, conn, run.id, config)  # a crash before it: the watchdog does it
         else:
             run_now = runs.get_run(conn, agent.run_id)
             result.run_status = run_now.status if run_now else None

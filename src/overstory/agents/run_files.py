@@ -5,7 +5,8 @@
   with what (runtime, model, session), how it ended (status, reason, exit code) and what it cost
   (dollars, tokens, tool calls).
 - ``.overstory/runs/<run_id>/summary.txt``: written when the run ends (``ov coordinator stop``,
-  ``ov run complete``): its agents, their outcomes, turns, tokens and cost (``ov run show``'s figures).
+  ``ov run complete``): its agents, their outcomes, turns, tokens and cost (``ov run show``'s figures);
+  its trace is exported just before (``run_ended``).
 
 Both are written to a temporary file in the same folder, flushed, and renamed over the target, so a
 process that dies while writing leaves either no file (or the previous one) or the whole new one,
@@ -26,6 +27,7 @@ from pathlib import Path
 from overstory.errors import OrchestratorError
 
 if t.TYPE_CHECKING:
+    from overstory.config import Config
     from overstory.paths import ProjectPaths
     from overstory.store.sessions import Session
 
@@ -92,13 +94,22 @@ def write_run_summary(project: ProjectPaths, conn: sqlite3.Connection, run_id: s
     return path
 
 
-def write_missing_summaries(project: ProjectPaths, conn: sqlite3.Connection) -> list[str]:
+def run_ended(project: ProjectPaths, conn: sqlite3.Connection, run_id: str, config: Config | None) -> Path | None:
+    """What a run's end leaves: its trace exported (when tracing is on, ``overstory.telemetry``), then its
+    ``summary.txt``. In that order: a crash between them exports the trace again with the summary (at least once)."""
+    from overstory.telemetry import export_run_quietly
+
+    export_run_quietly(conn, run_id, config)
+    return write_run_summary(project, conn, run_id)
+
+
+def write_missing_summaries(project: ProjectPaths, conn: sqlite3.Connection, config: Config | None = None) -> list[str]:
     """Ended runs without a ``summary.txt`` (their process died before writing it) get one; their ids."""
     from overstory.store import runs
 
     written = []
     for row in runs.ended(conn):
-        if not (run_folder(project, row["id"]) / SUMMARY).exists() and write_run_summary(project, conn, row["id"]):
+        if not (run_folder(project, row["id"]) / SUMMARY).exists() and run_ended(project, conn, row["id"], config):
             written.append(row["id"])
     return written
 

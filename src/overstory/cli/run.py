@@ -132,9 +132,11 @@ def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:
         target = runs.resolve(conn, run_ref)
     done, changed = runs.complete(conn, target.id, force=force)
     if changed:
-        from overstory.agents.run_files import write_run_summary
+        from overstory.agents.run_files import run_ended
+        from overstory.config import load_config
 
-        write_run_summary(project, conn, done.id)  # a crash before it: the watchdog writes it
+        config = load_config(project.config_file, project.local_config_file)
+        run_ended(project, conn, done.id, config)  # a crash before it: the watchdog does it
     if as_json:
         echo_json({**done.as_dict(), "changed": changed})
         return
