@@ -131,5 +131,17 @@ def test_off_by_default_and_sent_over_otlp_http_when_an_endpoint_is_set(project:
         assert [s.name for s in spans] == [f"run {run.id}"]
         service = {a.key: a.value.string_value for a in request.resource_spans[0].resource.attributes}
         assert service["service.name"] == "ov"
+        # A collector that does not answer: one line on stderr, and the run's end goes on (its summary is written).
+        closed = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+        port = closed.server_port
+        closed.server_close()
+        run, _ = runs.open_or_join(state_db, "coordinator")
+        sessions.create_session(state_db, name="coordinator-3", capability="coordinator", task_id="c",
+                                runtime="scripted", actor="test", parent="operator", depth=0, run_id=run.id)
+        done = run_ov("run", "complete", run.id, "--force", cwd=project.root,
+                      env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"})
+        assert done.returncode == 0, done.stderr
+        assert f"ov: could not export run {run.id}'s trace" in done.stderr and "Traceback" not in done.stderr
+        assert (project.ov_dir / "runs" / run.id / "summary.txt").exists()
     finally:
         server.shutdown()

@@ -50,7 +50,8 @@ def export_run(conn: sqlite3.Connection, run_id: str, config: Config | None, *, 
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from overstory.store import runs, spans
 
@@ -67,7 +68,8 @@ def export_run(conn: sqlite3.Connection, run_id: str, config: Config | None, *, 
             config is not None and config.telemetry.otlp_endpoint) else OTLPSpanExporter()
     service = config.telemetry.service_name if config is not None else "ov"
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    gathered = InMemorySpanExporter()  # the whole tree is sent in one request, not one per span
+    provider.add_span_processor(SimpleSpanProcessor(gathered))
     tracer = provider.get_tracer("overstory")
     count = 0
 
@@ -114,8 +116,13 @@ def export_run(conn: sqlite3.Connection, run_id: str, config: Config | None, *, 
     for made, end in reversed(ends):  # children end before their parents, as they would live
         made.end(end_time=end)
     root.end(end_time=max([root_end, *(end for _, end in ends)]))
-    provider.force_flush()
     provider.shutdown()
+    finished = gathered.get_finished_spans()
+    try:
+        if exporter.export(finished) != SpanExportResult.SUCCESS:
+            raise ConnectionError(f"the collector did not take the {len(finished)} span(s)")
+    finally:
+        exporter.shutdown()
     return count
 
 
