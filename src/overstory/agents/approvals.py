@@ -67,7 +67,7 @@ def decide(conn: sqlite3.Connection, approval_id: str, *, approve: bool, by: str
                 "as usual.")
     status = "approved" if approve else "rejected"
     decided = store.settle(conn, approval_id, status, by=by, note=note, agent_subject=subject, agent_body=body)
-    _event(conn, events, f"approval_{status}", decided, f"{approval_id} {status} by {by}"
+    _event(conn, events, "approval_approved" if approve else "approval_rejected", decided, f"{approval_id} {status} by {by}"
            f"{': ' + note if note else ''}")
     return decided
 

@@ -268,8 +268,12 @@ def stop(project: ProjectPaths, config: Config, conn: sqlite3.Connection, *, sto
     if agent.run_id:
         result.still_active = runs.active_agents(conn, agent.run_id)
         if not result.still_active:
-            run, _ = runs.complete(conn, agent.run_id)
+            run, changed = runs.complete(conn, agent.run_id)
             result.run_status = run.status
+            if changed:
+                from overstory.agents.run_files import run_ended
+
+                run_ended(project, conn, run.id, config)  # a crash before it: the watchdog does it
         else:
             run_now = runs.get_run(conn, agent.run_id)
             result.run_status = run_now.status if run_now else None

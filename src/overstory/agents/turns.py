@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory import procs, sandbox
-from overstory.agents import checkpoint, ledger
+from overstory.agents import checkpoint, ledger, run_files
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.agents.turn_stream import PARKING_STATUS, _LineReader, _pump
 from overstory.clock import now_ms
@@ -443,7 +443,8 @@ def _settle(turn: _Turn) -> TurnResult:
     budgets.settle_turn(state, agent.name, agent.generation, cost)
     _finish_turn_row(state, turn_id, status, stream, None if status == "ok" else reason, exit_code=exit_code,
                      usage=Usage(input_tokens, output_tokens, cost))
-    turn_rows.record_costs(state, turn_id, **_cost_detail(stream, meter, estimated, cost))
+    detail = _cost_detail(stream, meter, estimated, cost)
+    turn_rows.record_costs(state, turn_id, **detail)
     checkpoint.save_end(state, agent, turn_id, session_id=stream.session_id, cwd=turn.cwd, turn_status=status)
     event_store.record(events, "turn_end", agent=agent.name, generation=agent.generation, turn_id=turn_id,
                        summary=f"{status}: {reason}"[:300],
@@ -452,6 +453,11 @@ def _settle(turn: _Turn) -> TurnResult:
                              "tool_calls": stream.tool_calls, "session_id": stream.session_id,
                              **({"price_notes": meter.notes} if meter.notes else {}),
                              **({"failure": failure.kind, "reset_at_ms": failure.reset_at_ms} if failure else {})})
+    run_files.write_turn_metadata(turn.log_dir, run_files.turn_metadata(
+        agent, turn_id, started_ms=turn.started_ms, ended_ms=now_ms(), attempt=turn.attempt,
+        model=detail["model"] or turn.plan.model, session=stream.session_id, status=status, reason=reason,
+        exit=exit_code, cost_usd=cost, cost_estimated=estimated, input_tokens=input_tokens,
+        output_tokens=output_tokens, tool_calls=stream.tool_calls))
     crossing = meter.stopped_by.crossing if meter.stopped_by is not None else None
     return TurnResult(status, reason, stream.session_id, turn.started_ms, stream, crossing=crossing,
                       reset_at_ms=failure.reset_at_ms if failure else None, cost_usd=cost)

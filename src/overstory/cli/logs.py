@@ -65,7 +65,22 @@ def _open_events(project: t.Any) -> t.Any:
 
 limit_option = click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=50, show_default=True,
                             help="How many of the newest events to show first.")
-kind_option = click.option("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
+
+
+def _known_kinds(ctx: click.Context, param: click.Parameter, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """A --kind outside the vocabulary is a typo: say so, instead of printing no events."""
+    from overstory.errors import UsageError
+    from overstory.names import did_you_mean
+    from overstory.store.event_kinds import KINDS
+
+    for kind in kinds:
+        if kind not in KINDS:
+            raise UsageError(f"--kind: unknown event kind {kind!r}{did_you_mean(kind, sorted(KINDS))}")
+    return kinds
+
+
+kind_option = click.option("--kind", "kinds", multiple=True, callback=_known_kinds,
+                           help="Only events of this kind (repeatable).")
 follow_option = click.option("-f", "--follow", is_flag=True, help="Keep printing new events until Ctrl-C.")
 ndjson_option = click.option("--json", "as_json", is_flag=True, help="One JSON object per event (NDJSON).")
 

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "notify": ("overstory.cli.notify", "notify", "Notifications: `ov notify test` sends to every target."),
     "budget": ("overstory.cli.budget", "budget", "Show budgets: limit, used and left."),
     "costs": ("overstory.cli.costs", "costs", "Show tokens, dollars, turns and tool calls."),
+    "policy": ("overstory.cli.policy", "policy", "Audit agents' tool calls against the ledger's rules."),
     "wait": ("overstory.cli.wait", "wait", "Wait until an agent or run settles (exit code says how)."),
     "logs": ("overstory.cli.logs", "logs", "Show one agent's events."),
     "feed": ("overstory.cli.logs", "feed", "Show the project's event feed."),

@@ -204,6 +204,14 @@ executor:
     # The Ray namespace of ov's turn hub and tasks.
     namespace: overstory
 
+telemetry:
+  # OTLP/HTTP traces endpoint (e.g. http://localhost:4318/v1/traces): each run that ends is exported as a
+  # span tree (run, turns, tool calls, approvals, merges). null: off, unless OTEL_EXPORTER_OTLP_ENDPOINT or
+  # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set. Needs `pip install 'overstory[otel]'`.
+  otlp_endpoint: null
+  # The service.name the spans carry.
+  service_name: ov
+
 # Model providers by name: {name: {base_url: ..., api_key_env: ENV_VAR_WITH_KEY, protocol: ..., kind: ...}}.
 # protocol (optional) is the API the endpoint speaks: anthropic (claude), openai-responses (codex),
 # openai-chat (opencode, kilo, qwen) or gemini (gemini); a runtime is never pointed at an endpoint of another.

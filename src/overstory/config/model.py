@@ -293,6 +293,13 @@ class Provider(_Section):
         return value
 
 
+class TelemetrySection(_Section):
+    """Tracing export (OpenTelemetry): off unless an endpoint is set here or in OTEL_EXPORTER_OTLP_*."""
+
+    otlp_endpoint: str | None = None
+    service_name: str = "ov"
+
+
 class Config(_Section):
     project: ProjectSection = Field(default_factory=ProjectSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
@@ -311,6 +318,7 @@ class Config(_Section):
     loop: LoopSection = Field(default_factory=LoopSection)
     schedules: SchedulesSection = Field(default_factory=SchedulesSection)
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
+    telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
     providers: dict[str, Provider] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     runtimes: dict[str, str] = Field(default_factory=dict)

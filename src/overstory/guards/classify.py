@@ -141,6 +141,39 @@ def classify(tool: str, tool_input: Mapping[str, object] | None, rules: LedgerRu
     return LOCAL_WRITE
 
 
+#: Calls that are ``local_write`` by design, with no rule needed (for ``unplaced``: not "unknown").
+LOCAL_WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit", "TodoWrite"})
+_GIT_LOCAL_WRITES = frozenset("add commit checkout switch restore reset rm mv stash merge rebase cherry-pick tag "
+                              "init apply am revert clean worktree branch".split())
+
+
+def unplaced(tool: str, tool_input: Mapping[str, object] | None,
+             rules: LedgerRules = DEFAULT_LEDGER_RULES) -> list[str]:
+    """What no rule placed in a class (``classify`` made it a ``local_write`` by default): the tool itself, or
+    for a shell call each simple command that matched no rule and is not a known read-only program.
+    For `ov policy audit`, to tune ``ledger.read_only``/``ledger.side_effects``."""
+    ordered = rules.ordered()
+    if tool not in SHELL_TOOLS:
+        subjects = call_subjects(tool, tool_input)
+        known = any(pattern.tool_matches(tool) and (pattern.argument is None or any(
+            pattern.subject_matches(s) for s in subjects)) for pattern, _ in ordered)
+        return [] if known or tool in LOCAL_WRITE_TOOLS else [tool]
+    command = (tool_input or {}).get("command")
+    if not isinstance(command, str):
+        return [] if _class_of_subject(tool, None, ordered) else [tool]
+    found = []
+    for words, _redirects in shell_commands(command):
+        if not words or _class_of_subject(tool, " ".join(words), ordered):
+            continue
+        if os.sep in words[0]:
+            words = [os.path.basename(words[0]), *words[1:]]
+        if words[0] in READ_PROGRAMS or (words[0] == "git" and words[1:2] and words[1] in _GIT_LOCAL_WRITES):
+            continue
+        if not _class_of_subject(tool, " ".join(words), ordered):
+            found.append(" ".join(words))
+    return found
+
+
 #: Side effects that are idempotent by themselves inside an agent's turn (keyed by the dispatch, see
 #: ``store.dispatch``): running one again returns the first one's result instead of repeating it.
 IDEMPOTENT_COMMANDS = ("ov mail send", "ov mail reply", "ov sling")

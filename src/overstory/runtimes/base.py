@@ -53,8 +53,8 @@ FAILURE_KINDS = (TRANSIENT, RATE_LIMIT, AUTH, PERMANENT, RESUME_FAILED, UNKNOWN)
 class ParsedEvent:
     """One of ov's own event kinds, made from a runtime's output line.
 
-    Kinds: turn_start, assistant_text, thinking, tool_start, tool_end, api_retry,
-    turn_result, user_message, runtime_event (anything else), malformed_line.
+    Kinds: turn_start, assistant_text, thinking, tool_start, tool_end, api_retry, rate_limit,
+    turn_result, user_message, runtime_event (anything else), malformed_line (all in store/event_kinds.py).
     """
 
     kind: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 from overstory import jsontext as json
 from overstory.clock import now_ms
 from overstory.records import Record
+from overstory.store.event_kinds import KINDS
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class Event(Record):
 def record(conn: sqlite3.Connection, kind: str, *, agent: str | None = None, generation: int | None = None,
            turn_id: str | None = None, tool: str | None = None, summary: str | None = None,
            data: t.Mapping[str, t.Any] | None = None, at: int | None = None) -> int:
+    """Append one event; ``kind`` must be one of ``event_kinds.KINDS`` (anything else is a bug: ValueError)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}: add it to overstory.store.event_kinds.KINDS")
     cursor = conn.execute(
         "INSERT INTO events(at, agent, generation, turn_id, kind, tool, summary, data) VALUES (?,?,?,?,?,?,?,?)",
         (at or now_ms(), agent, generation, turn_id, kind, tool, summary,
@@ -99,3 +103,20 @@ def newest(conn: sqlite3.Connection, limit: int, kinds: t.Sequence[str] | None =
             "ORDER BY id DESC LIMIT ?", (*kinds, limit)).fetchall()
     return conn.execute("SELECT id, at, agent, kind, tool, summary FROM events ORDER BY id DESC LIMIT ?",
                         (limit,)).fetchall()
+
+
+def kind_tool_counts(conn: sqlite3.Connection, kinds: t.Sequence[str], *, since_ms: int | None = None,
+                     agents: t.Collection[str] | None = None) -> list[sqlite3.Row]:
+    """(kind, tool, n) of the events of ``kinds`` (since a time, of some agents)."""
+    clauses = [f"kind IN ({','.join('?' * len(kinds))})"]
+    params: list[t.Any] = list(kinds)
+    if since_ms is not None:
+        clauses.append("at >= ?")
+        params.append(since_ms)
+    if agents is not None:
+        if not agents:
+            return []
+        clauses.append(f"agent IN ({','.join('?' * len(agents))})")
+        params.extend(agents)
+    return conn.execute(f"SELECT kind, tool, count(*) AS n FROM events WHERE {' AND '.join(clauses)} "
+                        "GROUP BY kind, tool ORDER BY n DESC", params).fetchall()

@@ -258,3 +258,19 @@ def uncertain_side_effects(conn: sqlite3.Connection) -> list[sqlite3.Row]:
         "AND NOT EXISTS (SELECT 1 FROM tool_calls r WHERE r.replay_of = c.id) "
         "AND EXISTS (SELECT 1 FROM sessions s WHERE s.name = c.agent AND s.state NOT IN ('completed', 'zombie')) "
         "ORDER BY c.id").fetchall()
+
+
+def audit_rows(conn: sqlite3.Connection, *, run_id: str | None = None, since_ms: int | None = None,
+               limit: int = 100_000) -> list[sqlite3.Row]:
+    """(agent, tool, input, class, status, flagged, started_at) of the calls of a run, or since a time, oldest first."""
+    clauses: list[str] = []
+    params: list[t.Any] = []
+    if run_id is not None:
+        clauses.append("run_id = ?")
+        params.append(run_id)
+    if since_ms is not None:
+        clauses.append("started_at >= ?")
+        params.append(since_ms)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return conn.execute(f"SELECT agent, tool, input, class, status, flagged, started_at FROM tool_calls {where} "
+                        "ORDER BY id LIMIT ?", (*params, limit)).fetchall()

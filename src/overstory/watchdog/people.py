@@ -69,4 +69,11 @@ class SideTicks:
                 done.append(("-", "notify", f"sent {sent.sent}, failed {sent.failed}"))
         except (sqlite3.Error, OSError, OrchestratorError) as exc:
             done.append(("-", "error", f"notifications: {exc}"))
+        try:
+            from overstory.agents.run_files import write_missing_summaries
+
+            done.extend(("-", "run_summary", f"{run_id}: summary.txt written") for run_id in
+                        write_missing_summaries(self.project, state, self.config))
+        except (sqlite3.Error, OSError, OrchestratorError) as exc:
+            done.append(("-", "error", f"run summaries: {exc}"))
         return done
