@@ -125,10 +125,12 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
 @click.option("--fork", is_flag=True, help="Start a new agent from AGENT's checkpoint (same commit, new name).")
 @click.option("--name", help="With --fork: the new agent's name (default: AGENT-forkN).")
 @click.option("--prompt", help="With --fork: what the new agent should try differently.")
+@click.option("--dry-run", is_flag=True, help="Only say what a retry would do (session, ledger rows, cost); "
+                                              "change nothing.")
 @json_option
 def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
            add_iterations: int, all_agents: bool, fork: bool, name: str | None, prompt: str | None,
-           as_json: bool) -> None:
+           dry_run: bool, as_json: bool) -> None:
     """Un-park an agent, raising its limits first; it continues the same runtime session.
 
     A budget park needs the limit it reached raised; an auth park needs the key or
@@ -143,7 +145,10 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     says so. --fork slings a new agent with AGENT's capability and task, on a new
     branch that starts at the commit of AGENT's newest checkpoint; it keeps AGENT's
     budget limits (within what is left of the run's), its --approve gates and its
-    loop, and says what it cannot carry over.
+    loop, and says what it cannot carry over. --dry-run only says what a retry would
+    do: the session it resumes, the turn it retries, which of that turn's tool calls
+    the ledger would replay (answer with their receipt), hold back or re-run, and its
+    likely cost (the newest turn's); it changes nothing.
 
     \b
     ov resume builder-task-42 --add-usd 5
@@ -152,17 +157,33 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     ov resume builder-task-42 --add-iterations 3   # a parked `ov loop`
     ov resume --all                    # after a reboot
     ov resume builder-task-42 --fork --prompt "try a streaming parser instead"
+    ov resume builder-task-42 --dry-run    # what a retry would do; nothing changes
     """
     raised = add_usd or add_turns or add_tool_calls or add_seconds or add_iterations
     if all_agents:
-        if agent or fork or name or prompt or raised:
-            raise click.UsageError("--all takes no AGENT, --fork, --name, --prompt or --add-* option")
+        if agent or fork or name or prompt or raised or dry_run:
+            raise click.UsageError("--all takes no AGENT, --fork, --name, --prompt, --dry-run or --add-* option")
         from overstory.cli.resume import recover_all
 
         recover_all(as_json)
         return
     if agent is None:
         raise click.UsageError("give an AGENT (or --all)")
+    if dry_run:
+        if fork or name or prompt or raised:
+            raise click.UsageError("--dry-run previews a plain retry: it takes no --fork, --name, --prompt or --add-*")
+        from overstory.agents.retry_preview import preview, summary_lines
+
+        project = project_paths()
+        document = preview(state_conn(project), _config(project), agent)
+        if as_json:
+            echo_json(document)
+        else:
+            from overstory.printable import line
+
+            for text in summary_lines(document):  # they quote tool inputs and errors
+                click.echo(line(text))
+        return
     if fork:
         if raised:
             raise click.UsageError("--fork keeps AGENT's limits; raise the fork's afterwards with "
