@@ -198,8 +198,8 @@ async def agent_nudge(request: Request) -> Response:
     from overstory.agents.nudge import nudge
 
     name, body = _name(request), await _body(request, bodies.NudgeBody)
-    return _json(await run(request, lambda c: nudge(c.project, c.state, name, body.message,
-                                                    sender=OPERATOR).as_dict()), 201)
+    return _json(await run(request, lambda c: nudge(c.project, c.state, name, body.message, sender=OPERATOR,
+                                                    force=True).as_dict()), 201)  # a person asked: always sent
 
 
 async def agent_resume(request: Request) -> Response:
