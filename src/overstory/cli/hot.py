@@ -383,7 +383,7 @@ def mail_check(project_option: str | None, *, agent: str | None = None, peek: bo
     else:
         conn = open_state_db(project_option)
         try:
-            from overstory.mail_debounce import checked_mail
+            from overstory.agents.mail_debounce import checked_mail
 
             messages = checked_mail(conn, who, peek=peek, debounce=debounce, project_option=project_option)
         finally:

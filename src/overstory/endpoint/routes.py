@@ -81,7 +81,7 @@ def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     who = args.get("agent") or caller.name
     if who != caller.name:
         raise NotPermitted(f"{caller.name} may check only its own mail, not {who}'s")
-    from overstory.mail_debounce import checked_mail
+    from overstory.agents.mail_debounce import checked_mail
 
     debounce = args.get("debounce")
     if debounce is not None and (not isinstance(debounce, (int, float)) or not 0 <= debounce < float("inf")):
