@@ -324,3 +324,25 @@ def test_a_gated_turn_whose_endpoint_is_gone_refuses_the_call(team: ProjectPaths
     # Without a gate too (issue 28): a call that can be neither counted nor recorded is refused.
     ungated = guard()
     assert ungated.returncode == 0 and '"deny"' in ungated.stdout and "could not be reached" in ungated.stdout
+
+
+def test_debounced_mail_check_and_nudges_inside_an_agent_go_through_its_endpoint(team: ProjectPaths, serve: t.Any,
+                                                                                  state_db: t.Any) -> None:
+    from overstory.store import mail
+
+    channel = serve("builder-a")
+
+    def ov(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*ov_command(), *args], cwd=team.root, env=_agent_env(channel),
+                              capture_output=True, text=True, timeout=60)
+
+    [waiting] = mail.send(state_db, sender="lead-1", to="builder-a", subject="look at this")
+    shown = [json.loads(ov("mail", "check", "--peek", "--debounce", "3600", "--json").stdout) for _ in range(2)]
+    assert [[m["id"] for m in batch] for batch in shown] == [[waiting], []], "the endpoint keeps the debounce"
+    assert (team.run_dir / "mail-check" / "builder-a.json").exists()
+    first = json.loads(ov("nudge", "lead-1", "--json").stdout)
+    again = json.loads(ov("nudge", "lead-1", "--json").stdout)
+    assert len(first["ids"]) == 1 and again == {"ids": [], "pending": first["ids"][0]}
+    assert len(json.loads(ov("nudge", "lead-1", "--force", "--json").stdout)["ids"]) == 1
+    impostor = ov("nudge", "lead-1", "--from", "operator")
+    assert impostor.returncode == 1 and "cannot nudge as 'operator'" in impostor.stderr

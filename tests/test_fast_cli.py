@@ -213,6 +213,9 @@ def _cases() -> list[Case]:
     add("check-as-agent-inject", ["mail", "check", "--inject"], True, env=AGENT_ENV, where="worktree")
     add("check-agent-no-value", ["mail", "check", "--agent"], False)
     add("check-unknown", ["mail", "check", "--all"], False)
+    add("check-debounce", ["mail", "check", "--peek", "--debounce", "0", "--json"], True)  # 0: each run shows it
+    add("check-debounce-not-a-number", ["mail", "check", "--debounce", "soon"], False)
+    add("check-debounce-negative", ["mail", "check", "--debounce=-1"], False)
     add("check-help", ["mail", "check", "--help"], False)
     add("mail-other", ["mail", "list", "--json"], False)
     add("mail-typo", ["mail", "sned"], False)
@@ -357,6 +360,9 @@ def test_the_fast_option_table_is_the_click_commands(path: tuple[str, ...]) -> N
         elif isinstance(param.type, click.Choice):
             kind = next(("choice", name) for name in ("TYPES", "PRIORITIES")
                         if list(param.type.choices) == list(getattr(mail, name)))
+        elif isinstance(param.type, click.FloatRange):
+            assert (param.type.min, param.type.max, param.type.min_open) == (0, None, False)
+            kind = fast.SECONDS
         elif isinstance(param.type, click.IntRange):
             assert (param.type.min, param.type.max, param.type.min_open, param.type.max_open) == (1, 2**63 - 1,
                                                                                                    False, False)

@@ -255,7 +255,7 @@ def test_nudge(ov, state_db):
     assert isinstance(refused.exception, MailError)
 
 
-@pytest.mark.parametrize("command", ["send", "check", "list", "read", "reply", "purge"])
+@pytest.mark.parametrize("command", ["send", "check", "list", "read", "reply", "purge", "delete"])
 def test_every_subcommand_has_help(ov, command):
     result = ov("mail", command, "--help")
     assert result.exit_code == 0 and "Usage:" in result.output and "ov mail" in result.output
@@ -309,3 +309,81 @@ def test_the_probe_does_see_a_heavy_import(project):
          '{"branch": "ov/a", "tier": 1}'],
     )
     assert heavy == ["pydantic"]
+
+
+# ---- ov mail delete, ov mail check --debounce, ov nudge --from/--force ----------------------
+
+
+def test_mail_delete_keeps_unread_and_claimed_mail_unless_forced(project, state_db):
+    add_agent(state_db, "b1")
+    [read_one, claimed] = [mail.send(state_db, sender="operator", to="b1", subject=s)[0]
+                           for s in ("old news", "in a turn")]
+    mail.read_message(state_db, read_one, reader="b1")
+    assert [m.id for m in mail.claim(state_db, "b1", "turn-y")] == [claimed]  # a turn is reading it
+    [unread] = mail.send(state_db, sender="operator", to="b1", subject="still waiting")
+
+    def ov(*args, **env):
+        return run_ov("mail", "delete", *args, cwd=project.root, env=env or None)
+
+    done = ov(str(read_one), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"deleted": read_one, "to": "b1", "from": "operator", "was_unread": False}
+    kept = ov(str(unread))
+    assert kept.returncode == 1 and "is unread" in kept.stderr and "--force" in kept.stderr
+    in_turn = ov(str(claimed), "--force")
+    assert in_turn.returncode == 1 and "claimed by turn turn-y" in in_turn.stderr
+    assert ov(str(read_one)).returncode == 1, "no such message any more"
+    agent = ov(str(unread), "--force", OVERSTORY_AGENT_NAME="b1")
+    assert agent.returncode == 1 and "only the operator" in agent.stderr
+    assert sorted(m.id for m in mail.list_messages(state_db)) == [claimed, unread]
+    forced = ov(str(unread), "--force")
+    assert forced.returncode == 0 and forced.stdout.startswith(f"deleted #{unread} (operator -> b1: still waiting)")
+    assert [m.id for m in mail.list_messages(state_db)] == [claimed]
+    assert ov("abc").returncode == 2
+
+
+def test_mail_check_debounce_shows_a_message_once_per_window(project, state_db):
+    first = mail.send(state_db, sender="operator", to="operator", subject="one")[0]
+
+    def check(*args: str) -> list[int]:
+        done = run_ov("mail", "check", "--json", *args, cwd=project.root)
+        assert done.returncode == 0, done.stderr
+        return [m["id"] for m in json.loads(done.stdout)]
+
+    assert check("--peek", "--debounce", "3600") == [first]
+    assert check("--peek", "--debounce", "3600") == [], "shown a moment ago: not again within the hour"
+    second = mail.send(state_db, sender="operator", to="operator", subject="two")[0]
+    assert check("--peek", "--debounce", "3600") == [second], "new mail is shown at once"
+    assert check("--peek") == [first, second], "without --debounce everything waiting is shown"
+    assert check("--debounce", "0.000001") == [first, second], "the window has passed"
+    assert check() == [], "and it was marked read then"
+    third = mail.send(state_db, sender="operator", to="operator", subject="three")[0]
+    assert check("--peek", "--debounce", "3600") == [third]
+    assert check("--debounce", "3600") == [], "left out for the debounce..."
+    assert not mail.get(state_db, third).is_read, "...and so left unread, not lost"
+    assert run_ov("mail", "check", "--debounce", "-1", cwd=project.root).returncode == 2
+
+
+def test_nudge_waits_for_the_last_one_unless_forced_and_from_names_the_sender(project, state_db):
+    add_agent(state_db, "b1")
+
+    def nudge(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return run_ov("nudge", "b1", *args, cwd=project.root, env=env or None)
+
+    first = nudge("--json")
+    [first_id] = json.loads(first.stdout)["ids"]
+    again = nudge()
+    assert again.returncode == 0 and f"not sent: nudge #{first_id} to b1 still waits unread" in again.stdout
+    forced = nudge("--force", "--json")
+    assert forced.returncode == 0 and len(json.loads(forced.stdout)["ids"]) == 1
+    as_lead = nudge("--from", "lead-1", "report status", "--json")
+    [lead_id] = json.loads(as_lead.stdout)["ids"]
+    assert mail.get(state_db, lead_id).sender == "lead-1", "a nudge from another sender is not held back"
+    assert "still waits" in nudge("--from", "lead-1").stdout
+    mail.unread(state_db, "b1")  # b1 read its mail: the next nudge goes out
+    assert json.loads(nudge("--json").stdout)["ids"]
+    impostor = nudge("--from", "lead-1", OVERSTORY_AGENT_NAME="b2")
+    assert impostor.returncode == 1 and "cannot nudge as 'lead-1'" in impostor.stderr
+    assert nudge("--from", "not a name").returncode != 0
+    nudges = [m for m in mail.list_messages(state_db) if m.type == "nudge"]
+    assert [m.sender for m in nudges] == ["operator", "operator", "lead-1", "operator"]

@@ -352,7 +352,7 @@ def test_the_diff_route_shows_committed_uncommitted_and_new_files(client: TestCl
 # ---- bad bodies --------------------------------------------------------------------------------
 
 
-POSTS = [e for e in ENDPOINTS if e.method == "POST"]
+POSTS = [e for e in ENDPOINTS if e.method == "POST" and e.op != "webhook"]  # a webhook's body is the sender's: never read
 BAD_BODIES: list[tuple[str, bytes, str | None, str]] = [
     ("not JSON", b"{bad", "application/json", "not valid JSON"),
     ("a list", b"[1, 2]", "application/json", "must be a JSON object"),

@@ -236,6 +236,12 @@ class ScheduleError(OrchestratorError):
     """An `ov schedule` that cannot be added or found (a bad cron expression, a taken name)."""
 
 
+class WebhookRefused(ScheduleError):
+    """A POST to a webhook trigger without its secret (or to no such trigger: the answer is the same)."""
+
+    http_status = 401
+
+
 class ExecutorError(OrchestratorError):
     """A turn executor (``overstory.executors``) could not do what was asked. Subclasses carry the facts."""
 

@@ -123,14 +123,32 @@ class AgentLoop(AgentProcess):
                          "OVERSTORY_TURN_ID": turn_id}
             extra.update(self.endpoint.open_turn(turn_env=turn_vars))
         try:
-            return run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
-                            resume_session_id=resume, base_env=self.base_env, attempt=attempt,
-                            should_stop=self.should_stop, extra_env=extra, settings_file=self.hook_settings,
-                            env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None,
-                            gate=self.gate)
+            result = run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
+                              resume_session_id=resume, base_env=self.base_env, attempt=attempt,
+                              should_stop=self.should_stop, extra_env=extra, settings_file=self.hook_settings,
+                              env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None,
+                              gate=self.gate)
         finally:
             if self.endpoint is not None:
                 self.endpoint.revoke()
+        if result.status == "aborted" and self.signalled is not None and self.current() is not None:
+            self._interrupted(turn_id, result)
+        return result
+
+    def _interrupted(self, turn_id: str, result: t.Any) -> None:
+        """The loop got SIGTERM/SIGINT mid-turn: the turn stopped and settled (its end checkpoint written: session,
+        HEAD, spend); it is marked ``interrupted``, not stopped, so the next loop retries it. Killed before
+        this commits, the checkpoint says ``aborted`` and the agent is still in its turn: recovery retries it
+        all the same."""
+        import signal
+
+        from overstory.store import events as event_store
+
+        reason = f"the agent loop got {signal.Signals(self.signalled or 0).name} during the turn; it is retried"
+        checkpoints.mark_interrupted(self.state, turn_id, reason)
+        event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
+                           turn_id=turn_id, summary=reason)
+        result.status, result.reason = "interrupted", reason
 
     def run(self) -> int:
         if not self.take_agent():
@@ -365,7 +383,7 @@ class AgentLoop(AgentProcess):
                               expect=frozenset({"booting", "in_turn", "stalled", "between_turns"}))
             return
         mail.release(self.state, turn_id)
-        if fresh is None or (result.status == "aborted" and self.stopping):
+        if fresh is None or (result.status in ("aborted", "interrupted") and self.stopping):
             return
         if fresh.state == "parked":  # parked (a run's budget, a quota window) as this turn started
             from overstory.store import budgets

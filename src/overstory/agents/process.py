@@ -100,6 +100,7 @@ class AgentProcess:
         self.generation = generation
         self.state = open_state(project.state_db)
         self.stopping = False
+        self.signalled: int | None = None  # the signal that stopped it (SIGTERM, SIGINT), if one did
         self._lock: _Lock | None = None
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -107,6 +108,7 @@ class AgentProcess:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
+        self.signalled = signum
 
     def current(self) -> Session | None:
         """The agent's row while it is still ours to serve (same generation, not terminal)."""

@@ -127,10 +127,12 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
                                               "on, in a fresh session told what was done.")
 @click.option("--name", help="With --fork: the new agent's name (default: AGENT-forkN).")
 @click.option("--prompt", help="With --fork or --restart: what the agent should try (differently).")
+@click.option("--dry-run", is_flag=True, help="Only say what a retry would do (session, ledger rows, cost); "
+                                              "change nothing.")
 @json_option
 def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
            add_iterations: int, all_agents: bool, fork: bool, restart: bool, name: str | None, prompt: str | None,
-           as_json: bool) -> None:
+           dry_run: bool, as_json: bool) -> None:
     """Un-park an agent, raising its limits first; it continues the same runtime session.
 
     A budget park needs the limit it reached raised; an auth park needs the key or
@@ -149,7 +151,10 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     AGENT again under its own name: its branch (and worktree, uncommitted changes
     included) goes on, with a fresh runtime session, its limits and gates, and a
     dispatch listing its commits so far; the earlier run dir is kept as
-    .overstory/run/AGENT@genN.
+    .overstory/run/AGENT@genN. --dry-run only says what a retry would do: the session
+    it resumes, the turn it retries, which of that turn's tool calls the ledger would
+    replay (answer with their receipt), hold back or re-run, and its likely cost (the
+    newest turn's); it changes nothing.
 
     \b
     ov resume builder-task-42 --add-usd 5
@@ -159,17 +164,35 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     ov resume --all                    # after a reboot
     ov resume builder-task-42 --fork --prompt "try a streaming parser instead"
     ov resume builder-task-42 --restart   # a zombie or stopped agent, on its own branch
+    ov resume builder-task-42 --dry-run   # what a retry would do; nothing changes
     """
     raised = add_usd or add_turns or add_tool_calls or add_seconds or add_iterations
     if all_agents:
-        if agent or fork or restart or name or prompt or raised:
-            raise click.UsageError("--all takes no AGENT, --fork, --restart, --name, --prompt or --add-* option")
+        if agent or fork or restart or name or prompt or raised or dry_run:
+            raise click.UsageError("--all takes no AGENT, --fork, --restart, --name, --prompt, --dry-run or --add-* "
+                                   "option")
         from overstory.cli.resume import recover_all
 
         recover_all(as_json)
         return
     if agent is None:
         raise click.UsageError("give an AGENT (or --all)")
+    if dry_run:
+        if fork or restart or name or prompt or raised:
+            raise click.UsageError("--dry-run previews a plain retry: it takes no --fork, --restart, --name, --prompt "
+                                   "or --add-*")
+        from overstory.agents.retry_preview import preview, summary_lines
+
+        project = project_paths()
+        document = preview(state_conn(project), _config(project), agent)
+        if as_json:
+            echo_json(document)
+        else:
+            from overstory.printable import line
+
+            for text in summary_lines(document):  # they quote tool inputs and errors
+                click.echo(line(text))
+        return
     if restart:
         if fork or name or raised:
             raise click.UsageError("--restart keeps AGENT's name and limits: no --fork, --name or --add-*")

@@ -24,6 +24,8 @@ def coordinator() -> None:
     ov coordinator send "add a greet() function and its test"
     ov coordinator ask "what is still open?" --timeout 120
     ov coordinator status
+    ov coordinator check-complete   # exit 0 when the run's work is all done and merged
+    ov coordinator output           # the run's report
     ov coordinator stop
     """
 
@@ -196,3 +198,66 @@ def coordinator_stop(stop_children: bool, force: bool, as_json: bool) -> None:
                        "`ov coordinator start` rejoins it, `ov coordinator stop --all` would have stopped them")
         else:
             click.echo(f"run {result.run_id} {result.run_status}")
+
+
+@coordinator.command(name="check-complete")
+@click.option("--run", "run_ref", metavar="RUN", help="A run id or unique prefix (default: the open run, else the newest).")
+@json_option
+def coordinator_check_complete(run_ref: str | None, as_json: bool) -> None:
+    """Exit 0 when the run's objective is done: every agent of it (but the coordinator) has ended and its
+    work is merged; else exit 1 and list what is still open.
+
+    \b
+    ov coordinator check-complete && echo done
+    ov coordinator check-complete --run run-2026 --json
+    """
+    from overstory.agents.run_outcome import check_complete
+    from overstory.printable import line
+
+    project = project_paths()
+    document = check_complete(project, state_conn(project), run_ref, _config(project).project.canonical_branch)
+    if as_json:
+        echo_json(document)
+    elif document["complete"]:
+        click.echo(f"run {document['run']}: complete ({document['agents']} agent(s) ended, their work merged)")
+    else:
+        why = document.get("reason") or f"{len(document['open'])} of {document['agents']} agent(s) still open"
+        click.echo(f"run {document['run']}: not complete: {why}")
+        for item in document["open"]:
+            click.echo(line(f"  {item['name']} ({item['capability']}, {item['state']}): {item['open']}"))
+    if not document["complete"]:
+        raise click.exceptions.Exit(1)
+
+
+@coordinator.command(name="output")
+@click.option("--run", "run_ref", metavar="RUN", help="A run id or unique prefix (default: the open run, else the newest).")
+@json_option
+def coordinator_output(run_ref: str | None, as_json: bool) -> None:
+    """The run's report: what the coordinator reported to you during it, the run's summary, its totals.
+
+    \b
+    ov coordinator output
+    ov coordinator output --run run-2026 --json
+    """
+    from overstory.agents.run_outcome import output
+    from overstory.printable import block, line
+
+    document = output(state_conn(project_paths()), run_ref)
+    if as_json:
+        echo_json(document)
+        return
+    info, totals = document["run"], document["totals"]
+    click.echo(f"run {info['id']} ({info['status']}), coordinator {info['coordinator'] or '-'}: "
+               f"{totals['agents']} agent(s), {totals['turns']} turn(s), ${totals['cost_usd']:.4f}")
+    if not document["reports"]:
+        click.echo("  the coordinator has reported nothing to you in this run yet")
+    for report in document["reports"]:
+        click.echo(line(f"\n#{report['id']} [{report['type']}] {report['subject']}"))
+        if report["body"]:
+            click.echo(block(report["body"]))
+    for summary in document["summaries"]:
+        click.echo("\nrun summary:")
+        click.echo(block(summary))
+    for agent in document["agents"]:
+        click.echo(line(f"  {agent['name']} ({agent['capability']}): {agent['state']}"
+                        + (f": {agent['state_reason']}" if agent["state_reason"] else "")))

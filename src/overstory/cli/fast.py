@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 # ---- the hot commands' options, as their click commands declare them ----------------------------
 
 FLAG, TEXT, ROW_ID, FILE = "flag", "text", "row id", "file"  # ROW_ID: cli._common.ROW_ID, 1 .. 2**63-1
+SECONDS = "seconds"  # click.FloatRange(min=0)
 # path -> (body in cli.hot, {option: (parameter, kind)}, required parameters). A kind may also
 # be ("choice", NAME): the choices are overstory.store.mail.NAME, as in the click command.
 HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], frozenset[str]]] = {
@@ -44,7 +45,8 @@ HOT_COMMANDS: dict[tuple[str, ...], tuple[str, dict[str, tuple[str, t.Any]], fro
         "--json": ("as_json", FLAG),
     }, frozenset({"subject"})),
     ("mail", "check"): ("mail_check", {
-        "--agent": ("agent", TEXT), "--peek": ("peek", FLAG), "--inject": ("inject", FLAG), "--json": ("as_json", FLAG),
+        "--agent": ("agent", TEXT), "--peek": ("peek", FLAG), "--inject": ("inject", FLAG),
+        "--debounce": ("debounce", SECONDS), "--json": ("as_json", FLAG),
     }, frozenset()),
     ("status",): ("status", {"--all": ("include_completed", FLAG), "--capability": ("capability", TEXT),
                              "--state": ("state", TEXT), "--parent": ("parent", TEXT), "--run": ("run_ref", TEXT),
@@ -154,6 +156,12 @@ def _convert(value: str, kind: t.Any) -> t.Any:
         return number if 1 <= number <= 2**63 - 1 else None
     if kind == FILE:
         return value if _path_is_usable(value, directory=False) else None
+    if kind == SECONDS:
+        try:
+            seconds = float(value)
+        except ValueError:
+            return None
+        return seconds if 0 <= seconds < float("inf") else None  # nan fails both: click says why
     from overstory.store import mail as store
 
     return value if value in getattr(store, kind[1]) else None

@@ -368,22 +368,24 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
 
 
 def mail_check(project_option: str | None, *, agent: str | None = None, peek: bool = False, inject: bool = False,
-               as_json: bool = False) -> None:
+               debounce: float | None = None, as_json: bool = False) -> None:
     from overstory.store import mail as store
 
     if inject and as_json:
         raise BadUsage("--inject and --json do not go together")
     who = agent or store.default_sender()
     remote = agent_channel()
-    if remote is not None:  # the agent's own mailbox, through its endpoint
+    if remote is not None:  # the agent's own mailbox, through its endpoint (which keeps the debounce file)
         from overstory.agents.outbox import message_from_dict
 
-        messages: list[Message] = [message_from_dict(m) for m in remote.call("mail.check", {"agent": agent,
-                                                                                             "peek": peek})]
+        messages: list[Message] = [message_from_dict(m) for m in remote.call("mail.check", {
+            "agent": agent, "peek": peek, **({"debounce": debounce} if debounce is not None else {})})]
     else:
         conn = open_state_db(project_option)
         try:
-            messages = store.unread(conn, who, peek=peek)
+            from overstory.agents.mail_debounce import checked_mail
+
+            messages = checked_mail(conn, who, peek=peek, debounce=debounce, project_option=project_option)
         finally:
             conn.close()
     if as_json:

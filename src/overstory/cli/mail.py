@@ -96,17 +96,23 @@ def mail_send(to: str | None, subject: str, body: str | None, body_file: str | N
 @click.option("--peek", is_flag=True, help="Show without marking read.")
 @click.option("--inject", is_flag=True, help="Compact block for a hook to inject into a model's context "
                                              "(prints nothing when there is no mail).")
+@click.option("--debounce", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Leave out (and unread) mail this mailbox was shown less than SECONDS ago.")
 @json_option
-def mail_check(agent: str | None, peek: bool, inject: bool, as_json: bool) -> None:
+def mail_check(agent: str | None, peek: bool, inject: bool, debounce: float | None, as_json: bool) -> None:
     """Show unread mail (not yet claimed by a turn) and mark it read unless --peek.
+
+    --debounce SECONDS, for a hook that checks often: a message shown less than
+    SECONDS ago is not shown again (nor marked read) until they have passed.
 
     \b
     ov mail check
     ov mail check --agent lead-1 --peek --json
     ov mail check --inject        # in a hook
+    ov mail check --peek --inject --debounce 300   # a hook on every prompt: each message once per 5 minutes
     """
     with usage_errors():
-        hot.mail_check(project_option(), agent=agent, peek=peek, inject=inject, as_json=as_json)
+        hot.mail_check(project_option(), agent=agent, peek=peek, inject=inject, debounce=debounce, as_json=as_json)
 
 
 @mail.command(name="list")
@@ -221,6 +227,32 @@ def mail_reply(message_id: int, body: str | None, body_file: str | None, from_: 
         click.echo(f"sent #{new_id} to {recipient} (reply to #{message_id})")
 
 
+@mail.command(name="delete")
+@click.argument("message_id", type=ROW_ID, metavar="ID")
+@click.option("--force", is_flag=True, help="Delete it even if it is unread (it is then never delivered).")
+@json_option
+def mail_delete(message_id: int, force: bool, as_json: bool) -> None:
+    """Delete one message (the operator only). Unread mail is kept unless --force;
+    mail a running turn is reading is always kept.
+
+    \b
+    ov mail delete 42
+    ov mail delete 43 --force     # unread: its recipient never gets it
+    """
+    from overstory import printable
+    from overstory.errors import NotPermitted
+
+    if agent_channel() is not None or os.environ.get("OVERSTORY_AGENT_NAME"):
+        raise NotPermitted("only the operator deletes mail; an agent marks its mail read by checking it")
+    deleted = store.delete(state_conn(project_paths()), message_id, force=force)
+    if as_json:
+        echo_json({"deleted": deleted.id, "to": deleted.recipient, "from": deleted.sender,
+                   "was_unread": deleted.read_at is None})
+    else:
+        click.echo(f"deleted #{deleted.id} ({deleted.sender} -> {deleted.recipient}: "
+                   f"{printable.line(deleted.subject)})")
+
+
 @mail.command(name="purge")
 @click.option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h.")
 @click.option("--include-unread", is_flag=True,
@@ -258,28 +290,47 @@ def mail_purge(older_than: str, include_unread: bool, as_json: bool) -> None:
 @click.command(name="nudge")
 @click.argument("agent", shell_complete=completer("complete_agents"))
 @click.argument("message", required=False)
+@click.option("from_", "--from", metavar="NAME", help="Send it as NAME (the operator only; default: "
+                                                        "$OVERSTORY_AGENT_NAME, else operator).")
+@click.option("--force", is_flag=True, help="Send it even while an earlier nudge from the same sender waits unread.")
 @json_option
-def nudge(agent: str, message: str | None, as_json: bool) -> None:
+def nudge(agent: str, message: str | None, from_: str | None, force: bool, as_json: bool) -> None:
     """Send AGENT a high-priority nudge (delivered at its next turn).
 
     A tmux-mode agent whose pane is idle gets it announced in its pane at once;
     if the pane is busy, its driver types the announcement when it becomes idle.
+    While an earlier nudge from the same sender still waits unread, another is not
+    sent (it says which one waits) unless --force. --from NAME sends it as NAME
+    (e.g. for a script acting for a lead); an agent's nudge always comes from itself.
 
     \b
     ov nudge builder-task-42
     ov nudge builder-task-42 "you have been quiet for 10 minutes; report status"
+    ov nudge builder-task-42 --from lead-1 --force
     """
+    import os
+
     from overstory.agents.nudge import TMUX_DELIVERY_NOTES, NudgeResult
     from overstory.agents.nudge import nudge as send_nudge
+    from overstory.errors import NotPermitted
+    from overstory.names import validate_name
 
     remote = agent_channel()
+    me = os.environ.get("OVERSTORY_AGENT_NAME")
+    if from_ is not None:
+        validate_name(from_, "--from")
+        if (remote is not None or me) and from_ != me:
+            raise NotPermitted(f"{me or 'an agent'} cannot nudge as {from_!r}: an agent's nudge always comes from "
+                               "itself; only the operator sends as another name")
     if remote is not None:  # inside an agent: through its endpoint
-        result = NudgeResult(**remote.call("nudge", {"agent": agent, "message": message}))
+        result = NudgeResult(**remote.call("nudge", {"agent": agent, "message": message, "force": force}))
     else:
         project = project_paths()
-        result = send_nudge(project, state_conn(project), agent, message)
+        result = send_nudge(project, state_conn(project), agent, message, sender=from_, force=force)
     if as_json:
         echo_json(result.as_dict())
+    elif result.pending is not None:
+        click.echo(f"not sent: nudge #{result.pending} to {agent} still waits unread (--force sends another)")
     else:
         for message_id in result.ids:
             click.echo(f"sent #{message_id} (nudge) to {agent}")

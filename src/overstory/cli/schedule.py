@@ -17,6 +17,7 @@ def schedule() -> None:
     \b
     ov schedule add deps --cron "0 2 * * *" -- sling builder deps-{date} --prompt "update dependencies"
     ov schedule add review --on-mail merge_ready -- sling reviewer review-{from}-{n} --prompt "review {from}"
+    ov schedule add ci --on-webhook -- sling builder fix-{delivery} --prompt "CI failed"
     ov schedule list
     ov schedule run-now deps
     """
@@ -31,19 +32,26 @@ def schedule() -> None:
                                        "day evenly).")
 @click.option("--on-mail", "mail_type", help="Fire once for each mail of this type that reaches the operator.")
 @click.option("--from", "mail_from", help="With --on-mail: only mail from this agent.")
+@click.option("--on-webhook", "webhook", is_flag=True,
+              help="Fire once for each POST to /hooks/NAME on `ov serve`, with the secret printed now (once).")
 @click.option("--overlap", type=click.Choice(["skip", "allow"]), default="skip", show_default=True,
               help="skip: no fire while the previous fire's agent is still working, parked or waiting for a "
                    "decision; allow: fire anyway.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @json_option
-def add(name: str, cron: str | None, seconds: str | None, every: str | None, mail_type: str | None, mail_from: str | None, overlap: str,
+def add(name: str, cron: str | None, seconds: str | None, every: str | None, mail_type: str | None,
+        mail_from: str | None, webhook: bool, overlap: str,
         command: tuple[str, ...], as_json: bool) -> None:
     """Add a schedule NAME that runs `ov COMMAND...` (sling, loop or coordinator send).
 
     In the command, {date} (YYYYMMDD) and {time} (HHMM) are the due time's, {n} the
-    fire's number; a mail trigger also fills {from} and {mail_id}. A six-field cron is
-    refused (croniter reads seconds last, Quartz and node-cron first): name the seconds
-    with --seconds, or use --every 20s. Prints the next three fire times. Missed fires while no
+    fire's number; a mail trigger also fills {from} and {mail_id}, a webhook {delivery}
+    (the delivery id). A six-field cron is refused (croniter reads seconds last, Quartz
+    and node-cron first): name the seconds with --seconds, or use --every 20s. Prints the
+    next three fire times. A webhook's secret is printed once and stored only hashed; the
+    sender POSTs to /hooks/NAME on `ov serve` with `Authorization: Bearer SECRET` (or
+    ?secret=SECRET) and a delivery id header (X-Delivery-Id or X-GitHub-Delivery): a
+    delivery fires once however often it is sent. Missed fires while no
     watchdog ran: config schedules.catch_up (latest: once; none: skipped). With
     --overlap skip (the default) an occasion that comes while the agent of an earlier
     fire is still active, or its fire still runs, is skipped (an event, counted in `ov
@@ -55,6 +63,7 @@ def add(name: str, cron: str | None, seconds: str | None, every: str | None, mai
     ov schedule add nightly --cron "0 2 * * *" -- loop builder green-{date} --prompt "..." --check "pytest -q"
     ov schedule add tick --every 20s -- coordinator send "anything new?"
     ov schedule add review --on-mail merge_ready --from builder-api -- sling reviewer rev-{n} --prompt "..."
+    ov schedule add ci --on-webhook -- sling builder ci-{n} --prompt "look at the failed CI run"
     """
     from overstory.clock import iso, now_ms
     from overstory.errors import UsageError
@@ -63,8 +72,8 @@ def add(name: str, cron: str | None, seconds: str | None, every: str | None, mai
     from overstory.store import mail, schedules
 
     validate_name(name, "schedule name")
-    if sum(map(bool, (cron, every, mail_type))) != 1:
-        raise UsageError("give exactly one of --cron EXPRESSION, --every INTERVAL or --on-mail TYPE")
+    if [bool(cron), bool(every), bool(mail_type), webhook].count(True) != 1:
+        raise UsageError("give exactly one of --cron EXPRESSION, --every INTERVAL, --on-mail TYPE or --on-webhook")
     if seconds is not None and not cron:
         raise UsageError("--seconds goes with --cron")
     if mail_from and not mail_type:
@@ -73,10 +82,17 @@ def add(name: str, cron: str | None, seconds: str | None, every: str | None, mai
     agent = _agent_template(_parse_check(argv))
     conn = state_conn(project_paths())
     now = now_ms()
+    secret = None
     if cron or every:
         expression = check_cron(cron, seconds) if cron else every_cron(every or "")
         created = schedules.add(conn, name, kind=schedules.CRON, argv=argv, cron=expression, cursor=now,
                                 overlap=overlap, agent=agent)
+    elif webhook:
+        from overstory.scheduling.scheduler import new_secret
+
+        secret, hashed = new_secret()
+        created = schedules.add(conn, name, kind=schedules.WEBHOOK, argv=argv, cursor=0, overlap=overlap,
+                                agent=agent, secret_hash=hashed)
     else:
         assert mail_type is not None
         mail.check_type(mail_type)
@@ -88,9 +104,17 @@ def add(name: str, cron: str | None, seconds: str | None, every: str | None, mai
     following = upcoming[0] if upcoming else None
     if as_json:
         echo_json({**_document(created, following), "next_at": iso(following),
-                   "next_fires": [iso(at) for at in upcoming]})
+                   "next_fires": [iso(at) for at in upcoming], **({"secret": secret} if secret else {})})
         return
     click.echo(f"added schedule {name}: {created.trigger()} -> ov {' '.join(argv)} (overlap: {overlap})")
+    if secret is not None:
+        from overstory.serve_token import running_address
+
+        base = running_address(project_paths()) or "http://<ov serve's address>"
+        click.echo(f"  secret (shown this once; only its hash is kept): {secret}")
+        click.echo(f"  sender: POST {base}/hooks/{name} with `Authorization: Bearer <secret>` (or ?secret=<secret>) "
+                   "and an X-Delivery-Id header; keep `ov serve` running")
+        return
     if upcoming:
         from overstory.scheduling.scheduler import local_text
 
@@ -175,7 +199,7 @@ def list_schedules(as_json: bool) -> None:
     click.echo(f"times are local: {zone_label(now)}")
     for item, following, last in rows:
         state = "paused" if item.paused else "active"
-        when = local_text(following) if following else ("on each mail" if item.kind == "mail" else "-")
+        when = local_text(following) if following else {"mail": "on each mail", "webhook": "on each POST"}.get(item.kind, "-")
         click.echo(line(f"{item.name}  [{state}]  {item.trigger()}  overlap: {item.overlap}"))
         click.echo(line(f"  next: {when}   fires: {item.fired}   skipped: {item.skipped}   "
                         f"command: ov {' '.join(item.argv)}"))

@@ -81,7 +81,13 @@ def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     who = args.get("agent") or caller.name
     if who != caller.name:
         raise NotPermitted(f"{caller.name} may check only its own mail, not {who}'s")
-    return [_message(m) for m in mail.unread(caller.conn, caller.name, peek=bool(args.get("peek")))]
+    from overstory.agents.mail_debounce import checked_mail
+
+    debounce = args.get("debounce")
+    if debounce is not None and (not isinstance(debounce, (int, float)) or not 0 <= debounce < float("inf")):
+        raise UsageError("mail.check: debounce must be a number of seconds, 0 or more")
+    return [_message(m) for m in checked_mail(caller.conn, caller.name, peek=bool(args.get("peek")),
+                                              debounce=debounce, run_dir=caller.project.run_dir)]
 
 
 def mail_list(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -107,8 +113,12 @@ def mail_reply(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 def nudge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.agents.nudge import nudge as send_nudge
 
-    result = send_nudge(caller.project, caller.conn, str(args["agent"]), args.get("message"), sender=caller.name)
-    return {"ids": result.ids, "tmux_delivery": result.tmux_delivery}
+    claimed = args.get("from")
+    if claimed not in (None, "", caller.name):
+        raise NotPermitted(f"{caller.name} cannot nudge as {claimed!r}: an agent's nudge always comes from itself")
+    result = send_nudge(caller.project, caller.conn, str(args["agent"]), args.get("message"), sender=caller.name,
+                        force=bool(args.get("force")))
+    return {"ids": result.ids, "tmux_delivery": result.tmux_delivery, "pending": result.pending}
 
 
 def status(caller: Caller, args: dict[str, t.Any]) -> t.Any:

@@ -151,13 +151,17 @@ def check_command(argv: t.Sequence[str]) -> list[str]:
     return args
 
 
-def render(argv: t.Sequence[str], *, at_ms: int, n: int, mail: t.Mapping[str, t.Any] | None = None) -> list[str]:
+def render(argv: t.Sequence[str], *, at_ms: int, n: int, mail: t.Mapping[str, t.Any] | None = None,
+           delivery: str | None = None) -> list[str]:
     """Fill the placeholders: {date} (YYYYMMDD), {time} (HHMM), {n} (the fire's number); for a mail trigger
-    also {from} and {mail_id}. The date and time are the due time's, in the local zone."""
+    also {from} and {mail_id}; for a webhook {delivery} (its delivery id). The date and time are the due
+    time's, in the local zone."""
     moment = _local(at_ms)
     values = {"date": moment.strftime("%Y%m%d"), "time": moment.strftime("%H%M"), "n": str(n)}
     if mail is not None:
         values.update({"from": str(mail["sender"]), "mail_id": str(mail["id"])})
+    if delivery is not None:
+        values["delivery"] = delivery
     filled = []
     for arg in argv:
         for key, value in values.items():
@@ -166,9 +170,10 @@ def render(argv: t.Sequence[str], *, at_ms: int, n: int, mail: t.Mapping[str, t.
     return filled
 
 
-def agent_name(schedule: Schedule, *, at_ms: int, n: int, mail: t.Mapping[str, t.Any] | None = None) -> str | None:
+def agent_name(schedule: Schedule, *, at_ms: int, n: int, mail: t.Mapping[str, t.Any] | None = None,
+               delivery: str | None = None) -> str | None:
     """The agent a fire of ``schedule`` starts (its template with the fire's placeholders filled), if known."""
-    return render([schedule.agent], at_ms=at_ms, n=n, mail=mail)[0] if schedule.agent else None
+    return render([schedule.agent], at_ms=at_ms, n=n, mail=mail, delivery=delivery)[0] if schedule.agent else None
 
 
 def backoff_of(settings: t.Any) -> tuple[int, int]:
@@ -266,8 +271,9 @@ class Scheduler:
             try:
                 if schedule.kind == schedules.CRON:
                     actions.extend(self._cron(schedule, now))
-                else:
+                elif schedule.kind == schedules.MAIL:
                     actions.extend(self._mail(schedule, now))
+                # a webhook fires when `ov serve` receives its POST (``receive_webhook``); the tick settles it
             except (ScheduleError, ValueError, KeyError) as exc:  # a bad row must not stop the others
                 actions.append((schedule.name, "error", str(exc)[:300]))
         return actions
@@ -386,3 +392,74 @@ def record_event(project: ProjectPaths, kind: str, schedule: str, summary: str, 
             conn.close()
     except Exception:  # noqa: BLE001 - the fire's row is what matters; an event is a courtesy
         pass
+
+
+# ---- webhook triggers (`ov serve`'s POST /hooks/NAME) -----------------------------------------
+
+DELIVERY_HEADERS = ("x-delivery-id", "x-github-delivery")  # the first one present names the delivery
+MAX_DELIVERY_ID = 200
+
+
+def new_secret() -> tuple[str, str]:
+    """A webhook trigger's secret and its hash (only the hash is stored; the secret is shown once)."""
+    import secrets
+
+    secret = secrets.token_urlsafe(32)
+    return secret, secret_hash(secret)
+
+
+def secret_hash(secret: str) -> str:
+    """SHA-256, hex: the secret is 256 random bits, so a slow password hash would add nothing."""
+    import hashlib
+
+    return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()
+
+
+def receive_webhook(project: ProjectPaths, conn: sqlite3.Connection, name: str, secret: str | None,
+                    delivery: str | None, *, launch: Launch = launch_runner) -> dict[str, t.Any]:
+    """A POST to schedule ``name``'s webhook: fire it once for this delivery, by the watchdog's own path.
+
+    The secret is checked against the stored hash (a wrong secret and an unknown name get the same
+    401, and nothing is recorded). The fire is claimed like a cron or mail fire (``schedules.claim``:
+    its back-off and overlap policy asked in the same transaction), with the occasion
+    ``hook:<delivery id>``: a delivery that was fired before is not fired again, whoever redelivers
+    it. Without a delivery id header every POST is a new delivery. Then a detached runner runs it.
+
+    If `ov serve` dies before the claim commits, nothing is recorded and the sender got no answer:
+    it fires when the sender delivers again. If it dies after the commit, before the runner starts,
+    the claim is the watchdog's to take over (its claimer is dead), as for a watchdog that dies
+    there; if it dies after, the fire runs and a redelivery is answered as a duplicate.
+    """
+    import hmac
+    import secrets
+
+    from overstory.errors import UsageError, WebhookRefused
+
+    found = schedules.get(conn, name)
+    if (found is None or found.kind != schedules.WEBHOOK or not found.secret_hash
+            or not hmac.compare_digest(secret_hash(secret or ""), found.secret_hash)):
+        raise WebhookRefused("missing or wrong webhook secret (or no webhook trigger by that name)")
+    if delivery is not None and (not delivery or len(delivery) > MAX_DELIVERY_ID or not delivery.isprintable()):
+        raise UsageError(f"the delivery id must be 1 to {MAX_DELIVERY_ID} printable characters")
+    if found.paused:
+        raise ScheduleError(f"schedule {name} is paused: this delivery is not fired (deliver it again after "
+                            f"`ov schedule resume {name}`)")
+    delivery = delivery if delivery is not None else "anonymous-" + secrets.token_hex(8)
+    now = now_ms()
+    scheduler = Scheduler(project, conn, launch=launch)
+    try:
+        fire = schedules.claim(conn, found, f"hook:{delivery}", cursor=found.cursor, claimer_pid=scheduler.me[0],
+                               claimer_ticks=scheduler.me[1], due_at=now, hold_at=now, ordered=False,
+                               render=lambda n: render(found.argv, at_ms=now, n=n, delivery=delivery),
+                               agent=lambda n: agent_name(found, at_ms=now, n=n, delivery=delivery))
+        if fire is None:
+            return {"schedule": name, "delivery": delivery, "fired": False, "duplicate": True}
+        if isinstance(fire, schedules.Skip):
+            scheduler._skipped(found, f"the fire for delivery {delivery}", fire.reason, delivery=delivery)
+            return {"schedule": name, "delivery": delivery, "fired": False, "skipped": fire.reason}
+        procs.kill_point("webhook_claimed")
+        _, kind, detail = scheduler._start(fire, f"webhook delivery {delivery}")
+        return {"schedule": name, "delivery": delivery, "fired": kind == "fired", "n": fire["n"],
+                "fire": fire["id"], "detail": detail}
+    finally:
+        scheduler.close()

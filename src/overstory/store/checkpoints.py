@@ -47,6 +47,18 @@ def save_end(conn: sqlite3.Connection, turn_id: str, *, session_id: str | None, 
          output_tokens, turn_status, now_ms(), turn_id))
 
 
+def mark_interrupted(conn: sqlite3.Connection, turn_id: str, reason: str) -> None:
+    """A turn its loop stopped on a signal (the agent still its own): the turn row and the end checkpoint say
+    ``interrupted`` (it is retried), not ``aborted`` (the agent was stopped). One transaction."""
+    from overstory.store.db import write_transaction
+
+    with write_transaction(conn):
+        conn.execute("UPDATE turns SET status = 'interrupted', error = ? WHERE id = ? AND status = 'aborted'",
+                     (reason, turn_id))
+        conn.execute("UPDATE checkpoints SET turn_status = 'interrupted' WHERE turn_id = ? AND turn_status = 'aborted'",
+                     (turn_id,))
+
+
 def _as_dict(row: sqlite3.Row) -> dict[str, t.Any]:
     values = dict(row)
     values["mail_ids"] = json.loads(values["mail_ids"] or "[]")

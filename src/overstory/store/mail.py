@@ -397,20 +397,23 @@ def read_message(conn: sqlite3.Connection, message_id: int, *, reader: str) -> M
     return message
 
 
-def unread(conn: sqlite3.Connection, agent: str, *, peek: bool = False) -> list[Message]:
+def unread(conn: sqlite3.Connection, agent: str, *, peek: bool = False,
+           leave: t.Collection[int] = ()) -> list[Message]:
     """Unread, unclaimed mail of ``agent``, most urgent first; marked read unless ``peek``.
 
     Marking is one UPDATE … RETURNING, so two concurrent checks never both get a message.
+    ``leave``: ids neither returned nor marked (`ov mail check --debounce`).
     """
+    skip = f" AND id NOT IN ({','.join(str(int(i)) for i in leave)})" if leave else ""
     if peek:
         rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL "
+            f"SELECT {_COLUMNS} FROM mail WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL{skip} "
             f"ORDER BY {_DELIVERY_ORDER}",
             (agent,),
         ).fetchall()
     else:
         rows = conn.execute(
-            f"UPDATE mail SET read_at = ? WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL "
+            f"UPDATE mail SET read_at = ? WHERE recipient = ? AND read_at IS NULL AND claimed_by IS NULL{skip} "
             f"RETURNING {_COLUMNS}",
             (now_ms(), agent),
         ).fetchall()
@@ -533,6 +536,29 @@ def purge(conn: sqlite3.Connection, older_than_ms: int, *, include_unread: bool 
         cursor = conn.execute(f"DELETE FROM mail WHERE created_at < ? AND NOT ({protected})",
                               (cutoff, *(TERMINAL_STATES if include_unread else ())))
     return cursor.rowcount
+
+
+def delete(conn: sqlite3.Connection, message_id: int, *, force: bool = False) -> Message:
+    """Delete one message (`ov mail delete`); the deleted message.
+
+    Unread mail is kept unless ``force``; mail claimed by a turn in flight is always kept
+    (the turn is reading it: it is settled when the turn ends). One statement decides
+    and deletes, so a message claimed meanwhile is never deleted under its turn.
+    """
+    with _atomic(conn):
+        row = conn.execute(
+            f"DELETE FROM mail WHERE id = ? AND NOT (read_at IS NULL AND claimed_by IS NOT NULL) "
+            f"AND (? OR read_at IS NOT NULL) RETURNING {_COLUMNS}", (message_id, int(force))).fetchone()
+    if row is not None:
+        return Message.from_row(row)
+    found = get(conn, message_id)
+    if found is None:
+        raise MailError(f"no message #{message_id}")
+    if found.claimed_by:
+        raise MailError(f"#{message_id} is being delivered to {found.recipient} (claimed by turn {found.claimed_by}); "
+                        "it is not deleted under a running turn")
+    raise MailError(f"#{message_id} to {found.recipient} is unread; `ov mail delete {message_id} --force` deletes it "
+                    "anyway (it is then never delivered)")
 
 
 def count_unread_older(conn: sqlite3.Connection, older_than_ms: int, *, now: int | None = None) -> int:

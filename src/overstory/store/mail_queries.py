@@ -22,6 +22,13 @@ def has_pending(conn: sqlite3.Connection, recipient: str) -> bool:
                         (recipient,)).fetchone() is not None
 
 
+def pending_nudge(conn: sqlite3.Connection, recipient: str, sender: str) -> int | None:
+    """The id of a nudge from ``sender`` that still waits, unread and unclaimed, for ``recipient``."""
+    row = conn.execute("SELECT id FROM mail WHERE recipient = ? AND sender = ? AND type = 'nudge' AND read_at IS NULL "
+                       "AND claimed_by IS NULL ORDER BY id DESC LIMIT 1", (recipient, sender)).fetchone()
+    return int(row[0]) if row is not None else None
+
+
 def pending_ids(conn: sqlite3.Connection, recipient: str) -> list[int]:
     return [int(r[0]) for r in conn.execute("SELECT id FROM mail WHERE recipient = ? AND read_at IS NULL "
                                             "AND claimed_by IS NULL", (recipient,)).fetchall()]

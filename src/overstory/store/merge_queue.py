@@ -65,6 +65,12 @@ def dismissed(conn: sqlite3.Connection, branch: str) -> bool:
     return row is not None and row[0] == "dismissed"
 
 
+def last_status(conn: sqlite3.Connection, branch: str) -> str | None:
+    """The status of ``branch``'s latest queue row (pending, merged, failed, empty, dismissed), or None."""
+    row = conn.execute("SELECT status FROM merge_queue WHERE branch = ? ORDER BY id DESC LIMIT 1", (branch,)).fetchone()
+    return str(row[0]) if row is not None else None
+
+
 def branches_with_rows(conn: sqlite3.Connection) -> dict[str, int]:
     """Branch -> when its latest row was made (any status)."""
     return {r[0]: int(r[1]) for r in conn.execute("SELECT branch, max(enqueued_at) FROM merge_queue GROUP BY branch")}

@@ -16,10 +16,7 @@ if TYPE_CHECKING:
 
 
 def run_script(conn: sqlite3.Connection, script: str) -> None:
-    """Run several statements inside the caller's transaction.
-
-    ``executescript`` would COMMIT first, breaking the migration's transaction.
-    """
+    """Run several statements inside the caller's transaction (``executescript`` would COMMIT first, breaking it)."""
     try:  # the C module, as store.db uses it
         from _sqlite3 import complete_statement
     except ImportError:  # pragma: no cover - an interpreter that only ships the package
@@ -559,12 +556,17 @@ def _state_m011_loop_check_env_and_held_report(conn: sqlite3.Connection) -> None
     )
 
 
+def _state_m012_webhook_secret(conn: sqlite3.Connection) -> None:
+    """`ov schedule add --on-webhook`: the SHA-256 of the trigger's secret (the secret itself is never stored)."""
+    conn.execute("ALTER TABLE schedules ADD COLUMN secret_hash TEXT")
+
+
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
                                      _state_m005_budgets, _state_m006_tool_ledger,
                                      _state_m008_loops_and_schedules,
                                      _state_m007_approvals,  # m007 lands after m008: databases at m008 exist
                                      _state_m009_schedule_overlap, _state_m010_superseded_mail_and_worktree_admin,
-                                     _state_m011_loop_check_env_and_held_report]
+                                     _state_m011_loop_check_env_and_held_report, _state_m012_webhook_secret]
 
 
 # ---------------------------------------------------------------------------

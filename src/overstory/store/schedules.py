@@ -1,8 +1,11 @@
 """Rows of `ov schedule`: schedules, and one row per fire.
 
-A schedule starts work by itself: at the times of a cron expression (``kind='cron'``)
-or for each mail of a type that reaches the operator (``kind='mail'``). Its ``cursor``
-is the last due time (ms) or mail id it has dealt with.
+A schedule starts work by itself: at the times of a cron expression (``kind='cron'``),
+for each mail of a type that reaches the operator (``kind='mail'``) or for each POST to
+its address on `ov serve` (``kind='webhook'``; ``secret_hash`` is the SHA-256 of its
+secret, which is never stored). Its ``cursor`` is the last due time (ms) or mail id it
+has dealt with (a webhook's deliveries are not ordered: the occasion, one per delivery
+id, is what makes them fire once).
 
 A fire is claimed before anything runs: one transaction inserts the fire row, unique by
 (schedule, occasion), and moves the cursor. Two watchdogs that see the same due time
@@ -36,6 +39,7 @@ from overstory.store.db import write_transaction
 
 CRON = "cron"
 MAIL = "mail"
+WEBHOOK = "webhook"
 OVERLAP_POLICIES = ("skip", "allow")  # skip: no fire while the previous one's agent works (Kubernetes' Forbid)
 OPEN_FIRE_STATUSES = ("claimed", "running")
 NOTICE_KEY = "schedule_fire:"  # dedup key prefix of the mail that tells a person a fire failed
@@ -62,6 +66,7 @@ class Schedule:
     last_skip_at: int | None = None
     failures: int = 0               # failed or lost fires in a row
     backoff_until: int | None = None
+    secret_hash: str | None = None  # a webhook's: the SHA-256 (hex) of its secret
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Schedule:
@@ -76,12 +81,14 @@ class Schedule:
             if len(fields) == 6:  # croniter order: seconds last
                 return f"cron {' '.join(fields[:5])} seconds {fields[5]}"
             return f"cron {self.cron}"
+        if self.kind == WEBHOOK:
+            return f"webhook POST /hooks/{self.name}"
         return f"mail {self.mail_type}" + (f" from {self.mail_from}" if self.mail_from else "")
 
 
 def add(conn: sqlite3.Connection, name: str, *, kind: str, argv: t.Sequence[str], cursor: int,
         cron: str | None = None, mail_type: str | None = None, mail_from: str | None = None,
-        overlap: str = "skip", agent: str | None = None) -> Schedule:
+        overlap: str = "skip", agent: str | None = None, secret_hash: str | None = None) -> Schedule:
     if overlap not in OVERLAP_POLICIES:
         raise ScheduleError(f"unknown overlap policy {overlap!r}; choose {' or '.join(OVERLAP_POLICIES)}")
     now = now_ms()
@@ -90,9 +97,9 @@ def add(conn: sqlite3.Connection, name: str, *, kind: str, argv: t.Sequence[str]
             raise ScheduleError(f"a schedule named {name!r} exists; `ov schedule remove {name}` first, or pick "
                                 "another name")
         conn.execute("INSERT INTO schedules(name, kind, cron, mail_type, mail_from, argv, cursor, created_at, "
-                     "updated_at, overlap, agent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     "updated_at, overlap, agent, secret_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      (name, kind, cron, mail_type, mail_from, json.dumps(list(argv)), cursor, now, now, overlap,
-                      agent))
+                      agent, secret_hash))
     found = get(conn, name)
     assert found is not None
     return found
@@ -153,7 +160,7 @@ class Skip:
 def claim(conn: sqlite3.Connection, schedule: Schedule, occasion: str, *, cursor: int,
           render: t.Callable[[int], list[str]], claimer_pid: int, claimer_ticks: int | None,
           due_at: int | None = None, mail_id: int | None = None, agent: t.Callable[[int], str | None] | None = None,
-          hold_at: int | None = None) -> dict[str, t.Any] | Skip | None:
+          hold_at: int | None = None, ordered: bool = True) -> dict[str, t.Any] | Skip | None:
     """Claim the fire of ``occasion`` for this process; None when it was already dealt with (by anyone).
 
     One transaction: the fire row (its number ``n`` is the schedule's next, ``render(n)``
@@ -162,14 +169,19 @@ def claim(conn: sqlite3.Connection, schedule: Schedule, occasion: str, *, cursor
     schedule's back-off and overlap policy are asked first, in the same transaction: an
     occasion they hold back moves the cursor, is counted as skipped and comes back as a
     ``Skip``; an occasion at or before the cursor was already fired or skipped (None).
+    ``ordered=False`` (a webhook's deliveries, which come in any order): the cursor is not
+    asked, and an occasion fired before is None before anything else is asked.
     """
     now = now_ms()
     with write_transaction(conn):
         current = conn.execute("SELECT fired, paused, cursor FROM schedules WHERE id = ?", (schedule.id,)).fetchone()
         if current is None or current["paused"]:
             return None  # removed or paused since it was read
+        if not ordered and conn.execute("SELECT 1 FROM schedule_fires WHERE schedule_id = ? AND occasion = ?",
+                                        (schedule.id, occasion)).fetchone():
+            return None  # this delivery fired before
         if hold_at is not None:
-            if current["cursor"] >= cursor:
+            if ordered and current["cursor"] >= cursor:
                 return None  # another scheduler fired or skipped it first
             reason = holding_back(conn, schedule.id, hold_at)
             if reason is not None:

@@ -14,7 +14,7 @@ from overstory.ui.serve.spec import ENDPOINTS, STATIC_PREFIX, Endpoint
 PUBLIC_OPS = frozenset({"page", "api_docs", "openapi"})
 DESCRIPTION = (
     "The HTTP API of `ov serve`: the same core functions as the `ov` commands. Every route but the page, its "
-    "files and these docs needs the token in `.overstory/serve-token`, as `Authorization: Bearer <token>`; "
+    "files, these docs and the webhook triggers (`/hooks/NAME`, which take their own secret) needs the token in `.overstory/serve-token`, as `Authorization: Bearer <token>`; "
     "`GET /events/stream` also takes `?ticket=` from `POST /api/events/ticket` (single use, 30 s), for browsers. "
     "No cookie carries a credential (a cookie would reach every port of this machine). Requests that change "
     "state and name a foreign Origin are refused. Errors are JSON `{\"error\": \"one line\"}`: 400/422 for a "
@@ -42,6 +42,8 @@ def _operation(endpoint: Endpoint) -> dict[str, t.Any]:
     }
     if endpoint.op in PUBLIC_OPS:
         operation["security"] = []
+    elif endpoint.op == "webhook":
+        operation["security"] = [{"webhook_secret": []}, {"webhook_secret_query": []}]
     elif endpoint.op == "event_stream":
         operation["security"] = [{"bearer": []}, {"ticket": []}]
     if endpoint.body:
@@ -68,7 +70,11 @@ def document() -> dict[str, t.Any]:
         "components": {"schemas": schemas, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer", "description": "the token in .overstory/serve-token"},
             "ticket": {"type": "apiKey", "in": "query", "name": "ticket",
-                       "description": "from POST /api/events/ticket; only for GET /events/stream"}}},
+                       "description": "from POST /api/events/ticket; only for GET /events/stream"},
+            "webhook_secret": {"type": "http", "scheme": "bearer",
+                               "description": "a webhook trigger's own secret; only for POST /hooks/{name}"},
+            "webhook_secret_query": {"type": "apiKey", "in": "query", "name": "secret",
+                                     "description": "the same secret in the address"}}},
         "security": [{"bearer": []}],
     }
 

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from overstory import __version__
-from overstory.errors import NotFound, UsageError
+from overstory.errors import NotFound, UsageError, WebhookRefused
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.ui.serve import bodies, openapi
@@ -200,8 +200,8 @@ async def agent_nudge(request: Request) -> Response:
     from overstory.agents.nudge import nudge
 
     name, body = _name(request), await _body(request, bodies.NudgeBody)
-    return _json(await run(request, lambda c: nudge(c.project, c.state, name, body.message,
-                                                    sender=OPERATOR).as_dict()), 201)
+    return _json(await run(request, lambda c: nudge(c.project, c.state, name, body.message, sender=OPERATOR,
+                                                    force=True).as_dict()), 201)  # a person asked: always sent
 
 
 async def agent_resume(request: Request) -> Response:
@@ -398,6 +398,21 @@ async def costs(request: Request) -> Response:
     return _json(await run(request, lambda c: report(c.project, c.state, by=by, since=since)))
 
 
+async def webhook(request: Request) -> Response:
+    """POST /hooks/{name}: ``scheduler.receive_webhook`` decides (the secret, the delivery, the fire)."""
+    from overstory.scheduling.scheduler import DELIVERY_HEADERS, receive_webhook
+
+    name = request.path_params["name"]
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    secret = credential.strip() if scheme.lower() == "bearer" else request.query_params.get("secret")
+    delivery = next((request.headers[h] for h in DELIVERY_HEADERS if h in request.headers), None)
+    try:
+        result = await run(request, lambda c: receive_webhook(c.project, c.state, name, secret, delivery))
+    except WebhookRefused as exc:
+        return JSONResponse({"error": str(exc)}, status_code=401, headers={"www-authenticate": 'Bearer realm="ov hooks"'})
+    return _json(result, 200 if result.get("duplicate") else 202)
+
+
 HANDLERS: dict[str, t.Callable[[Request], t.Awaitable[Response]]] = {
     "page": page, "api_docs": api_docs, "openapi": openapi_document, "health": health, "status": status_document,
     "agents": agents, "agent": agent, "agent_diff": agent_diff, "agent_mail": agent_mail, "agent_stop": agent_stop,
@@ -407,4 +422,5 @@ HANDLERS: dict[str, t.Callable[[Request], t.Awaitable[Response]]] = {
     "mail_reply": mail_reply, "mail_read": mail_read, "runs": runs, "run": run_report, "merge_queue": merge_queue,
     "merge_predict": merge_predict, "waiting": waiting, "approvals": approvals,
     "approval_approve": approval_approve, "approval_reject": approval_reject, "costs": costs,
+    "webhook": webhook,
 }

@@ -118,6 +118,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "once.", (Param("id", "path", "string", "approval id"),), body="ApproveBody"),
     Endpoint("POST", "/api/approvals/{id}/reject", "approval_reject", "`ov reject`: the agent gets the reason.",
              (Param("id", "path", "string", "approval id"),), body="RejectBody"),
+    Endpoint("POST", "/hooks/{name}", "webhook", "Fire the webhook trigger NAME (`ov schedule add NAME --on-webhook`) "
+             "once per delivery. It takes the trigger's own secret, not the token: `Authorization: Bearer SECRET`, "
+             "or `?secret=SECRET` for senders that cannot set a header (GitHub). A delivery id header "
+             "(`X-Delivery-Id`, or GitHub's `X-GitHub-Delivery`) makes it idempotent: a delivery fired before "
+             "answers 200 with `duplicate: true` and fires nothing; without one, every POST is a new delivery. "
+             "The body is not read. 202 when fired (or held back by the overlap policy or back-off, with "
+             "`skipped`), 401 for a wrong secret or an unknown trigger, 409 while paused.", (
+                 Param("name", "path", "string", "the schedule's name"),
+                 Param("X-Delivery-Id", "header", "string", "the delivery's id (or X-GitHub-Delivery)"),
+                 Param("secret", "query", "string", "the trigger's secret, when no Authorization header")),
+             status=202),
     Endpoint("GET", "/api/costs", "costs", "`ov costs`: tokens, dollars (real and estimated), turns and tool "
              "calls per group, with totals.", (
         Param("by", "query", "string", "agent, run, capability or model"),
@@ -133,7 +144,7 @@ def _first_sentence(text: str) -> str:
 
 def help_text() -> str:
     """The route list for `ov serve --help` (click's ``\\b`` keeps the lines as they are)."""
-    lines = ["\b", "Every route but the page, its files and the docs needs the token:",
+    lines = ["\b", "Every route but the page, its files, the docs and /hooks/NAME needs the token:",
              "`Authorization: Bearer <.overstory/serve-token>` (the stream also takes a one-use ticket).",
              "No cookie carries it. POSTs naming a foreign Origin are refused.", "", "\b", "Routes:"]
     width = max(len(e.path) for e in ENDPOINTS) + 2
