@@ -147,6 +147,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter) if request.loop is None else False  # iterations are headless
+    _check_executor(request.executor, tmux, config)
     from overstory.agents.turns import model_choice, provider_of
 
     model, _ = model_choice(request.model, capability, config, spawn_steps.launch_env(project, environ),
@@ -222,7 +223,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         instructions=instructions, home_files=home_files, files=files, write_scope=write_scope,
         scope_overlaps=scope_overlaps, model=request.model,
         provider=provider_of(request.model, capability, config, runtime), loop=request.loop,
-        approve=list(request.approve), environ=environ)
+        approve=list(request.approve), environ=environ, executor=request.executor)
 
 
 def _read_text_file(path: Path, option: str) -> str:
@@ -285,6 +286,20 @@ def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult
                        depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
                        dispatch_mail_id=dispatch_id, mode=agent.mode, tmux_session=agent.tmux_session,
                        budget=budget)
+
+
+def _check_executor(executor: str | None, tmux: bool, config: Config) -> None:
+    """``--executor``: a known kind, configured; a tmux agent's TUI runs here, so only with ``local``."""
+    if executor is None:
+        return
+    from overstory.executors import EXECUTOR_KINDS
+
+    if executor not in EXECUTOR_KINDS:
+        raise UsageError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTOR_KINDS)}")
+    if tmux and executor != "local":
+        raise UsageError(f"--executor {executor} runs headless turns; a --tmux agent runs on this machine")
+    if executor == "ray" and not config.executor.ray.address:
+        raise UsageError("--executor ray needs executor.ray.address (HOST:PORT of a running cluster) in the config")
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:

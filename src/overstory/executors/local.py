@@ -84,7 +84,8 @@ class LocalExecutor(TurnExecutor):
                 break
             time.sleep(POLL_SECONDS)
         if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
-            reason = f"the shim exited ({shim.returncode}) before the command started: {_tail(folder / 'stderr')}"
+            tail = _tail(folder / "stderr", 300).strip()
+            reason = f"the shim exited ({shim.returncode}) before the command started: {tail}"
             _write_json(folder / "failed.json", {"reason": reason, "ended_ms": now_ms()})
         return Submitted(spec.turn_id, created=True)
 
@@ -164,6 +165,9 @@ class LocalExecutor(TurnExecutor):
             procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace)
         return self.wait(turn_id, timeout=grace + 5)
 
+    def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
+        return _tail(self._dir(turn_id) / "stderr", size)
+
     def forget(self, turn_id: str) -> None:
         folder = self._dir(turn_id)
         if not folder.is_dir():
@@ -181,6 +185,9 @@ def _write_json(path: Path, data: dict[str, t.Any]) -> None:
 
 def _tail(path: Path, size: int = 300) -> str:
     try:
-        return path.read_bytes()[-size:].decode("utf-8", errors="replace").strip()
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
