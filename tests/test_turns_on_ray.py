@@ -12,6 +12,7 @@ import json
 import os
 import typing as t
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,36 @@ def test_ov_stop_of_an_agent_on_the_cluster_stops_its_turn_through_the_executor(
     ended = state_db.execute("SELECT status, error FROM turns WHERE id = ?", (turn["id"],)).fetchone()
     assert ended["status"] == "aborted", dict(ended)
     wait_for(lambda: not procs.tagged_processes(turn["id"]), 30, "nothing of the turn left running")
+
+
+def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: it kills a worker node
+        project: ProjectPaths, state_db: t.Any, ray_cluster: RayTestCluster) -> None:
+    from overstory import procs
+
+    write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
+                                                                 "turn_resources": {"CPU": 1}}},
+                       turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3})
+    once = [{"bash": "test -e .once || { touch .once; sleep 300; }"}, *commit("k1")]
+    scenario = project.root.parent / "scenario-k1.json"
+    scenario.write_text(json.dumps({"turns": [{"actions": once, "result": "done"} for _ in range(3)]}))
+    result = sling(project, load(project), state_db, SlingRequest(capability="builder", task_id="k1",
+                                                                  runtime="scripted", scenario=scenario), start=False)
+    name = result.name
+    pid, ticks = spawn_loop(project, name, result.generation, dict(os.environ))
+    sessions.update_fields(state_db, name, result.generation, loop_pid=pid, loop_start_ticks=ticks)
+    first = wait_for(lambda: state_db.execute("SELECT id, node FROM turns WHERE agent = ? AND node IS NOT NULL",
+                                              (name,)).fetchone(), 120, "the first turn on a node")
+    once_file = Path(str(current(state_db, name).worktree)) / ".once"
+    wait_for(once_file.exists, 60, "the first turn to be in its sleep on its node")
+    ray_cluster.kill_node(first["node"])
+    wait_for(lambda: current(state_db, name).is_terminal, 120, "the agent to end")
+    assert current(state_db, name).state == "completed", current(state_db, name)
+    rows = state_db.execute("SELECT id, node, status, error FROM turns WHERE agent = ? ORDER BY started_at",
+                            (name,)).fetchall()
+    # The first attempt was lost with its node; a retry placed before Ray had noticed the node's death is
+    # lost too (Ray marks a node dead when its heartbeats stop); the one that completes ran elsewhere.
+    assert [r["status"] for r in rows][-1] == "ok" and {r["status"] for r in rows[:-1]} == {"transient"}, rows
+    assert all("lost" in r["error"] for r in rows[:-1]) and rows[-1]["node"] != first["node"]
+    assert subprocess_git(project, "log", "--format=%s", f"ov/{name}").count("work on k1") == 1
+    assert len(mail_rows(state_db, type="worker_done", sender=name)) == 1
+    wait_for(lambda: not procs.tagged_processes(first["id"]), 30, "nothing left of the lost turn")
