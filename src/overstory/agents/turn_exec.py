@@ -48,8 +48,12 @@ def executor_for(project: ProjectPaths, config: Config, agent: Session) -> TurnE
 
     kind = executor_kind(config, agent)
     if kind == "local":
-        key: tuple[t.Any, ...] = ("local", str(project.run_dir))
-        settings: dict[str, t.Any] = {"state_dir": project.run_dir / "turns"}
+        from overstory import sandbox
+
+        # In bubblewrap a turn dies with its loop (--die-with-parent): with the shim in between, the shim does it.
+        dies = sandbox.effective_mode(config).name == "bwrap"
+        key: tuple[t.Any, ...] = ("local", str(project.run_dir), dies)
+        settings: dict[str, t.Any] = {"state_dir": project.run_dir / "turns", "die_with_submitter": dies}
     else:
         ray = config.executor.ray
         if not ray.address:

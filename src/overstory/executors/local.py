@@ -37,8 +37,11 @@ POLL_SECONDS = 0.02
 class LocalExecutor(TurnExecutor):
     kind = "local"
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], *, die_with_submitter: bool = False) -> None:
+        """``die_with_submitter``: a turn is killed when the process that submitted it dies (as a bubblewrap
+        sandbox's ``--die-with-parent`` would do without the shim in between); otherwise it outlives it."""
         self.root = Path(state_dir)
+        self.die_with_submitter = die_with_submitter
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _dir(self, turn_id: str) -> Path:
@@ -66,7 +69,9 @@ class LocalExecutor(TurnExecutor):
         with open(folder / "stdin", "rb") as stdin, open(folder / "stdout", "ab") as stdout, \
                 open(folder / "stderr", "ab") as stderr:
             try:
-                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder)],
+                watch = ["--watch-parent", str(os.getpid())] if self.die_with_submitter else []
+                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder),
+                                         *watch],
                                         stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=(read_spec,),
                                         start_new_session=True, env=shim_environment(os.environ), cwd="/")
             except OSError as exc:
