@@ -92,7 +92,7 @@ def test_an_unusable_snapshot_only_costs_a_validation(tmp_path: Path) -> None:
 
 def test_a_command_served_from_the_snapshot_imports_neither_pydantic_nor_yaml(tmp_path: Path) -> None:
     config_file, local_file = _files(tmp_path)
-    script = (f"import sys; from overstory import config_load as s; "
+    script = (f"import sys; from overstory.config import load as s; "
               f"c = s.load({str(config_file)!r}, {str(local_file)!r}); "
               f"print(c.turns.max_retries, 'pydantic' in sys.modules, 'yaml' in sys.modules)")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OV_")}

@@ -42,7 +42,7 @@ def audit(run_ref: str | None, since: str | None, top: int, as_json: bool) -> No
     ov policy audit --run run-20260101-120000-ab12 --json
     """
     from overstory.clock import parse_since
-    from overstory.config.model import load_config
+    from overstory.config.load import load as load_config
     from overstory.errors import OrchestratorError, UsageError
     from overstory.store import runs
     from overstory.views.policy_audit import audit as audit_of

@@ -52,7 +52,7 @@ def fork(agent: str, name: str | None, prompt: str | None, as_json: bool) -> Non
 
 def restart(agent: str, prompt: str | None, as_json: bool) -> None:
     """Sling a stopped or zombie AGENT again under its own name, continuing its branch in a fresh session."""
-    from overstory.config.model import load_config
+    from overstory.config.load import load as load_config
     from overstory.watchdog.recovery import restart as do_restart
 
     project = project_paths()

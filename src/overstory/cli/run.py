@@ -133,7 +133,7 @@ def run_complete(run_ref: str | None, force: bool, as_json: bool) -> None:
     done, changed = runs.complete(conn, target.id, force=force)
     if changed:
         from overstory.agents.run_files import run_ended
-        from overstory.config.model import load_config
+        from overstory.config.load import load as load_config
 
         config = load_config(project.config_file, project.local_config_file)
         run_ended(project, conn, done.id, config)  # a crash before it: the watchdog does it
