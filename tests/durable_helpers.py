@@ -132,10 +132,18 @@ def assert_invariants(project: ProjectPaths, conn: t.Any, *, completed: set[str]
             {n: (a.state, a.state_reason) for n, a in agents.items()}
     died = Counter(r["sender"] for r in conn.execute("SELECT sender FROM mail WHERE type = 'worker_died'"))
     assert died == Counter({n: 1 for n, a in agents.items() if a.state == "zombie"}), died
-    for row in conn.execute("SELECT id, recipient, type, read_at, claimed_by FROM mail WHERE recipient != 'operator'"):
+    last_ok = {(r[0], r[1]): r[2] for r in conn.execute(
+        "SELECT agent, generation, MAX(started_at) FROM turns WHERE status = 'ok' GROUP BY agent, generation")}
+    for row in conn.execute("SELECT id, recipient, type, read_at, claimed_by, created_at FROM mail "
+                            "WHERE recipient != 'operator'"):
         assert row["claimed_by"] is None or row["read_at"] is not None, f"mail #{row['id']} left claimed"
-        if agents.get(row["recipient"]) is not None and agents[row["recipient"]].state == "completed":
-            assert row["read_at"] is not None, f"mail #{row['id']} ({row['type']}) to {row['recipient']} never delivered"
+        agent = agents.get(row["recipient"])
+        if agent is not None and agent.state == "completed":
+            # Mail that arrived during (or after) the turn in which the agent reported done is kept unread for the
+            # record: a finished agent is not woken again (e.g. a lead's `merged` mail while it reports last).
+            finished_from = last_ok.get((agent.name, agent.generation)) or 0
+            assert row["read_at"] is not None or row["created_at"] > finished_from, \
+                f"mail #{row['id']} ({row['type']}) to {row['recipient']} never delivered"
     copies = Counter(tuple(r) for r in conn.execute("SELECT sender, recipient, type, subject, body FROM mail"))
     assert [k for k, n in copies.items() if n > 1] == [], "duplicated mail"
     wait_for(lambda: not project_processes(project), 30, "every process of the project to exit")

@@ -436,6 +436,12 @@ def test_fault_injection_kills_everything_at_random_points(durable: tuple[Projec
             kill_everything(project)
             recovering.wait(timeout=30)
         _resume_all(project)
+    # A lead reports last: its worker_done is refused while a builder's commit is unmerged, so the operator merges
+    # each builder once it has finished (the `merged` mail wakes the lead).
+    for worker in workers:
+        wait_for(lambda w=worker: sessions.get(state_db, w).is_terminal, 240, f"{worker} to finish")
+        merged = run_ov("merge", worker, cwd=project.root, timeout=120)
+        assert merged.returncode == 0, merged.stdout + merged.stderr
     wait_for(lambda: all(a.is_terminal for a in sessions.list_sessions(state_db)), 240, "every agent to finish")
     assert_invariants(project, state_db, completed={lead, *workers})
     # Each branch reached the remote, and no ref changed twice. The remote's post-receive hook logs a push
