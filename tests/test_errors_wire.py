@@ -79,6 +79,7 @@ ERRORS: dict[str, tuple[tuple[t.Any, ...], int, int, int, str]] = {
     "NotPermitted": (("builder-a may not",), 1, 403, 403, "builder-a may not"),
     "LoopError": (("x",), 1, 409, 400, "x"),
     "ScheduleError": (("x",), 1, 409, 400, "x"),
+    "WebhookRefused": (("x",), 1, 401, 400, "x"),
     "ExecutorError": (("x",), 1, 409, 400, "x"),
     "ExecutorUnavailable": (("ray", "not installed", "pip install 'overstory[ray]'"), 1, 409, 400,
                             "executor 'ray': not installed (pip install 'overstory[ray]')"),

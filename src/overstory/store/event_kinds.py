@@ -17,7 +17,7 @@ KINDS = frozenset({
     "resume_fallback", "idle_nudge", "no_report", "auth_failed",
     # Parking and unparking
     "budget_crossed", "budget_parked", "quota_parked", "auth_parked", "error_parked", "approval_parked",
-    "agent_unparked", "agent_resumed",
+    "agent_unparked", "agent_resumed", "agent_restart", "session_lost",
     # The tool-call ledger and approvals
     "tool_call_flagged", "approval_requested", "approval_used", "approval_approved", "approval_rejected",
     "approval_expired", "approval_escalated",
