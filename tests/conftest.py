@@ -21,6 +21,12 @@ _LEAKY_ENV = [name for name in os.environ if name.startswith(("OVERSTORY_", "OV_
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    import cpu_report  # opt-in: OV_TEST_CPU_REPORT=<folder> measures CPU per test file (tests/cpu_report.py)
+
+    cpu_report.register(config)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest test files first (seconds per file from an earlier run: tests/file_durations.json, made by
     .ci/file_durations.py). `.ci/test` gives pytest-xdist workers whole files in collection order; a long
