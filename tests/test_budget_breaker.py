@@ -228,6 +228,48 @@ def test_the_turn_runner_prices_what_the_runtime_printed_before_a_call_asked_the
         events.close()
 
 
+def test_a_call_that_counted_more_bills_than_the_stream_shows_waits_for_them(conn, tmp_path):
+    """OpenCode prints its events from an event subscription, so a step's bill can reach stdout after the next
+    step's tool call asked. ov's plugin counts the bills it saw (``ov_bills_seen``); the runner holds that call
+    until the stream shows them. Here the bill is printed a second after the call asked: before this rule the
+    call was answered at once, allowed."""
+    a = agent(conn, limits={"max_usd": 0.5}, state="between_turns")
+    start = {"type": "step_start", "sessionID": "ses_1", "part": {"type": "step-start"}}
+    bill = {"type": "step_finish", "sessionID": "ses_1", "part": {
+        "type": "step-finish", "reason": "tool-calls", "cost": 0.8, "tokens": {"input": 10, "output": 1}}}
+    code = (f"import os, time; os.write(1, {(json.dumps(start) + chr(10)).encode()!r}); time.sleep(1.5); "
+            f"os.write(1, {(json.dumps(bill) + chr(10)).encode()!r}); time.sleep(60)")
+    runtime = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    gate = ToolCallGate()
+    events = open_events(tmp_path / "events.db")
+    try:
+        gate.open_turn(watch=True)
+        answers: list = []
+        thread = threading.Thread(target=lambda: answers.append(gate.ask(timeout=30, reports=1)), daemon=True)
+        thread.start()
+        meter = TurnMeter(conn, a, NO_PRICES)
+        with open(tmp_path / "stdout.ndjson", "wb") as raw:
+            status, reason = _pump(_LineReader(runtime.stdout, gate), raw, runtime, OpenCodeTurnStream(), conn, events,
+                                   a, "turn-1", meter, stall_timeout=30, should_stop=lambda: False)
+        assert status == "budget" and reason.startswith("budget: max_usd 0.50 reached (0.80"), (status, reason)
+        thread.join(10)
+        assert answers and answers[0].startswith("ov: budget: max_usd 0.50 reached"), answers
+    finally:
+        runtime.kill()
+        runtime.wait()
+        gate.close()
+        events.close()
+
+
+def test_the_hook_input_says_how_many_bills_the_runtime_had_made():
+    from overstory.endpoint.routes import _bills_seen
+
+    assert _bills_seen(json.dumps({"tool": "bash", "ov_bills_seen": 3})) == 3
+    for text in ('{"tool": "bash"}', '{"ov_bills_seen": -1}', '{"ov_bills_seen": true}', '{"ov_bills_seen": "9"}',
+                 '["ov_bills_seen"]', 'not json "ov_bills_seen"'):
+        assert _bills_seen(text) == 0, text
+
+
 def test_closing_the_turn_answers_every_waiting_call(conn):
     gate = ToolCallGate()
     try:

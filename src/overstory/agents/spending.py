@@ -15,6 +15,11 @@ stdout before it asks ov's hook about that message's tool calls, but the hook is
 in another thread of the agent's loop (its endpoint). The gate makes the hook wait until
 the turn runner has read, priced and checked the stream up to the moment the hook asked,
 so no tool call runs after the message whose bill crossed a limit.
+
+OpenCode (and Kilo) print their events from an in-process event subscription, so a step's
+bill can reach stdout after the next step's tool call asked. Their hook says how many bills
+it has seen (``reports``, counted by ov's plugin from the same event bus) and the gate waits
+until the turn runner has read that many from the stream.
 """
 
 from __future__ import annotations
@@ -143,16 +148,19 @@ class ToolCallGate:
         self._open = False
         self._closed = False
         self.stop: Stop | None = None
+        self.reports_needed = 0  # the most bills a waiting call said the runtime had made (see ``ask``)
 
     def fileno(self) -> int:
         return self._read_fd
 
     # ---- the endpoint's side
-    def ask(self, timeout: float = GATE_WAIT_SECONDS) -> str | None:
-        """The reason to refuse the tool call that asks now, or None to let `ov guard` decide."""
+    def ask(self, timeout: float = GATE_WAIT_SECONDS, *, reports: int = 0) -> str | None:
+        """The reason to refuse the tool call that asks now, or None to let `ov guard` decide. ``reports``:
+        the bills the runtime had made when it asked; the answer waits until the stream has shown them."""
         with self._cond:
             if not self._open:
                 return self._refusal()
+            self.reports_needed = max(self.reports_needed, reports)
             self._asked += 1
             ticket = self._asked
             try:
@@ -174,7 +182,7 @@ class ToolCallGate:
         with self._cond:
             if not self._closed:
                 self._drain()
-            self._asked = self._answered = 0
+            self._asked = self._answered = self.reports_needed = 0
             self.stop = None
             self._open = watch and not self._closed
 

@@ -144,6 +144,8 @@ def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[byte
             return PARKING_STATUS.get(early.kind, early.kind), early.reason
         ticket, reader.ticket = reader.ticket, 0
         stop = meter.poll(stream, batch, now, force=bool(ticket))
+        if ticket and stop is None and reader.gate is not None and stream.live_reports < reader.gate.reports_needed:
+            reader.ticket, ticket = ticket, 0  # the runtime has billed more than it printed yet: wait for those lines
         if ticket and reader.gate is not None:
             reader.gate.answer(ticket, stop)  # the tool calls that asked: refused if this batch crossed a limit
         if refused_at is not None:  # the runtime took the refusal (its tool_end), or took too long: stop now

@@ -291,7 +291,7 @@ def _guard_reply(caller: Caller, text: str) -> tuple[str, str, int]:
     spec = ctx.approvals
 
     def count() -> str | None:
-        return caller.tool_call_refused() or count_on(caller.conn, caller.name, caller.agent.generation)
+        return caller.tool_call_refused(_bills_seen(text)) or count_on(caller.conn, caller.name, caller.agent.generation)
 
     def record(hook_input: t.Mapping[str, t.Any], decision: Decision) -> Decision:
         try:
@@ -303,6 +303,20 @@ def _guard_reply(caller: Caller, text: str) -> tuple[str, str, int]:
             return decision
 
     return guard_reply(text, env, count_call=count, record=record)
+
+
+def _bills_seen(text: str) -> int:
+    """How many bills (model steps) the runtime had made when it asked, where its hook says so: ov's OpenCode
+    and Kilo plugin counts them, because those CLIs can print a step's bill after the next step's call."""
+    if '"ov_bills_seen"' not in text:
+        return 0
+    import json
+
+    try:
+        seen = json.loads(text).get("ov_bills_seen")
+    except (ValueError, AttributeError):
+        return 0
+    return seen if isinstance(seen, int) and not isinstance(seen, bool) and 0 <= seen < 1_000_000 else 0
 
 
 def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:

@@ -59,10 +59,11 @@ class Caller:
     config: Config | None = None  # the configuration the agent's loop runs with (None: load it)
     # Asked before a tool call is counted: the reason to refuse it (its turn crossed a budget), else None.
     # The loop's ``agents.spending.ToolCallGate.ask``: it waits until the turn's stream is priced.
-    before_tool_call: t.Callable[[], str | None] | None = None
+    before_tool_call: t.Callable[..., str | None] | None = None
 
-    def tool_call_refused(self) -> str | None:
-        return self.before_tool_call() if self.before_tool_call is not None else None
+    def tool_call_refused(self, reports: int = 0) -> str | None:
+        """``reports``: the bills the runtime said it had made when it asked (``ToolCallGate.ask``)."""
+        return self.before_tool_call(reports=reports) if self.before_tool_call is not None else None
 
     @property
     def name(self) -> str:
@@ -136,7 +137,7 @@ class AgentEndpoint:
 
     def __init__(self, project: ProjectPaths, name: str, generation: int, routes: t.Mapping[str, Route],
                  launch_env: t.Mapping[str, str] | None = None, *, config: Config | None = None,
-                 before_tool_call: t.Callable[[], str | None] | None = None) -> None:
+                 before_tool_call: t.Callable[..., str | None] | None = None) -> None:
         self.project = project
         self.name = name
         self.generation = generation

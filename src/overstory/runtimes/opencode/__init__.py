@@ -45,21 +45,45 @@ PROVIDER_TIMEOUT_MS = 120000  # opencode's own default waits 300 s for headers a
 
 PLUGIN = """// Written by ov sling. Every tool call is first checked by `ov guard`; when it refuses, or fails,
 // the call is blocked and the model is told why.
-import { spawnSync } from "node:child_process"
+import { spawn } from "node:child_process"
 
 const GUARD = %(command)s
+const TIMEOUT_MS = %(timeout)d
 
-export const OvGuard = async ({ directory }) => ({
-  "tool.execute.before": async (input, output) => {
-    const call = { tool: input.tool, sessionID: input.sessionID, callID: input.callID, args: output.args, cwd: directory }
-    const result = spawnSync("/bin/sh", ["-c", GUARD], { input: JSON.stringify(call), encoding: "utf8",
-                                                         timeout: %(timeout)d })
-    if (result.status !== 0) {
-      const why = (result.stderr || "").trim()
-      throw new Error(why || `ov guard failed (${result.error || result.signal || result.status}); call blocked`)
-    }
-  },
-})
+// The guard runs without blocking this process: while it waits, opencode goes on printing its events,
+// and ov may hold the answer until the stream shows every bill counted below.
+function guard(call) {
+  return new Promise((resolve) => {
+    const child = spawn("/bin/sh", ["-c", GUARD], { stdio: ["pipe", "ignore", "pipe"] })
+    let stderr = ""
+    const timer = setTimeout(() => { child.kill("SIGKILL"); resolve({ status: null, stderr, why: "timed out" }) },
+                             TIMEOUT_MS)
+    child.stderr.on("data", (chunk) => { stderr += chunk })
+    child.on("error", (error) => { clearTimeout(timer); resolve({ status: null, stderr, why: String(error) }) })
+    child.on("close", (status, signal) => { clearTimeout(timer); resolve({ status, stderr, why: signal }) })
+    child.stdin.on("error", () => {})
+    child.stdin.end(JSON.stringify(call))
+  })
+}
+
+export const OvGuard = async ({ directory }) => {
+  const bills = new Set()  // the step-finish parts (each carries a step's tokens and cost) seen so far
+  return {
+    event: async ({ event }) => {
+      const part = event && event.properties && event.properties.part
+      if (event.type === "message.part.updated" && part && part.type === "step-finish") bills.add(part.id)
+    },
+    "tool.execute.before": async (input, output) => {
+      const call = { tool: input.tool, sessionID: input.sessionID, callID: input.callID, args: output.args,
+                     cwd: directory, ov_bills_seen: bills.size }
+      const result = await guard(call)
+      if (result.status !== 0) {
+        const why = (result.stderr || "").trim()
+        throw new Error(why || `ov guard failed (${result.why || result.status}); call blocked`)
+      }
+    },
+  }
+}
 """
 
 
