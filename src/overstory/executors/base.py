@@ -142,5 +142,9 @@ class TurnExecutor(abc.ABC):
     def forget(self, turn_id: str) -> None:
         """Drop what is kept for an ended turn (its lines); a turn that still runs is stopped first."""
 
+    def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
+        """The end of an ended turn's stderr (what a runtime says when it fails), as far as it is kept."""
+        return ""
+
     def close(self) -> None:  # noqa: B027 - an optional verb with a safe default, like a runtime's hooks
         """Let go of connections; turns keep running."""

@@ -37,8 +37,11 @@ POLL_SECONDS = 0.02
 class LocalExecutor(TurnExecutor):
     kind = "local"
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], *, die_with_submitter: bool = False) -> None:
+        """``die_with_submitter``: a turn is killed when the process that submitted it dies (as a bubblewrap
+        sandbox's ``--die-with-parent`` would do without the shim in between); otherwise it outlives it."""
         self.root = Path(state_dir)
+        self.die_with_submitter = die_with_submitter
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _dir(self, turn_id: str) -> Path:
@@ -66,7 +69,9 @@ class LocalExecutor(TurnExecutor):
         with open(folder / "stdin", "rb") as stdin, open(folder / "stdout", "ab") as stdout, \
                 open(folder / "stderr", "ab") as stderr:
             try:
-                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder)],
+                watch = ["--watch-parent", str(os.getpid())] if self.die_with_submitter else []
+                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder),
+                                         *watch],
                                         stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=(read_spec,),
                                         start_new_session=True, env=shim_environment(os.environ), cwd="/")
             except OSError as exc:
@@ -84,7 +89,8 @@ class LocalExecutor(TurnExecutor):
                 break
             time.sleep(POLL_SECONDS)
         if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
-            reason = f"the shim exited ({shim.returncode}) before the command started: {_tail(folder / 'stderr')}"
+            tail = _tail(folder / "stderr", 300).strip()
+            reason = f"the shim exited ({shim.returncode}) before the command started: {tail}"
             _write_json(folder / "failed.json", {"reason": reason, "ended_ms": now_ms()})
         return Submitted(spec.turn_id, created=True)
 
@@ -164,6 +170,9 @@ class LocalExecutor(TurnExecutor):
             procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace)
         return self.wait(turn_id, timeout=grace + 5)
 
+    def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
+        return _tail(self._dir(turn_id) / "stderr", size)
+
     def forget(self, turn_id: str) -> None:
         folder = self._dir(turn_id)
         if not folder.is_dir():
@@ -181,6 +190,9 @@ def _write_json(path: Path, data: dict[str, t.Any]) -> None:
 
 def _tail(path: Path, size: int = 300) -> str:
     try:
-        return path.read_bytes()[-size:].decode("utf-8", errors="replace").strip()
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""

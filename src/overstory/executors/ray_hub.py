@@ -227,6 +227,9 @@ def run_turn(wire: dict[str, t.Any], hub: t.Any) -> dict[str, t.Any]:
 
     spec = TurnSpec.from_wire(wire)
     node = ray.get_runtime_context().get_node_id()
+    if not os.path.isdir(spec.cwd):  # the workspace does not travel by git yet: the node must see the control node's
+        return {"state": "failed", "exit_code": None, "reason": f"node {node} does not see the turn's folder {spec.cwd}"
+                " (the ray executor runs a turn in the control node's paths: every node must see them for now)"}
     refused = ray.get(hub.begin.remote(spec.turn_id, node))
     if refused:
         return {"state": "failed", "reason": refused, "exit_code": None}
