@@ -28,8 +28,10 @@ def test_a_local_turn_runs_under_the_executor_and_its_node_is_shown(project: Pro
     listed = run_ov("status", "--json", "--all", cwd=project.root)
     assert listed.returncode == 0, listed.stderr
     assert [a["node"] for a in json.loads(listed.stdout)["agents"] if a["name"] == name] == [os.uname().nodename]
-    # the executor's own record of the turn is dropped once the turn has settled; its logs stay
-    assert not (project.run_dir / "turns" / turn["id"]).exists()
+    # the executor's own record of the turn is in the agent's run dir (not beside the run dirs: other agents'
+    # and the containment check's business), dropped once the turn has settled; its logs stay
+    assert (project.run_dir / name / "turns").is_dir() and not (project.run_dir / "turns").exists()
+    assert not (project.run_dir / name / "turns" / turn["id"]).exists()
     assert (project.logs_dir / name / turn["id"] / "stderr.txt").exists()
 
 

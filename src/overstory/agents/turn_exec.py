@@ -33,6 +33,7 @@ if t.TYPE_CHECKING:
 LOCAL_SLICE = 0.05  # how often a local turn's stdout file is read while the reader waits
 REMOTE_SLICE = 0.5  # the longest a read from the hub waits (the hub answers as soon as a line comes)
 GATE_SLICE = 0.1    # the same, when a tool call may wake the reader (the gate is watched between reads)
+LOCAL_TURNS_DIR = "turns"  # under the agent's run dir: the local executor's folder per turn (executors.local)
 
 _executors: dict[tuple[t.Any, ...], TurnExecutor] = {}
 _lock = threading.Lock()
@@ -52,8 +53,11 @@ def executor_for(project: ProjectPaths, config: Config, agent: Session) -> TurnE
 
         # In bubblewrap a turn dies with its loop (--die-with-parent): with the shim in between, the shim does it.
         dies = sandbox.effective_mode(config).name == "bwrap"
-        key: tuple[t.Any, ...] = ("local", str(project.run_dir), dies)
-        settings: dict[str, t.Any] = {"state_dir": project.run_dir / "turns", "die_with_submitter": dies}
+        # The turns' folders are the agent's own files, in its run dir (read-only in its sandbox, as the rest of
+        # it): not beside the run dirs, where every agent's sandbox and the containment check see other agents.
+        folder = project.run_dir / agent.name / LOCAL_TURNS_DIR
+        key: tuple[t.Any, ...] = ("local", str(folder), dies)
+        settings: dict[str, t.Any] = {"state_dir": folder, "die_with_submitter": dies}
     else:
         ray = config.executor.ray
         if not ray.address:

@@ -16,9 +16,9 @@ Any argv runs this way, the sandbox's bwrap command line included; stopping uses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import time
 import typing as t
@@ -179,13 +179,26 @@ class LocalExecutor(TurnExecutor):
             return
         if not self.status(turn_id).ended:
             self.stop(turn_id)
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove_flat(folder)
 
 
 def _write_json(path: Path, data: dict[str, t.Any]) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.write_text(json.dumps(data), encoding="utf-8")
     os.replace(temporary, path)
+
+
+def _remove_flat(folder: Path) -> None:
+    """Remove a turn's folder: it holds files only (not shutil.rmtree: an idle agent loop must not import
+    shutil, which brings bz2 and lzma; tests/test_idle_loop_imports.py)."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        os.rmdir(folder)
+    except OSError:
+        pass  # a file appeared meanwhile, or another process removed it first: a leftover folder is harmless
 
 
 def _tail(path: Path, size: int = 300) -> str:
