@@ -12,10 +12,11 @@ import typing as t
 from pathlib import Path
 
 from conftest import run_ov
+from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from requires import missing
-from test_watchdog import REPORT_DONE, start_agent, wait_for, write_local_config
+from test_watchdog import REPORT_DONE, repeat_turns, row, start_agent, wait_for, write_local_config
 
 
 def test_a_local_turn_runs_under_the_executor_and_its_node_is_shown(project: ProjectPaths, state_db: t.Any) -> None:
@@ -33,6 +34,29 @@ def test_a_local_turn_runs_under_the_executor_and_its_node_is_shown(project: Pro
     assert (project.run_dir / name / "turns").is_dir() and not (project.run_dir / "turns").exists()
     assert not (project.run_dir / name / "turns" / turn["id"]).exists()
     assert (project.logs_dir / name / turn["id"] / "stderr.txt").exists()
+
+
+def test_the_group_ov_records_and_stops_is_the_runtimes_not_its_shims(project: ProjectPaths,
+                                                                      state_db: t.Any) -> None:
+    """The shim sits between the loop and the runtime: the agent's turn_pgid (what the watchdog and `ov stop`
+    signal) is the group the shim started the runtime in, with its leader's start ticks; the shim is outside it."""
+    write_local_config(project, turns={"retry_backoff": 0.05, "kill_grace": 1})
+    name = start_agent(project, state_db, "g1", repeat_turns([{"bash": "sleep 60"}, REPORT_DONE]))
+    busy = wait_for(lambda: (r := row(state_db, name)).current_tool == "Bash" and r.turn_pgid and r, 60,
+                    "the turn's tool call")
+    turn = state_db.execute("SELECT pid, pgid FROM turns WHERE id = ?", (busy.current_turn_id,)).fetchone()
+    assert busy.turn_pgid == turn["pgid"] == turn["pid"] == os.getpgid(turn["pid"]), "the runtime leads its group"
+    assert busy.turn_start_ticks == procs.start_ticks(turn["pid"])
+    record = json.loads((project.run_dir / name / "turns" / str(busy.current_turn_id) / "proc.json").read_text())
+    shim = int(record["shim_pid"])
+    assert shim != busy.turn_pgid and os.getpgid(shim) != busy.turn_pgid, "the shim is not in the turn's group"
+    assert shim not in procs.tagged_processes(str(busy.current_turn_id)), "nor tagged with the turn"
+    stopped = run_ov("stop", name, "--json", cwd=project.root)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not procs.group_alive(busy.turn_pgid, busy.turn_start_ticks), "ov stop reached the runtime's group"
+    assert not procs.tagged_processes(str(busy.current_turn_id)), "and what the turn started"
+    wait_for(lambda: not procs.is_alive(shim), 10, "the shim to record the end and exit")
+    assert row(state_db, name).state == "completed"
 
 
 def test_sling_executor_ray_without_a_cluster_address_is_one_line(project: ProjectPaths) -> None:

@@ -73,9 +73,15 @@ def executor_for(project: ProjectPaths, config: Config, agent: Session) -> TurnE
         return found
 
 
-def local_pid(status: TurnStatus, kind: str) -> int | None:
-    """The turn's process group on THIS machine (the watchdog and `ov stop` signal it), else None."""
-    return status.pid if kind == "local" else None
+def local_group(executor: TurnExecutor, turn_id: str) -> tuple[int | None, int | None]:
+    """The turn's process group on THIS machine and its leader's start ticks (the watchdog and `ov stop` signal
+    it): the runtime's own group, the one ov had the shim start. (None, None) when the turn runs elsewhere."""
+    from overstory.executors.local import LocalExecutor
+
+    if not isinstance(executor, LocalExecutor):
+        return None, None
+    group = executor.process_group(turn_id)
+    return group if group is not None else (None, None)
 
 
 class ExecutorLines:

@@ -356,8 +356,8 @@ def _launch(turn: _Turn) -> TurnResult | None:
     if status.state == "failed" or (status.state == "lost" and status.pid is None):
         _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {status.reason}")
         return TurnResult("permanent", status.reason, None, turn.started_ms, stream)
-    pid = turn_exec.local_pid(status, executor.kind)
-    turn.pgid, turn.ticks = pid or 0, procs.start_ticks(pid) if pid else None
+    pid, turn.ticks = turn_exec.local_group(executor, turn_id)  # the runtime's group, not its shim's
+    turn.pgid = pid or 0
     turn.run = turn_exec.ExecutorProcess(executor, turn_id, state, status.node)
     turn_rows.mark_running(state, turn_id, pid=status.pid, pgid=pid, node=status.node)
     if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=pid, turn_start_ticks=turn.ticks,

@@ -173,6 +173,16 @@ class LocalExecutor(TurnExecutor):
     def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
         return _tail(self._dir(turn_id) / "stderr", size)
 
+    def process_group(self, turn_id: str) -> tuple[int, int | None] | None:
+        """The command's process group and its leader's start ticks, as the shim recorded them when it started
+        the command (not the shim's own: it is outside the group); None before it runs. What the watchdog and
+        ``ov stop`` signal: the ticks keep them from signalling a group that reused the id after this one ended."""
+        proc = self._read(turn_id, "proc.json")
+        if proc is None or not proc.get("pgid"):
+            return None
+        ticks = proc.get("ticks")
+        return int(proc["pgid"]), int(ticks) if ticks is not None else None
+
     def forget(self, turn_id: str) -> None:
         folder = self._dir(turn_id)
         if not folder.is_dir():
