@@ -150,7 +150,7 @@ class ExecutorProcess:
 
 def end_of(executor: TurnExecutor, turn_id: str, *, stopping: bool, grace: float) -> TurnStatus:
     """The turn's final status: waited for when it ended by itself (``stopping`` False: its runtime finished),
-    else stopped (SIGTERM, SIGKILL after ``grace``); what it left running on its node goes with it."""
+    else stopped (SIGTERM, SIGKILL after ``grace``; at once for 0); what it left running on its node goes with it."""
     status = executor.wait(turn_id, timeout=30) if not stopping else executor.status(turn_id)
     if not status.ended:
         status = executor.stop(turn_id, grace=grace)

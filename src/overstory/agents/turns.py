@@ -391,7 +391,7 @@ def _watch(turn: _Turn) -> None:
     status = turn.status
     stopping_at = time.monotonic()
     ended = turn_exec.end_of(executor, turn.turn_id, stopping=status != "running",
-                             grace=config.turns.kill_grace if status == "running" else 0.5)
+                             grace=config.turns.kill_grace if status == "running" else 0)  # stopped: at once
     turn.exit_code = ended.exit_code if ended.exit_code is not None else -1
     if status == "running" and ended.state in ("lost", "failed"):  # its node or worker died, or it could not run
         turn.status = "transient" if ended.state == "lost" else "permanent"

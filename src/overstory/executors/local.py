@@ -167,7 +167,7 @@ class LocalExecutor(TurnExecutor):
                 and not (folder / "failed.json").exists() and self._submitting(turn_id):
             time.sleep(POLL_SECONDS)
         if proc is not None:
-            procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace)
+            procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace, force=grace <= 0)
         return self.wait(turn_id, timeout=grace + 5)
 
     def stderr_tail(self, turn_id: str, size: int = 4096) -> str:

@@ -309,7 +309,8 @@ def kill_on_node(pgid: int, ticks: int | None, turn_id: str) -> bool:
 
 
 class _Stopper:
-    """Stops the turn's group once (SIGTERM, SIGKILL after the grace) in a thread, while its lines still flow."""
+    """Stops the turn's group once (SIGTERM, SIGKILL after the grace; SIGKILL at once for a grace of 0) in a thread,
+    while its lines still flow."""
 
     def __init__(self, pgid: int, ticks: int | None, turn_id: str) -> None:
         self.pgid, self.ticks, self.turn_id = pgid, ticks, turn_id
@@ -322,7 +323,7 @@ class _Stopper:
     def start(self, grace: float) -> None:
         if self.thread is None:
             self.thread = threading.Thread(target=procs.kill_turn, args=(self.pgid, self.ticks, self.turn_id),
-                                           kwargs={"grace": grace}, daemon=True)
+                                           kwargs={"grace": grace, "force": grace <= 0}, daemon=True)
             self.thread.start()
 
     def join(self) -> None:
