@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import typing as t
 from pathlib import Path
 
@@ -95,6 +96,17 @@ def test_stop_kills_a_command_that_ignores_sigterm_after_the_grace(executor: Loc
     stopped = executor.stop("t-stubborn", grace=1)
     assert (stopped.state, stopped.reason, stopped.exit_code) == ("failed", STOPPED, 128 + signal.SIGKILL)
     assert tagged("t-stubborn") == []
+
+
+def test_stop_with_no_grace_kills_at_once(executor: LocalExecutor, tmp_path: Path) -> None:
+    """What a turn stopped for its budget, a park or a stall gets: SIGKILL at once, not a grace to take a step in."""
+    executor.submit(spec("t-now", stubborn(), tmp_path))
+    assert read_until(executor, "t-now", 1)[0] == ["ready"]
+    started = time.monotonic()
+    stopped = executor.stop("t-now", grace=0)
+    assert time.monotonic() - started < 2.0
+    assert (stopped.state, stopped.reason, stopped.exit_code) == ("failed", STOPPED, 128 + signal.SIGKILL)
+    assert tagged("t-now") == []
 
 
 @pytest.mark.parametrize("attempt", range(5))

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from overstory.errors import StoreError
-from overstory.store import db, migrations
+from overstory.store import db, events_migrations, migrations
 
 STORES = {
     "state": (migrations.STATE_MIGRATIONS, db.open_state),
-    "events": (migrations.EVENTS_MIGRATIONS, db.open_events),
+    "events": (events_migrations.EVENTS_MIGRATIONS, db.open_events),
 }
 Opener = t.Callable[[Path], sqlite3.Connection]
 

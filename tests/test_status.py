@@ -12,12 +12,13 @@ from click.testing import CliRunner
 from conftest import run_ov
 from overstory.paths import ProjectPaths
 from overstory.store import mail, sessions
+from overstory.store import turns as turn_rows
 from overstory.store.lifecycle import declare_zombie
 
 AGENT_KEYS = {"name", "capability", "state", "state_reason", "task_id", "parent", "depth", "turns", "last_activity",
               "idle_seconds", "input_tokens", "output_tokens", "cost_usd", "current_tool", "runtime", "mode",
               "branch", "generation", "retries", "pending_mail", "loop_alive", "run_id", "park_kind", "park_until",
-              "budget"}
+              "budget", "node"}
 TOTAL_KEYS = {"agents", "active", "by_state", "turns", "input_tokens", "output_tokens", "cost_usd"}
 
 
@@ -51,6 +52,11 @@ def test_json_document_has_the_documented_shape(project: ProjectPaths, state_db:
     mail.send(state_db, sender="operator", to="waiting", subject="one")
     mail.send(state_db, sender="operator", to="waiting", subject="two")
     mail.claim(state_db, "busy", "turn-1")  # claimed mail is not pending
+    busy_generation = t.cast(sessions.Session, sessions.get(state_db, "busy")).generation
+    for number, node in ((1, "node-a"), (2, "node-b"), (3, None)):  # the latest turn that knows its node
+        turn_rows.start(state_db, f"turn-{number}", agent="busy", generation=busy_generation, number=number,
+                        attempt=0, resumed=False, started_ms=number * 1000, log_dir="")
+        turn_rows.mark_running(state_db, f"turn-{number}", pid=None, pgid=None, node=node)
 
     document = json.loads(_invoke(project, "--json"))
     assert set(document) == {"generated_at", "agents", "mail", "runs", "waiting", "scope_overlaps", "totals"}
@@ -66,6 +72,8 @@ def test_json_document_has_the_documented_shape(project: ProjectPaths, state_db:
     assert (busy["turns"], busy["input_tokens"], busy["output_tokens"], busy["cost_usd"], busy["current_tool"]) == (
         3, 1200, 300, 0.25, "Bash")
     assert busy["loop_alive"] is False, "no loop was ever started for it"
+    assert busy["node"] == "node-b", "where its latest turn with a known node ran"
+    assert by_name["waiting"]["node"] is None, "it never ran a turn"
     assert by_name["dead"]["loop_alive"] is None, "terminal agents have no loop to check"
     assert document["mail"] == {"pending": 3, "by_agent": {"lead-1": 1, "waiting": 2}}  # lead-1: worker_died
     assert set(document["totals"]) == TOTAL_KEYS

@@ -75,9 +75,9 @@ def checked_budget(requested: t.Any) -> dict[str, t.Any] | None:
 class SlingRequest:
     """`ov sling`'s request (``agents.spawn.sling`` takes it).
 
-    On the wire: every field down to ``approve``. ``spec_file`` and ``scenario`` are files on the
+    On the wire: every field down to ``executor``. ``spec_file`` and ``scenario`` are files on the
     caller's side: ``read_files`` reads them into ``prompt`` and ``scenario_text`` before the
-    request is sent (in an agent's sandbox, where the files are). The fields after ``approve``
+    request is sent (in an agent's sandbox, where the files are). The fields after ``executor``
     are set only by ov itself (the coordinator, `ov loop`, recovery) and never travel.
     """
 
@@ -95,6 +95,7 @@ class SlingRequest:
     tmux: bool | None = None  # run the interactive TUI in tmux (None: config runtime.tmux)
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
     approve: t.Sequence[str] = ()  # tool patterns whose calls need approval (ov sling --approve)
+    executor: str | None = None  # where its turns run: local or ray (None: config executor.kind)
     # -- not on the wire -----------------------------------------------------------------
     spec_file: Path | None = None
     scenario: Path | None = None
@@ -106,7 +107,8 @@ class SlingRequest:
     WIRE = {  # no annotation: a class constant, not a field
         "capability": "text", "task_id": "text", "name": "text", "prompt": "text", "files": "texts",
         "parent": "text", "runtime": "text", "model": "text", "base_branch": "text", "scenario_text": "text",
-        "scenario_name": "text", "tmux": "flag", "budget": "object", "approve": "texts"}
+        "scenario_name": "text", "tmux": "flag", "budget": "object", "approve": "texts",
+        "executor": "text"}
     REQUIRED = ("capability", "task_id")
 
     def read_files(self) -> SlingRequest:

@@ -148,6 +148,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     adapter = get_runtime(runtime)  # an unknown name is a usage error naming the known ones
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter) if request.loop is None else False  # iterations are headless
+    _check_executor(request.executor, tmux, config)
     from overstory.agents.turns import model_choice, provider_of
 
     model, _ = model_choice(request.model, capability, config, spawn_steps.launch_env(project, environ),
@@ -226,7 +227,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         scope_overlaps=scope_overlaps, continue_branch=request.continue_branch,
         reuse_worktree=reuse_worktree, model=request.model,
         provider=provider_of(request.model, capability, config, runtime), loop=request.loop,
-        approve=list(request.approve), environ=environ)
+        approve=list(request.approve), environ=environ, executor=request.executor)
 
 
 def _read_text_file(path: Path, option: str) -> str:
@@ -243,7 +244,7 @@ def _read_text_file(path: Path, option: str) -> str:
 def _require_events_db(project: ProjectPaths, name: str) -> None:
     """The agent's loop records its events there: refuse before creating anything if it is unusable."""
     from overstory.store.db import events_write_refused, open_events
-    from overstory.store.migrations import EVENTS_MIGRATIONS
+    from overstory.store.events_migrations import EVENTS_MIGRATIONS
     from overstory.store.schema import missing_objects
 
     try:
@@ -289,6 +290,20 @@ def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult
                        depth=agent.depth, runtime=agent.runtime, loop_pid=agent.loop_pid, run_id=agent.run_id,
                        dispatch_mail_id=dispatch_id, mode=agent.mode, tmux_session=agent.tmux_session,
                        budget=budget)
+
+
+def _check_executor(executor: str | None, tmux: bool, config: Config) -> None:
+    """``--executor``: a known kind, configured; a tmux agent's TUI runs here, so only with ``local``."""
+    if executor is None:
+        return
+    from overstory.executors import EXECUTOR_KINDS
+
+    if executor not in EXECUTOR_KINDS:
+        raise UsageError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTOR_KINDS)}")
+    if tmux and executor != "local":
+        raise UsageError(f"--executor {executor} runs headless turns; a --tmux agent runs on this machine")
+    if executor == "ray" and not config.executor.ray.address:
+        raise UsageError("--executor ray needs executor.ray.address (HOST:PORT of a running cluster) in the config")
 
 
 def _tmux_mode(request: SlingRequest, config: Config, runtime: Runtime) -> bool:

@@ -74,6 +74,7 @@ class SpawnPlan:
     loop: dict[str, t.Any] | None
     approve: list[str]
     environ: dict[str, str]
+    executor: str | None = None  # ov sling --executor (None: config executor.kind at each turn)
 
     @property
     def tmux_session(self) -> str | None:
@@ -194,7 +195,8 @@ def _session(sp: Spawning) -> None:
             **({"write_scope": plan.write_scope} if plan.write_scope else {}),
             "scenario": str(sp.scenario_path) if sp.scenario_path else None, "base_commit": plan.base_commit,
             "idempotency_key": plan.key, **({"loop": plan.loop} if plan.loop else {}),
-            **({"approve": plan.approve} if plan.approve else {})}
+            **({"approve": plan.approve} if plan.approve else {}),
+            **({"executor": plan.executor} if plan.executor else {})}
     sp.generation = sessions.create_session(
         sp.conn, name=plan.name, capability=plan.capability, task_id=plan.task_id, runtime=plan.runtime,
         actor=plan.environ.get("OVERSTORY_AGENT_NAME", "operator"), parent=plan.parent, depth=plan.depth,

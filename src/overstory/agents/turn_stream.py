@@ -9,7 +9,6 @@ import os
 import select
 import selectors
 import sqlite3
-import subprocess
 import time
 import typing as t
 
@@ -85,7 +84,21 @@ class _LineReader:
         self.selector.close()
 
 
-def _pump(reader: _LineReader, raw_out: t.IO[bytes], proc: subprocess.Popen[bytes], stream: TurnParser,
+class Lines(t.Protocol):
+    """What ``_pump`` reads: ``_LineReader`` over a pipe, or ``turn_exec.ExecutorLines`` over an executor."""
+
+    eof: bool
+    ticket: int
+    gate: ToolCallGate | None
+
+    def lines(self, timeout: float) -> list[bytes]: ...
+
+
+class Process(t.Protocol):
+    def poll(self) -> int | None: ...
+
+
+def _pump(reader: Lines, raw_out: t.IO[bytes], proc: Process, stream: TurnParser,
           state: sqlite3.Connection, events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, *,
           stall_timeout: float, should_stop: t.Callable[[], bool],
           price: t.Callable[[dict[str, t.Any]], None] = lambda data: None,

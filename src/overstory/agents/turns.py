@@ -1,7 +1,8 @@
-"""One headless turn: spawn the runtime, feed it one user message, watch its stream, settle.
+"""One headless turn: hand the runtime's command to the agent's executor, feed it one user message, watch its
+stream, settle.
 
-The runtime runs in its own process group so that the whole group (including any
-shell commands the model started) can be stopped on a stall or an operator stop.
+The executor (``agents.turn_exec``: ``local`` by default, or ``ray``) runs it in its own process group so that
+the whole group (including any shell commands the model started) can be stopped on a stall or an operator stop.
 Everything runtime-specific (command line, message format, stream parsing, failure
 classes) comes from the agent's runtime adapter (``runtimes.base.Runtime``).
 """
@@ -12,18 +13,18 @@ import contextlib
 import json
 import os
 import sqlite3
-import subprocess
 import time
 import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from overstory import procs, sandbox
-from overstory.agents import checkpoint, ledger, run_files
+from overstory.agents import checkpoint, ledger, run_files, turn_exec
 from overstory.agents.spending import ToolCallGate, TurnMeter
-from overstory.agents.turn_stream import PARKING_STATUS, _LineReader, _pump
+from overstory.agents.turn_stream import PARKING_STATUS, _pump
 from overstory.clock import now_ms
 from overstory.errors import OrchestratorError
+from overstory.executors.base import TurnSpec
 from overstory.paths import ProjectPaths
 from overstory.runtimes import get_runtime, ollama
 from overstory.runtimes.base import (
@@ -43,6 +44,7 @@ from overstory.store.sessions import Session
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config
+    from overstory.executors.base import TurnExecutor
     from overstory.runtimes.base import Runtime
 
 # Variables a parent coding-agent session exports; a nested session would react to them.
@@ -211,7 +213,8 @@ class _Turn:
     stream_ledger: ledger.StreamLedger | None = None
     files: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # the turn's stdout and stderr logs
     raw_out: t.IO[bytes] | None = None
-    proc: subprocess.Popen[bytes] | None = None
+    executor: TurnExecutor | None = None
+    run: turn_exec.ExecutorProcess | None = None  # the turn's process, as its executor reports it
     pgid: int = 0
     ticks: int | None = None
     status: str = ""
@@ -337,47 +340,45 @@ def _record(turn: _Turn) -> None:
 
 
 def _launch(turn: _Turn) -> TurnResult | None:
-    """The runtime's process group, noted on the turn's row and the agent's, and the prompt on its stdin."""
+    """The turn handed to its executor (``agents.turn_exec``) with the prompt on its stdin; its process group
+    (on this machine) and its node noted on the turn's row and the agent's."""
     assert turn.plan is not None and turn.meter is not None
     state, agent, turn_id, stream = turn.state, turn.agent, turn.turn_id, turn.plan.stream
     turn.raw_out = turn.files.enter_context(open(turn.log_dir / "stdout.ndjson", "wb"))
-    raw_err = turn.files.enter_context(open(turn.log_dir / "stderr.txt", "wb"))
     try:
-        proc = subprocess.Popen(turn.argv, cwd=turn.cwd, env=turn.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=raw_err, start_new_session=True)
-    except OSError as exc:
+        executor = turn.executor = turn_exec.executor_for(turn.project, turn.config, agent)
+        executor.submit(TurnSpec(turn_id, tuple(turn.argv), turn.cwd, turn.env,
+                                 stdin=turn.plan.runtime.stdin_message(turn.prompt), labels={"agent": agent.name}))
+        status = executor.status(turn_id)
+    except OrchestratorError as exc:  # no executor here (the ray extra, the cluster): retrying would not help
         _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {exc}")
-        return TurnResult("permanent", f"cannot start {turn.argv[0]}: {exc.strerror or exc}", None, turn.started_ms,
-                          stream)
-    turn.proc, turn.pgid = proc, proc.pid
-    turn.ticks = procs.start_ticks(turn.pgid)
-    turn_rows.mark_running(state, turn_id, pid=proc.pid, pgid=turn.pgid)
-    if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=turn.pgid, turn_start_ticks=turn.ticks,
+        return TurnResult("permanent", str(exc), None, turn.started_ms, stream)
+    if status.state == "failed" or (status.state == "lost" and status.pid is None):
+        _finish_turn_row(state, turn_id, "failed", stream, f"cannot start runtime: {status.reason}")
+        return TurnResult("permanent", status.reason, None, turn.started_ms, stream)
+    pid, turn.ticks = turn_exec.local_group(executor, turn_id)  # the runtime's group, not its shim's
+    turn.pgid = pid or 0
+    turn.run = turn_exec.ExecutorProcess(executor, turn_id, state, status.node)
+    turn_rows.mark_running(state, turn_id, pid=status.pid, pgid=pid, node=status.node)
+    if not sessions.update_fields(state, agent.name, agent.generation, turn_pgid=pid, turn_start_ticks=turn.ticks,
                                   current_turn_id=turn_id, last_activity=now_ms()):
-        procs.kill_turn(turn.pgid, turn.ticks, turn_id, force=True)
-        proc.wait()
+        executor.stop(turn_id, grace=0)
         _finish_turn_row(state, turn_id, "aborted", stream, "agent replaced before the turn started")
         return TurnResult("aborted", "agent was replaced by a newer generation", None, turn.started_ms, stream)
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(turn.plan.runtime.stdin_message(turn.prompt))
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
     if turn.gate is not None:
         turn.gate.open_turn(watch=turn.meter.enabled and turn.meter.watches_usd)
     return None
 
 
 def _watch(turn: _Turn) -> None:
-    """Read the stream until the runtime ends or the turn is stopped; then nothing of its group is left."""
-    assert turn.plan is not None and turn.meter is not None and turn.proc is not None and turn.raw_out is not None
-    plan, proc, meter, agent, config = turn.plan, turn.proc, turn.meter, turn.agent, turn.config
-    assert proc.stdout is not None
-    reader = _LineReader(proc.stdout, turn.gate)
+    """Read the stream until the runtime ends or the turn is stopped; then nothing of the turn is left running."""
+    assert turn.plan is not None and turn.meter is not None and turn.run is not None and turn.raw_out is not None
+    plan, run, meter, agent, config = turn.plan, turn.run, turn.meter, turn.agent, turn.config
+    executor = run.executor
+    reader = turn_exec.ExecutorLines(executor, turn.turn_id, turn.gate)
     try:
         turn.status, turn.reason = _pump(
-            reader, turn.raw_out, proc, plan.stream, turn.state, turn.events, agent, turn.turn_id, meter,
+            reader, turn.raw_out, run, plan.stream, turn.state, turn.events, agent, turn.turn_id, meter,
             stall_timeout=config.turns.stall_timeout, should_stop=turn.should_stop,
             price=lambda data: _price_result(data, plan.stream.model or plan.model, config),
             periodic=lambda: _record_take_back(turn.events, agent, turn.turn_id,
@@ -388,20 +389,19 @@ def _watch(turn: _Turn) -> None:
             turn.gate.close_turn(meter.stopped_by)
         reader.close()
     status = turn.status
-    if status == "running":
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    # Anything the turn left behind in its group (background shells…) goes with it.
     stopping_at = time.monotonic()
-    procs.kill_turn(turn.pgid, turn.ticks, turn.turn_id, grace=config.turns.kill_grace if status == "running" else 0.5,
-                    force=status != "running")
-    turn.exit_code = proc.wait()
+    ended = turn_exec.end_of(executor, turn.turn_id, stopping=status != "running",
+                             grace=config.turns.kill_grace if status == "running" else 0)  # stopped: at once
+    turn.exit_code = ended.exit_code if ended.exit_code is not None else -1
+    if status == "running" and ended.state in ("lost", "failed"):  # its node or worker died, or it could not run
+        turn.status = "transient" if ended.state == "lost" else "permanent"
+        turn.reason = f"the turn was {ended.state} on its executor ({executor.kind}): {ended.reason}"
+    (turn.log_dir / "stderr.txt").write_text(executor.stderr_tail(turn.turn_id, 1 << 20), encoding="utf-8")
+    executor.forget(turn.turn_id)
     if status in ("budget", "parked", "auth"):
         event_store.record(turn.events, "turn_stopped", agent=agent.name, generation=agent.generation,
                            turn_id=turn.turn_id, summary=f"{status}: process group {turn.pgid} stopped"[:300],
-                           data={"status": status, "pgid": turn.pgid,
+                           data={"status": status, "pgid": turn.pgid, "node": run.node,
                                  "stop_seconds": round(time.monotonic() - stopping_at, 3)})
     turn.files.close()  # the logs are complete (settling reads the end of stderr)
 

@@ -47,7 +47,8 @@ def _missing_table(table: str, argv: t.Sequence[str]) -> str:
     where = "a database"
     try:
         from overstory.paths import find_project
-        from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
+        from overstory.store.events_migrations import EVENTS_MIGRATIONS
+        from overstory.store.migrations import STATE_MIGRATIONS
         from overstory.store.schema import expected_objects
 
         project = find_project(_project_option(argv))

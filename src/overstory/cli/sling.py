@@ -34,11 +34,14 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--max-wallclock", type=DURATION, help="Budget: wall-clock time since the sling (90m, 4h).")
 @click.option("--approve", "approve", multiple=True, metavar="PATTERN",
               help="Calls matching this tool pattern need approval first, e.g. 'Bash(git push*)'; repeatable.")
+@click.option("--executor", type=click.Choice(("local", "ray")),
+              help="Where its turns run (default: config executor.kind); ray needs executor.ray.address.")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
           files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None, provider: str | None,
           base_branch: str | None, scenario: Path | None, tmux: bool | None, max_usd: float | None,
-          max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, approve: tuple[str, ...], as_json: bool) -> None:
+          max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, approve: tuple[str, ...], executor: str | None,
+          as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
 
     \b
@@ -50,6 +53,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling builder task-8 --tmux     # then: ov attach builder-task-8
     ov sling builder task-9 --max-usd 2 --max-turns 30 --max-wallclock 90m
     ov sling builder task-10 --approve 'Bash(git push*)'   # pushing waits for `ov approve`
+    ov sling builder task-12 --executor ray   # its turns run on the Ray cluster (config executor.ray)
 
     \b
     Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
@@ -78,7 +82,8 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
               "max_wallclock": max_wallclock}
     request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
                            files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
-                           scenario=scenario, tmux=tmux, budget=budget, approve=approve)
+                           scenario=scenario, tmux=tmux, budget=budget, approve=approve,
+                           executor=executor)
     remote = agent_channel()
     if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
         document = remote.call("sling", request.read_files().to_wire())

@@ -10,7 +10,8 @@ An executor answers five small questions, like Ray's ``JobSubmissionClient``:
 - ``status(turn_id)``: one of five states (``TurnState``), with the reason of a failure, the
   exit code and the node the turn ran on.
 - ``stop(turn_id)``: end the turn and everything it started (its process group and the
-  processes tagged with its id that left the group), SIGTERM first, SIGKILL after a grace.
+  processes tagged with its id that left the group), SIGTERM first, SIGKILL after a grace
+  (a grace of 0: SIGKILL at once, with no SIGTERM the runtime could act on).
 - ``wait(turn_id, timeout)``: block until the turn ends or the timeout passes.
 
 plus ``forget(turn_id)`` to drop what the executor keeps for an ended turn.
@@ -125,7 +126,8 @@ class TurnExecutor(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, turn_id: str, *, grace: float = 5.0) -> TurnStatus:
-        """End the turn (no-op if it ended); returns its status once it has ended."""
+        """End the turn (no-op if it ended); returns its status once it has ended. ``grace`` 0 kills at once
+        (SIGKILL, no SIGTERM first): a turn stopped for its budget, a park or a stall must not take one more step."""
 
     def wait(self, turn_id: str, timeout: float | None = None, *, poll: float = 0.1) -> TurnStatus:
         """The status once the turn has ended, or its current one when ``timeout`` passes first."""
@@ -141,6 +143,10 @@ class TurnExecutor(abc.ABC):
     @abc.abstractmethod
     def forget(self, turn_id: str) -> None:
         """Drop what is kept for an ended turn (its lines); a turn that still runs is stopped first."""
+
+    def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
+        """The end of an ended turn's stderr (what a runtime says when it fails), as far as it is kept."""
+        return ""
 
     def close(self) -> None:  # noqa: B027 - an optional verb with a safe default, like a runtime's hooks
         """Let go of connections; turns keep running."""

@@ -16,9 +16,9 @@ Any argv runs this way, the sandbox's bwrap command line included; stopping uses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import time
 import typing as t
@@ -37,8 +37,11 @@ POLL_SECONDS = 0.02
 class LocalExecutor(TurnExecutor):
     kind = "local"
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], *, die_with_submitter: bool = False) -> None:
+        """``die_with_submitter``: a turn is killed when the process that submitted it dies (as a bubblewrap
+        sandbox's ``--die-with-parent`` would do without the shim in between); otherwise it outlives it."""
         self.root = Path(state_dir)
+        self.die_with_submitter = die_with_submitter
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _dir(self, turn_id: str) -> Path:
@@ -66,7 +69,9 @@ class LocalExecutor(TurnExecutor):
         with open(folder / "stdin", "rb") as stdin, open(folder / "stdout", "ab") as stdout, \
                 open(folder / "stderr", "ab") as stderr:
             try:
-                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder)],
+                watch = ["--watch-parent", str(os.getpid())] if self.die_with_submitter else []
+                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder),
+                                         *watch],
                                         stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=(read_spec,),
                                         start_new_session=True, env=shim_environment(os.environ), cwd="/")
             except OSError as exc:
@@ -84,7 +89,8 @@ class LocalExecutor(TurnExecutor):
                 break
             time.sleep(POLL_SECONDS)
         if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
-            reason = f"the shim exited ({shim.returncode}) before the command started: {_tail(folder / 'stderr')}"
+            tail = _tail(folder / "stderr", 300).strip()
+            reason = f"the shim exited ({shim.returncode}) before the command started: {tail}"
             _write_json(folder / "failed.json", {"reason": reason, "ended_ms": now_ms()})
         return Submitted(spec.turn_id, created=True)
 
@@ -161,8 +167,21 @@ class LocalExecutor(TurnExecutor):
                 and not (folder / "failed.json").exists() and self._submitting(turn_id):
             time.sleep(POLL_SECONDS)
         if proc is not None:
-            procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace)
+            procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace, force=grace <= 0)
         return self.wait(turn_id, timeout=grace + 5)
+
+    def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
+        return _tail(self._dir(turn_id) / "stderr", size)
+
+    def process_group(self, turn_id: str) -> tuple[int, int | None] | None:
+        """The command's process group and its leader's start ticks, as the shim recorded them when it started
+        the command (not the shim's own: it is outside the group); None before it runs. What the watchdog and
+        ``ov stop`` signal: the ticks keep them from signalling a group that reused the id after this one ended."""
+        proc = self._read(turn_id, "proc.json")
+        if proc is None or not proc.get("pgid"):
+            return None
+        ticks = proc.get("ticks")
+        return int(proc["pgid"]), int(ticks) if ticks is not None else None
 
     def forget(self, turn_id: str) -> None:
         folder = self._dir(turn_id)
@@ -170,7 +189,7 @@ class LocalExecutor(TurnExecutor):
             return
         if not self.status(turn_id).ended:
             self.stop(turn_id)
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove_flat(folder)
 
 
 def _write_json(path: Path, data: dict[str, t.Any]) -> None:
@@ -179,8 +198,24 @@ def _write_json(path: Path, data: dict[str, t.Any]) -> None:
     os.replace(temporary, path)
 
 
+def _remove_flat(folder: Path) -> None:
+    """Remove a turn's folder: it holds files only (not shutil.rmtree: an idle agent loop must not import
+    shutil, which brings bz2 and lzma; tests/test_idle_loop_imports.py)."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        os.rmdir(folder)
+    except OSError:
+        pass  # a file appeared meanwhile, or another process removed it first: a leftover folder is harmless
+
+
 def _tail(path: Path, size: int = 300) -> str:
     try:
-        return path.read_bytes()[-size:].decode("utf-8", errors="replace").strip()
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""

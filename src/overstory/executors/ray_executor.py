@@ -189,6 +189,11 @@ class RayExecutor(TurnExecutor):
         self._call("force_stop", turn_id)
         return self.wait(turn_id, timeout=30)
 
+    def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
+        view = self._call("view", turn_id)
+        outcome = (view or {}).get("outcome") or {}
+        return str(outcome.get("stderr_tail") or "")[-size:]
+
     def forget(self, turn_id: str) -> None:
         try:
             if not self.status(turn_id).ended:

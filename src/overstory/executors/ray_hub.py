@@ -227,6 +227,9 @@ def run_turn(wire: dict[str, t.Any], hub: t.Any) -> dict[str, t.Any]:
 
     spec = TurnSpec.from_wire(wire)
     node = ray.get_runtime_context().get_node_id()
+    if not os.path.isdir(spec.cwd):  # the workspace does not travel by git yet: the node must see the control node's
+        return {"state": "failed", "exit_code": None, "reason": f"node {node} does not see the turn's folder {spec.cwd}"
+                " (the ray executor runs a turn in the control node's paths: every node must see them for now)"}
     refused = ray.get(hub.begin.remote(spec.turn_id, node))
     if refused:
         return {"state": "failed", "reason": refused, "exit_code": None}
@@ -306,7 +309,8 @@ def kill_on_node(pgid: int, ticks: int | None, turn_id: str) -> bool:
 
 
 class _Stopper:
-    """Stops the turn's group once (SIGTERM, SIGKILL after the grace) in a thread, while its lines still flow."""
+    """Stops the turn's group once (SIGTERM, SIGKILL after the grace; SIGKILL at once for a grace of 0) in a thread,
+    while its lines still flow."""
 
     def __init__(self, pgid: int, ticks: int | None, turn_id: str) -> None:
         self.pgid, self.ticks, self.turn_id = pgid, ticks, turn_id
@@ -319,7 +323,7 @@ class _Stopper:
     def start(self, grace: float) -> None:
         if self.thread is None:
             self.thread = threading.Thread(target=procs.kill_turn, args=(self.pgid, self.ticks, self.turn_id),
-                                           kwargs={"grace": grace}, daemon=True)
+                                           kwargs={"grace": grace, "force": grace <= 0}, daemon=True)
             self.thread.start()
 
     def join(self) -> None:

@@ -235,7 +235,8 @@ def check_canonical_branch(root: Path, canonical: str) -> Check:
 
 def run_checks(project_option: str | None = None, *, repair: bool = False) -> list[Check]:
     from overstory.paths import find_project
-    from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
+    from overstory.store.events_migrations import EVENTS_MIGRATIONS
+    from overstory.store.migrations import STATE_MIGRATIONS
 
     checks = [check_python(), check_git(), check_tmux()]
     try:

@@ -11,7 +11,8 @@ import os
 import time
 
 from overstory.errors import DiskFull, StoreError
-from overstory.store.migrations import EVENTS_MIGRATIONS, STATE_MIGRATIONS
+from overstory.store.events_migrations import EVENTS_MIGRATIONS
+from overstory.store.migrations import STATE_MIGRATIONS
 from overstory.store.sqlite_module import sqlite3  # the C module, without the package's datetime adapters
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases

@@ -561,38 +561,14 @@ def _state_m012_webhook_secret(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE schedules ADD COLUMN secret_hash TEXT")
 
 
+def _state_m013_turn_node(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE turns ADD COLUMN node TEXT")  # where it ran: a Ray node id, or this host's name
+
+
 STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_mail_index, _state_m003_intents,
                                      _state_m005_budgets, _state_m006_tool_ledger,
                                      _state_m008_loops_and_schedules,
                                      _state_m007_approvals,  # m007 lands after m008: databases at m008 exist
                                      _state_m009_schedule_overlap, _state_m010_superseded_mail_and_worktree_admin,
-                                     _state_m011_loop_check_env_and_held_report, _state_m012_webhook_secret]
-
-
-# ---------------------------------------------------------------------------
-# events.db migrations
-# ---------------------------------------------------------------------------
-
-
-def _events_m001_initial(conn: sqlite3.Connection) -> None:
-    run_script(conn, 
-        """
-        CREATE TABLE events (
-            id         INTEGER PRIMARY KEY,
-            at         INTEGER NOT NULL,
-            agent      TEXT,
-            generation INTEGER,
-            turn_id    TEXT,
-            kind       TEXT NOT NULL,
-            tool       TEXT,
-            summary    TEXT,
-            data       TEXT
-        );
-        CREATE INDEX events_agent ON events(agent, id);
-        CREATE INDEX events_kind ON events(kind, id);
-        CREATE INDEX events_turn ON events(turn_id, id);
-        """
-    )
-
-
-EVENTS_MIGRATIONS: list[Migration] = [_events_m001_initial]
+                                     _state_m011_loop_check_env_and_held_report, _state_m012_webhook_secret,
+                                     _state_m013_turn_node]

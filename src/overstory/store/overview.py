@@ -21,6 +21,14 @@ def recent_runs(conn: sqlite3.Connection, limit: int, run_id: str | None = None)
         f"FROM runs r {where}ORDER BY r.started_at DESC LIMIT ?", args).fetchall()
 
 
+def latest_node(conn: sqlite3.Connection, agent: str, generation: int) -> str | None:
+    """The node of the agent generation's latest turn that has one (index turns_agent; its 20 latest turns)."""
+    row = conn.execute("SELECT node FROM (SELECT node, generation FROM turns WHERE agent = ? "
+                       "ORDER BY started_at DESC LIMIT 20) WHERE generation = ? AND node IS NOT NULL LIMIT 1",
+                       (agent, generation)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def merge_queue(conn: sqlite3.Connection, limit: int) -> list[sqlite3.Row]:
     """Up to ``limit`` pending merge requests, oldest first, then up to ``limit`` processed ones, newest first."""
     return conn.execute(

@@ -27,8 +27,15 @@ def start(conn: sqlite3.Connection, turn_id: str, *, agent: str, generation: int
     )
 
 
-def mark_running(conn: sqlite3.Connection, turn_id: str, *, pid: int, pgid: int) -> None:
-    conn.execute("UPDATE turns SET status='running', pid=?, pgid=? WHERE id=?", (pid, pgid, turn_id))
+def mark_running(conn: sqlite3.Connection, turn_id: str, *, pid: int | None, pgid: int | None,
+                 node: str | None = None) -> None:
+    """``pgid``: the turn's group on this machine (None when it runs elsewhere); ``node``: where it runs."""
+    conn.execute("UPDATE turns SET status='running', pid=?, pgid=?, node=COALESCE(?, node) WHERE id=?",
+                 (pid, pgid, node, turn_id))
+
+
+def set_node(conn: sqlite3.Connection, turn_id: str, node: str) -> None:
+    conn.execute("UPDATE turns SET node=? WHERE id=?", (node, turn_id))
 
 
 def set_session_id(conn: sqlite3.Connection, turn_id: str, session_id: str) -> None:

@@ -37,7 +37,8 @@ def budget_entry(budget: budgets.Budget | None, now: int) -> dict[str, t.Any] | 
     return entry
 
 
-def agent_entry(agent: Session, now: int, pending: int = 0, budget: budgets.Budget | None = None) -> dict[str, t.Any]:
+def agent_entry(agent: Session, now: int, pending: int = 0, budget: budgets.Budget | None = None,
+                node: str | None = None) -> dict[str, t.Any]:
     """One agent as the stable JSON shape documented on `ov status`."""
     loop_alive: bool | None = None
     if agent.mode == "headless" and not agent.is_terminal:
@@ -68,6 +69,7 @@ def agent_entry(agent: Session, now: int, pending: int = 0, budget: budgets.Budg
         "park_kind": agent.park_kind,
         "park_until": iso(agent.park_until),
         "budget": budget_entry(budget, now),
+        "node": node,  # where its latest turn ran (a Ray node id, or this host's name)
     }
 
 
@@ -124,7 +126,8 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
         by_state[agent.state] = by_state.get(agent.state, 0) + 1
     return {
         "generated_at": iso(now),
-        "agents": [agent_entry(a, now, pending.get(a.name, 0), spending.get(a.name)) for a in shown],
+        "agents": [agent_entry(a, now, pending.get(a.name, 0), spending.get(a.name),
+                               overview.latest_node(conn, a.name, a.generation)) for a in shown],
         "mail": {"pending": sum(pending.values()), "by_agent": dict(sorted(pending.items()))},
         "runs": runs_shown,
         "waiting": waiting,

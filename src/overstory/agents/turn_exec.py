@@ -1,0 +1,157 @@
+"""The turn runner's side of a turn executor (``overstory.executors``): which one runs an agent's turn,
+its output lines as the stream reader wants them, and whether its process has ended.
+
+``agents.turns`` hands every turn to an executor (``launch`` step) and reads it back through
+``ExecutorLines`` and ``ExecutorProcess`` (``watch`` step); ``local`` (the default) runs the turn's
+command on this machine under the executor's shim, ``ray`` as a task on a node of a Ray cluster.
+
+The kind: the agent's own ``ov sling --executor`` (``spec["executor"]``), else config ``executor.kind``.
+Executors are kept per process (a Ray connection is made once).
+
+What the ray executor does not do yet (issue 30): the workspace does not travel by git. A ray turn runs
+in the control node's paths (its worktree, its store), so every node must see them; a node that does
+not is refused at the turn's start with one clear line (``ray_hub.run_turn``), not run elsewhere.
+"""
+
+from __future__ import annotations
+
+import select
+import sqlite3
+import threading
+import time
+import typing as t
+
+from overstory.errors import OrchestratorError
+
+if t.TYPE_CHECKING:
+    from overstory.agents.spending import ToolCallGate
+    from overstory.config.model import Config
+    from overstory.executors.base import TurnExecutor, TurnStatus
+    from overstory.paths import ProjectPaths
+    from overstory.store.sessions import Session
+
+LOCAL_SLICE = 0.05  # how often a local turn's stdout file is read while the reader waits
+REMOTE_SLICE = 0.5  # the longest a read from the hub waits (the hub answers as soon as a line comes)
+GATE_SLICE = 0.1    # the same, when a tool call may wake the reader (the gate is watched between reads)
+LOCAL_TURNS_DIR = "turns"  # under the agent's run dir: the local executor's folder per turn (executors.local)
+
+_executors: dict[tuple[t.Any, ...], TurnExecutor] = {}
+_lock = threading.Lock()
+
+
+def executor_kind(config: Config, agent: Session) -> str:
+    return str(agent.spec.get("executor") or config.executor.kind)
+
+
+def executor_for(project: ProjectPaths, config: Config, agent: Session) -> TurnExecutor:
+    """The executor of ``agent``'s turns (made once per process). OrchestratorError when it cannot be had."""
+    from overstory.executors import get_executor
+
+    kind = executor_kind(config, agent)
+    if kind == "local":
+        from overstory import sandbox
+
+        # In bubblewrap a turn dies with its loop (--die-with-parent): with the shim in between, the shim does it.
+        dies = sandbox.effective_mode(config).name == "bwrap"
+        # The turns' folders are the agent's own files, in its run dir (read-only in its sandbox, as the rest of
+        # it): not beside the run dirs, where every agent's sandbox and the containment check see other agents.
+        folder = project.run_dir / agent.name / LOCAL_TURNS_DIR
+        key: tuple[t.Any, ...] = ("local", str(folder), dies)
+        settings: dict[str, t.Any] = {"state_dir": folder, "die_with_submitter": dies}
+    else:
+        ray = config.executor.ray
+        if not ray.address:
+            raise OrchestratorError(f"agent {agent.name} runs its turns on the {kind} executor, which needs "
+                                    f"executor.ray.address (HOST:PORT of a running cluster) in the configuration")
+        resources = dict(ray.turn_resources)
+        key = (kind, ray.address, ray.namespace, tuple(sorted(resources.items())))
+        settings = {"address": ray.address, "turn_resources": resources, "namespace": ray.namespace}
+    with _lock:
+        found = _executors.get(key)
+        if found is None:
+            found = _executors[key] = get_executor(kind, **settings)
+        return found
+
+
+def local_group(executor: TurnExecutor, turn_id: str) -> tuple[int | None, int | None]:
+    """The turn's process group on THIS machine and its leader's start ticks (the watchdog and `ov stop` signal
+    it): the runtime's own group, the one ov had the shim start. (None, None) when the turn runs elsewhere."""
+    from overstory.executors.local import LocalExecutor
+
+    if not isinstance(executor, LocalExecutor):
+        return None, None
+    group = executor.process_group(turn_id)
+    return group if group is not None else (None, None)
+
+
+class ExecutorLines:
+    """A turn's stdout from its executor, read like ``turn_stream._LineReader`` reads a pipe: whole lines
+    (bytes, without their newline) within a timeout, ``eof`` once the turn has ended and all is read.
+
+    With a ``gate`` (``spending.ToolCallGate``) it wakes when a tool call asks the gate, takes the gate's
+    tickets (``ticket``) and reads everything the turn has written at that moment."""
+
+    def __init__(self, executor: TurnExecutor, turn_id: str, gate: ToolCallGate | None = None) -> None:
+        self.executor, self.turn_id, self.gate = executor, turn_id, gate
+        self.cursor = 0
+        self.eof = False
+        self.ticket = 0
+        self.slice = LOCAL_SLICE if executor.kind == "local" else GATE_SLICE if gate is not None else REMOTE_SLICE
+
+    def lines(self, timeout: float) -> list[bytes]:
+        if self.eof:
+            return []
+        deadline = time.monotonic() + timeout
+        while True:
+            wait = min(self.slice, max(0.0, deadline - time.monotonic()))
+            if self.gate is not None:
+                if select.select([self.gate.fileno()], [], [], wait)[0]:
+                    self.ticket = self.gate.take()  # before reading: what the runtime wrote before it asked is there
+                    return self._read(0.0)
+                found = self._read(0.0)
+            else:
+                found = self._read(wait if self.executor.kind != "local" else 0.0)
+                if not found and not self.eof and self.executor.kind == "local":
+                    time.sleep(wait)
+            if found or self.eof or time.monotonic() >= deadline:
+                return found
+
+    def _read(self, timeout: float) -> list[bytes]:
+        batch = self.executor.lines(self.turn_id, self.cursor, timeout=timeout)
+        self.cursor = batch.cursor
+        self.eof = batch.done
+        return [line.encode("utf-8") for line in batch.lines]
+
+    def close(self) -> None:
+        """Nothing to let go of: the lines stay with the executor until the turn is forgotten."""
+
+
+class ExecutorProcess:
+    """What the stream reader asks of the turn's process (``poll``), answered by the executor; it also notes
+    the node the turn runs on in the turn's row the first time it is known."""
+
+    def __init__(self, executor: TurnExecutor, turn_id: str, state: sqlite3.Connection,
+                 node: str | None = None) -> None:
+        self.executor, self.turn_id, self.state = executor, turn_id, state
+        self.node = node
+        self.last: TurnStatus | None = None
+
+    def poll(self) -> int | None:
+        status = self.last = self.executor.status(self.turn_id)
+        if status.node and status.node != self.node:
+            from overstory.store import turns as turn_rows
+
+            self.node = status.node
+            turn_rows.set_node(self.state, self.turn_id, status.node)
+        if not status.ended:
+            return None
+        return status.exit_code if status.exit_code is not None else -1
+
+
+def end_of(executor: TurnExecutor, turn_id: str, *, stopping: bool, grace: float) -> TurnStatus:
+    """The turn's final status: waited for when it ended by itself (``stopping`` False: its runtime finished),
+    else stopped (SIGTERM, SIGKILL after ``grace``; at once for 0); what it left running on its node goes with it."""
+    status = executor.wait(turn_id, timeout=30) if not stopping else executor.status(turn_id)
+    if not status.ended:
+        status = executor.stop(turn_id, grace=grace)
+    return status
