@@ -50,6 +50,27 @@ def test_codex_tool_turn() -> None:
     assert stream.usage() == (17072, 188, 0.0)  # tokens, no dollars: the price table supplies them
 
 
+def test_codex_cached_input_is_priced_at_the_cache_read_rate() -> None:
+    """codex counts cached input inside input_tokens; a turn that mostly re-read its cached context costs a
+    fraction of the same tokens fresh (gpt-5: $1.25 fresh, $0.125 cached per million)."""
+    import types
+
+    from overstory.agents.turns import priced_usage
+
+    stream = CodexTurnStream()
+    stream.feed(json.dumps({"type": "thread.started", "thread_id": "t-1"}))
+    assert stream.live_usage() == {} and stream.live_reports == 0
+    stream.feed(json.dumps({"type": "turn.completed", "usage": {
+        "input_tokens": 1_000_000, "cached_input_tokens": 800_000, "output_tokens": 10_000}}))
+    stream.finish(0, "")
+    assert stream.live_reports == 1
+    assert stream.live_usage() == {"": (200_000, 10_000, 800_000, 0)}
+    config = types.SimpleNamespace(prices={})
+    tokens_in, tokens_out, cost = priced_usage(stream, "gpt-5", config)
+    assert (tokens_in, tokens_out) == (1_000_000, 10_000), "the token counts stay the CLI's"
+    assert cost == pytest.approx(0.2 * 1.25 + 0.8 * 0.125 + 0.01 * 10.0), cost  # $0.45, not $1.35
+
+
 def test_codex_notices_are_not_failures_and_patches_are_tools() -> None:
     stream = CodexTurnStream()
     parsed = feed(stream, "codex-file_change")

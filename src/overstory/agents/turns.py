@@ -380,7 +380,7 @@ def _watch(turn: _Turn) -> None:
         turn.status, turn.reason = _pump(
             reader, turn.raw_out, run, plan.stream, turn.state, turn.events, agent, turn.turn_id, meter,
             stall_timeout=config.turns.stall_timeout, should_stop=turn.should_stop,
-            price=lambda data: _price_result(data, plan.stream.model or plan.model, config),
+            price=lambda data: _price_result(data, plan.stream, plan.stream.model or plan.model, config),
             periodic=lambda: _record_take_back(turn.events, agent, turn.turn_id,
                                                sandbox.take_back(turn.project, agent)),
             stream_ledger=turn.stream_ledger, asked_session=turn.resume_session_id)
@@ -509,21 +509,26 @@ def priced_usage(stream: TurnParser, model: str | None, config: Config) -> Usage
         return usage._replace(cost_usd=0.0)
     if usage.cost_usd or not (usage.input_tokens or usage.output_tokens):
         return usage
-    return usage._replace(cost_usd=_table_cost(stream.model or model, usage.input_tokens, usage.output_tokens,
-                                               config))
+    return usage._replace(cost_usd=_table_cost(stream, model, usage.input_tokens, usage.output_tokens, config))
 
 
-def _table_cost(model: str | None, input_tokens: int, output_tokens: int, config: Config) -> float:
+def _table_cost(stream: TurnParser, model: str | None, input_tokens: int, output_tokens: int, config: Config) -> float:
+    """The price table's figure: by kind of token where the runtime said them (cached input is cheaper),
+    else all input as fresh input."""
     from overstory.runtimes.prices import PriceTable, Tokens
 
-    return PriceTable(config.prices).lookup(model).price.cost(Tokens(input_tokens, output_tokens))
+    table = PriceTable(config.prices)
+    by_kind = stream.live_usage()
+    if by_kind and not stream.live_cost_usd():
+        return table.cost({name or stream.model or model or "": tokens for name, tokens in by_kind.items()})[0]
+    return table.lookup(stream.model or model).price.cost(Tokens(input_tokens, output_tokens))
 
 
-def _price_result(data: dict[str, t.Any], model: str | None, config: Config) -> None:
+def _price_result(data: dict[str, t.Any], stream: TurnParser, model: str | None, config: Config) -> None:
     """Fill in a turn_result event's cost from the price table when the runtime did not report one."""
     if data.get("total_cost_usd"):
         return
-    data["total_cost_usd"] = _table_cost(model, int(data.get("input_tokens") or 0),
+    data["total_cost_usd"] = _table_cost(stream, model, int(data.get("input_tokens") or 0),
                                          int(data.get("output_tokens") or 0), config)
     data["cost_source"] = "price_table"
     data.setdefault("model", model)

@@ -58,15 +58,15 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
                          "cache_write_per_mtok": 0.625},
     "claude-haiku-4-5": {"input_per_mtok": 1.0, "output_per_mtok": 5.0, "cache_read_per_mtok": 0.1,
                          "cache_write_per_mtok": 1.25},
-    # Vendors' list prices (2025) for the runtimes whose CLI reports tokens only. Their cached input is
-    # counted as input (an upper bound), so only input and output prices matter for them.
-    "gpt-5": {"input_per_mtok": 1.25, "output_per_mtok": 10.0},
-    "gpt-5-codex": {"input_per_mtok": 1.25, "output_per_mtok": 10.0},
-    "gpt-5-mini": {"input_per_mtok": 0.25, "output_per_mtok": 2.0},
-    "gpt-5-nano": {"input_per_mtok": 0.05, "output_per_mtok": 0.40},
-    "gpt-4.1": {"input_per_mtok": 2.0, "output_per_mtok": 8.0},
-    "gpt-4.1-mini": {"input_per_mtok": 0.40, "output_per_mtok": 1.60},
-    "o4-mini": {"input_per_mtok": 1.10, "output_per_mtok": 4.40},
+    # Vendors' list prices (2025) for the runtimes whose CLI reports tokens only. Codex reports its cached
+    # input apart (priced at the cache-read rate); the others' cached input is counted as input (an upper bound).
+    "gpt-5": {"input_per_mtok": 1.25, "output_per_mtok": 10.0, "cache_read_per_mtok": 0.125},
+    "gpt-5-codex": {"input_per_mtok": 1.25, "output_per_mtok": 10.0, "cache_read_per_mtok": 0.125},
+    "gpt-5-mini": {"input_per_mtok": 0.25, "output_per_mtok": 2.0, "cache_read_per_mtok": 0.025},
+    "gpt-5-nano": {"input_per_mtok": 0.05, "output_per_mtok": 0.40, "cache_read_per_mtok": 0.005},
+    "gpt-4.1": {"input_per_mtok": 2.0, "output_per_mtok": 8.0, "cache_read_per_mtok": 0.50},
+    "gpt-4.1-mini": {"input_per_mtok": 0.40, "output_per_mtok": 1.60, "cache_read_per_mtok": 0.10},
+    "o4-mini": {"input_per_mtok": 1.10, "output_per_mtok": 4.40, "cache_read_per_mtok": 0.275},
     "gemini-2.5-pro": {"input_per_mtok": 1.25, "output_per_mtok": 10.0},
     "gemini-2.5-flash": {"input_per_mtok": 0.30, "output_per_mtok": 2.50},
     "gemini-2.5-flash-lite": {"input_per_mtok": 0.10, "output_per_mtok": 0.40},

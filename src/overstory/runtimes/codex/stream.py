@@ -27,6 +27,7 @@ from overstory.runtimes.base import (
     Usage,
 )
 from overstory.runtimes.common import TEXT_LIMIT, kind_of_status, parse_json_line, reset_after, retry_seconds, trim
+from overstory.runtimes.prices import Tokens
 
 # An item type -> the tool name ov records for it.
 TOOL_ITEMS = {"command_execution": "shell", "file_change": "apply_patch", "web_search": "web_search"}
@@ -105,6 +106,7 @@ class CodexTurnStream(TurnParser):
         if kind == "turn.completed":
             self.completed = event
             self.current_tool = None
+            self.live_reports += 1  # the turn's only bill: priced with its cached part (``live_usage``)
             tokens_in, tokens_out = self._tokens()
             return [ParsedEvent("turn_result", summary="success", data={
                 "subtype": "success", "is_error": False, "input_tokens": tokens_in, "output_tokens": tokens_out,
@@ -168,6 +170,16 @@ class CodexTurnStream(TurnParser):
             self.errors.append(message)
         return ParsedEvent("runtime_event", summary=("notice: " if notice else "error: ") + (trim(message, 200) or ""),
                            data={"type": "error", "message": trim(message, TEXT_LIMIT), "fatal": False})
+
+    def live_usage(self) -> dict[str, Tokens]:
+        """The finished turn's tokens by kind: codex counts cached input inside ``input_tokens``, and cached
+        input costs a fraction of fresh input (its ``cached_input_tokens`` is priced at the cache-read rate)."""
+        usage = (self.completed or {}).get("usage") or {}
+        if not usage:
+            return {}
+        total_in = int(usage.get("input_tokens") or 0)
+        cached = min(int(usage.get("cached_input_tokens") or 0), total_in)
+        return {"": Tokens(total_in - cached, int(usage.get("output_tokens") or 0), cached, 0)}
 
     def _tokens(self) -> tuple[int, int]:
         usage = (self.completed or {}).get("usage") or {}
