@@ -150,15 +150,15 @@ def test_guard_is_hidden_from_help_but_documented(tmp_path: Path) -> None:
 # ---- the scripted runtime's scenario format, as documented ------------------------------------
 
 
-def test_the_readme_scenario_example_plays_as_documented(project: ProjectPaths, tmp_path: Path) -> None:
-    """The YAML example in the README is a working scenario: a builder following it commits and reports."""
+def test_the_documented_scenario_example_plays_as_documented(project: ProjectPaths, tmp_path: Path) -> None:
+    """The YAML example of docs/scripted-runtime.md is a working scenario: a builder following it commits, reports."""
     import re
 
     from agent_helpers import wait_terminal
     from conftest import REPO_ROOT
 
-    readme = (REPO_ROOT / "README.md").read_text()
-    [example] = [block for block in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+    page = (REPO_ROOT / "docs" / "scripted-runtime.md").read_text()
+    [example] = [block for block in re.findall(r"```yaml\n(.*?)```", page, flags=re.S)
                  if block.startswith("agents:")]  # the scenario; other yaml blocks are other files
     plan = tmp_path / "plan.yaml"
     plan.write_text(example)
@@ -173,7 +173,7 @@ def test_the_readme_scenario_example_plays_as_documented(project: ProjectPaths, 
     conn.close()
     assert body == "docs done", "${OVERSTORY_TASK_ID} was filled in"
     help_text = run_ov("demo", "--help", cwd=project.root).stdout
-    assert "The scripted runtime's scenarios" in help_text and "### The scripted runtime's scenarios" in readme
+    assert "docs/scripted-runtime.md" in help_text and "## The scripted runtime's scenarios" in page
 
 
 def test_not_logged_in_is_an_auth_failure_that_is_not_retried() -> None:

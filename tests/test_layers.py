@@ -1,4 +1,4 @@
-"""The package's layering rules (README "Architecture"), checked by parsing the source with ``ast``.
+"""The package's layering rules (docs/architecture.md), checked by parsing the source with ``ast``.
 
 - ``store/`` imports no other layer of ov (only itself and the base modules below);
 - ``runtimes/`` never imports ``agents/``, ``cli/`` or ``ui/``;

@@ -1,4 +1,4 @@
-"""`ov loop` as a new user meets it (issue 32): the README's loop example, offline, in the project's own environment.
+"""`ov loop` as a new user meets it (issue 32): docs/loops-and-schedules.md's example, offline, in the project's venv.
 
 The check runs in the project's Python environment, never ov's: ov's own virtual environment is
 taken off the check's PATH (the tests put it first on the PATH `ov` is run with, and set
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import typing as t
@@ -23,17 +24,23 @@ import pytest
 import yaml
 
 from agent_helpers import agent_state, mail_rows, wait_for
-from conftest import run_git, run_ov
+from conftest import REPO_ROOT, run_git, run_ov
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store.db import open_state
 from test_loop import records, settled
 from test_watchdog import make_watchdog, write_local_config
 
-README_LOOP = ["loop", "builder", "green", "--prompt", "make the whole test suite pass", "--check",
+DOCUMENTED_LOOP = ["loop", "builder", "green", "--prompt", "make the whole test suite pass", "--check",
                "python -m pytest -q", "--max-usd", "10"]
 NAME = "builder-green"
 OWN_BIN = os.path.dirname(sys.executable)  # ov's own virtual environment (the one running these tests)
+
+
+def test_the_docs_show_this_loop_example() -> None:
+    page = (REPO_ROOT / "docs" / "loops-and-schedules.md").read_text(encoding="utf-8")
+    shown = [shlex.split(line) for line in page.splitlines() if line.startswith("ov loop builder green ")]
+    assert shown == [["ov", *DOCUMENTED_LOOP]]
 
 
 def green_project(project: ProjectPaths) -> ProjectPaths:
@@ -113,7 +120,7 @@ def status(project: ProjectPaths) -> tuple[str, dict[str, t.Any]]:
 def test_the_readme_loop_runs_offline_in_the_projects_venv(project: ProjectPaths):
     green = green_project(project)
     venv = make_project_venv(green.root)
-    done = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
+    done = run_ov(*DOCUMENTED_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
     assert done.returncode == 0, done.stderr
     assert f"  checks:   `python` is {venv / 'bin' / 'python'} (virtual environment {venv})" in done.stdout
     agent = settled(green, NAME)
@@ -135,7 +142,7 @@ def test_the_readme_loop_runs_offline_in_the_projects_venv(project: ProjectPaths
 def test_the_readme_loop_without_a_venv_fails_clearly_and_shows_the_output(project: ProjectPaths):
     green = green_project(project)
     bare = python_without_pytest(green.root)
-    done = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env([bare]))
+    done = run_ov(*DOCUMENTED_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env([bare]))
     assert done.returncode == 0, done.stderr
     assert f"  checks:   `python` is {bare / 'python'} (no project virtual environment" in done.stdout
     agent = settled(green, NAME)
@@ -169,7 +176,7 @@ def test_loop_check_env_names_the_venv_and_one_that_is_none_is_refused_at_the_st
     green = green_project(project)
     write_local_config(green, loop={"same_failure_limit": 1, "check_env": "envs/tools"},
                        turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3})
-    refused = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
+    refused = run_ov(*DOCUMENTED_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "loop.check_env envs/tools: " in refused.stderr and "is not a virtual environment (no bin/python)" \
         in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
@@ -181,7 +188,7 @@ def test_loop_check_env_names_the_venv_and_one_that_is_none_is_refused_at_the_st
     (green.root / "tests" / "test_green.py").write_text(
         (green.root / "tests" / "test_green.py").read_text().replace(str(green.root / ".venv"), str(tools)))
     run_git(green.root, "commit", "-q", "-am", "the tests run in envs/tools")
-    done = run_ov(*README_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
+    done = run_ov(*DOCUMENTED_LOOP, "--runtime", "scripted", cwd=green.root, env=own_venv_env())
     assert done.returncode == 0, done.stderr
     assert f"  checks:   `python` is {tools / 'bin' / 'python'} (virtual environment {tools}, loop.check_env)" \
         in done.stdout

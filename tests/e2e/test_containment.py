@@ -13,7 +13,7 @@ their turns outlives them, ov's hooks still run in the builder's next turn after
 every file it could, and the operator's `ov merge` of the builder runs none of its hooks.
 
 With OV_CONTAINMENT_MEASURE=<file> the same table runs with sandbox.mode off and writes,
-per row, whether the guard denied it and whether it escaped (README "Security").
+per row, whether the guard denied it and whether it escaped (docs/security.md, "The guard alone").
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def demo(runtime: str, directory: Path | None, timeout: float, as_json: bool) ->
 
     The claude runtime uses `runtime.claude_bin` from the project you run this in
     (or OV_RUNTIME_CLAUDE_BIN). The scripted runtime plays a scenario instead of
-    asking a model; README.md, "The scripted runtime's scenarios", describes the
+    asking a model; docs/scripted-runtime.md describes the
     format (for your own: `ov sling --runtime scripted --scenario FILE`).
 
     Exit codes are `ov wait`'s: 0 every agent completed, 3 one died, 4/5/6 one was

@@ -25,7 +25,7 @@ from overstory.runtimes import RUNTIME_NAMES
 @click.option("--provider", help="Config provider serving --model (same as --model PROVIDER/MODEL).")
 @click.option("--base-branch", help="Branch to start from (default: the project's current branch).")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
-              help="Scenario file for the scripted runtime (format: README.md, \"The scripted runtime's scenarios\").")
+              help="Scenario file for the scripted runtime (format: docs/scripted-runtime.md).")
 @click.option("--tmux/--headless", "tmux", default=None,
               help="Run the interactive TUI in tmux (`ov attach NAME`), or headless turns (default: runtime.tmux).")
 @click.option("--max-usd", type=click.FloatRange(min=0), help="Budget: dollars (default: config budgets.agent).")

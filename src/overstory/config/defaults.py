@@ -88,7 +88,7 @@ merge:
   lock_wait: 30
 
 sandbox:
-  # Every turn runs inside bubblewrap (see README "Security"): auto (bwrap where a probe shows it
+  # Every turn runs inside bubblewrap (see docs/security.md): auto (bwrap where a probe shows it
   # works, else off with a warning), bwrap (required: an agent does not start without it) or off.
   mode: auto
   # Share the host's network: on or off for everyone, or per capability, e.g. {default: on, scout: off}.
@@ -126,7 +126,7 @@ logs:
 
 budgets:
   # Spending limits; crossing one parks the agent (its parent is told once) and `ov resume NAME
-  # --add-usd 5` goes on. Sized for a first day (README "Cost control" says why); null: no limit
+  # --add-usd 5` goes on. Sized for a first day (docs/budgets.md says why); null: no limit
   # (`ov init --no-limits` writes every one as null).
   agent:
     # Per task agent (`ov sling --max-usd ...` overrides them; never beyond what is left of its run's;
@@ -193,7 +193,7 @@ schedules:
 
 executor:
   # Where turns run: local (a process group on this machine) or ray (a task on a Ray cluster; needs
-  # `pip install 'overstory[ray]'`). Not yet used by the agents' turns: see README "Scaling out".
+  # `pip install 'overstory[ray]'`). Not yet used by the agents' turns: see docs/scaling-out.md.
   kind: local
   # The cluster of the ray executor (read when kind is ray).
   ray:

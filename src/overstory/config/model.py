@@ -84,7 +84,7 @@ class BudgetLimits(_Section):
 
 
 class AgentLimits(BudgetLimits):
-    """``budgets.agent``: one task agent's limits unless `ov sling` says otherwise (README "Cost control").
+    """``budgets.agent``: one task agent's limits unless `ov sling` says otherwise (docs/budgets.md).
 
     Sized for a first day: a builder task costs $0.10-$1 on sonnet and several times that on a CLI's
     default model, takes a handful of turns and minutes of wall clock.

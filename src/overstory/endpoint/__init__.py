@@ -1,4 +1,4 @@
-"""An agent's authenticated channel to ov (README "Security").
+"""An agent's authenticated channel to ov (docs/security.md).
 
 - ``client``: the agent's side, standard library only (hot: `ov mail send/check`).
 - ``server``: the HTTP-over-unix-socket server its loop or tmux driver runs, with the per-turn secret.

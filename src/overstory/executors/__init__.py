@@ -4,7 +4,7 @@
 ``ray`` only when it connects, so ov without the ``ray`` extra loads, lists and validates
 ``executor: {kind: ray}`` and fails only when a turn would need the cluster, in one line.
 
-A Kubernetes Jobs executor would be one more entry here (see README "Scaling out").
+A Kubernetes Jobs executor would be one more entry here (see docs/scaling-out.md).
 """
 
 from __future__ import annotations

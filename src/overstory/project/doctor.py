@@ -81,7 +81,7 @@ def check_local_providers(config: Config) -> list[Check]:
 
 
 def check_sandbox(config: Config) -> Check:
-    """Whether every turn runs inside bubblewrap (README "Security")."""
+    """Whether every turn runs inside bubblewrap (docs/security.md)."""
     from overstory.sandbox import OFF_WARNING, effective_mode
     from overstory.sandbox.probe import INSTALL_HINT
 
@@ -103,7 +103,7 @@ SANDBOX_OFF_COSTS = (
 
 
 def check_sandbox_off(config: Config) -> Check | None:
-    """What ``sandbox.mode: off`` gives up (README "The guard alone"): a line of its own when it is off."""
+    """What ``sandbox.mode: off`` gives up (docs/security.md, "The guard alone"): a line of its own when it is off."""
     from overstory.sandbox import effective_mode
 
     try:

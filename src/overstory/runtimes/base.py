@@ -173,7 +173,7 @@ class TurnRequest:
     # What ``provider_env`` returned for this turn's provider (empty without one): a runtime whose CLI
     # takes the endpoint on its command line, not from the environment, reads it here.
     provider_env: t.Mapping[str, str] = field(default_factory=dict)
-    # ov runs this turn inside its own bubblewrap sandbox (README "Security"): a runtime with a sandbox of its
+    # ov runs this turn inside its own bubblewrap sandbox (docs/security.md): a runtime with a sandbox of its
     # own turns it off (it could not nest one inside, and ov's already is the boundary).
     sandboxed: bool = False
     # Settings to pass instead of the run dir's command-hook settings (the loop's HTTP hooks, endpoint.hooks).

@@ -1,4 +1,4 @@
-"""Every turn of every agent runs inside a bubblewrap sandbox (README "Security").
+"""Every turn of every agent runs inside a bubblewrap sandbox (docs/security.md).
 
 The one entry point is ``prepare_turn``: the headless turn runner and tmux mode call it
 with the runtime's command line and get back the command line to run. It also does the
@@ -32,7 +32,7 @@ if t.TYPE_CHECKING:
     from overstory.store.sessions import Session
 
 OFF_WARNING = ("sandbox.mode is off: agents run without a kernel boundary and ov's guard is the only layer "
-               "between them and your files (README, \"Security\")")
+               "between them and your files (docs/security.md)")
 
 TakeBack = gitrefs.TakeBack
 

@@ -1,4 +1,4 @@
-"""The bubblewrap command line around one turn (see README "Security" for the why of each part).
+"""The bubblewrap command line around one turn (see docs/security.md for the why of each part).
 
 bwrap applies its options left to right, so a mount nested in another comes after it. The
 measured facts behind each choice are in the issue 12 notes (rows like K02, F01, A05 are

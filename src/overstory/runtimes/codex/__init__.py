@@ -37,7 +37,7 @@ class CodexRuntime(Runtime):
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
     hook_ids_match = False  # the hook gets the model's call id (call_...), the stream numbers items (item_N)
     credential_vars = ("OPENAI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
-    usage_during_turn = False  # tokens only in the closing turn.completed (README "Cost control")
+    usage_during_turn = False  # tokens only in the closing turn.completed (docs/budgets.md)
     instructions_file = "AGENTS.md"  # in CODEX_HOME, not the worktree
     protocols = ("openai-responses",)
 

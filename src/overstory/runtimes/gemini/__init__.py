@@ -66,7 +66,7 @@ class GeminiRuntime(Runtime):
     tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
     hook_ids_match = False  # its BeforeTool hook is given no call id at all
     credential_vars = ("GEMINI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
-    usage_during_turn = False  # tokens only in the closing result's stats (README "Cost control")
+    usage_during_turn = False  # tokens only in the closing result's stats (docs/budgets.md)
     instructions_file = "GEMINI.md"  # in GEMINI_CLI_HOME/.gemini, not the worktree
     protocols = ("gemini",)
 
