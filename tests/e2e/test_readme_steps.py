@@ -36,8 +36,10 @@ from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from codex_cli import CODEX_BIN
 from conftest import REPO_ROOT, make_repo, run_git, stop_project_processes
 from gemini_cli import GEMINI_BIN
+from kilo_cli import KILO_BIN
 from mockapi import MockMessagesAPI, Reply, assistant_turns, conversation_text, text_reply, tool_reply
 from opencode_cli import OPENCODE_BIN
+from qwen_cli import QWEN_BIN
 
 README = REPO_ROOT / "README.md"
 SECTIONS = ("## Set-up", "## Run a real team")
@@ -81,7 +83,8 @@ def substitute(step: str, *, repo_url: str, project_dir: Path, env: dict[str, st
 
 def installed_clis() -> str:
     """The agent CLIs this run already has, as the variables that keep `.ci/test` from installing them."""
-    found = {"OV_CODEX_BIN": CODEX_BIN, "OV_GEMINI_BIN": GEMINI_BIN, "OV_OPENCODE_BIN": OPENCODE_BIN}
+    found = {"OV_CODEX_BIN": CODEX_BIN, "OV_GEMINI_BIN": GEMINI_BIN, "OV_OPENCODE_BIN": OPENCODE_BIN,
+             "OV_QWEN_BIN": QWEN_BIN, "OV_KILO_BIN": KILO_BIN}
     return " ".join(f"{name}={shlex.quote(path)}" for name, path in found.items() if path)
 
 
