@@ -124,6 +124,37 @@ def test_ov_stop_of_an_agent_on_the_cluster_stops_its_turn_through_the_executor(
     wait_for(lambda: not procs.tagged_processes(turn["id"]), 30, "nothing of the turn left running")
 
 
+def test_doctor_checks_the_cluster_and_each_node_and_says_what_is_missing(project: ProjectPaths,
+                                                                         ray_cluster: RayTestCluster) -> None:
+    import overstory
+    from test_doctor_cluster import cluster_lines
+
+    executor = {"kind": "ray", "ray": {"address": ray_cluster.address, "turn_resources": {"CPU": 1}}}
+    write_local_config(project, executor=executor, runtime={"default": "scripted", "codex_bin": "/nowhere/codex"})
+    sound = run_ov("doctor", cwd=project.root, timeout=200)
+    assert sound.returncode == 0, sound.stdout + sound.stderr
+    assert "Traceback" not in sound.stderr, sound.stderr[-2000:]
+    assert cluster_lines(sound.stdout) == [
+        f"[ok  ] cluster: {ray_cluster.address}: 3 node(s) alive, 2 with room for a turn (CPU=1)",
+        f"[ok  ] nodes: every node has ov {overstory.__version__} and scripted; clocks within 1 s of this machine's"]
+    # Reviewers run codex, which no worker node has (its configured path does not exist): one line per node, exit 1.
+    write_local_config(project, executor=executor, runtime={"default": "scripted", "codex_bin": "/nowhere/codex"},
+                       runtimes={"reviewer": "codex"})
+    missing = run_ov("doctor", "--json", cwd=project.root, timeout=200)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    failed = [c for c in json.loads(missing.stdout)["checks"] if c["status"] == "fail"]
+    workers = worker_node_ids()
+    assert sorted(c["name"] for c in failed) == sorted(f"node {node_name(node)} ({node[:8]})" for node in workers)
+    assert {node_name(node) for node in workers} == set(ray_cluster.workers)
+    assert all(c["detail"].startswith("runtime codex is missing") for c in failed), failed
+
+
+def node_name(node_id: str) -> str:
+    import ray
+
+    return next(node["NodeName"] for node in ray.nodes() if node["NodeID"] == node_id)
+
+
 def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: it kills a worker node
         project: ProjectPaths, state_db: t.Any, ray_cluster: RayTestCluster) -> None:
     from overstory import procs
