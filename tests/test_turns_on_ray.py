@@ -83,6 +83,12 @@ def test_scripted_agents_turns_run_on_the_cluster_nodes(project: ProjectPaths, s
         assert log.count(f"work on {task}") == 1  # its commit, once, on its branch
     done = mail_rows(state_db, type="worker_done")
     assert sorted(row["sender"] for row in done) == sorted([*remote, here])  # each worker_done arrived once
+    # The node is shown where the operator looks: `ov trace` (each turn), `ov watch` (a NODE column).
+    traced = json.loads(run_ov("trace", remote[0], "--json", cwd=project.root).stdout)
+    assert [turn["node"] for turn in traced["turns"]] == [nodes[remote[0]]]
+    frame = run_ov("watch", "--once", "--width", "140", cwd=project.root).stdout
+    rows = {line.split()[0]: line for line in frame.splitlines() if line.strip().startswith("builder-")}
+    assert "NODE" in frame and all(nodes[name][:8] in rows[name] for name in remote), frame
 
 
 def subprocess_git(project: ProjectPaths, *args: str) -> str:
