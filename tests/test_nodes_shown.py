@@ -74,3 +74,17 @@ def test_the_api_gives_each_agents_node_and_each_turns(api: TestClient, state_db
     listed = {a["name"]: a["node"] for a in api.get("/api/agents").json()}
     assert listed == {"builder-away": RAY_NODE, "builder-here": HERE}
     assert {a["name"]: a["node"] for a in api.get("/api/status").json()["agents"]} == listed
+
+
+def test_the_watchdog_leaves_a_local_turn_to_its_own_rules(project: ProjectPaths, state_db: sqlite3.Connection) -> None:
+    """``remote_turns.settle`` speaks only for turns on a cluster: a local one (or a configuration that does not
+    load, where no executor can be built) is the watchdog's process-group business, as before executors."""
+    from overstory.store import sessions
+    from overstory.watchdog import remote_turns
+
+    ran_on(state_db, "builder-here", HERE, "turn-h")
+    agent = sessions.get(state_db, "builder-here")
+    assert agent is not None and agent.turn_pgid is None
+    assert remote_turns.settle(project, agent, "turn-h", grace=0) is None  # executor.kind local
+    project.local_config_file.write_text("executor: {kind: ray}\n", encoding="utf-8")  # invalid: no address
+    assert remote_turns.settle(project, agent, "turn-h", grace=0) is None

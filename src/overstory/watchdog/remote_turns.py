@@ -24,7 +24,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass
 
-from overstory.errors import TurnNotFound, TurnStillRunning
+from overstory.errors import ConfigError, TurnNotFound, TurnStillRunning
 
 if t.TYPE_CHECKING:
     from overstory.paths import ProjectPaths
@@ -46,7 +46,10 @@ def settle(project: ProjectPaths, agent: Session, turn_id: str | None, grace: fl
     from overstory.agents import turn_exec
     from overstory.config.load import load
 
-    config = load(project.config_file, project.local_config_file)
+    try:
+        config = load(project.config_file, project.local_config_file)
+    except ConfigError:  # no executor can be built (nor can a new loop run): the local rules, as before executors
+        return None
     if turn_exec.executor_kind(config, agent) == "local":
         return None
     executor = turn_exec.executor_for(project, config, agent)
