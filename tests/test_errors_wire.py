@@ -86,6 +86,8 @@ ERRORS: dict[str, tuple[tuple[t.Any, ...], int, int, int, str]] = {
     "ClusterUnreachable": (("ray://h:10001", "refused"), 1, 409, 400,
                            "cannot reach the Ray cluster at ray://h:10001: refused"),
     "TurnNotFound": (("t-9", "local"), 1, 409, 400, "turn t-9 is not known to the local executor"),
+    "TurnStillRunning": (("t-9", "ray", "running"), 1, 409, 400, "turn t-9 is still running on the ray executor "
+                         "after a stop"),
 }
 
 

@@ -83,6 +83,12 @@ def test_scripted_agents_turns_run_on_the_cluster_nodes(project: ProjectPaths, s
         assert log.count(f"work on {task}") == 1  # its commit, once, on its branch
     done = mail_rows(state_db, type="worker_done")
     assert sorted(row["sender"] for row in done) == sorted([*remote, here])  # each worker_done arrived once
+    # The node is shown where the operator looks: `ov trace` (each turn), `ov watch` (a NODE column).
+    traced = json.loads(run_ov("trace", remote[0], "--json", cwd=project.root).stdout)
+    assert [turn["node"] for turn in traced["turns"]] == [nodes[remote[0]]]
+    frame = run_ov("watch", "--once", "--width", "140", cwd=project.root).stdout
+    rows = {line.split()[0]: line for line in frame.splitlines() if line.strip().startswith("builder-")}
+    assert "NODE" in frame and all(nodes[name][:8] in rows[name] for name in remote), frame
 
 
 def subprocess_git(project: ProjectPaths, *args: str) -> str:
@@ -122,6 +128,150 @@ def test_ov_stop_of_an_agent_on_the_cluster_stops_its_turn_through_the_executor(
     ended = state_db.execute("SELECT status, error FROM turns WHERE id = ?", (turn["id"],)).fetchone()
     assert ended["status"] == "aborted", dict(ended)
     wait_for(lambda: not procs.tagged_processes(turn["id"]), 30, "nothing of the turn left running")
+
+
+def test_doctor_checks_the_cluster_and_each_node_and_says_what_is_missing(project: ProjectPaths,
+                                                                         ray_cluster: RayTestCluster) -> None:
+    import overstory
+    from test_doctor_cluster import cluster_lines
+
+    executor = {"kind": "ray", "ray": {"address": ray_cluster.address, "turn_resources": {"CPU": 1}}}
+    write_local_config(project, executor=executor, runtime={"default": "scripted", "codex_bin": "/nowhere/codex"})
+    sound = run_ov("doctor", cwd=project.root, timeout=200)
+    assert sound.returncode == 0, sound.stdout + sound.stderr
+    assert "Traceback" not in sound.stderr, sound.stderr[-2000:]
+    assert cluster_lines(sound.stdout) == [
+        f"[ok  ] cluster: {ray_cluster.address}: 3 node(s) alive, 2 with room for a turn (CPU=1)",
+        f"[ok  ] nodes: every node has ov {overstory.__version__} and scripted; clocks within 1 s of this machine's"]
+    # Reviewers run codex, which no worker node has (its configured path does not exist): one line per node, exit 1.
+    write_local_config(project, executor=executor, runtime={"default": "scripted", "codex_bin": "/nowhere/codex"},
+                       runtimes={"reviewer": "codex"})
+    missing = run_ov("doctor", "--json", cwd=project.root, timeout=200)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    failed = [c for c in json.loads(missing.stdout)["checks"] if c["status"] == "fail"]
+    workers = worker_node_ids()
+    assert sorted(c["name"] for c in failed) == sorted(f"node {node_name(node)} ({node[:8]})" for node in workers)
+    assert {node_name(node) for node in workers} == set(ray_cluster.workers)
+    assert all(c["detail"].startswith("runtime codex is missing") for c in failed), failed
+
+
+def node_name(node_id: str) -> str:
+    import ray
+
+    return next(node["NodeName"] for node in ray.nodes() if node["NodeID"] == node_id)
+
+
+def start_retrying(project: ProjectPaths, conn: t.Any, task: str) -> str:
+    """An agent on the cluster whose first turn sleeps (it leaves ``.once``) and whose retry commits and reports."""
+    once = [{"bash": "test -e .once || { touch .once; sleep 300; }"}, *commit(task)]
+    scenario = project.root.parent / f"scenario-{task}.json"
+    scenario.write_text(json.dumps({"turns": [{"actions": once, "result": "done"} for _ in range(3)]}))
+    result = sling(project, load(project), conn, SlingRequest(capability="builder", task_id=task, runtime="scripted",
+                                                              scenario=scenario), start=False)
+    pid, ticks = spawn_loop(project, result.name, result.generation, dict(os.environ))
+    sessions.update_fields(conn, result.name, result.generation, loop_pid=pid, loop_start_ticks=ticks)
+    return result.name
+
+
+def sleeping_turn(project: ProjectPaths, conn: t.Any, name: str) -> t.Any:
+    """The agent's first turn once it sleeps on its node (its row: id, node)."""
+    try:
+        first = wait_for(lambda: conn.execute("SELECT id, node FROM turns WHERE agent = ? AND node IS NOT NULL",
+                                              (name,)).fetchone(), 120, "the first turn on a node")
+    except AssertionError:  # say where it stands: the agent, its turns, the cluster's free resources and nodes
+        import ray
+
+        rows = [dict(r) for r in conn.execute("SELECT id, node, status, error FROM turns WHERE agent = ?", (name,))]
+        raise AssertionError(f"no turn of {name} on a node after 120 s: {current(conn, name)}; turns {rows}; free "
+                             f"{ray.available_resources()}; nodes {[(n['NodeName'], n['Alive']) for n in ray.nodes()]}"
+                             ) from None
+    wait_for((Path(str(current(conn, name).worktree)) / ".once").exists, 60, "the first turn to sleep on its node")
+    return first
+
+
+def kill_loop(conn: t.Any, name: str) -> None:
+    import signal
+
+    from overstory import procs
+
+    agent = current(conn, name)
+    os.kill(int(agent.loop_pid or 0), signal.SIGKILL)
+    wait_for(lambda: not procs.is_alive(agent.loop_pid, agent.loop_start_ticks), 30, "the loop to die")
+
+
+def ray_worker_of(turn_id: str) -> int:
+    """The Ray worker that runs the turn's task: the ancestor of the turn's processes whose parent is a raylet."""
+    from overstory import procs
+
+    for pid in procs.tagged_processes(turn_id):
+        while pid > 1:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/raylet"):
+                return pid
+            pid = parent
+    raise AssertionError(f"no Ray worker runs turn {turn_id}")
+
+
+def test_the_watchdog_settles_a_dead_loops_turn_lost_with_its_worker_within_seconds(
+        project: ProjectPaths, state_db: t.Any, ray_cluster: RayTestCluster) -> None:
+    import signal
+    import time
+
+    from overstory import procs
+    from test_watchdog import make_watchdog
+
+    write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
+                                                                 "turn_resources": {"CPU": 1}}},
+                       turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       watchdog={"stale_after": 600, "zombie_after": 1200})
+    name = start_retrying(project, state_db, "w1")
+    first = sleeping_turn(project, state_db, name)
+    kill_loop(state_db, name)  # nobody watches the turn now; it goes on on its node (the hub owns it)
+    assert procs.tagged_processes(first["id"])
+    os.kill(ray_worker_of(first["id"]), signal.SIGKILL)  # its worker dies: Ray's word is "lost"
+    killed_at = time.monotonic()
+    dog = make_watchdog(project, state_db)
+    readopted = wait_for(lambda: [a for a in dog.tick() if a.agent == name and a.kind == "readopted"], 30,
+                         "the watchdog to settle the lost turn")
+    assert time.monotonic() - killed_at < 10  # the executor's word, not a stall timeout
+    assert "its turn was lost with its node or worker (retry 1/3)" in readopted[0].detail, readopted
+    assert f"its turn was lost on node {first['node']}" in readopted[0].detail, readopted
+    settled = state_db.execute("SELECT status, error FROM turns WHERE id = ?", (first["id"],)).fetchone()
+    assert settled["status"] == "transient" and "lost on its executor (ray)" in settled["error"], dict(settled)
+    assert current(state_db, name).retries == 1  # the same retry rules as a local crash
+    wait_for(lambda: current(state_db, name).is_terminal, 180, "the agent to end")
+    assert current(state_db, name).state == "completed", current(state_db, name)
+    assert subprocess_git(project, "log", "--format=%s", f"ov/{name}").count("work on w1") == 1
+    assert len(mail_rows(state_db, type="worker_done", sender=name)) == 1
+    wait_for(lambda: not procs.tagged_processes(first["id"]), 30, "nothing left of the lost turn")
+
+
+def test_the_watchdog_stops_a_dead_loops_running_turn_through_the_executor_before_the_retry(
+        project: ProjectPaths, state_db: t.Any, ray_cluster: RayTestCluster) -> None:
+    from overstory import procs
+    from test_watchdog import make_watchdog
+
+    write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
+                                                                 "turn_resources": {"CPU": 1}}},
+                       turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       watchdog={"stale_after": 600, "zombie_after": 1200})
+    name = start_retrying(project, state_db, "w2")
+    first = sleeping_turn(project, state_db, name)
+    kill_loop(state_db, name)
+    raylets = {pid for pid in ray_cluster.processes() if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+               .endswith(b"/raylet")}
+    dog = make_watchdog(project, state_db)
+    readopted = wait_for(lambda: [a for a in dog.tick() if a.agent == name and a.kind == "readopted"], 60,
+                         "the watchdog to re-adopt the agent")
+    assert f"stopped its turn on node {first['node']} through the ray executor" in readopted[0].detail, readopted
+    assert not procs.tagged_processes(first["id"])  # stopped before the retry could start beside it
+    settled = state_db.execute("SELECT status, error FROM turns WHERE id = ?", (first["id"],)).fetchone()
+    assert settled["status"] == "failed" and "loop died" in settled["error"], dict(settled)
+    wait_for(lambda: current(state_db, name).is_terminal, 180, "the agent to end")
+    assert current(state_db, name).state == "completed", current(state_db, name)
+    assert subprocess_git(project, "log", "--format=%s", f"ov/{name}").count("work on w2") == 1
+    # Nothing of Ray's was touched: every raylet is still there.
+    assert raylets <= set(ray_cluster.processes())
 
 
 def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: it kills a worker node

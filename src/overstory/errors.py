@@ -262,6 +262,14 @@ class ClusterUnreachable(ExecutorError):
         super().__init__(f"cannot reach the Ray cluster at {address}: {detail}")
 
 
+class TurnStillRunning(ExecutorError):
+    """A stop through the executor did not end the turn in time (its node did not answer): it may still run."""
+
+    def __init__(self, turn_id: str, executor: str, state: str) -> None:
+        self.turn_id, self.executor, self.state = turn_id, executor, state
+        super().__init__(f"turn {turn_id} is still {state} on the {executor} executor after a stop")
+
+
 class TurnNotFound(ExecutorError):
     """An executor knows no turn with this id (never submitted there, or already forgotten)."""
 

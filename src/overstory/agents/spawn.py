@@ -293,10 +293,14 @@ def _result_of(conn: sqlite3.Connection, agent: sessions.Session) -> SlingResult
 
 
 def _check_executor(executor: str | None, tmux: bool, config: Config) -> None:
-    """``--executor``: a known kind, configured; a tmux agent's TUI runs here, so only with ``local``."""
+    """``--executor``: a known kind, configured; a tmux agent's TUI runs here, so only with ``local``. The kind
+    its turns will use (``--executor``, else config ``executor.kind``) must be loadable: ray needs its extra."""
+    from overstory.executors import EXECUTOR_KINDS, check_available
+
+    if not tmux:
+        check_available(executor or config.executor.kind)
     if executor is None:
         return
-    from overstory.executors import EXECUTOR_KINDS
 
     if executor not in EXECUTOR_KINDS:
         raise UsageError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTOR_KINDS)}")

@@ -8,10 +8,13 @@ from overstory.cli._common import echo_json, json_option
 @click.command(name="doctor")
 @click.option("--states", is_flag=True, help="Print the agent state transition table instead.")
 @click.option("--repair", is_flag=True, help="Recreate tables and indexes missing from a database (empty).")
+@click.option("--executor", type=click.Choice(("local", "ray")),
+              help="Check this executor (default: config executor.kind); ray: the cluster at executor.ray.address.")
 @json_option
 @click.pass_context
-def doctor(ctx: click.Context, states: bool, repair: bool, as_json: bool) -> None:
-    """Check git, tmux, Python, each runtime, the databases and the config.
+def doctor(ctx: click.Context, states: bool, repair: bool, executor: str | None, as_json: bool) -> None:
+    """Check git, tmux, Python, each runtime, the databases and the config; with executor ray, the cluster
+    (reachable, nodes alive, the same ov and the configured runtimes on each node, clock skew).
 
     Exits 1 if any check fails (warnings do not fail).
 
@@ -20,6 +23,7 @@ def doctor(ctx: click.Context, states: bool, repair: bool, as_json: bool) -> Non
     ov doctor --json
     ov doctor --states      # which state may follow which
     ov doctor --repair      # put back tables missing from a damaged database
+    ov doctor --executor ray  # the Ray cluster too, even if config executor.kind is local
     """
     from overstory.project.doctor import FAIL, run_checks
     from overstory.store.sessions import transition_table
@@ -32,7 +36,7 @@ def doctor(ctx: click.Context, states: bool, repair: bool, as_json: bool) -> Non
             for to, sources in table:
                 click.echo(f"{to:<14} <- {', '.join(sources) if sources else '(new generation only)'}")
         return
-    checks = run_checks(ctx.find_root().obj.project_option, repair=repair)
+    checks = run_checks(ctx.find_root().obj.project_option, repair=repair, executor=executor)
     failed = any(c.status == FAIL for c in checks)
     if as_json:
         echo_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})

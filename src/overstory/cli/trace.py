@@ -36,7 +36,8 @@ def render(document: dict[str, t.Any]) -> list[str]:
             mail = ",".join(f"#{i}" for i in entry["mail_ids"]) or "none"
             text = (f"turn       #{entry['number']} attempt {entry['attempt']} started ({entry['turn_id']}); "
                     f"answers {entry['dispatch'] or '-'} (mail {mail}); "
-                    f"{'resumes' if entry['resumed'] else 'session'} {entry['session_id'] or 'new'}")
+                    f"{'resumes' if entry['resumed'] else 'session'} {entry['session_id'] or 'new'}"
+                    + (f"; on node {entry['node']}" if entry.get("node") else ""))
         elif kind == "turn_end":
             git = entry.get("git_status") or {}
             tree = "clean" if git.get("clean") else (f"{sum(v for k, v in git.items() if isinstance(v, int))} "

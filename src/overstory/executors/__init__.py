@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import typing as t
 
-from overstory.errors import UsageError
+from overstory.errors import ExecutorUnavailable, UsageError
 
 if t.TYPE_CHECKING:
     from overstory.executors.base import TurnExecutor
@@ -23,6 +23,17 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "ray": ("overstory.executors.ray_executor", "RayExecutor"),
 }
 EXECUTOR_KINDS: tuple[str, ...] = tuple(REGISTRY)
+# kind -> the package it needs beyond ov's own (an optional extra), and how to get it
+EXTRAS: dict[str, tuple[str, str]] = {"ray": ("ray", "install the ray extra: pip install 'overstory[ray]'")}
+
+
+def check_available(kind: str) -> None:
+    """ExecutorUnavailable (one line) when ``kind`` needs a package that is not installed; imports nothing."""
+    import importlib.util
+
+    extra = EXTRAS.get(kind)
+    if extra is not None and importlib.util.find_spec(extra[0]) is None:
+        raise ExecutorUnavailable(kind, f"the {extra[0]} package is not installed", extra[1])
 
 
 def get_executor(kind: str, **settings: t.Any) -> TurnExecutor:

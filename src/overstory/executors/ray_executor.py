@@ -23,6 +23,7 @@ installed, building this executor is a one-line error.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import typing as t
@@ -33,6 +34,7 @@ from overstory.executors.ray_hub import HUB_NAME, LOST_ERROR_TYPES, TurnHub
 
 INSTALL_HINT = "install the ray extra: pip install 'overstory[ray]'"
 STOP_SLACK = 3.0  # seconds past the grace before a stop kills on the node
+CONNECT_SECONDS = 3.0  # a plain connect to the address first: Ray's own waits minutes where nothing answers
 STATE_API_SECONDS = 1.0  # how often the state API is asked about a running turn
 HUB_THREADS = 256  # the hub's calls at once: a reader waiting for lines holds one, each turn's pushes another
 PENDING_STATES = frozenset({"NIL", "PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "PENDING_OBJ_STORE_MEM_AVAIL",
@@ -47,6 +49,20 @@ def import_ray() -> t.Any:
     except ImportError as exc:
         raise ExecutorUnavailable("ray", f"the ray package is not installed ({exc.msg})", INSTALL_HINT) from None
     return ray
+
+
+def unreachable(address: str, timeout: float = CONNECT_SECONDS) -> str | None:
+    """Why nothing answers at ``address`` (HOST:PORT), or None when something accepts a connection there."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return f"{address!r} is not HOST:PORT"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return (exc.strerror or str(exc)).lower()
 
 
 def task_options(turn_resources: t.Mapping[str, float]) -> dict[str, t.Any]:
@@ -90,6 +106,9 @@ class RayExecutor(TurnExecutor):
         ray = self.ray
         with _connect_lock:
             if not ray.is_initialized():
+                why = unreachable(self.address)
+                if why is not None:
+                    raise ClusterUnreachable(self.address, why)
                 try:
                     ray.init(address=self.address, namespace=self.namespace, logging_level="ERROR",
                              log_to_driver=False)

@@ -233,7 +233,8 @@ def check_canonical_branch(root: Path, canonical: str) -> Check:
     return Check(name, OK, f"{canonical} (checked out)")
 
 
-def run_checks(project_option: str | None = None, *, repair: bool = False) -> list[Check]:
+def run_checks(project_option: str | None = None, *, repair: bool = False, executor: str | None = None) -> list[Check]:
+    """Every check; the Ray cluster's too when turns run there (config ``executor.kind``, or ``executor``)."""
     from overstory.paths import find_project
     from overstory.store.events_migrations import EVENTS_MIGRATIONS
     from overstory.store.migrations import STATE_MIGRATIONS
@@ -263,6 +264,10 @@ def run_checks(project_option: str | None = None, *, repair: bool = False) -> li
         costs = check_sandbox_off(config)
         if costs is not None:
             checks.append(costs)
+        from overstory.project import doctor_cluster
+
+        if doctor_cluster.wanted(config, executor):
+            checks.extend(Check(*finding) for finding in doctor_cluster.check_cluster(config))
     checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
     checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
     hooks = check_hooks(project, project.state_db)

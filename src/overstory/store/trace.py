@@ -47,7 +47,7 @@ def trace(conn: sqlite3.Connection, agent: str) -> dict[str, t.Any]:
         timeline.append({"kind": "turn_start", "at": turn["started_ms"], "turn_id": turn["id"],
                          "number": turn["number"], "attempt": turn["attempt"], "resumed": turn["resumed"],
                          "session_id": turn["session_id"], "dispatch": turn["dispatch"], "mail_ids": turn["mail_ids"],
-                         "head": turn["head_start"]})
+                         "head": turn["head_start"], "node": turn["node"]})
         timeline.extend({**call, "kind": "tool_call"} for call in turn["tool_calls"])
         if turn["ended_ms"] is not None:
             timeline.append({"kind": "turn_end", "at": turn["ended_ms"], "turn_id": turn["id"],
@@ -98,7 +98,7 @@ def _turn_entry(row: sqlite3.Row, mark: dict[str, t.Any] | None, calls: list[dic
         "cost_usd": round(row["cost_usd"], 6), "error": row["error"], "dispatch": mark.get("scope"),
         "mail_ids": mark.get("mail_ids") or [], "head_start": mark.get("head") if mark.get("phase") == "start"
         else None, "head": mark.get("head"), "git_status": mark.get("git_status"),
-        "spend_usd": mark.get("cost_usd"), "tool_calls": calls,
+        "spend_usd": mark.get("cost_usd"), "tool_calls": calls, "node": row["node"],
     }
 
 

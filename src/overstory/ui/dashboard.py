@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from overstory.printable import line as escaped
-from overstory.views.status import format_idle, reason_text, spend_text
+from overstory.views.status import elsewhere, format_idle, node_text, reason_text, spend_text
 
 STATE_STYLES = {
     "booting": "cyan",
@@ -42,7 +42,7 @@ STATE_RANK = {"in_turn": 0, "working": 0, "stalled": 1, "booting": 2, "parked": 
 
 # (column, minimum console width at which it is shown)
 AGENT_COLUMNS: tuple[tuple[str, int], ...] = (
-    ("name", 0), ("state", 0), ("cost", 0), ("idle", 50), ("turns", 60), ("why", 80), ("capability", 95),
+    ("name", 0), ("state", 0), ("cost", 0), ("idle", 50), ("turns", 60), ("node", 70), ("why", 80), ("capability", 95),
     ("tool", 110), ("task", 125), ("parent", 140), ("tokens", 155),
 )
 
@@ -83,6 +83,8 @@ def _cell(agent: dict[str, t.Any], column: str) -> RenderableType:
         return _plain(agent["task_id"])
     if column == "tokens":
         return _plain(str(agent["input_tokens"] + agent["output_tokens"]))
+    if column == "node":
+        return _plain(node_text(agent.get("node")))
     return _plain(agent.get(column) or "-")
 
 
@@ -100,6 +102,8 @@ def _fit_columns(agents: list[dict[str, t.Any]], width: int, marker: bool) -> tu
     are dropped (least important first) until the whole names fit; only a terminal too narrow for NAME,
     STATE and COST cuts names."""
     columns = [name for name, min_width in AGENT_COLUMNS if width >= min_width]
+    if "node" in columns and not any(elsewhere(a.get("node")) for a in agents):
+        columns.remove("node")  # every turn ran on this machine: nothing to tell apart
     name_width = max([4, *(len(escaped(a["name"])) for a in agents)])
 
     def needed(shown: list[str]) -> int:

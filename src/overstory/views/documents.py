@@ -12,7 +12,7 @@ import sqlite3
 import typing as t
 
 from overstory.clock import iso, now_ms
-from overstory.store import approvals, mail_queries, sessions, turns
+from overstory.store import approvals, mail_queries, overview, sessions, turns
 from overstory.store.lifecycle import PARK_KINDS
 from overstory.views.status import agent_entry
 
@@ -27,7 +27,8 @@ def _turn(row: dict[str, t.Any]) -> dict[str, t.Any]:
             "status": row["status"], "started_at": iso(started), "ended_at": iso(ended),
             "duration_seconds": round((ended - started) / 1000, 3) if ended is not None else None,
             "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
-            "cost_usd": round(row["cost_usd"], 6), "tool_calls": row["tool_calls"], "error": row["error"]}
+            "cost_usd": round(row["cost_usd"], 6), "tool_calls": row["tool_calls"], "error": row["error"],
+            "node": row.get("node")}
 
 
 def agent_detail(conn: sqlite3.Connection, name: str, *, turn_limit: int = 20, history_limit: int = 20,
@@ -37,7 +38,8 @@ def agent_detail(conn: sqlite3.Connection, name: str, *, turn_limit: int = 20, h
     if agent is None:
         raise sessions.agent_not_found(conn, name)
     now = now_ms() if now is None else now
-    document = agent_entry(agent, now, mail_queries.pending_indexed(conn, name))
+    document = agent_entry(agent, now, mail_queries.pending_indexed(conn, name),
+                           node=overview.latest_node(conn, name, agent.generation))
     history = sessions.recent_transitions(conn, name, agent.generation, history_limit)
     document.update({
         "task": agent.spec.get("prompt"), "model": agent.model, "worktree": agent.worktree,

@@ -235,6 +235,20 @@ def dashboard_snapshot(state: sqlite3.Connection, events: sqlite3.Connection | N
     return document
 
 
+def elsewhere(node: str | None) -> bool:
+    """A turn's node is another machine (a cluster's node), not this one."""
+    import os
+
+    return node is not None and node != os.uname().nodename
+
+
+def node_text(node: str | None) -> str:
+    """A node as a column shows it: a Ray node id (56 hex digits) by its first 8, a host by its name."""
+    if node is None:
+        return "-"
+    return node[:8] if len(node) > 16 and all(c in "0123456789abcdef" for c in node) else node
+
+
 def format_idle(seconds: float | None) -> str:
     if seconds is None:
         return "-"

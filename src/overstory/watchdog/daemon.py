@@ -48,6 +48,7 @@ from overstory.store.lifecycle import (
     terminal_mail_sent,
 )
 from overstory.store.sessions import Session
+from overstory.watchdog import remote_turns
 from overstory.watchdog.people import SideTicks
 
 if t.TYPE_CHECKING:
@@ -327,17 +328,19 @@ class Watchdog:
 
     def _readopt(self, agent: Session) -> list[Action]:
         actions: list[Action] = []
-        killed = ""
+        latest = turns.last_inserted(self.state, agent.name, agent.generation)
+        live = latest["id"] if latest is not None and latest["status"] in turns.LIVE_TURN_STATUSES else None
+        remote = remote_turns.settle(self.project, agent, agent.current_turn_id or live, self.settings.kill_grace)
+        killed = f"; {remote.detail}" if remote is not None else ""  # a turn on a cluster: its executor's word
         if (agent.turn_pgid is not None and procs.group_alive(agent.turn_pgid, agent.turn_start_ticks)) or \
                 procs.tagged_processes(agent.current_turn_id or ""):
             procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
                             grace=self.settings.kill_grace)
-            killed = f"; killed its orphaned turn group {agent.turn_pgid}"
+            killed += f"; killed its orphaned turn group {agent.turn_pgid}"
         from overstory.sandbox.checks import kill_leftover, loop_record
 
         if kill_leftover(loop_record(self.project.run_dir, agent.name)):  # a loop's check (or gate) it left running
             killed += "; killed the check its loop left running"
-        latest = turns.last_inserted(self.state, agent.name, agent.generation)
         claimed = mail_queries.claimed_unread(self.state, agent.name)
         try:
             if latest is not None and latest["status"] == "ok" and agent.state in ("in_turn", "stalled", "booting"):
@@ -347,7 +350,7 @@ class Watchdog:
             elif ((agent.state == "in_turn" or (agent.state == "stalled" and agent.state_reason != NO_REPORT))
                   or agent.current_turn_id or agent.turn_pgid or claimed
                   or (latest is not None and latest["status"] in turns.LIVE_TURN_STATUSES)):
-                action = self._fail_interrupted_turn(agent, killed)
+                action = self._fail_interrupted_turn(agent, killed, remote.lost if remote is not None else None)
             elif agent.retries > self.settings.max_retries:
                 action = self._give_up(agent, "its loop died after the last retry")
             elif (crash := self._crashes.gave_up(agent.name, agent.generation, booting=agent.state == "booting",
@@ -385,12 +388,14 @@ class Watchdog:
         if row["loop_pid"] != agent.loop_pid:
             raise _RowChanged("a new loop recorded itself while the watchdog looked at it")
 
-    def _fail_interrupted_turn(self, agent: Session, killed: str) -> Action:
-        """The loop died mid-turn: that turn failed. Same retry policy as the loop's own."""
+    def _fail_interrupted_turn(self, agent: Session, killed: str, lost: str | None = None) -> Action:
+        """The loop died mid-turn (or its turn was ``lost`` with its node): that turn failed. Same retry policy
+        as the loop's own."""
         from overstory.store import mail
 
         retries = agent.retries + 1
-        reason = f"agent loop died mid-turn (retry {retries}/{self.settings.max_retries})"
+        what = "its turn was lost with its node or worker" if lost else "agent loop died mid-turn"
+        reason = f"{what} (retry {retries}/{self.settings.max_retries})"
         turn_fields = {"retries": retries, "failed_turns": agent.failed_turns + 1, "turn_pgid": None,
                        "turn_start_ticks": None, "current_turn_id": None, "current_tool": None}
 
@@ -400,8 +405,8 @@ class Watchdog:
             self._fence(tx, agent)
             mail.release_agent(tx, agent.name)
             budgets.settle_interrupted(tx, agent.name, agent.generation)
-            turns.end_live_turns(tx, agent.name, agent.generation, status="failed",
-                                 error="the agent loop died during the turn")
+            turns.end_live_turns(tx, agent.name, agent.generation, status="transient" if lost else "failed",
+                                 error=lost or "the agent loop died during the turn")
 
         if agent.state in ("in_turn", "stalled", "booting"):
             outcome = sessions.transition(self.state, agent.name, agent.generation, "between_turns", actor=ACTOR,
@@ -418,7 +423,7 @@ class Watchdog:
         if retries > self.settings.max_retries:
             fresh = sessions.get(self.state, agent.name)
             if fresh is not None and fresh.generation == agent.generation:
-                return self._give_up(fresh, f"agent loop died mid-turn; gave up after {retries - 1} retries")
+                return self._give_up(fresh, f"{what}; gave up after {retries - 1} retries")
         return Action(agent.name, "readopted", reason + killed)
 
     def _settle_finished_turn(self, agent: Session, turn_id: str, started_ms: int) -> Action:

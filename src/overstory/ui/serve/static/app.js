@@ -100,6 +100,11 @@ const clock = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "");
 
 // ---- the team --------------------------------------------------------------------------------
 
+// A Ray node id (56 hex digits) by its first 8; null for a turn on the control machine (its host name).
+function rayNode(node) {
+  return node && /^[0-9a-f]{56}$/.test(node) ? node.slice(0, 8) : null;
+}
+
 function spendText(agent) {
   const budget = page.detail && page.detail.name === agent.name && page.detail.budget;
   const limit = budget && (budget.max_usd ?? (budget.limits && budget.limits.max_usd));
@@ -124,6 +129,7 @@ function renderTree() {
         agent.current_tool ? el("span", { class: "tool", text: agent.current_tool }) : null,
         el("span", { class: "spend", text: spendText(agent) }),
         el("span", { class: "idle", text: `idle ${idle(agent.idle_seconds)}` }),
+        rayNode(agent.node) ? el("span", { class: "idle", title: agent.node, text: `on ${rayNode(agent.node)}` }) : null,
         agent.pending_mail ? el("span", { class: "spend", text: `✉ ${agent.pending_mail}` }) : null);
       const node = el("li", { class: "node" + (agent.name === page.selected ? " selected" : ""), "data-agent": agent.name,
         "data-state": agent.state }, row);
@@ -355,8 +361,9 @@ function renderTurns(turns) {
     el("td", { text: `${t.number}${t.attempt ? "." + t.attempt : ""}` }), el("td", { text: t.status }),
     el("td", { text: clock(t.started_at) }), el("td", { text: t.duration_seconds === null ? "…" : `${t.duration_seconds}s` }),
     el("td", { text: `${t.input_tokens + t.output_tokens}` }), el("td", { text: money(t.cost_usd) }),
-    el("td", { text: String(t.tool_calls) }), el("td", { text: t.error || "" })));
-  $("turns").replaceChildren(el("tr", {}, ...["turn", "status", "started", "took", "tokens", "cost", "tools", "error"]
+    el("td", { text: String(t.tool_calls) }), el("td", { title: t.node || "", text: rayNode(t.node) || t.node || "" }),
+    el("td", { text: t.error || "" })));
+  $("turns").replaceChildren(el("tr", {}, ...["turn", "status", "started", "took", "tokens", "cost", "tools", "node", "error"]
     .map((h) => el("th", { text: h }))), ...rows);
 }
 
