@@ -168,7 +168,10 @@ def check_serve(project: ProjectPaths) -> Check:
             return Check("ov serve", WARN, f"{address_file(project)} names an `ov serve` that is no longer running",
                          "it is removed when `ov serve` exits cleanly; delete it, or start `ov serve`")
         return Check("ov serve", OK, "no `ov serve` is running for this project")
-    pid = json.loads(address_file(project).read_text(encoding="utf-8")).get("pid")
+    try:
+        pid = json.loads(address_file(project).read_text(encoding="utf-8")).get("pid")
+    except (OSError, ValueError, AttributeError):  # it stopped (and removed its record) just now
+        return Check("ov serve", OK, "no `ov serve` is running for this project")
     import urllib.error
     import urllib.request
 
