@@ -16,6 +16,8 @@ from overstory.agents import ledger
 from overstory.agents.session_lost import note_session
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.clock import now_ms
+from overstory.guards.mail_poll import EVENT_KIND as MAIL_POLLING
+from overstory.guards.mail_poll import polls_mail
 from overstory.runtimes.base import AUTH, RATE_LIMIT, UNKNOWN, ParsedEvent, TurnParser
 from overstory.store import events as event_store
 from overstory.store import sessions
@@ -131,6 +133,8 @@ def _pump(reader: Lines, raw_out: t.IO[bytes], proc: Process, stream: TurnParser
                     price(item.data)
                 event_store.record(events, item.kind, agent=agent.name, generation=agent.generation, turn_id=turn_id,
                                    tool=item.tool, summary=item.summary, data=item.data)
+                if item.kind == "tool_start":
+                    _note_mail_polling(events, agent, turn_id, item)
             if stream_ledger is not None:
                 stream_ledger.feed(parsed)
             if not entered_turn and stream.events_seen:
@@ -183,6 +187,17 @@ def _pump(reader: Lines, raw_out: t.IO[bytes], proc: Process, stream: TurnParser
     if refused_at is not None and meter.stopped_by is not None:
         return _stopped(events, agent, turn_id, meter, meter.stopped_by)
     return "running", ""
+
+
+def _note_mail_polling(events: sqlite3.Connection, agent: Session, turn_id: str, item: ParsedEvent) -> None:
+    """One ``mail_polling`` event for a tool call whose command polls for mail (``guards.mail_poll``): every
+    runtime's stream passes here, and the guard's hot path pays nothing for it."""
+    given = item.call_input.get("command") if isinstance(item.call_input, dict) else None
+    command = given if isinstance(given, str) else item.summary or ""
+    if polls_mail(command):
+        event_store.record(events, MAIL_POLLING, agent=agent.name, generation=agent.generation, turn_id=turn_id,
+                           tool=item.tool, summary=f"polls for mail in a shell loop (mail wakes it): {command}"[:300],
+                           data={"command": command[:1000]})
 
 
 def _stopped(events: sqlite3.Connection, agent: Session, turn_id: str, meter: TurnMeter, stop: t.Any) -> tuple[str, str]:

@@ -152,6 +152,10 @@ def durable_env(config: Config, agent: Session, attempt: int, dispatch: t.Sequen
     env = ledger.turn_env(attempt=attempt, dispatch=dispatch, run_id=agent.run_id, policy=policy)
     if config.guards.push_remotes:
         env["OVERSTORY_PUSH_REMOTES"] = ",".join(config.guards.push_remotes)
+    if config.guards.mail_polling == "refuse":
+        from overstory.guards.policy import MAIL_POLLING_ENV
+
+        env[MAIL_POLLING_ENV] = "refuse"
     rules = approval_rules(config, agent)
     if rules:
         from overstory.agents.gate import ENV_APPROVALS, spec_env

@@ -118,6 +118,10 @@ guards:
   # few milliseconds each, where the turn shares the host's network) or command (a new
   # `ov guard` process per call, as other runtimes and tmux agents always do).
   hook_transport: auto
+  # An agent polling for mail in a shell loop (`sleep 5; ov mail check`, `while ...; do ov mail
+  # check ...; done`, `watch ov mail check`): warn (a mail_polling event; the command runs) or
+  # refuse (the guard denies it and tells the agent that mail wakes it by itself).
+  mail_polling: warn
 """ + APPROVALS_YAML + """\
 
 logs:

@@ -238,6 +238,8 @@ class LedgerSection(_Section):
 class GuardsSection(_Section):
     push_remotes: list[str] = Field(default_factory=list)
     hook_transport: t.Literal["auto", "command"] = "auto"
+    # An agent polling for mail in a shell loop (guards.mail_poll): warn (an event) or refuse (the guard says why).
+    mail_polling: t.Literal["warn", "refuse"] = "warn"
 
 
 class LogsSection(_Section):

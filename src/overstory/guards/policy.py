@@ -56,6 +56,7 @@ FILE_WRITE_TOOLS: dict[str, str] = {
 
 #: An `ov loop` phase's tool allow-list (comma-separated, Claude's tool names), set for its turns.
 PHASE_TOOLS_ENV = "OVERSTORY_PHASE_TOOLS"
+MAIL_POLLING_ENV = "OVERSTORY_MAIL_POLLING"  # "refuse" (config guards.mail_polling): see guards.mail_poll
 
 #: Tools whose ``command`` is a shell command line.
 SHELL_TOOLS = frozenset({"Bash", "Monitor"})
@@ -223,6 +224,10 @@ def _decide(hook_input: Mapping[str, object], agent: _Agent) -> Decision:
         if patched is not None:  # codex edits files by running apply_patch
             return _check_patch(patched, agent, agent.start_dir(hook_input))
         reason = check_shell(command, agent, agent.start_dir(hook_input))
+        if reason is None and agent.env.get(MAIL_POLLING_ENV) == "refuse":  # opt-in: nothing to import otherwise
+            from overstory.guards.mail_poll import REFUSAL, polls_mail
+
+            reason = REFUSAL if polls_mail(command) else None
         return Decision.deny(reason) if reason else ALLOW
 
     if tool in CODE_TOOLS and not agent.writable:

@@ -1,4 +1,8 @@
-"""`ov doctor`: environment and project health checks, each with a fix hint."""
+"""`ov doctor`: environment and project health checks, each with a fix hint, grouped in categories.
+
+``ov doctor --category NAME`` runs only the groups asked for (``CATEGORIES``); a group that is not
+asked for does not run at all, so ``--category serve`` does not probe every runtime.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +10,13 @@ import sqlite3
 import subprocess
 import sys
 import typing as t
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from overstory.errors import OrchestratorError
+from overstory.project.health import CATEGORIES, FAIL, OK, WARN, Check
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config
-
-OK, WARN, FAIL = "ok", "warn", "fail"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str
-    detail: str
-    hint: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def _version_of(argv: list[str]) -> str | None:
@@ -233,47 +224,84 @@ def check_canonical_branch(root: Path, canonical: str) -> Check:
     return Check(name, OK, f"{canonical} (checked out)")
 
 
-def run_checks(project_option: str | None = None, *, repair: bool = False, executor: str | None = None) -> list[Check]:
-    """Every check; the Ray cluster's too when turns run there (config ``executor.kind``, or ``executor``)."""
-    from overstory.paths import find_project
-    from overstory.store.events_migrations import EVENTS_MIGRATIONS
-    from overstory.store.migrations import STATE_MIGRATIONS
+def unknown_categories(names: t.Iterable[str]) -> list[str]:
+    return [name for name in names if name not in CATEGORIES]
 
-    checks = [check_python(), check_git(), check_tmux()]
+
+def run_checks(project_option: str | None = None, *, repair: bool = False,
+               categories: t.Collection[str] | None = None, executor: str | None = None) -> list[Check]:
+    """Every check of the ``categories`` asked for (all when None), each labelled with its category; the
+    executor's are the Ray cluster's when turns run there (config ``executor.kind``, or ``executor``)."""
+    from dataclasses import replace
+
+    wanted = set(CATEGORIES if not categories else categories)
+    checks: list[Check] = []
+
+    def add(category: str, *found: Check | None) -> None:
+        checks.extend(replace(check, category=category) for check in found if check is not None)
+
+    if "install" in wanted:
+        add("install", check_python(), check_git(), check_tmux())
+    from overstory.paths import find_project
+
     try:
         project = find_project(project_option)
     except OrchestratorError as exc:
-        checks.extend(check_runtimes(None))
-        checks.append(Check("project", WARN, str(exc), "run `ov init` in your repository"))
+        if "runtimes" in wanted:
+            add("runtimes", *check_runtimes(None))
+        add("project", Check("project", WARN, str(exc), "run `ov init` in your repository"))
         return checks
-    checks.append(Check("project", OK, str(project.root)))
     config = None
-    try:
-        from overstory.config.load import load as load_config
+    config_check: Check | None = None
+    if wanted - {"install", "processes", "serve"} or "project" in wanted:
+        try:
+            from overstory.config.load import load as load_config
 
-        config = load_config(project.config_file, project.local_config_file)
-        checks.append(Check("config", OK, f"{project.config_file} is valid"))
-    except OrchestratorError as exc:
-        checks.append(Check("config", FAIL, str(exc), "fix the key named above, or compare with `ov config --defaults`"))
-    if config is not None:
-        checks.append(check_canonical_branch(project.root, config.project.canonical_branch))
-    checks.extend(check_runtimes(config))
-    if config is not None:
-        checks.extend(check_local_providers(config))
-        checks.append(check_sandbox(config))
-        costs = check_sandbox_off(config)
-        if costs is not None:
-            checks.append(costs)
+            config = load_config(project.config_file, project.local_config_file)
+            config_check = Check("config", OK, f"{project.config_file} is valid")
+        except OrchestratorError as exc:
+            config_check = Check("config", FAIL, str(exc),
+                                 "fix the key named above, or compare with `ov config --defaults`")
+    if "project" in wanted:
+        add("project", Check("project", OK, str(project.root)), config_check)
+        if config is not None:
+            add("project", check_canonical_branch(project.root, config.project.canonical_branch))
+        add("project", *check_databases(project, repair))
+    elif config_check is not None and config is None:
+        add("project", config_check)  # the reason the checks below that need the config do not run
+    if "runtimes" in wanted:
+        add("runtimes", *check_runtimes(config))
+        if config is not None:
+            add("runtimes", *check_local_providers(config))
+        add("runtimes", check_parked_for_auth(project.state_db))
+    if "sandbox" in wanted and config is not None:
+        add("sandbox", check_sandbox(config), check_sandbox_off(config))
+    if "executor" in wanted and config is not None:
         from overstory.project import doctor_cluster
 
         if doctor_cluster.wanted(config, executor):
-            checks.extend(Check(*finding) for finding in doctor_cluster.check_cluster(config))
-    checks.append(check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair))
-    checks.append(check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair))
-    hooks = check_hooks(project, project.state_db)
-    if hooks is not None:
-        checks.append(hooks)
-    auth = check_parked_for_auth(project.state_db)
-    if auth is not None:
-        checks.append(auth)
+            add("executor", *(Check(*finding) for finding in doctor_cluster.check_cluster(config)))
+        else:
+            add("executor", check_executor(config))
+    if "processes" in wanted:
+        from overstory.project.doctor_processes import check_orphans, check_watchdogs
+
+        add("processes", check_hooks(project, project.state_db), check_orphans(project), check_watchdogs(project))
+    if "serve" in wanted:
+        from overstory.project.doctor_processes import check_serve
+
+        add("serve", check_serve(project))
     return checks
+
+
+def check_databases(project: t.Any, repair: bool) -> list[Check]:
+    from overstory.store.events_migrations import EVENTS_MIGRATIONS
+    from overstory.store.migrations import STATE_MIGRATIONS
+
+    return [check_database(project.state_db, len(STATE_MIGRATIONS), STATE_MIGRATIONS, repair),
+            check_database(project.events_db, len(EVENTS_MIGRATIONS), EVENTS_MIGRATIONS, repair)]
+
+
+def check_executor(config: Config) -> Check:
+    """Turns run as local processes (the Ray cluster's checks are ``doctor_cluster``'s)."""
+    return Check("executor", OK, "turns run as local processes (executor.kind: local)")

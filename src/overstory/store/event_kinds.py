@@ -29,6 +29,6 @@ KINDS = frozenset({
     # The watchdog
     "watchdog_readopt", "watchdog_settled", "watchdog_stalled", "watchdog_zombie",
     # Mail, notifications, an agent's endpoint, schedules
-    "mail_sent", "notify_failed", "endpoint_refused",
+    "mail_sent", "mail_polling", "notify_failed", "endpoint_refused",
     "schedule_claimed", "schedule_fired", "schedule_failed", "schedule_skipped",
 })

@@ -73,6 +73,19 @@ def abort_turns_of_ended_agents(conn: sqlite3.Connection) -> int:
         (now_ms(),)).rowcount
 
 
+def unfinished_of_past(conn: sqlite3.Connection) -> list[dict[str, t.Any]]:
+    """Live turns whose agent generation has ended or been replaced (what ``abort_turns_of_ended_agents`` would
+    close), each with ``why``: the agent's state now, or the generation that replaced it (`ov doctor`)."""
+    rows = conn.execute(
+        f"SELECT t.id, t.agent, t.generation, s.state, s.generation AS current FROM turns t "
+        f"LEFT JOIN sessions s ON s.name = t.agent WHERE t.{_LIVE} AND NOT EXISTS (SELECT 1 FROM sessions x "
+        f"WHERE x.name = t.agent AND x.generation = t.generation AND x.state NOT IN ('completed', 'zombie'))"
+    ).fetchall()
+    return [{"id": r[0], "agent": r[1], "generation": r[2],
+             "why": "gone" if r[3] is None else (f"at generation {r[4]} now" if r[4] != r[2] else r[3])}
+            for r in rows]
+
+
 def label(conn: sqlite3.Connection, turn_id: str, *, capability: str | None, run_id: str | None,
           model: str | None) -> None:
     """Who the turn was for (kept with the turn, so costs survive the agent's later generations)."""

@@ -206,7 +206,7 @@ ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "wat
                "contract_violation", "resume_fallback", "malformed_line", "api_retry", "budget_crossed",
                "budget_parked", "quota_parked", "auth_parked", "auth_failed", "idle_nudge", "no_report",
                "loop_parked", "schedule_failed", "tool_call_flagged", "approval_expired",
-               "notify_failed")
+               "notify_failed", "mail_polling")
 
 
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None

@@ -24,7 +24,6 @@ names a dead pid) is undone or finished; an agent whose terminal mail is committ
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import sqlite3
@@ -36,7 +35,7 @@ from overstory import procs
 from overstory.agents.idle import NO_REPORT
 from overstory.agents.iterations.starts import ATTEMPTS, StartupCrashes
 from overstory.clock import iso, now_ms
-from overstory.errors import ConfigError, LockHeld, OrchestratorError
+from overstory.errors import ConfigError, OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import intents, mail_queries, sessions, turns
 from overstory.store.db import write_transaction
@@ -49,6 +48,8 @@ from overstory.store.lifecycle import (
 )
 from overstory.store.sessions import Session
 from overstory.watchdog import remote_turns
+from overstory.watchdog.lock import WatchdogLock as WatchdogLock  # where callers have always imported them
+from overstory.watchdog.lock import lock_holder as lock_holder
 from overstory.watchdog.people import SideTicks
 
 if t.TYPE_CHECKING:
@@ -118,59 +119,6 @@ class ReconcileReport:
         for item in self.missing_worktrees:
             lines.append(f"agent {item['agent']} ({item['state']}) has no worktree at {item['path']}")
         return lines
-
-
-# ---- the single-instance lock ---------------------------------------------------
-
-
-def lock_holder(project: ProjectPaths) -> int | None:
-    """The pid written by the current (or last) holder of the watchdog lock."""
-    try:
-        text = (project.locks_dir / "watchdog.lock").read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-class WatchdogLock:
-    """An flock held for the watchdog's life; the kernel drops it if the holder dies."""
-
-    def __init__(self, project: ProjectPaths) -> None:
-        self.project = project
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        path = self.project.locks_dir / "watchdog.lock"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise OrchestratorError(f"the watchdog cannot write its lock {path} ({exc.strerror}): it needs a "
-                                    "writable .overstory/; nothing was changed") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = lock_holder(self.project)
-            who = f"pid {holder}" if holder else "another process"
-            raise LockHeld(f"a watchdog is already running for this project ({who}); "
-                           "`ov watch --no-watchdog` only displays") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self) -> WatchdogLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 # ---- the watchdog ---------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import signal
 import socket
 import threading
 import typing as t
@@ -105,10 +106,20 @@ def serve(project: ProjectPaths, *, host: str = "127.0.0.1", port: int = 7321, o
     if open_browser:
         threading.Timer(0.5, webbrowser.open, [listening.url]).start()
     record_address(project, base)  # notifications link here while this process runs
+    # uvicorn re-raises the signal it handled once it has shut down: SIGINT arrives as KeyboardInterrupt, but
+    # SIGTERM's default action would end the process before `forget_address` (leaving run/serve.json behind).
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
-        pass  # uvicorn re-raises the Ctrl-C it handled once it has shut down
+        pass
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         forget_address(project)
         sock.close()
+
+
+def _interrupt(signum: int, frame: t.Any) -> None:
+    raise KeyboardInterrupt
