@@ -33,6 +33,9 @@ if t.TYPE_CHECKING:
 LOCAL_SLICE = 0.05  # how often a local turn's stdout file is read while the reader waits
 REMOTE_SLICE = 0.5  # the longest a read from the hub waits (the hub answers as soon as a line comes)
 GATE_SLICE = 0.1    # the same, when a tool call may wake the reader (the gate is watched between reads)
+# How often a local turn's stdout file is read once a refused call's answer is awaited (``hurry``): the runtime
+# may ask for its next, billed, message within milliseconds of taking the refusal, as a pipe's reader would see.
+HURRY_SLICE = 0.002
 LOCAL_TURNS_DIR = "turns"  # under the agent's run dir: the local executor's folder per turn (executors.local)
 
 _executors: dict[tuple[t.Any, ...], TurnExecutor] = {}
@@ -115,6 +118,10 @@ class ExecutorLines:
                     time.sleep(wait)
             if found or self.eof or time.monotonic() >= deadline:
                 return found
+
+    def hurry(self) -> None:
+        if self.executor.kind == "local":
+            self.slice = min(self.slice, HURRY_SLICE)  # a remote read already returns as soon as a line comes
 
     def _read(self, timeout: float) -> list[bytes]:
         batch = self.executor.lines(self.turn_id, self.cursor, timeout=timeout)

@@ -39,6 +39,9 @@ class _LineReader:
     turn runner can answer them once those lines are priced.
     """
 
+    def hurry(self) -> None:
+        """A pipe is read the moment it has a line: nothing to change."""
+
     DRY_READ_LIMIT = 4 << 20  # bytes read in one go for a waiting tool call (a flood must not starve the loop)
 
     def __init__(self, stream: t.IO[bytes], gate: ToolCallGate | None = None) -> None:
@@ -94,6 +97,9 @@ class Lines(t.Protocol):
     gate: ToolCallGate | None
 
     def lines(self, timeout: float) -> list[bytes]: ...
+
+    def hurry(self) -> None:
+        """Read as soon as a line comes, from now to the turn's end: a refused call's answer is awaited."""
 
 
 class Process(t.Protocol):
@@ -171,6 +177,7 @@ def _pump(reader: Lines, raw_out: t.IO[bytes], proc: Process, stream: TurnParser
         elif stop is not None and stream.stop_after_refusal and (ticket or stream.current_tool) and reader.gate:
             reader.gate.answer(0, stop)  # a call in flight is refused at the gate: stop once the refusal is taken
             meter.stopped_by, refused_at, stop = stop, now, None
+            reader.hurry()  # the model may already be asking for its next (billed) message: stop at the refusal's end
         if stop is not None:
             return _stopped(events, agent, turn_id, meter, stop)
         if now - last_periodic >= PERIODIC_SECONDS:
