@@ -230,6 +230,10 @@ def test_the_watchdog_settles_a_dead_loops_turn_lost_with_its_worker_within_seco
     assert procs.tagged_processes(first["id"])
     os.kill(ray_worker_of(first["id"]), signal.SIGKILL)  # its worker dies: Ray's word is "lost"
     killed_at = time.monotonic()
+    # The tick below must find Ray's word: until Ray has noticed, the turn still looks running, and the
+    # watchdog stops it through the executor instead (the next test's case), which is right but not this path.
+    executor = get_executor("ray", address=ray_cluster.address, turn_resources={"CPU": 1})
+    wait_for(lambda: executor.status(first["id"]).state == "lost", 10, "Ray to report the turn lost")
     dog = make_watchdog(project, state_db)
     readopted = wait_for(lambda: [a for a in dog.tick() if a.agent == name and a.kind == "readopted"], 30,
                          "the watchdog to settle the lost turn")
