@@ -172,7 +172,11 @@ def _pump(reader: Lines, raw_out: t.IO[bytes], proc: Process, stream: TurnParser
         if ticket and reader.gate is not None:
             reader.gate.answer(ticket, stop)  # the tool calls that asked: refused if this batch crossed a limit
         if refused_at is not None:  # the runtime took the refusal (its tool_end), or took too long: stop now
-            taken = any(p.kind == "tool_end" for p in batch) or now - refused_at > REFUSED_CALL_GRACE
+            # Killed between a tool call and its result, the runtime's session would hold a call that never
+            # ran, and resuming it fails: so not while the batch left a call in flight (the model's next
+            # message came with the refusal's result; that call is refused at the gate too, and taken fast).
+            taken = (any(p.kind == "tool_end" for p in batch) and not stream.current_tool) \
+                or now - refused_at > REFUSED_CALL_GRACE
             stop = meter.stopped_by if taken else None
         elif stop is not None and stream.stop_after_refusal and (ticket or stream.current_tool) and reader.gate:
             reader.gate.answer(0, stop)  # a call in flight is refused at the gate: stop once the refusal is taken
