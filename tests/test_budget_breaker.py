@@ -166,9 +166,9 @@ def test_the_guard_refuses_calls_of_every_agent_of_a_run_past_its_dollars(conn, 
 # ---- the gate ---------------------------------------------------------------------------
 
 
-def asking(gate: ToolCallGate) -> tuple[threading.Thread, list]:
+def asking(gate: ToolCallGate, reports: int = 0) -> tuple[threading.Thread, list]:
     answers: list = []
-    thread = threading.Thread(target=lambda: answers.append(gate.ask(timeout=30)), daemon=True)
+    thread = threading.Thread(target=lambda: answers.append(gate.ask(timeout=30, reports=reports)), daemon=True)
     thread.start()
     return thread, answers
 
@@ -244,9 +244,7 @@ def test_a_call_that_counted_more_bills_than_the_stream_shows_waits_for_them(con
     events = open_events(tmp_path / "events.db")
     try:
         gate.open_turn(watch=True)
-        answers: list = []
-        thread = threading.Thread(target=lambda: answers.append(gate.ask(timeout=30, reports=1)), daemon=True)
-        thread.start()
+        thread, answers = asking(gate, reports=1)
         meter = TurnMeter(conn, a, NO_PRICES)
         with open(tmp_path / "stdout.ndjson", "wb") as raw:
             status, reason = _pump(_LineReader(runtime.stdout, gate), raw, runtime, OpenCodeTurnStream(), conn, events,
