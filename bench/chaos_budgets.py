@@ -100,7 +100,8 @@ def check_budgets(run: Run) -> list[Verdict]:
                    and t_["started_at"] <= crossed_at and (t_["ended_at"] is None or t_["ended_at"] >= crossed_at)}
         allowed = float(limit["max_usd"]) + sum(dearest.get(name, team.COST_PER_STEP) for name in in_turn or members[:1])
         if used > allowed + 1e-9:
-            agents_text = ", ".join(sorted(in_turn)) or "none"
+            agents_text = ", ".join(sorted(in_turn)) or ("none" if crossed_at is not None else
+                                                         "unknown: its turns' costs add up to less than its spend")
             runs.fail(f"run {limit['name']} spent ${used:.4f} against max_usd {limit['max_usd']} (allowed "
                       f"${allowed:.4f}: agents in a turn when it crossed: {agents_text})")
     for line in _log(run.layout.log("deploys")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -322,3 +323,41 @@ def test_demo_exit_codes(tmp_path):
         assert "every agent completed" in full.stdout
     finally:
         stop_project_processes(ProjectPaths(tmp_path / "full"))
+
+
+def test_a_turn_whose_loop_dies_carries_its_last_estimate_so_turns_and_budget_agree(project, tmp_path):
+    """kill -9 of the loop after a priced message: the watchdog settles the turn, and the estimate the budget
+    keeps as spent is on the turn's row too (chaos seed 27: a run's spend was on no turn, so nothing was
+    'in a turn' when it crossed)."""
+    from test_watchdog import make_watchdog, write_local_config
+
+    marker_dir = tmp_path / "shared"  # bound writable into the agent's sandbox: the test sees the marker
+    marker_dir.mkdir()
+    write_local_config(project, turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       watchdog={"interval": 0.2}, sandbox={"writable": [str(marker_dir)]})
+    marker = marker_dir / "slept-once"
+    first = start(project, tmp_path, [{"actions": [{"usage": {"cost_usd": 0.25}, "once": str(marker_dir / "paid")},
+                                                   {"sleep": 60, "once": str(marker)}, REPORT]}])
+    conn = open_state(project.state_db)
+    try:
+        live = lambda: conn.execute("SELECT live_usd FROM budgets WHERE scope = 'agent' AND name = ?",  # noqa: E731
+                                    (first.name,)).fetchone()[0]
+        busy = wait_for(lambda: (a := agent_state(project, first.name)) and a.state == "in_turn" and marker.exists()
+                        and live() > 0 and a, 60, message="the turn to be priced and asleep")
+        assert live() == pytest.approx(0.25)
+        os.kill(busy.loop_pid, signal.SIGKILL)
+        wait_for(lambda: not procs.is_alive(busy.loop_pid, busy.loop_start_ticks), message="the loop to die")
+        dog = make_watchdog(project)
+        try:
+            assert [(a.agent, a.kind) for a in dog.tick()] == [(first.name, "readopted")]
+        finally:
+            dog.close()
+        assert settled(project, first.name).state == "completed"
+        rows = turns_of(project, first.name)
+        assert [r["status"] for r in rows] == ["failed", "ok"], rows
+        assert rows[0]["cost_usd"] == pytest.approx(0.25), "the dead turn's row carries what it was estimated at"
+        spent = conn.execute("SELECT spent_usd FROM budgets WHERE scope = 'agent' AND name = ?",
+                             (first.name,)).fetchone()[0]
+        assert spent == pytest.approx(sum(r["cost_usd"] or 0 for r in rows))
+    finally:
+        conn.close()

@@ -209,14 +209,14 @@ class AgentLoop(AgentProcess):
             return  # stalled between turns for want of a report: no turn was running
         procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
                         grace=self.config.turns.kill_grace)
-        budgets.settle_interrupted(self.state, self.name, self.generation)  # its spend so far counts
+        estimate = budgets.settle_interrupted(self.state, self.name, self.generation)  # its spend so far counts
         if promised(self.state, agent):
             complete_promised(self.state, agent, "its loop died during the turn", actor="turn-runner",
                               expect=frozenset({"in_turn", "stalled"}))
             return
         if agent.current_turn_id:
             mail.release(self.state, agent.current_turn_id)
-            turns.mark_interrupted(self.state, agent.current_turn_id)
+            turns.mark_interrupted(self.state, agent.current_turn_id, cost_usd=estimate)
         event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
                            turn_id=agent.current_turn_id, summary="the previous loop died mid-turn; retrying")
         self._settle(agent, agent.current_turn_id or "", _Interrupted())

@@ -304,11 +304,15 @@ def settle_turn(conn: sqlite3.Connection, name: str, generation: int, usd: float
 
 
 def settle_interrupted(conn: sqlite3.Connection, name: str, generation: int) -> float:
-    """A turn whose runner died: its last live estimate becomes spent (the money is gone). Returns it."""
-    row = conn.execute("UPDATE budgets SET spent_usd = spent_usd + live_usd, live_usd = 0 WHERE scope = 'agent' "
-                       "AND name = ? AND generation = ? AND live_usd > 0 RETURNING spent_usd",
-                       (name, generation)).fetchone()
-    return 0.0 if row is None else float(row[0])
+    """A turn whose runner died: its last live estimate becomes spent (the money is gone). Returns that estimate,
+    so the turn's own row can carry it (``ov costs`` and the budget then agree)."""
+    row = conn.execute("SELECT live_usd FROM budgets WHERE scope = 'agent' AND name = ? AND generation = ? "
+                       "AND live_usd > 0", (name, generation)).fetchone()
+    if row is None:
+        return 0.0
+    conn.execute("UPDATE budgets SET spent_usd = spent_usd + live_usd, live_usd = 0 WHERE scope = 'agent' "
+                 "AND name = ? AND generation = ?", (name, generation))
+    return float(row[0])
 
 
 def raise_limits(conn: sqlite3.Connection, scope: str, name: str, generation: int, *, add_usd: float = 0,

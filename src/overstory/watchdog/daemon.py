@@ -352,9 +352,10 @@ class Watchdog:
 
             self._fence(tx, agent)
             mail.release_agent(tx, agent.name)
-            budgets.settle_interrupted(tx, agent.name, agent.generation)
+            estimate = budgets.settle_interrupted(tx, agent.name, agent.generation)
             turns.end_live_turns(tx, agent.name, agent.generation, status="transient" if lost else "failed",
-                                 error=lost or "the agent loop died during the turn")
+                                 error=lost or "the agent loop died during the turn", cost_usd=estimate,
+                                 turn_id=agent.current_turn_id)
 
         if agent.state in ("in_turn", "stalled", "booting"):
             outcome = sessions.transition(self.state, agent.name, agent.generation, "between_turns", actor=ACTOR,
