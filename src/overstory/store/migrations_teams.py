@@ -28,3 +28,15 @@ def _state_m014_task_groups(conn: sqlite3.Connection) -> None:
         "CREATE INDEX task_group_members_agent ON task_group_members(agent)",
     ):
         conn.execute(statement)
+
+
+def _state_m015_sibling_notices(conn: sqlite3.Connection) -> None:
+    """The base-branch heads a builder was told about when its ``worker_done`` was held (``agents.siblings``):
+    told once per head, so the same report sent again goes through."""
+    conn.execute("""CREATE TABLE sibling_notices (
+            agent      TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            base_head  TEXT NOT NULL,
+            told_at    INTEGER NOT NULL,
+            PRIMARY KEY (agent, generation, base_head)
+        )""")
