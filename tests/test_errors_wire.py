@@ -50,6 +50,10 @@ ERRORS: dict[str, tuple[tuple[t.Any, ...], int, int, int, str]] = {
     "CoordinatorNotRunning": ((), 1, 404, 400, "no coordinator is running; start one with `ov coordinator start`"),
     "RunNotFound": (("no run 'run-1'",), 1, 404, 400, "no run 'run-1'"),
     "AgentExists": (("x",), 1, 409, 400, "x"),
+    "GroupNotFound": (("atuh", ["auth"]), 1, 404, 400, "no group named 'atuh' (did you mean 'auth'?); `ov group "
+                      "list` lists them, `ov group create NAME` makes one"),
+    "GroupExists": (("auth",), 1, 409, 400, "a group named 'auth' exists already; add agents to it with "
+                    "`ov group add auth AGENT`"),
     "CoordinatorRunning": (("coordinator", "working", None), 1, 409, 400,
                            "a coordinator is already running (coordinator, working, run -); mail it with "
                            "`ov coordinator send`, or stop it first with `ov coordinator stop`"),
@@ -154,7 +158,7 @@ def test_a_sling_request_round_trips_through_its_wire_shape(tmp_path: Path) -> N
                         parent="lead-1", runtime="scripted", model="sonnet", base_branch="dev",
                         scenario_text="turns: []\n", scenario_name="plan.yaml", tmux=False,
                         budget={"max_usd": 2.5, "max_turns": 3, "max_tool_calls": None, "max_wallclock": 60.0},
-                        approve=("Bash(git push*)",))
+                        approve=("Bash(git push*)",), group="auth")
     wire = full.to_wire()
     assert set(wire) == set(SlingRequest.WIRE)
     assert json.loads(json.dumps(wire)) == wire  # plain JSON

@@ -59,7 +59,8 @@ def test_json_document_has_the_documented_shape(project: ProjectPaths, state_db:
         turn_rows.mark_running(state_db, f"turn-{number}", pid=None, pgid=None, node=node)
 
     document = json.loads(_invoke(project, "--json"))
-    assert set(document) == {"generated_at", "agents", "mail", "runs", "waiting", "scope_overlaps", "totals"}
+    assert set(document) == {"generated_at", "agents", "mail", "runs", "waiting", "scope_overlaps", "groups",
+                            "totals"}
     assert document["waiting"] == [], "no approval gates"
     by_name = {a["name"]: a for a in document["agents"]}
     assert sorted(by_name) == ["busy", "dead", "waiting"], "completed hidden, zombie shown"

@@ -106,6 +106,23 @@ class AgentExists(OrchestratorError):
     pass
 
 
+class GroupNotFound(NotFound):
+    """No task group has this name (``similar``: the existing names close to it)."""
+
+    def __init__(self, name: str, similar: t.Sequence[str] = ()) -> None:
+        self.name, self.similar = name, tuple(similar)
+        super().__init__(f"no group named {name!r}" + (f" (did you mean {either(self.similar)}?)" if similar else "")
+                         + "; `ov group list` lists them, `ov group create NAME` makes one")
+
+
+class GroupExists(OrchestratorError):
+    """`ov group create NAME` when NAME is taken."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"a group named {name!r} exists already; add agents to it with `ov group add {name} AGENT`")
+
+
 class CoordinatorRunning(AgentExists):
     """`ov coordinator start` while one runs: ``name``, its ``state`` and ``run_id`` are in the message."""
 

@@ -96,6 +96,7 @@ class SlingRequest:
     budget: dict[str, t.Any] | None = None  # max_usd, max_turns, max_tool_calls, max_wallclock (None: config)
     approve: t.Sequence[str] = ()  # tool patterns whose calls need approval (ov sling --approve)
     executor: str | None = None  # where its turns run: local or ray (None: config executor.kind)
+    group: str | None = None  # a task group (`ov group`) the new agent joins once it is slung
     # -- not on the wire -----------------------------------------------------------------
     spec_file: Path | None = None
     scenario: Path | None = None
@@ -108,7 +109,7 @@ class SlingRequest:
         "capability": "text", "task_id": "text", "name": "text", "prompt": "text", "files": "texts",
         "parent": "text", "runtime": "text", "model": "text", "base_branch": "text", "scenario_text": "text",
         "scenario_name": "text", "tmux": "flag", "budget": "object", "approve": "texts",
-        "executor": "text"}
+        "executor": "text", "group": "text"}
     REQUIRED = ("capability", "task_id")
 
     def read_files(self) -> SlingRequest:

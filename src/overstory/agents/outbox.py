@@ -33,8 +33,10 @@ def send_once(conn: sqlite3.Connection, env: t.Mapping[str, str], project: t.Cal
               sender: str, to: str | None, subject: str, body: str, type_: str = "status", priority: str = "normal",
               payload: t.Any = None, reply_to: int | None = None, allow_unknown: bool = False,
               events: sqlite3.Connection | None = None) -> tuple[list[int], dict[int, str], str | None]:
-    """The ids sent (a retried turn's identical send: the first one's), their recipients, and a note when
-    nothing was sent because an `ov loop` holds the report (``store.loop_reports``).
+    """The ids sent (a retried turn's identical send: the first one's), their recipients, and a note: why
+    nothing was sent (no ids: an `ov loop` holds the report, ``store.loop_reports``, or a builder's
+    ``worker_done`` is held once to tell it of siblings' work it would conflict with, ``agents.siblings``),
+    or, with ids, what the builder should know of that work.
 
     ``project`` is asked only for a worker_done that lacks its commit and files (filled in from git).
     """
@@ -46,16 +48,21 @@ def send_once(conn: sqlite3.Connection, env: t.Mapping[str, str], project: t.Cal
                         "when ov's check agrees (it quotes this report); end your last message with the promise")
     key = agent_key(env, "mail", sender, to, type_, subject, body, payload, reply_to, priority)
     ids = sent_before(conn, key)
+    note = None
     if not ids:
         if type_ == "worker_done":  # the real commit and files, from git, where the agent left them out
+            from overstory.agents.siblings import before_worker_done
             from overstory.agents.work_report import fill_worker_done, refuse_early_lead_report
 
             refuse_early_lead_report(project, conn, sender)  # a lead's builders first: done and merged
+            hold, note = before_worker_done(project(), conn, sender)  # siblings' work merged since it started
+            if hold:
+                return [], {}, note
             payload = fill_worker_done(project(), conn, sender, payload)
         ids = store.send(conn, sender=sender, to=to, subject=subject, body=body, type=type_, priority=priority,
                          payload=payload, reply_to=reply_to, allow_unknown=allow_unknown, dedup_key=key,
                          env=env, events=events) or sent_before(conn, key)
-    return ids, recipients_of(conn, ids), None
+    return ids, recipients_of(conn, ids), note
 
 
 def reply_once(conn: sqlite3.Connection, env: t.Mapping[str, str], message_id: int, *, sender: str, body: str,

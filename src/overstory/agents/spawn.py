@@ -117,6 +117,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     task_id = validate_name(request.task_id, "task id")
     files = scopes.checked_files(request.files)  # a bad pattern is a usage error before anything else
     name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
+    if request.group is not None:  # an unknown group: refused before anything is made
+        from overstory.store import groups
+
+        groups.get(conn, validate_name(request.group, "group name"))
     spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
     plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id, files=files)
     if isinstance(plan, SlingResult):
@@ -128,6 +132,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     from overstory.store import mail
 
     mail.record_sent(conn, [spawning.dispatch_id] if spawning.dispatch_id is not None else [])
+    if request.group is not None:  # killed before this: the agent runs outside its group (`ov group add` puts it in)
+        from overstory.store import groups
+
+        groups.add(conn, request.group, [name])
     return SlingResult(name=name, capability=capability, task_id=task_id, generation=spawning.generation,
                        branch=plan.branch, worktree=str(plan.worktree) if plan.worktree else None, parent=plan.parent,
                        depth=plan.depth, runtime=plan.runtime, loop_pid=spawning.loop_pid, run_id=plan.run_id,

@@ -340,7 +340,7 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
                                          "from": from_, "allow_unknown": allow_unknown})
         ids = [int(i) for i in sent["ids"]]
         recipients = dict(zip(ids, sent["to"]))
-        held = sent.get("held")
+        held = sent.get("held") or sent.get("note")
     else:
         from overstory.agents.outbox import send_once
         from overstory.store import mail as store
@@ -359,7 +359,7 @@ def mail_send(project_option: str | None, *, to: str | None = None, subject: str
         finally:
             conn.close()
     if as_json:
-        echo_json({"ids": ids, "to": [recipients[i] for i in ids], **({"held": held} if held else {})})
+        echo_json({"ids": ids, "to": [recipients[i] for i in ids], **({"note" if ids else "held": held} if held else {})})
     else:
         for message_id in ids:
             echo(f"sent #{message_id} to {recipients[message_id]}")

@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "merge": ("overstory.cli.merge", "merge", "Merge agents' branches back."),
     "coordinator": ("overstory.cli.coordinator", "coordinator", "Start, mail and stop the coordinator."),
     "tree": ("overstory.cli.tree", "tree", "Show the agent hierarchy."),
+    "group": ("overstory.cli.group", "group", "Task groups: agents that work on one piece of work."),
     "run": ("overstory.cli.run", "run", "List and inspect runs."),
     "trace": ("overstory.cli.trace", "trace", "Show one agent's turns, tool calls and mail."),
     "demo": ("overstory.cli.demo", "demo", "Run a demo swarm in a throw-away repository."),

@@ -36,12 +36,13 @@ from overstory.runtimes import RUNTIME_NAMES
               help="Calls matching this tool pattern need approval first, e.g. 'Bash(git push*)'; repeatable.")
 @click.option("--executor", type=click.Choice(("local", "ray")),
               help="Where its turns run (default: config executor.kind); ray needs executor.ray.address.")
+@click.option("--group", help="Put the agent in this task group (`ov group create NAME` first).")
 @json_option
 def sling(capability: str, task_id: str, name: str | None, prompt: str | None, spec_file: Path | None,
           files: tuple[str, ...], parent: str | None, runtime: str | None, model: str | None, provider: str | None,
           base_branch: str | None, scenario: Path | None, tmux: bool | None, max_usd: float | None,
           max_turns: int | None, max_tool_calls: int | None, max_wallclock: float | None, approve: tuple[str, ...], executor: str | None,
-          as_json: bool) -> None:
+          group: str | None, as_json: bool) -> None:
     """Spawn an agent on a task: branch, worktree, instructions, guards, dispatch mail.
 
     \b
@@ -54,6 +55,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     ov sling builder task-9 --max-usd 2 --max-turns 30 --max-wallclock 90m
     ov sling builder task-10 --approve 'Bash(git push*)'   # pushing waits for `ov approve`
     ov sling builder task-12 --executor ray   # its turns run on the Ray cluster (config executor.ray)
+    ov sling builder task-13 --group auth     # a member of task group auth (`ov group status auth`)
 
     \b
     Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
@@ -83,7 +85,7 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
                            files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
                            scenario=scenario, tmux=tmux, budget=budget, approve=approve,
-                           executor=executor)
+                           executor=executor, group=group)
     remote = agent_channel()
     if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
         document = remote.call("sling", request.read_files().to_wire())
@@ -111,6 +113,8 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
         click.echo(f"  branch:   {document['branch']}")
         click.echo(f"  worktree: {document['worktree']}")
     click.echo(f"  parent:   {document['parent']}")
+    if group is not None:
+        click.echo(f"  group:    {group} (`ov group status {group}`)")
     limits = {k: v for k, v in (document.get("budget") or {}).items() if v is not None}
     if limits:
         from overstory.store.budgets import format_limit

@@ -27,6 +27,7 @@ def status(include_completed: bool, capability: str | None, state: str | None, p
     stalled, dead or completed (terminal mail sent, or stopped by the operator).
     Pending mail is unread mail someone will read: not mail its recipient sent
     itself (your own `ov merge` reports), not mail to an agent that has ended.
+    Each task group (`ov group`) gets one line: done/total, active, dead, cost.
 
     --capability, --state, --parent and --run select agents; the agents, totals,
     pending mail and approvals shown are then the selected agents' (and the runs:
@@ -55,6 +56,8 @@ def status(include_completed: bool, capability: str | None, state: str | None, p
      "waiting": [{"id", "agent", "call", "reason", "decider", "seconds_left"}] (approval gates),
      "scope_overlaps": [{"run", "agents": [A, B], "patterns": [[PA, PB]], "message"}]
                        (active builders of one run whose --files may name one file),
+     "groups": [{"name", "description", "created_at", "agents", "done", "zombie", "active", "cost_usd"}]
+               (task groups, `ov group`; with a selection, those with a selected agent),
      "totals": {"agents", "active", "by_state": {STATE: N}, "turns", "input_tokens",
                 "output_tokens", "cost_usd"}}
     """

@@ -68,7 +68,15 @@ class _WatchdogThread:
 @click.option("--no-watchdog", is_flag=True, help="Only display; do not run the watchdog here.")
 @click.option("--width", type=click.IntRange(min=20), help="Render at this width instead of the terminal's.")
 @click.option("--active", "active_only", is_flag=True, help="Hide completed agents.")
-def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, active_only: bool) -> None:
+@click.option("--background", is_flag=True,
+              help="Start the dashboard as a daemon (one per project): it runs the watchdog and writes its latest "
+                   "frame to .overstory/run/watch/frame.txt; when one runs already, say so and start nothing.")
+@click.option("--kill-others", is_flag=True,
+              help="First stop this project's other `ov watch` processes (only ones ov started: checked by their "
+                   "record, start time and command line).")
+@click.option("--daemon", is_flag=True, hidden=True)  # the background dashboard itself (started by --background)
+def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, active_only: bool, background: bool,
+          kill_others: bool, daemon: bool) -> None:
     """Live dashboard: agents, mail, problems, events, merge queue and totals.
 
     On a terminal it is interactive: active agents first, up/down selects one,
@@ -82,18 +90,107 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
     the project's watchdog lock (then it only displays). A state marked `!` has
     no running agent loop.
 
+    --background starts a detached dashboard that outlives the terminal: it runs
+    the watchdog and rewrites .overstory/run/watch/frame.txt every interval (plain
+    text, --width, default 120). The next `ov watch --background` finds it and
+    reports it instead of starting a second; a plain `ov watch` says it runs and
+    only displays. --kill-others stops this project's other `ov watch` processes
+    first (SIGTERM, SIGKILL after 5 s), then does what the other options say.
+
     \b
     ov watch
     ov watch --no-watchdog --interval 5
     ov watch --once --width 120      # one frame, for scripts and tests
+    ov watch --background            # a daemon: cat .overstory/run/watch/frame.txt
+    ov watch --kill-others --once    # stop every other dashboard of this project
     """
+    from overstory.watchdog import dashboards
+
+    project = project_paths()
+    if kill_others:
+        stopped = dashboards.kill_others(project)
+        click.echo(f"stopped {len(stopped)} other `ov watch`: pid {', '.join(map(str, stopped))}" if stopped
+                   else "no other `ov watch` runs for this project", err=True)
+    if daemon:
+        _run_daemon(project, interval=interval, no_watchdog=no_watchdog, width=width or 120,
+                    active_only=active_only)
+        return
+    if background:
+        options = ["--interval", f"{interval:g}", "--width", str(width or 120),
+                   *(["--no-watchdog"] if no_watchdog else []), *(["--active"] if active_only else [])]
+        record, started = dashboards.start_background(project, options)
+        frames = record.get("frames") or dashboards.frames_file(project)
+        if started:
+            click.echo(f"started the background dashboard: pid {record['pid']}; frames in {frames}")
+        else:
+            click.echo(f"a background dashboard runs already: pid {record['pid']}; frames in {frames} "
+                       "(`ov watch --kill-others --background` replaces it)")
+        return
+    _run_foreground(project, interval=interval, once=once, no_watchdog=no_watchdog, width=width,
+                    active_only=active_only)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (`ov watch --kill-others`) ends the dashboard as Ctrl-C does: its finally blocks run (the watchdog
+    lock, its record, the terminal's mode)."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
+def _run_daemon(project: ProjectPaths, *, interval: float, no_watchdog: bool, width: int, active_only: bool) -> None:
+    """The background dashboard: the watchdog, and the latest plain frame written whole to frame.txt each interval."""
+    import io
+    import os
+    import sys
+
+    from rich.console import Console
+
+    from overstory.store.db import open_events, open_state
+    from overstory.ui.dashboard import render_frame
+    from overstory.views import status as core
+    from overstory.watchdog import dashboards
+
+    lock = dashboards.BackgroundLock(project)
+    if not lock.acquire():
+        sys.exit(dashboards.ANOTHER_DAEMON)
+    target = dashboards.frames_file(project)
+    _stop_on_sigterm()
+    dashboards.register(project, background=True, frames=target)
+    dog = _WatchdogThread(project)
+    state = open_state(project.state_db)
+    events = open_events(project.events_db)
+    try:
+        if not no_watchdog:
+            dog.start()
+        while True:
+            snapshot = core.dashboard_snapshot(state, events, include_completed=not active_only)
+            buffer = io.StringIO()
+            Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False).print(
+                render_frame(snapshot, width=width, height=None, watchdog_note=f"background, pid {os.getpid()}; "
+                             + dog.note))
+            temporary = target.with_name(f".{target.name}.tmp")
+            temporary.write_text(buffer.getvalue(), encoding="utf-8")
+            os.replace(temporary, target)
+            time.sleep(interval)
+    finally:
+        dog.stop()
+        state.close()
+        events.close()
+        dashboards.unregister(project)
+        lock.release()
+
+
+def _run_foreground(project: ProjectPaths, *, interval: float, once: bool, no_watchdog: bool, width: int | None,
+                    active_only: bool) -> None:
     import sys
 
     from overstory.store.db import open_events, open_state
     from overstory.ui.dashboard import console_for, render_frame
     from overstory.views import status as core
+    from overstory.watchdog import dashboards
 
-    project = project_paths()
     state = open_state(project.state_db)
     events = open_events(project.events_db)
     ctx = click.get_current_context()
@@ -112,6 +209,13 @@ def watch(interval: float, once: bool, no_watchdog: bool, width: int | None, act
 
     from rich.live import Live
 
+    daemon = dashboards.background(project)
+    if daemon is not None:
+        click.echo(f"ov: the background dashboard runs (pid {daemon['pid']}; frames in {daemon.get('frames')}); "
+                   "`ov watch --kill-others` stops it", err=True)
+    _stop_on_sigterm()
+    dashboards.register(project, background=False)
+    ctx.call_on_close(lambda: dashboards.unregister(project))
     dog = _WatchdogThread(project)
     if not no_watchdog:
         dog.start()

@@ -74,7 +74,7 @@ def mail_send(caller: Caller, args: dict[str, t.Any]) -> t.Any:
         type_=str(args.get("type") or "status"), priority=str(args.get("priority") or "normal"),
         payload=args.get("payload"), reply_to=args.get("reply_to"), allow_unknown=bool(args.get("allow_unknown")),
         events=caller.events)
-    return {"ids": ids, "to": [recipients[i] for i in ids], **({"held": held} if held else {})}
+    return {"ids": ids, "to": [recipients[i] for i in ids], **({"note" if ids else "held": held} if held else {})}
 
 
 def mail_check(caller: Caller, args: dict[str, t.Any]) -> t.Any:

@@ -7,6 +7,8 @@ each in its own transaction.
 
 from __future__ import annotations
 
+from overstory.store.migrations_teams import _state_m014_task_groups, _state_m015_sibling_notices
+
 TYPE_CHECKING = False  # hot commands open databases: typing, collections and sqlite3's package are not imported
 if TYPE_CHECKING:
     import sqlite3
@@ -571,4 +573,5 @@ STATE_MIGRATIONS: list[Migration] = [_state_m001_initial, _state_m002_pending_ma
                                      _state_m007_approvals,  # m007 lands after m008: databases at m008 exist
                                      _state_m009_schedule_overlap, _state_m010_superseded_mail_and_worktree_admin,
                                      _state_m011_loop_check_env_and_held_report, _state_m012_webhook_secret,
-                                     _state_m013_turn_node]
+                                     _state_m013_turn_node, _state_m014_task_groups,
+                                     _state_m015_sibling_notices]

@@ -14,6 +14,7 @@ from overstory.store import budgets, mail_queries, overview
 from overstory.store import events as event_store
 from overstory.store.db import sqlite3
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
+from overstory.views import groups as group_views
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this module
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
         pending = {name: count for name, count in pending.items() if name in names}
         waiting = [gate for gate in waiting if gate["agent"] in names]
     runs_shown = recent_runs(conn, now=now, run_id=selection.run_id if selection is not None else None)
+    selected = None if selection is None or selection.empty else [a.name for a in every]
     shown = [a for a in every if include_completed or a.state != "completed"]
     spending = budgets.current_agents(conn)
     by_state: dict[str, int] = {}
@@ -132,6 +134,7 @@ def collect(conn: sqlite3.Connection, *, include_completed: bool = False, now: i
         "runs": runs_shown,
         "waiting": waiting,
         "scope_overlaps": scope_overlaps(every),
+        "groups": group_views.for_status(conn, selected),
         "totals": {
             "agents": len(every),
             "active": sum(1 for a in every if a.state not in TERMINAL_STATES),
@@ -183,7 +186,7 @@ def collect_empty(now: int | None = None) -> dict[str, t.Any]:
     """The status document of a project whose state database does not exist yet."""
     return {"generated_at": iso(now_ms() if now is None else now), "agents": [],
             "mail": {"pending": 0, "by_agent": {}}, "runs": [], "waiting": [], "scope_overlaps": [],
-            "totals": {"agents": 0, "active": 0, "by_state": {}, "turns": 0, "input_tokens": 0,
+            "groups": [], "totals": {"agents": 0, "active": 0, "by_state": {}, "turns": 0, "input_tokens": 0,
                        "output_tokens": 0, "cost_usd": 0.0}}
 
 
@@ -314,6 +317,7 @@ def render_text(document: dict[str, t.Any], *, filtered: bool = False) -> str:
             lines.append(f"({hidden} completed agent{'s' if hidden != 1 else ''} not shown: `ov status --all`)")
     for overlap in document.get("scope_overlaps") or ():
         lines.append(f"overlap: {overlap['message']}; their merges may conflict")
+    lines += group_views.status_lines(document.get("groups") or [])
     mail = document["mail"]
     waiting = ", ".join(f"{name} {count}" for name, count in mail["by_agent"].items())
     lines.append(f"mail: {mail['pending']} pending" + (f" ({waiting})" if waiting else ""))
