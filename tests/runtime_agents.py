@@ -27,7 +27,8 @@ MOCK_PRICE = {"input_per_mtok": 2.0, "output_per_mtok": 8.0}
 
 def configure(project: ProjectPaths, *, runtimes: dict[str, str], providers: dict[str, dict[str, str]],
               models: dict[str, str], prices: dict[str, dict[str, float]] | None = None,
-              runtime: dict[str, t.Any] | None = None, turns: dict[str, t.Any] | None = None) -> None:
+              runtime: dict[str, t.Any] | None = None, turns: dict[str, t.Any] | None = None,
+              ledger: dict[str, t.Any] | None = None) -> None:
     """Write the project's config.local.yaml (the layer a user keeps per machine)."""
     project.local_config_file.write_text(yaml.safe_dump({
         "runtime": runtime or {},
@@ -36,7 +37,41 @@ def configure(project: ProjectPaths, *, runtimes: dict[str, str], providers: dic
         "models": models,
         "runtimes": runtimes,
         "prices": prices or {},
+        **({"ledger": ledger} if ledger else {}),
     }))
+
+
+# ---- receipts that tell the truth (issue 33): one release that fails, one that succeeds, in one turn
+
+RELEASE = "./release.sh"
+RELEASE_LEDGER = {"side_effects": [f"Bash({RELEASE}*)"]}  # classed a side effect by config, as a user would
+FAILED_RELEASE, GOOD_RELEASE = f"{RELEASE} broken", f"{RELEASE} ok"
+
+
+def commit_release_script(project: ProjectPaths) -> None:
+    """A committed ./release.sh (so every worktree has it) that exits 3 unless told ``ok``."""
+    from conftest import run_git
+
+    script = project.root / "release.sh"
+    script.write_text('#!/bin/sh\nif [ "$1" = ok ]; then echo released; else echo "cannot release: $1" >&2; exit 3; fi\n')
+    script.chmod(0o755)
+    run_git(project.root, "add", "release.sh")
+    run_git(project.root, "commit", "-q", "-m", "release script")
+
+
+def check_release_receipts(project: ProjectPaths, agent: str) -> None:
+    """The failed release's receipt says failed (exit 3), the good one's succeeded (exit 0), in the ledger and in
+    `ov trace`. On a retry of the turn the ledger matches a call only against earlier rows that succeeded (or
+    started without a receipt): the failed release runs again, the good one is held back with its receipt."""
+    rows = [(r["input"], r["class"], r["status"], r["exit_code"]) for r in ledger_rows(project, agent)
+            if RELEASE in r["input"]]
+    assert [row[1:] for row in rows] == [("side_effect", "failed", 3), ("side_effect", "succeeded", 0)], rows
+    assert FAILED_RELEASE in rows[0][0] and GOOD_RELEASE in rows[1][0]
+    trace = run_ov("trace", agent, cwd=project.root)
+    assert trace.returncode == 0, trace.stderr
+    shown = [line for line in trace.stdout.splitlines() if "tool #" in line and RELEASE in line]
+    assert len(shown) == 2 and "[side_effect] failed" in shown[0] and FAILED_RELEASE in shown[0], shown
+    assert "[side_effect] succeeded" in shown[1] and GOOD_RELEASE in shown[1], shown
 
 
 def sling(project: ProjectPaths, capability: str, task: str, prompt: str, env: dict[str, str], *extra: str) -> str:

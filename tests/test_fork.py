@@ -106,6 +106,11 @@ def test_a_fork_keeps_its_sources_approval_gates_and_budget(deployable: tuple[Pr
     # It says what it kept and what it could not carry over.
     assert "kept: budget max_usd 1.00" in forked.stdout and "approval gates Bash(./deploy.sh*)" in forked.stdout
     assert "not carried over: uncommitted changes" in forked.stdout
+    # The scripted runtime cannot fork a session (as gemini cannot): the fork says so and starts a fresh one.
+    assert "its conversation (scripted has no way to fork a session" in forked.stdout
+    assert fork.spec["fork_of"] == {"agent": "builder-s1", "generation": 1, "runtime": "scripted",
+                                    "parent_run_id": fork.spec["fork_of"]["parent_run_id"]}
+    assert fork.spec["fork_of"]["parent_run_id"], "the source's checkpoint turn"
 
 
 def test_a_fork_of_a_loop_is_a_loop_with_the_same_check_and_promise(project: ProjectPaths, tmp_path: Path) -> None:
@@ -128,11 +133,11 @@ def test_a_fork_of_a_loop_is_a_loop_with_the_same_check_and_promise(project: Pro
     source = parked(project, "builder-t1", "loop")
     assert "max_iterations 2" in source.state_reason
 
-    forked = run_ov("resume", "builder-t1", "--fork", "--json", cwd=project.root)
+    forked = run_ov("resume", "builder-t1", "--fork", "builder-t1-fork-table", "--json", cwd=project.root)
     assert forked.returncode == 0, forked.stderr
     document = json.loads(forked.stdout)
-    assert document["name"] == "builder-t1-fork1"
-    fork = wait_for(lambda: (a := agent_state(project, "builder-t1-fork1")) and a.is_terminal and a, 90,
+    assert document["name"] == "builder-t1-fork-table"
+    fork = wait_for(lambda: (a := agent_state(project, "builder-t1-fork-table")) and a.is_terminal and a, 90,
                     interval=0.2, message="the fork's loop to finish")
     assert fork.state == "completed", fork.state_reason
     status = json.loads(run_ov("loop", "status", fork.name, "--json", cwd=project.root).stdout)

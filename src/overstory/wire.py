@@ -104,6 +104,9 @@ class SlingRequest:
     start_point: str | None = None  # the commit the new branch starts at (default: the base branch's tip)
     continue_branch: bool = False  # `ov resume NAME --restart`: its existing ov/NAME branch (and worktree) go on
     loop: dict[str, t.Any] | None = None  # an `ov loop`'s definition (agents.loop_spec): it works in iterations
+    # `ov resume --fork`: the source it forks (agent, generation, parent_run_id, and the session its first turn
+    # continues where the runtime can fork one, with where that session's files are)
+    fork_of: dict[str, t.Any] | None = None
 
     WIRE = {  # no annotation: a class constant, not a field
         "capability": "text", "task_id": "text", "name": "text", "prompt": "text", "files": "texts",
@@ -125,7 +128,7 @@ class SlingRequest:
 
     def to_wire(self) -> dict[str, t.Any]:
         """The JSON object the endpoint's ``sling`` route reads (``from_wire``)."""
-        local = [key for key in ("spec_file", "scenario", "start_point", "loop") if getattr(self, key) is not None]
+        local = [key for key in ("spec_file", "scenario", "start_point", "loop", "fork_of") if getattr(self, key) is not None]
         if self.continue_branch:
             local.append("continue_branch")
         if local or self.at_project_root:

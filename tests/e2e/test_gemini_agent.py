@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import typing as t
 
+import pytest
+
 from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
 from conftest import run_git, run_ov
 from gemini_cli import DEFAULT_MODEL, GEMINI_BIN, requires_gemini
@@ -27,7 +29,20 @@ from mock_gemini_api import (
 from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.runtimes.prices import cost_usd
-from runtime_agents import OFFLINE_ENV, configure, events, ledger_rows, ran_in_bubblewrap, sling, turn_rows
+from runtime_agents import (
+    FAILED_RELEASE,
+    GOOD_RELEASE,
+    OFFLINE_ENV,
+    RELEASE_LEDGER,
+    check_release_receipts,
+    commit_release_script,
+    configure,
+    events,
+    ledger_rows,
+    ran_in_bubblewrap,
+    sling,
+    turn_rows,
+)
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "mock-gemini-key-builder"
@@ -52,7 +67,7 @@ def setup(project: ProjectPaths, api: MockGeminiAPI, *, by_flag: bool = False, *
     configure(project, runtimes={} if by_flag else {"builder": "gemini", "reviewer": "gemini"},
               providers={"mockgem": {"base_url": api.base_url, "api_key_env": "MOCK_GEM_KEY", "protocol": "gemini"}},
               models={"builder": f"mockgem/{DEFAULT_MODEL}", "reviewer": f"mockgem/{DEFAULT_MODEL}"},
-              runtime={"gemini_bin": GEMINI_BIN or "gemini"}, turns=turns)
+              runtime={"gemini_bin": GEMINI_BIN or "gemini"}, turns=turns, ledger=RELEASE_LEDGER)
     return {**OFFLINE_ENV, "MOCK_GEM_KEY": KEY}
 
 
@@ -62,7 +77,8 @@ def tool_results(api: MockGeminiAPI) -> str:
 
 @requires_gemini
 def test_gemini_builder_writes_commits_reports_and_completes(project: ProjectPaths) -> None:
-    with MockGeminiAPI(builder_script()) as api:
+    commit_release_script(project)
+    with MockGeminiAPI(builder_script(first=[shell(FAILED_RELEASE), shell(GOOD_RELEASE)])) as api:
         name = sling(project, "builder", "task-42", PROMPT, setup(project, api, by_flag=True), "--runtime", "gemini")
         agent = wait_terminal(project, name, timeout=120)
         first = api.main_requests[0]
@@ -70,7 +86,7 @@ def test_gemini_builder_writes_commits_reports_and_completes(project: ProjectPat
     assert agent.runtime == "gemini"
     assert "greet.py" in run_git(project.root, "show", "--name-only", "ov/builder-task-42")
     assert [tool for tool, _ in events(project, name, "tool_start")] == [
-        "write_file", "run_shell_command", "run_shell_command"]
+        "run_shell_command", "run_shell_command", "write_file", "run_shell_command", "run_shell_command"]
     # gemini reports tokens, not dollars: ov's built-in price list knows gemini-2.5-flash.
     result = events(project, name, "turn_result")[-1][1]
     assert result["input_tokens"] > 0 and result["cost_source"] == "price_table"
@@ -85,7 +101,12 @@ def test_gemini_builder_writes_commits_reports_and_completes(project: ProjectPat
     assert run_git(project.worktree(name), "status", "--porcelain", "--ignored") == ""
     # Gemini's BeforeTool hook has no call id: each receipt from the stream finds its row by the call itself.
     rows = [(r["tool"], r["status"]) for r in ledger_rows(project, name)]
-    assert rows == [("Write", "succeeded"), ("Bash", "succeeded"), ("Bash", "succeeded")]
+    assert rows[1:] == [("Bash", "succeeded"), ("Write", "succeeded"), ("Bash", "succeeded"), ("Bash", "succeeded")]
+    if rows[0] == ("Bash", "succeeded"):  # issue 33, not fixed yet: see docs/runtimes.md
+        pytest.xfail("gemini 0.61's stream says status success for a shell command that exited 3 and carries no "
+                     "exit code (that is only in its session file, written after the stream's tool_result): the "
+                     "failed release's receipt says succeeded, so a retry would hold it back")
+    check_release_receipts(project, name)
 
 
 @requires_gemini

@@ -12,12 +12,15 @@ import os
 import signal
 import time
 
+import yaml
+
 from agent_helpers import agent_state, mail_rows, shared_dir, wait_for, wait_terminal
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
 from conftest import run_git, run_ov
 from mockapi import MockMessagesAPI, conversation_text, stalled_reply, text_reply, tool_reply
 from overstory import procs
 from overstory.store.db import open_events, open_state
+from runtime_agents import FAILED_RELEASE, GOOD_RELEASE, RELEASE_LEDGER, check_release_receipts, commit_release_script
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 
@@ -53,7 +56,11 @@ def events(project, agent, kind):
 @requires_claude
 def test_builder_writes_commits_reports_and_completes(project, tmp_path):
     worktree = project.worktree("builder-task-42")
-    with MockMessagesAPI(builder_script(worktree)) as api:
+    commit_release_script(project)
+    project.local_config_file.write_text(yaml.safe_dump({"ledger": RELEASE_LEDGER}))
+    releases = [tool_reply("Bash", {"command": command, "description": "release"})
+                for command in (FAILED_RELEASE, GOOD_RELEASE)]
+    with MockMessagesAPI(releases + builder_script(worktree)) as api:
         started = time.monotonic()
         name = sling(project, tmp_path, api)
         agent = wait_terminal(project, name, timeout=90)
@@ -61,7 +68,8 @@ def test_builder_writes_commits_reports_and_completes(project, tmp_path):
     assert agent.state == "completed", agent.state_reason
     assert elapsed < 60, f"took {elapsed:.1f}s"
     assert "greet.py" in run_git(project.root, "show", "--name-only", "ov/builder-task-42")
-    assert [tool for tool, _ in events(project, name, "tool_start")] == ["Write", "Bash", "Bash"]
+    assert [tool for tool, _ in events(project, name, "tool_start")] == ["Bash", "Bash", "Write", "Bash", "Bash"]
+    check_release_receipts(project, name)
     results = events(project, name, "turn_result")
     assert results and results[-1][1]["total_cost_usd"] > 0
     assert agent.cost_usd > 0

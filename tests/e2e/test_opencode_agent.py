@@ -33,7 +33,20 @@ from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store import ledger
 from overstory.store.db import open_state
-from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, ran_in_bubblewrap, sling, turn_rows
+from runtime_agents import (
+    FAILED_RELEASE,
+    GOOD_RELEASE,
+    MOCK_PRICE,
+    OFFLINE_ENV,
+    RELEASE_LEDGER,
+    check_release_receipts,
+    commit_release_script,
+    configure,
+    events,
+    ran_in_bubblewrap,
+    sling,
+    turn_rows,
+)
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "sk-mock-opencode-builder"
@@ -59,7 +72,7 @@ def setup(project: ProjectPaths, api: MockChatAPI, *, by_flag: bool = False, **t
               providers={"mockchat": {"base_url": api.base_url, "api_key_env": "MOCK_CHAT_KEY",
                                       "protocol": "openai-chat"}},
               models={"builder": f"mockchat/{MODEL_ID}"}, prices={MODEL_ID: MOCK_PRICE},
-              runtime={"opencode_bin": OPENCODE_BIN or "opencode"}, turns=turns)
+              runtime={"opencode_bin": OPENCODE_BIN or "opencode"}, turns=turns, ledger=RELEASE_LEDGER)
     return {**OFFLINE_ENV, "MOCK_CHAT_KEY": KEY}
 
 
@@ -71,14 +84,15 @@ def tool_messages(api: MockChatAPI) -> dict[str, str]:
 
 @requires_opencode
 def test_opencode_builder_writes_commits_reports_and_completes(project: ProjectPaths) -> None:
-    with MockChatAPI(builder_script()) as api:
+    commit_release_script(project)
+    with MockChatAPI(builder_script(first=[bash(FAILED_RELEASE), bash(GOOD_RELEASE)])) as api:
         name = sling(project, "builder", "task-42", PROMPT, setup(project, api, by_flag=True), "--runtime", "opencode")
         agent = wait_terminal(project, name, timeout=120)
         first = api.main_requests[0]
     assert agent.state == "completed", agent.state_reason
     assert agent.runtime == "opencode"
     assert "greet.py" in run_git(project.root, "show", "--name-only", "ov/builder-task-42")
-    assert [tool for tool, _ in events(project, name, "tool_start")] == ["write", "bash", "bash"]
+    assert [tool for tool, _ in events(project, name, "tool_start")] == ["bash", "bash", "write", "bash", "bash"]
     result = events(project, name, "turn_result")[-1][1]
     assert result["input_tokens"] > 0 and result["cost_source"] == "price_table"
     expected = (result["input_tokens"] * 2.0 + result["output_tokens"] * 8.0) / 1e6
@@ -96,7 +110,9 @@ def test_opencode_builder_writes_commits_reports_and_completes(project: ProjectP
         rows = [(r["tool"], r["status"], r["exit_code"]) for r in ledger.calls(conn, agent=name)]
     finally:
         conn.close()
-    assert rows == [("Write", "succeeded", None), ("Bash", "succeeded", 0), ("Bash", "succeeded", 0)]
+    assert rows == [("Bash", "failed", 3), ("Bash", "succeeded", 0), ("Write", "succeeded", None),
+                    ("Bash", "succeeded", 0), ("Bash", "succeeded", 0)]
+    check_release_receipts(project, name)
 
 
 @requires_opencode

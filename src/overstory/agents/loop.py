@@ -104,7 +104,7 @@ class AgentLoop(AgentProcess):
         return settings
 
     def _turn(self, agent: Session, prompt: str, turn_id: str, resume: str | None, *, attempt: int | None = None,
-              extra_env: t.Mapping[str, str] | None = None) -> t.Any:
+              extra_env: t.Mapping[str, str] | None = None, fork_session: bool = False) -> t.Any:
         """One turn with a fresh endpoint secret in its environment, revoked as soon as the turn is over.
 
         The endpoint is told the turn's own variables (its dispatch, attempt, ledger policy: what
@@ -127,7 +127,7 @@ class AgentLoop(AgentProcess):
                               resume_session_id=resume, base_env=self.base_env, attempt=attempt,
                               should_stop=self.should_stop, extra_env=extra, settings_file=self.hook_settings,
                               env_ready=self.endpoint.set_turn_env if self.endpoint is not None else None,
-                              gate=self.gate)
+                              gate=self.gate, fork_session=fork_session)
         finally:
             if self.endpoint is not None:
                 self.endpoint.revoke()
@@ -312,7 +312,10 @@ class AgentLoop(AgentProcess):
         idle.reset_if_spoken_to(self.state, agent, (m.sender for m in claimed))
         prompt = mail_text.render_for_prompt(claimed)
         resume = agent.runtime_session_id
-        result = self._turn(agent, prompt, turn_id, resume)
+        forked = (agent.spec.get("fork_of") or {}).get("session") if resume is None and not agent.turns else None
+        if forked:  # `ov resume --fork`: its first turn continues the source's conversation in a session of its own
+            resume = str(forked)
+        result = self._turn(agent, prompt, turn_id, resume, fork_session=bool(forked))
         if result.status == "resume_failed":
             event_store.record(self.events, "resume_fallback", agent=self.name, generation=self.generation,
                                turn_id=turn_id, summary=f"could not resume {resume}: {result.reason}"[:300])

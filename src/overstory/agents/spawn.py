@@ -235,7 +235,8 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
         scope_overlaps=scope_overlaps, continue_branch=request.continue_branch,
         reuse_worktree=reuse_worktree, model=request.model,
         provider=provider_of(request.model, capability, config, runtime), loop=request.loop,
-        approve=list(request.approve), environ=environ, executor=request.executor)
+        approve=list(request.approve), environ=environ, executor=request.executor,
+        fork_of=dict(request.fork_of) if request.fork_of else None)
 
 
 def _read_text_file(path: Path, option: str) -> str:

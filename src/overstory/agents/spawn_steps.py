@@ -75,6 +75,7 @@ class SpawnPlan:
     approve: list[str]
     environ: dict[str, str]
     executor: str | None = None  # ov sling --executor (None: config executor.kind at each turn)
+    fork_of: dict[str, t.Any] | None = None  # `ov resume --fork`: its source (SlingRequest.fork_of)
 
     @property
     def tmux_session(self) -> str | None:
@@ -187,6 +188,24 @@ def _rundir(sp: Spawning) -> None:
         from overstory.config.load import write_agent_snapshot
 
         write_agent_snapshot(sp.project.config_file, sp.project.local_config_file, sp.launch_env, run_dir)
+    if plan.fork_of and plan.fork_of.get("session"):
+        _import_forked_session(plan)
+
+
+def _import_forked_session(plan: SpawnPlan) -> None:
+    """A fork's first turn continues its source's session: its files are copied now, as they are at the fork,
+    into the fork's own state dir (in the run dir: undone with it). Nothing to copy (the source's run dir was
+    removed), the first turn's resume fails and it starts a fresh session told what it is, as without a fork."""
+    fork = plan.fork_of or {}
+    state_dir = plan.adapter.state_dir(plan.run_dir)
+    source_dir = Path(fork["state_dir"]) if fork.get("state_dir") else None
+    if state_dir is None or source_dir is None or plan.worktree is None:
+        return
+    try:
+        fork["session_copied"] = plan.adapter.import_session(source_dir, Path(fork["cwd"]), state_dir, plan.worktree,
+                                                             fork["session"])
+    except OSError:
+        fork["session_copied"] = False
 
 
 def _session(sp: Spawning) -> None:
@@ -196,7 +215,8 @@ def _session(sp: Spawning) -> None:
             "scenario": str(sp.scenario_path) if sp.scenario_path else None, "base_commit": plan.base_commit,
             "idempotency_key": plan.key, **({"loop": plan.loop} if plan.loop else {}),
             **({"approve": plan.approve} if plan.approve else {}),
-            **({"executor": plan.executor} if plan.executor else {})}
+            **({"executor": plan.executor} if plan.executor else {}),
+            **({"fork_of": plan.fork_of} if plan.fork_of else {})}
     sp.generation = sessions.create_session(
         sp.conn, name=plan.name, capability=plan.capability, task_id=plan.task_id, runtime=plan.runtime,
         actor=plan.environ.get("OVERSTORY_AGENT_NAME", "operator"), parent=plan.parent, depth=plan.depth,

@@ -209,6 +209,7 @@ class _Turn:
     env_ready: t.Callable[[t.Mapping[str, str]], None] | None
     gate: ToolCallGate | None
     started_ms: int = 0
+    fork_session: bool = False  # resume_session_id is another agent's: continue it in a new session (ov resume --fork)
     plan: TurnPlan | None = None
     failed: TurnResult | None = None  # why no plan could be made
     argv: list[str] = field(default_factory=list)  # as the sandbox runs it
@@ -239,7 +240,7 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
              base_env: t.Mapping[str, str], attempt: int = 0, should_stop: t.Callable[[], bool] = lambda: False,
              extra_env: t.Mapping[str, str] | None = None, settings_file: Path | None = None,
              env_ready: t.Callable[[t.Mapping[str, str]], None] | None = None,
-             gate: ToolCallGate | None = None) -> TurnResult:
+             gate: ToolCallGate | None = None, fork_session: bool = False) -> TurnResult:
     """Run one turn of ``agent`` in its sandbox. ``extra_env``: variables for this turn only (the endpoint's
     per-turn secret; an `ov loop` names its iteration and phase there). ``settings_file``: the loop's HTTP
     hooks instead of the command hooks; ``env_ready`` is told the turn's whole environment before it starts;
@@ -248,7 +249,8 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     Plan (``plan_turn``: touches nothing), then the named steps (``TURN_STEPS``; a test can kill the
     loop after any of them with ``OV_TEST_KILL_AT=turn:<step>``), then settle (``_settle``)."""
     turn = _Turn(project, config, state, events, agent, prompt, turn_id, resume_session_id, base_env, attempt,
-                 should_stop, extra_env, settings_file, env_ready, gate, started_ms=now_ms())
+                 should_stop, extra_env, settings_file, env_ready, gate, started_ms=now_ms(),
+                 fork_session=fork_session)
     try:
         turn.plan = plan_turn(turn)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help
@@ -279,7 +281,8 @@ def plan_turn(turn: _Turn) -> TurnPlan:
                                                 at_project_root=not agent.worktree, scenario=scenario,
                                                 provider_env=provider_env,
                                                 sandboxed=sandbox.effective_mode(config).name == "bwrap",
-                                                settings_file=turn.settings_file), config)
+                                                settings_file=turn.settings_file,
+                                                fork_session=turn.fork_session), config)
     dispatch = claimed_ids(turn.state, turn.turn_id)
     provider_env.update(durable_env(config, agent, turn.attempt, dispatch))
     env = turn_environment(turn.base_env, agent, turn.project, turn.turn_id,
@@ -387,7 +390,8 @@ def _watch(turn: _Turn) -> None:
             price=lambda data: _price_result(data, plan.stream, plan.stream.model or plan.model, config),
             periodic=lambda: _record_take_back(turn.events, agent, turn.turn_id,
                                                sandbox.take_back(turn.project, agent)),
-            stream_ledger=turn.stream_ledger, asked_session=turn.resume_session_id)
+            stream_ledger=turn.stream_ledger,
+            asked_session=None if turn.fork_session else turn.resume_session_id)
     finally:
         if turn.gate is not None:  # every call still waiting is answered: refused when the turn was stopped
             turn.gate.close_turn(meter.stopped_by)

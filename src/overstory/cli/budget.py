@@ -117,6 +117,7 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
 
 @click.command(name="resume")
 @click.argument("agent", required=False)
+@click.argument("new_name", metavar="[NEWNAME]", required=False)
 @add_options
 @click.option("--add-iterations", type=click.IntRange(min=0), default=0,
               help="An `ov loop`: raise its max_iterations (and its current phase's).")
@@ -130,7 +131,7 @@ def add_options(command: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
 @click.option("--dry-run", is_flag=True, help="Only say what a retry would do (session, ledger rows, cost); "
                                               "change nothing.")
 @json_option
-def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
+def resume(agent: str | None, new_name: str | None, add_usd: float, add_turns: int, add_tool_calls: int, add_seconds: float,
            add_iterations: int, all_agents: bool, fork: bool, restart: bool, name: str | None, prompt: str | None,
            dry_run: bool, as_json: bool) -> None:
     """Un-park an agent, raising its limits first; it continues the same runtime session.
@@ -144,10 +145,13 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     effects that already happened are not repeated), claimed mail is released, and
     agents that cannot go on are retired with one worker_died to their parent. `ov
     watch` and `ov watchdog` do the same when they start; while one runs, this only
-    says so. --fork slings a new agent with AGENT's capability and task, on a new
-    branch that starts at the commit of AGENT's newest checkpoint; it keeps AGENT's
-    budget limits (within what is left of the run's), its --approve gates and its
-    loop, and says what it cannot carry over. --restart slings a stopped or zombie
+    says so. --fork slings a new agent (NEWNAME, default AGENT-forkN) with AGENT's
+    capability and task, on a new branch that starts at the commit of AGENT's newest
+    checkpoint; where the runtime can fork a session (claude: --resume SESSION
+    --fork-session) its first turn continues AGENT's conversation in a session of its
+    own, else it starts a fresh one (docs/runtimes.md); it keeps AGENT's budget limits
+    (within what is left of the run's), its --approve gates and its loop, and says
+    what it carried over and what it could not. --restart slings a stopped or zombie
     AGENT again under its own name: its branch (and worktree, uncommitted changes
     included) goes on, with a fresh runtime session, its limits and gates, and a
     dispatch listing its commits so far; the earlier run dir is kept as
@@ -163,10 +167,15 @@ def resume(agent: str | None, add_usd: float, add_turns: int, add_tool_calls: in
     ov resume builder-task-42 --add-iterations 3   # a parked `ov loop`
     ov resume --all                    # after a reboot
     ov resume builder-task-42 --fork --prompt "try a streaming parser instead"
+    ov resume builder-task-42 --fork builder-stream   # the fork's name
     ov resume builder-task-42 --restart   # a zombie or stopped agent, on its own branch
     ov resume builder-task-42 --dry-run   # what a retry would do; nothing changes
     """
     raised = add_usd or add_turns or add_tool_calls or add_seconds or add_iterations
+    if new_name is not None:
+        if not fork or name:
+            raise click.UsageError("NEWNAME goes with --fork (`ov resume AGENT --fork NEWNAME`), instead of --name")
+        name = new_name
     if all_agents:
         if agent or fork or restart or name or prompt or raised or dry_run:
             raise click.UsageError("--all takes no AGENT, --fork, --restart, --name, --prompt, --dry-run or --add-* "

@@ -178,6 +178,9 @@ class TurnRequest:
     sandboxed: bool = False
     # Settings to pass instead of the run dir's command-hook settings (the loop's HTTP hooks, endpoint.hooks).
     settings_file: Path | None = None
+    # `ov resume --fork`'s first turn: continue ``resume_session_id`` (another agent's) in a new session of its
+    # own, leaving that one as it was (only for a runtime with ``session_fork``).
+    fork_session: bool = False
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,10 @@ class Runtime(abc.ABC):
     # Its own ways to start sub-agents or teams, as the roles name them ("Do not use ..."): only `ov sling`
     # creates agents. The roles in agents/ say Claude's; ``agents.overlay`` puts each runtime's in their place.
     own_agent_tools: t.ClassVar[str] = "Claude's own sub-agent or team tools (Task, Agent, SendMessage, team creation)"
+    # How its CLI continues a session in a new one, leaving the original as it was (`ov resume --fork`
+    # carries the source's conversation that way), as the docs say it; None: it has no such thing, and a
+    # fork starts a fresh session. A runtime that sets it implements ``import_session``.
+    session_fork: t.ClassVar[str | None] = None
     # Environment variables that carry its credentials (`ov resume` of an agent parked for
     # auth brings fixed values from the operator's environment into the agent's).
     credential_vars: t.ClassVar[tuple[str, ...]] = ()
@@ -340,6 +347,13 @@ class Runtime(abc.ABC):
     def prepare_state(self, state_dir: Path, environ: t.Mapping[str, str], cwd: Path) -> None:
         """Create (and seed) the state dir before a turn, outside the sandbox; ``cwd`` is where the agent works."""
         state_dir.mkdir(parents=True, exist_ok=True)
+
+    def import_session(self, source_state_dir: Path, source_cwd: Path, state_dir: Path, cwd: Path,
+                       session_id: str) -> bool:
+        """Copy the files of session ``session_id``, kept in another agent's state dir (where it worked in
+        ``source_cwd``), into this agent's ``state_dir`` (where it works in ``cwd``), so that a turn can
+        fork it. Reads the source's files only. False when there was nothing to copy."""
+        return False
 
     def state_files(self, setup: AgentSetup) -> dict[str, str] | None:
         """Files ``ov sling`` writes into ``state_dir`` ({relative path: text}): the agent's instructions and

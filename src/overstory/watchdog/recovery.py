@@ -118,6 +118,10 @@ class ForkResult:
         if loop is not None:
             kept.append(f"loop (until {loop['until']}, max_iterations {loop['max_iterations']}, "
                         f"{len(loop['phases'])} phase(s))")
+        fork_of = self.kept.get("fork_of") or {}
+        if fork_of.get("session"):
+            kept.append(f"its conversation (session {fork_of['session']}, continued in a new session: "
+                        f"{fork_of['how']})")
         lines = [(f"forked {self.source} as {self.sling.name} (branch {self.sling.branch}, worktree "
                   f"{self.sling.worktree})"), "  kept: " + "; ".join(kept)]
         lines += [f"  budget: {note}" for note in self.sling.budget_notes]
@@ -133,7 +137,12 @@ def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, sourc
     The new branch starts at the HEAD of the source's newest checkpoint (its branch tip
     when it has none); uncommitted changes are not carried over. The fork gets the
     source's task text plus a note saying where it starts, and ``prompt`` (a different
-    direction to try). It starts a fresh runtime session.
+    direction to try). Where the runtime can fork a session (``Runtime.session_fork``) and
+    the source is a headless agent with one, the fork's first turn continues the source's
+    conversation in a new session of its own (the source's files are copied at the fork; its
+    session is not touched); otherwise it starts a fresh session. Its spec records where it
+    came from (``fork_of``: the source, its generation, ``parent_run_id``: the checkpoint's
+    turn, and the session).
 
     It keeps everything that limits or gates its source: the budget limits as they stand
     now (raises by `ov resume --add-*` included; spend counts from zero, and no limit goes
@@ -157,8 +166,10 @@ def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, sourc
     name = name or _fork_name(state, source_name)
     parent_row = sessions.get(state, source.parent) if source.parent != "operator" else None
     parent = source.parent if parent_row is not None and not parent_row.is_terminal else "operator"
-    note = (f"[ov] You are {name}, a fork of {source_name}: your branch starts from its checkpoint (commit "
-            f"{start[:12]} of {source.branch}"
+    fork_of, conversation = _fork_of(project, source, mark)
+    note = (f"[ov] You are {name}, a fork of {source_name}: "
+            + ("the conversation so far is its own; from here on you work " if fork_of.get("session") else "you work ")
+            + f"on a branch of your own, which starts from its checkpoint (commit {start[:12]} of {source.branch}"
             + (f", after its turn {mark['turn_id']}" if mark else "") + "). "
             + (prompt or "Try a different direction from the one it took."))
     budget, approve, loop = _inherited(state, source, note)
@@ -168,15 +179,39 @@ def fork(project: ProjectPaths, config: Config, state: sqlite3.Connection, sourc
                            files=list(source.spec.get("files") or ()), parent=parent, runtime=source.runtime,
                            model=source.model, base_branch=source.base_branch, start_point=start,
                            scenario=_path(scenario), tmux=source.mode == "tmux",
-                           budget=budget, approve=approve, loop=loop)
+                           budget=budget, approve=approve, loop=loop, fork_of=fork_of)
     result = sling(project, config, state, request, environ)
-    not_carried = ["uncommitted changes", "its runtime session (the fork starts a fresh one)",
-                   "its spend (the fork's counts from zero)"]
+    kept: dict[str, t.Any] = {"budget": budget, "approve": approve, "loop": loop, "fork_of": fork_of}
+    not_carried = ["uncommitted changes", "its spend (the fork's counts from zero)"]
+    if conversation is not None:
+        not_carried.insert(1, f"its conversation ({conversation}: the fork starts a fresh session, told where it "
+                              "starts)")
     if loop is not None:
         not_carried.append("its loop's progress file and count (the fork starts at iteration 1 of the first phase)")
     if parent != source.parent:
         not_carried.append(f"its parent {source.parent} (no longer active: the fork reports to the operator)")
-    return ForkResult(result, source_name, {"budget": budget, "approve": approve, "loop": loop}, not_carried)
+    return ForkResult(result, source_name, kept, not_carried)
+
+
+def _fork_of(project: ProjectPaths, source: sessions.Session, mark: dict[str, t.Any] | None
+             ) -> tuple[dict[str, t.Any], str | None]:
+    """Where a fork comes from, and (when its conversation cannot come along) why not."""
+    from overstory.runtimes import get_runtime
+
+    fork_of: dict[str, t.Any] = {"agent": source.name, "generation": source.generation,
+                                 "parent_run_id": (mark or {}).get("turn_id"), "runtime": source.runtime}
+    runtime = get_runtime(source.runtime)
+    session = (mark or {}).get("session_id") or source.runtime_session_id
+    state_dir = runtime.state_dir(project.run_dir / source.name)
+    if runtime.session_fork is None:
+        return fork_of, f"{source.runtime} has no way to fork a session"
+    if source.mode != "headless" or source.spec.get("loop"):
+        return fork_of, ("a tmux agent's TUI session is not forked" if source.mode != "headless" else
+                         "an `ov loop` starts each iteration in a fresh session")
+    if not session or state_dir is None or not source.worktree:
+        return fork_of, "it has no session yet"
+    fork_of.update(session=session, state_dir=str(state_dir), cwd=source.worktree, how=runtime.session_fork)
+    return fork_of, None
 
 
 def _inherited(state: sqlite3.Connection, source: sessions.Session, note: str

@@ -112,6 +112,12 @@ def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]
     return settings
 
 
+def project_folder(cwd: Path) -> str:
+    """The folder of ``$CLAUDE_CONFIG_DIR/projects`` that holds the sessions of ``cwd``: every character that
+    is not a letter or digit becomes ``-`` (CLAUDE_PROBE_NOTES.md)."""
+    return re.sub(r"[^A-Za-z0-9]", "-", str(cwd))
+
+
 def parse_version(text: str) -> tuple[int, ...] | None:
     """``(2, 1, 330)`` from ``claude --version`` output such as "2.1.330 (Claude Code)"; None if unreadable."""
     match = re.match(r"\s*v?(\d+)\.(\d+)\.(\d+)", text)
@@ -138,6 +144,7 @@ class ClaudeRuntime(Runtime):
     tmp_env_vars = ("CLAUDE_CODE_TMPDIR",)
     protocols = ("anthropic",)
     credential_vars = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
+    session_fork = "claude --resume SESSION --fork-session"
 
     def program(self, config: Config) -> list[str]:
         claude_bin = config.runtime.claude_bin
@@ -155,6 +162,8 @@ class ClaudeRuntime(Runtime):
             flags += ["--model", request.model]
         if request.resume_session_id:
             flags += ["--resume", request.resume_session_id]
+            if request.fork_session:
+                flags.append("--fork-session")
         return flags + agent_flags(request.run_dir, self.run_instructions_file,
                                    request.settings_file or self.run_settings_file)
 
@@ -184,6 +193,24 @@ class ClaudeRuntime(Runtime):
 
     def hook_settings(self, ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any] | None:
         return hook_settings(ov_command, tmux_mode=tmux_mode)
+
+    def import_session(self, source_state_dir: Path, source_cwd: Path, state_dir: Path, cwd: Path,
+                       session_id: str) -> bool:
+        """``--resume`` looks only in the folder of the cwd it runs in: the session's jsonl (and its folder of
+        sub-agent transcripts, when there is one) go there, under this agent's CLAUDE_CONFIG_DIR."""
+        import shutil
+
+        if not re.fullmatch(r"[0-9A-Za-z-]+", session_id):
+            return False
+        source = source_state_dir / "projects" / project_folder(source_cwd)
+        target = state_dir / "projects" / project_folder(cwd)
+        if not (source / f"{session_id}.jsonl").is_file():
+            return False
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / f"{session_id}.jsonl", target / f"{session_id}.jsonl")
+        if (source / session_id).is_dir():
+            shutil.copytree(source / session_id, target / session_id, dirs_exist_ok=True)
+        return True
 
     @property
     def tui(self) -> Tui | None:

@@ -22,6 +22,8 @@ if t.TYPE_CHECKING:
 class ScriptedRuntime(ClaudeRuntime):
     name = "scripted"
     tmp_env_vars = ()
+    # Its turns play a scenario by the session's count of finished turns: a fork plays its own from the start.
+    session_fork = None
 
     def new_parser(self) -> TurnParser:
         from overstory.runtimes.scripted.stream import ScriptedTurnStream
