@@ -9,12 +9,10 @@ A Kubernetes Jobs executor would be one more entry here (see docs/scaling-out.md
 
 from __future__ import annotations
 
-import importlib
-import typing as t
+TYPE_CHECKING = False  # every turn's shim (``executors.shim``) imports this package: no typing, no errors module
+if TYPE_CHECKING:
+    import typing as t
 
-from overstory.errors import ExecutorUnavailable, UsageError
-
-if t.TYPE_CHECKING:
     from overstory.executors.base import TurnExecutor
 
 # kind -> (module, class). Add an executor here and nowhere else.
@@ -31,6 +29,8 @@ def check_available(kind: str) -> None:
     """ExecutorUnavailable (one line) when ``kind`` needs a package that is not installed; imports nothing."""
     import importlib.util
 
+    from overstory.errors import ExecutorUnavailable
+
     extra = EXTRAS.get(kind)
     if extra is not None and importlib.util.find_spec(extra[0]) is None:
         raise ExecutorUnavailable(kind, f"the {extra[0]} package is not installed", extra[1])
@@ -38,6 +38,10 @@ def check_available(kind: str) -> None:
 
 def get_executor(kind: str, **settings: t.Any) -> TurnExecutor:
     """A new executor of ``kind`` built from ``settings`` (its config section's keys); UsageError if unknown."""
+    import importlib
+
+    from overstory.errors import UsageError
+
     spec = REGISTRY.get(kind)
     if spec is None:
         raise UsageError(f"unknown executor {kind!r}; choose one of: {', '.join(EXECUTOR_KINDS)}")

@@ -14,21 +14,22 @@ never stops the shim before it has recorded the end.
   a turn whose worker or node died must not go on committing on nobody's behalf.
 
 The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}). Standard library
-and ``procs`` only: a node starts one per turn.
+and ``procs`` only, and few of those (no argparse, socket or typing): every turn starts one.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
-import typing as t
 
 from overstory import procs
 from overstory.clock import now_ms
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import typing as t
 
 POLL_SECONDS = 0.1
 LEFTOVER_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for what a command left running
@@ -71,13 +72,24 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
+class _Args:
+    def __init__(self, argv: t.Sequence[str]) -> None:
+        """``--spec-fd N [--report-fd N] [--record-dir DIR] [--watch-parent PID]``: only ov starts the shim."""
+        options = dict(zip(argv[::2], argv[1::2], strict=True))
+        unknown = set(options) - {"--spec-fd", "--report-fd", "--record-dir", "--watch-parent"}
+        if unknown or "--spec-fd" not in options:
+            raise SystemExit(f"overstory.executors.shim: bad arguments {list(argv)}")
+        self.spec_fd = int(options["--spec-fd"])
+        self.report_fd = int(options["--report-fd"]) if "--report-fd" in options else None
+        self.record_dir: str | None = options.get("--record-dir")
+        self.watch_parent = int(options["--watch-parent"]) if "--watch-parent" in options else None
+
+
 def main(argv: t.Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="overstory.executors.shim")
-    parser.add_argument("--spec-fd", type=int, required=True)
-    parser.add_argument("--report-fd", type=int)
-    parser.add_argument("--record-dir")
-    parser.add_argument("--watch-parent", type=int)
-    args = parser.parse_args(argv)
+    try:
+        args = _Args(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:  # an odd count of words, or a number that is not one
+        raise SystemExit(f"overstory.executors.shim: bad arguments ({exc})") from None
     with os.fdopen(args.spec_fd, encoding="utf-8") as handle:
         spec = json.load(handle)
     turn_id = str(spec["turn_id"])
@@ -92,7 +104,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         _report(args.report_fd, {"error": reason})
         return 127
     ticks = procs.start_ticks(child.pid)
-    started = {"pid": child.pid, "pgid": child.pid, "ticks": ticks, "node": socket.gethostname(),
+    started = {"pid": child.pid, "pgid": child.pid, "ticks": ticks, "node": os.uname().nodename,
                "started_ms": now_ms(), "shim_pid": os.getpid()}
     _write_json(args.record_dir, "proc.json", started)
     _report(args.report_fd, started)
