@@ -18,7 +18,7 @@ import pytest
 
 import overstory
 from overstory.guards import guard_reply
-from overstory.guards.runtimes import as_claude_input, dialect_of, patch_paths
+from overstory.guards.runtimes import as_claude_input, dialect_of, gemini_after_tool, gemini_shell_outcome, patch_paths
 from overstory.runtimes.common import GUARD_FAILED, guard_hook_command
 
 ROOT = Path("/srv/proj")
@@ -192,3 +192,55 @@ def test_the_hook_command_with_the_real_guard() -> None:
     assert denied.returncode == 2 and "project checkout" in denied.stderr
     gem = _hook(command, json.dumps(gemini("write_file", {"file_path": OUTSIDE, "content": "x"})), env)
     assert gem.returncode == 0 and json.loads(gem.stdout)["decision"] == "deny"
+
+
+# ---- Gemini's AfterTool: how a shell call ended ------------------------------------------------
+
+def _after(content: str, display: object, **extra: object) -> dict[str, object]:
+    """A ``tool_response`` as Gemini CLI 0.61.0's AfterTool hook got it (captured against the mock API)."""
+    return {"llmContent": f"<untrusted_context>\n{content}\n</untrusted_context>", "returnDisplay": display, **extra}
+
+
+@pytest.mark.parametrize("response, expected", [
+    (_after("Output: cannot release: broken\nExit Code: 3\nProcess Group PGID: 31337", "cannot release: broken"),
+     (False, 3, "cannot release: broken")),
+    (_after("Output: released\nProcess Group PGID: 31353", "released"), (True, 0, "released")),
+    (_after("Output: (empty)\nExit Code: 4\nProcess Group PGID: 31358", "Command exited with code: 4"),
+     (False, 4, "")),
+    (_after("Output: (empty)\nSignal: 15\nProcess Group PGID: 31363", "Command terminated by signal: 15"),
+     (False, None, "Signal: 15")),
+    # Output whose own last line looks like the CLI's: the real outcome is what follows the output.
+    (_after("Output: a\nExit Code: 9\nProcess Group PGID: 5", "a\nExit Code: 9"), (True, 0, "a\nExit Code: 9")),
+    (_after("Output: a\nExit Code: 0\nExit Code: 2\nProcess Group PGID: 5", "a\nExit Code: 0"),
+     (False, 2, "a\nExit Code: 0")),
+    # Without the display text to split on, the trailing lines decide.
+    (_after("Output: oops\nExit Code: 1\nProcess Group PGID: 5", None), (False, 1, "oops\nExit Code: 1\nProcess Group PGID: 5")),
+])
+def test_a_gemini_shell_calls_outcome_comes_from_its_exit_code(response: dict[str, object],
+                                                              expected: tuple[object, ...]) -> None:
+    assert gemini_shell_outcome(response) == expected
+
+
+@pytest.mark.parametrize("response", [
+    _after("Command was cancelled by user before it could complete. There was no output before it was cancelled.",
+           "Command cancelled by user."),
+    _after("Command moved to background (PID: 7). Output hidden. Press Ctrl+B to view.", "Command moved to background"),
+    _after("Output: x\nsomething new\nProcess Group PGID: 5", "x"),  # a shape this version never printed
+    {"llmContent": None, "returnDisplay": ""},
+    None,
+])
+def test_an_unknown_gemini_shell_outcome_is_never_a_success(response: object) -> None:
+    ok, code, receipt = gemini_shell_outcome(response)
+    assert not ok and code is None and receipt.startswith("ov: the outcome is unknown")
+
+
+def test_gemini_after_tool_reads_as_claudes_post_hook() -> None:
+    base = {"hook_event_name": "AfterTool", "tool_name": "run_shell_command", "tool_input": {"command": "./r.sh"}}
+    failed = gemini_after_tool({**base, "tool_response": _after("Output: no\nExit Code: 3\nProcess Group PGID: 1", "no")})
+    assert failed == {"hook_event_name": "PostToolUseFailure", "tool_name": "Bash", "tool_input": {"command": "./r.sh"},
+                      "error": "Exit code 3\nno"}
+    ok = gemini_after_tool({**base, "tool_response": _after("Output: yes\nProcess Group PGID: 1", "yes")})
+    assert ok["hook_event_name"] == "PostToolUse" and ok["tool_response"] == {"stdout": "yes"}
+    write = gemini_after_tool({"hook_event_name": "AfterTool", "tool_name": "write_file", "tool_input": {"file_path": "a"},
+                               "tool_response": {"llmContent": "x", "returnDisplay": "", "error": {"message": "disk"}}})
+    assert (write["hook_event_name"], write["tool_name"], write["error"]) == ("PostToolUseFailure", "Write", "disk")

@@ -365,6 +365,36 @@ def test_receipts_find_their_rows_by_the_call_where_hook_and_stream_ids_differ(s
     assert [(r["status"], r["receipt"]) for r in store.calls(state_db)] == [("denied", None)]
 
 
+def test_gemini_shell_receipts_come_from_its_after_tool_hook(state_db: t.Any) -> None:
+    """Gemini's stream says "success" for any shell command that ran; its AfterTool hook (`ov guard --post`) is
+    given the exit code. The hook's receipt finishes the row its BeforeTool began (neither has a call id), the
+    stream's does not overwrite it, and a shell call whose hook never reported stays ``started``: not
+    "succeeded" (a retry holds it back once as "may already have happened")."""
+    from overstory.guards.runtimes import as_claude_input
+    from overstory.runtimes import get_runtime
+
+    runtime = get_runtime("gemini")
+    parsed = _parsed("gemini", "gemini-tool_turn.jsonl")  # one shell call; its tool_result says "success"
+    call = {"tool_name": "run_shell_command", "tool_input": {"command": "echo made-by-gemini > out.txt && cat out.txt",
+                                                            "description": "write a file"}}
+    ctx = _ctx("turn-1")
+    ledger.record_pre(state_db, as_claude_input({"hook_event_name": "BeforeTool", **call})[1], ALLOW, ctx)
+    after = {"hook_event_name": "AfterTool", **call, "tool_response": {
+        "llmContent": "<untrusted_context>\nOutput: no space\nExit Code: 3\nProcess Group PGID: 9\n</untrusted_context>",
+        "returnDisplay": "no space"}}
+    row = ledger.record_post(state_db, after, ctx)
+    feed = ledger.StreamLedger(state_db, ctx, receipts_only=True, hook_call=runtime.hook_call,
+                               hook_receipts=runtime.hook_receipts)
+    feed.feed(parsed)
+    (only,) = store.calls(state_db)
+    assert (only["id"], only["status"], only["exit_code"], only["receipt"]) == (row, "failed", 3, "Exit code 3\nno space")
+    # The hook died: the stream's "success" is not taken for a receipt.
+    state_db.execute("DELETE FROM tool_calls")
+    ledger.record_pre(state_db, as_claude_input({"hook_event_name": "BeforeTool", **call})[1], ALLOW, ctx)
+    feed.feed(parsed)
+    assert [r["status"] for r in store.calls(state_db)] == ["started"]
+
+
 def _renamed(event: t.Any, stream_id: str, **data: t.Any) -> t.Any:
     from dataclasses import replace
 

@@ -327,7 +327,13 @@ def _flag(conn: sqlite3.Connection, events: sqlite3.Connection | None, ctx: Ledg
 
 
 def record_post(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: LedgerContext) -> int | None:
-    """Store the receipt of a finished call (PostToolUse or PostToolUseFailure); returns its row id."""
+    """Store the receipt of a finished call (PostToolUse or PostToolUseFailure, or Gemini's AfterTool); returns
+    its row id. A hook that gives no call id (Gemini's) finishes the oldest ``started`` row of this turn's
+    attempt with the same call, as ``StreamLedger`` does for such runtimes."""
+    if hook_input.get("hook_event_name") == "AfterTool":
+        from overstory.guards.runtimes import gemini_after_tool
+
+        hook_input = gemini_after_tool(hook_input)
     tool = hook_input.get("tool_name")
     if not isinstance(tool, str) or not tool:
         return None
@@ -346,6 +352,12 @@ def record_post(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: 
             return settled
     tool_input = hook_input.get("tool_input")
     call = _call(ctx, tool, tool_input if isinstance(tool_input, dict) else {}, tool_use_id)
+    if call.tool_use_id is None:
+        found = store.finish_by_key(conn, agent=ctx.agent, turn_id=ctx.turn_id, attempt=ctx.attempt,
+                                    idem_key=call.idem_key, ok=ok, exit_code=exit_code, receipt=receipt,
+                                    duration_ms=duration_ms)
+        if found is not None:
+            return found
     return store.record_finished(conn, call, ok=ok, exit_code=exit_code, receipt=receipt, duration_ms=duration_ms)
 
 
@@ -471,6 +483,10 @@ class StreamLedger:
     before the turn ends; if the loop or the CLI dies first, the row stays ``started`` and a
     retried attempt treats the call as one that may have happened (held back once, flagged).
 
+    ``hook_receipts`` names the tools whose receipts the runtime's post-tool hook writes, headless
+    too, because its stream does not say how they ended (Gemini's shell: "success" for any command
+    that ran); their ``tool_end`` events are not receipts.
+
     ``hook_call`` is for a runtime whose hook is given another id than its stream (codex) or
     none (gemini): it turns a ``tool_start`` into the call as the hook saw it, and the receipt
     goes to the oldest ``started`` row of this attempt with that call's idempotency key.
@@ -481,12 +497,13 @@ class StreamLedger:
     """
 
     def __init__(self, conn: sqlite3.Connection, ctx: LedgerContext, *, receipts_only: bool = False,
-                 hook_call: t.Callable[[str, dict[str, t.Any]], tuple[str, dict[str, t.Any]] | None] | None = None
-                 ) -> None:
+                 hook_call: t.Callable[[str, dict[str, t.Any]], tuple[str, dict[str, t.Any]] | None] | None = None,
+                 hook_receipts: frozenset[str] = frozenset()) -> None:
         self.conn = conn
         self.ctx = ctx
         self.receipts_only = receipts_only
         self.hook_call = hook_call
+        self.hook_receipts = hook_receipts  # tools whose receipts the runtime's post-tool hook writes
         self._keys: dict[str, str] = {}  # stream id -> idempotency key of the call as its hook recorded it
         self._patches: dict[str, list[str]] = {}  # stream id -> files of a patch its hook saw as a shell command
 
@@ -506,8 +523,12 @@ class StreamLedger:
                 store.begin(self.conn, call, denied_reason=None, check_replay=False)
             elif event.kind == "tool_end":
                 tool_use_id = data.get("tool_use_id")
-                if isinstance(tool_use_id, str) and tool_use_id:
-                    self._finish(tool_use_id, data)
+                if not isinstance(tool_use_id, str) or not tool_use_id:
+                    continue
+                if event.tool in self.hook_receipts:  # its hook wrote the receipt (or, if it died, none:
+                    self._keys.pop(tool_use_id, None)  # the row stays started, never "succeeded" by the stream)
+                    continue
+                self._finish(tool_use_id, data)
 
     def _remember(self, event: ParsedEvent) -> None:
         stream_id = (event.data or {}).get("tool_use_id")

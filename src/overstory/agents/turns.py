@@ -343,7 +343,8 @@ def _record(turn: _Turn) -> None:
     turn.stream_ledger = ledger.StreamLedger(state, ledger.LedgerContext.from_env(turn.env)
                                              or ledger.LedgerContext(agent.name),
                                              receipts_only="pre" in runtime.tool_hooks,
-                                             hook_call=None if runtime.hook_ids_match else runtime.hook_call)
+                                             hook_call=None if runtime.hook_ids_match else runtime.hook_call,
+                                             hook_receipts=runtime.hook_receipts)
 
 
 def _launch(turn: _Turn) -> TurnResult | None:

@@ -11,7 +11,7 @@ from overstory.cli import hot
 
 
 @click.command(name="guard")
-@click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure hook: record the call's result.")
+@click.option("--post", is_flag=True, help="PostToolUse/PostToolUseFailure (or Gemini's AfterTool) hook: record the call's result.")
 def guard(post: bool) -> None:
     """Decide one tool call for a runtime's pre-tool hook (Claude, Codex, Gemini CLI, OpenCode).
 

@@ -101,6 +101,88 @@ def as_claude_input(hook_input: Mapping[str, object]) -> tuple[str, dict[str, ob
     return dialect, mapped
 
 
+# ---- Gemini's AfterTool: a call's receipt ---------------------------------------------
+
+GEMINI_SHELL = "run_shell_command"
+# The lines Gemini CLI 0.61 puts after a shell command's output in the text the model gets (in this order,
+# each only when it applies): "Output: <output or (empty)>", "Error: ...", "Exit Code: N" (only when not 0),
+# "Signal: N", "Background PIDs: ...", "Process Group PGID: N"; all inside <untrusted_context>...</...>.
+_GEMINI_SECTION = re.compile(r"^(Error|Exit Code|Signal|Background PIDs|Process Group PGID): (.*)$")
+_UNTRUSTED = ("<untrusted_context>\n", "\n</untrusted_context>")
+
+
+def gemini_shell_outcome(response: object) -> tuple[bool, int | None, str]:
+    """(succeeded, exit code, output) of a ``run_shell_command`` from its AfterTool ``tool_response``
+    (``{llmContent, returnDisplay, error}``). Gemini's stream says "success" for any command that ran; the
+    exit code is only in ``llmContent``. Fails closed: a text not in the shape above (cancelled, moved to
+    the background, summarised) is a failure with no exit code, never a success."""
+    if not isinstance(response, Mapping):
+        return False, None, "ov: the outcome is unknown (no tool_response)"
+    content, display = response.get("llmContent"), response.get("returnDisplay")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text") or "") for p in content if isinstance(p, Mapping))
+    if not isinstance(content, str):
+        return False, None, "ov: the outcome is unknown (no text)"
+    body = content
+    if body.startswith(_UNTRUSTED[0]) and body.endswith(_UNTRUSTED[1]):
+        body = body[len(_UNTRUSTED[0]):-len(_UNTRUSTED[1])]
+    if not body.startswith("Output: "):
+        return False, None, f"ov: the outcome is unknown: {content}"
+    rest, output, tail = body[len("Output: "):], "", None
+    shown = display.replace("</untrusted_context>", "&lt;/untrusted_context&gt;") if isinstance(display, str) else ""
+    # Split off the output exactly where the display text (the same output) says where it ends, so that an
+    # output line that looks like "Exit Code: 0" is not taken for the real one; else read the trailing lines.
+    if shown.strip() and (rest == shown or rest.startswith(shown + "\n")):
+        output, tail = str(display), rest[len(shown):]
+    elif rest == "(empty)" or rest.startswith("(empty)\n"):
+        tail = rest[len("(empty)"):]
+    lines = rest.split("\n") if tail is None else tail.split("\n")
+    sections: dict[str, str] = {}
+    for line in reversed(lines):  # the trailing section lines (all of the tail when it was split exactly)
+        match = _GEMINI_SECTION.match(line)
+        if match is None:
+            if tail is not None and line:
+                return False, None, f"ov: the outcome is unknown: {content}"
+            if tail is None:
+                break
+            continue
+        sections.setdefault(match.group(1), match.group(2))
+    if tail is None:
+        output = rest
+    code = sections.get("Exit Code", "")
+    if code.lstrip("-").isdigit():
+        return False, int(code), output
+    if "Exit Code" in sections or "Signal" in sections or "Error" in sections or response.get("error"):
+        why = "; ".join(f"{k}: {v}" for k, v in sections.items() if k in ("Signal", "Error", "Exit Code"))
+        return False, None, "\n".join(x for x in (why or str(response.get("error")), output) if x)
+    return True, 0, output
+
+
+def gemini_after_tool(hook_input: Mapping[str, object]) -> dict[str, object]:
+    """Gemini CLI's AfterTool hook input (``{hook_event_name: "AfterTool", tool_name, tool_input,
+    tool_response: {llmContent, returnDisplay, error}}``, no call id) as Claude's PostToolUse, or
+    PostToolUseFailure for a failed call, in Claude's tool names. A shell command failed when it exited
+    non-zero (``gemini_shell_outcome``); another tool when its response carries an error."""
+    tool, args = hook_input.get("tool_name"), hook_input.get("tool_input")
+    response = hook_input.get("tool_response")
+    mapped: dict[str, object] = {"tool_name": tool, "tool_input": args}
+    mapped["tool_name"], mapped["tool_input"] = _mapped(tool, args, GEMINI_TOOLS)
+    if isinstance(hook_input.get("cwd"), str):
+        mapped["cwd"] = hook_input["cwd"]
+    if tool == GEMINI_SHELL:
+        ok, code, output = gemini_shell_outcome(response)
+        if ok:
+            return {**mapped, "hook_event_name": "PostToolUse", "tool_response": {"stdout": output}}
+        prefix = f"Exit code {code}\n" if code is not None else ""
+        return {**mapped, "hook_event_name": "PostToolUseFailure", "error": prefix + output}
+    error = response.get("error") if isinstance(response, Mapping) else None
+    display = response.get("returnDisplay") if isinstance(response, Mapping) else None
+    if error:
+        message = error.get("message") if isinstance(error, Mapping) else error
+        return {**mapped, "hook_event_name": "PostToolUseFailure", "error": str(message or error)}
+    return {**mapped, "hook_event_name": "PostToolUse", "tool_response": display if isinstance(display, str) else ""}
+
+
 def reply(dialect: str, allow: bool, reason: str, claude_response: str) -> tuple[str, str, int]:
     """(stdout, stderr, exit status) of ``ov guard`` for one decision."""
     if allow:

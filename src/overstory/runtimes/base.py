@@ -282,6 +282,9 @@ class Runtime(abc.ABC):
     # headless turn's receipts come from the stream's tool_end events). Without "pre", the turn
     # runner fills the ledger from the stream's tool_start/tool_end events instead.
     tool_hooks: t.ClassVar[frozenset[str]] = frozenset()
+    # Its tools whose ledger receipts a post-tool hook writes in a headless turn too (``ov guard --post``),
+    # because its stream does not say how they ended: their ``tool_end`` events are not receipts.
+    hook_receipts: t.ClassVar[frozenset[str]] = frozenset()
     # Whether its tool-call hooks can be HTTP calls to the agent's endpoint instead of `ov guard` processes.
     http_hooks: t.ClassVar[bool] = False
     # Whether its pre-tool hook is given the same call id as its stream's tool events. Where it is not

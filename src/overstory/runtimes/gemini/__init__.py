@@ -12,7 +12,11 @@ through the real home, ``~/.gemini/policies/sandbox.toml``). ov writes there:
   off, chats kept (the default deletes them after 30 days: they could not be resumed), and a
   ``BeforeTool`` hook that runs ``ov guard`` before every tool call. Gemini lets a tool run
   when its hook crashes or exits 2 with nothing on stderr, so the hook command turns any
-  failure of ``ov guard`` into exit 2 with a reason.
+  failure of ``ov guard`` into exit 2 with a reason. An ``AfterTool`` hook on the shell tool
+  only runs ``ov guard --post``: the stream says "success" for every command that ran and
+  carries no exit code, which the hook is given (in the text the model gets) before the
+  stream's ``tool_result`` is printed. If that hook dies, the call's ledger row stays
+  ``started`` (a retry holds it back once as "may already have happened"), never "succeeded".
 
 The prompt goes on stdin (no ``-p``), which is then closed. ``GEMINI_CLI_NO_RELAUNCH`` keeps
 one node process, which ends on SIGTERM (the relaunching parent ignores it). Facts:
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 import typing as t
 from pathlib import Path
@@ -38,6 +43,7 @@ PACKAGE = "@google/gemini-cli"
 HOME_DIR = "gemini-home"
 SYSTEM_SETTINGS = "system-settings.json"
 HOOK_TIMEOUT_MS = 60000
+SHELL_TOOL = "run_shell_command"
 HEADLESS_FLAGS = ["--output-format", "stream-json", "--skip-trust", "--approval-mode", "yolo"]
 # Inherited variables that change gemini's auth, endpoint, system prompt, telemetry or sandbox.
 _FOREIGN_PREFIXES = ("GEMINI_", "GOOGLE_", "OTEL_")
@@ -54,16 +60,28 @@ def settings(ov_command: list[str]) -> dict[str, t.Any]:
         "advanced": {"ignoreLocalEnv": True},
         "ide": {"enabled": False},
         "hooksConfig": {"enabled": True},
-        "hooks": {"BeforeTool": [{"matcher": ".*", "hooks": [
-            {"type": "command", "name": "ov-guard", "command": guard_hook_command(ov_command),
-             "timeout": HOOK_TIMEOUT_MS}]}]},
+        "hooks": {
+            "BeforeTool": [{"matcher": ".*", "hooks": [
+                {"type": "command", "name": "ov-guard", "command": guard_hook_command(ov_command),
+                 "timeout": HOOK_TIMEOUT_MS}]}],
+            # The shell's receipts: the stream says "success" for any command that ran, with no exit code.
+            "AfterTool": [{"matcher": f"^{SHELL_TOOL}$", "hooks": [
+                {"type": "command", "name": "ov-receipt", "command": receipt_hook_command(ov_command),
+                 "timeout": HOOK_TIMEOUT_MS}]}],
+        },
     }
+
+
+def receipt_hook_command(ov_command: list[str]) -> str:
+    """``ov guard --post``, never exiting 2: an AfterTool hook that exits 2 replaces the call's result."""
+    return " ".join(shlex.quote(part) for part in ov_command) + " guard --post || exit 1"
 
 
 class GeminiRuntime(Runtime):
     name = "gemini"
     own_agent_tools = "Gemini CLI's own sub-agents (invoke_agent)"
-    tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call
+    tool_hooks = frozenset({"pre"})  # receipts come from the stream, matched through hook_call,
+    hook_receipts = frozenset({SHELL_TOOL})  # but a shell call's from its AfterTool hook (`ov guard --post`)
     hook_ids_match = False  # its BeforeTool hook is given no call id at all
     credential_vars = ("GEMINI_API_KEY",)  # `ov resume` after an auth park takes a fixed key from the operator
     usage_during_turn = False  # tokens only in the closing result's stats (docs/budgets.md)
@@ -146,7 +164,8 @@ class GeminiRuntime(Runtime):
                                   hint_key="gemini_bin")
         if found.installed:
             # 0.61 has tool hooks (BeforeTool): ov guard runs before every call, besides the sandbox.
-            return RuntimeProbe(found.name, found.status, f"{found.detail}; guard: BeforeTool hook",
+            return RuntimeProbe(found.name, found.status,
+                                f"{found.detail}; guard: BeforeTool hook; shell receipts: AfterTool hook",
                                 found.credentials, found.hint)
         return found
 
