@@ -15,7 +15,7 @@ from __future__ import annotations
 import typing as t
 
 MEASURED_ON = "2026-12-07"
-MACHINE = ("2 cores (AMD EPYC), 23.5 GiB, Linux 6.18, Python 3.11.7; shared with other work "
+MACHINE = ("2 cores (Intel Xeon), 23.5 GiB, Linux 6.18, Python 3.11.7; shared with other work "
            "(1-minute load average 6.8 to 11 during the run)")
 MACHINE_BRIEF = "2 shared cores"
 SOURCE = "bench/results/2026-12-07-284212f-fig13.json"
