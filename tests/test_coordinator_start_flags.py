@@ -28,15 +28,13 @@ WATCHDOG_ARGS = ("--interval", "0.5")
 
 
 @pytest.fixture
-def daemons(project: ProjectPaths) -> t.Iterator[list[int]]:
-    """Watchdog daemons a test started (pids it read from ov's output), stopped at teardown if still the
-    project's watchdog (believed only through its record: ``running_watchdogs``)."""
-    started: list[int] = []
-    yield started
-    for pid in started:
-        if pid in running_watchdogs(project):
-            os.kill(pid, signal.SIGTERM)
-            wait_for(lambda: not procs.is_alive(pid), 10, message=f"watchdog {pid} to stop")  # noqa: B023
+def daemons(project: ProjectPaths) -> t.Iterator[None]:
+    """At teardown, stop every watchdog this test's project still has (believed only through ov's record of it
+    and the project's lock: ``running_watchdogs``), whether or not the test got as far as reading its pid."""
+    yield
+    for pid in running_watchdogs(project):
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not procs.is_alive(pid), 10, message=f"watchdog {pid} to stop")  # noqa: B023
 
 
 def _pid(text: str) -> int:
@@ -57,13 +55,13 @@ def test_attach_without_a_terminal_is_refused_before_anything_starts(team: Proje
 
 
 def test_watchdog_starts_one_daemon_and_never_a_second(team: ProjectPaths, tmp_path: Path,  # noqa: F811
-                                                       daemons: list[int]) -> None:
+                                                       daemons: None) -> None:
     path = scenario(tmp_path / "s.json", {"coordinator": [{"actions": [{"text": "ready"}], "result": "ready"}]})
     first = run_ov("coordinator", "start", "--scenario", str(path), "--watchdog", cwd=team.root)
     assert first.returncode == 0, first.stderr
     line = next(line for line in first.stdout.splitlines() if "the watchdog" in line)
     assert line.startswith("  started the watchdog: pid "), first.stdout
-    daemons.append(pid := _pid(line))
+    pid = _pid(line)
     assert running_watchdogs(team) == {pid: "holds the lock"}
     assert os.getsid(pid) == pid  # detached: its own session, it outlives the terminal
     assert run_ov("coordinator", "stop", cwd=team.root).returncode == 0
@@ -80,12 +78,11 @@ def test_watchdog_starts_one_daemon_and_never_a_second(team: ProjectPaths, tmp_p
 
 
 def test_a_starter_killed_after_starting_the_daemon_leaves_it_running_and_found(project: ProjectPaths,
-                                                                                daemons: list[int]) -> None:
+                                                                                daemons: None) -> None:
     killed = run_ov("watchdog", "--background", *WATCHDOG_ARGS, cwd=project.root,
                     env={"OV_TEST_DIE_AT": "watchdog_started"})
     assert killed.returncode == 137 and killed.stdout == ""
     found = wait_for(lambda: running_watchdogs(project), 20, message="the orphaned daemon to take the lock")
-    daemons.extend(found)
     assert len(found) == 1
     again = run_ov("watchdog", "--background", "--json", cwd=project.root)
     assert json.loads(again.stdout) == {"pid": next(iter(found)), "started": False,
