@@ -42,6 +42,8 @@ PARAMETERS: dict[str, tuple[t.Any, t.Any]] = {
     "fig10_rounds": (8, 2),
     "fig11_rounds": (30, 8),
     "fig12_rounds": (7, 3),
+    "fig13_rounds": (3, 1),
+    "fig13_warmup": (1, 1),
 }
 
 

@@ -3,6 +3,8 @@
     python bench/run.py            # full run (under 10 minutes on 2 cores)
     python bench/run.py --quick    # fewer repetitions (under 2 minutes)
     python bench/run.py --only 1,4 # some figures (for working on them; not written to results/)
+    python bench/run.py --only 13 --out bench/results/<date>-<commit>-fig13.json
+                                   # runtime start-up costs: only on request (minutes; every agent CLI)
 
 Prints a table and writes bench/results/<date>-<commit>.json. Every timing is a
 median of repeated runs after warm-up, with min and max; ratios compare against a
@@ -51,9 +53,12 @@ FIGURES: dict[int, tuple[str, str]] = {
     10: ("fig_hooks", "tool-call hooks with the real claude CLI: added time per call"),
     11: ("fig_sandbox", "sandbox start-up per turn, the endpoint's round trip"),
     12: ("fig_sling", "ov sling with an instant fake claude: to the first turn_end (200 and 5,000 files)"),
+    13: ("fig_runtime_start", "what each runtime costs to start: one idle turn's CPU and wall time"),
 }
+# Figures left out of a run without --only: minutes long, and they need every agent CLI installed.
+ON_REQUEST = frozenset({13})
 RUNNERS = {1: "run", 2: "run_store", 3: "run_concurrency", 4: "run_watchdog", 5: "run_spawn", 6: "run_memory",
-           7: "run_scale", 8: "run_serve", 9: "run", 10: "run", 11: "run", 12: "run"}
+           7: "run_scale", 8: "run_serve", 9: "run", 10: "run", 11: "run", 12: "run", 13: "run"}
 BUDGET_SECONDS = {"full": 600, "quick": 120}
 
 
@@ -109,7 +114,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (for debugging)")
     parser.add_argument("--out", type=Path, help="write the JSON here instead of bench/results/<date>-<commit>.json")
     args = parser.parse_args(argv)
-    selected = sorted({int(x) for x in args.only.split(",")}) if args.only else sorted(FIGURES)
+    selected = sorted({int(x) for x in args.only.split(",")}) if args.only else sorted(set(FIGURES) - ON_REQUEST)
     mode = "quick" if args.quick else "full"
 
     started = time.monotonic()

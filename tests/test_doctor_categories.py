@@ -243,3 +243,27 @@ def test_executor_category_checks_the_ray_address_accepts_connections(project: P
     assert result.returncode == 1 and [(c["category"], c["status"]) for c in checks] == [("executor", "fail")], checks
     assert checks[0]["name"] in ("cluster", "ray"), checks  # unreachable, or no ray package: project/doctor_cluster.py
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in checks[0]["detail"] or "not installed" in checks[0]["detail"]
+
+
+def test_doctor_reports_each_runtimes_measured_start_up_cost(project: ProjectPaths) -> None:
+    """Measured figures from the package's table (bench figure 13), labelled as such, in --json and one line each."""
+    import yaml
+
+    from overstory.runtimes import RUNTIME_NAMES
+    from overstory.runtimes.start_costs import MEASURED_ON, start_cost
+
+    # Every CLI missing: the probes answer at once, and the figures do not depend on an install.
+    project.local_config_file.write_text(yaml.safe_dump(
+        {"runtime": {f"{name}_bin": f"/nonexistent/{name}" for name in RUNTIME_NAMES if name != "scripted"}}))
+    document = doctor(project, "runtimes")
+    for name in RUNTIME_NAMES:
+        cost = named(document, name)["start_cost"]
+        assert cost == start_cost(name) and cost["measured"] is True and cost["live"] is False, name
+        assert cost["idle_turn_cpu_s"] > 0 and cost["idle_turn_wall_s"] > 0 and cost["measured_on"] == MEASURED_ON
+    text = run_ov("doctor", "--category", "runtimes", cwd=project.root).stdout.splitlines()
+    for name in RUNTIME_NAMES:
+        at = next(i for i, line in enumerate(text) if line.startswith("[") and f"] {name}: " in line)
+        after = [line for line in text[at + 1:at + 3] if "start-up:" in line]
+        assert after == [f"       start-up: {start_cost(name)['idle_turn_cpu_s']:g} s CPU, "  # type: ignore[index]
+                         f"{start_cost(name)['idle_turn_wall_s']:g} s wall per idle turn (measured {MEASURED_ON} "  # type: ignore[index]
+                         "on 2 shared cores, not live)"], (name, text)

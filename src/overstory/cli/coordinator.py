@@ -45,10 +45,15 @@ def _config(project: t.Any) -> t.Any:
 @click.option("--budget-turns", type=click.IntRange(min=0), help="Run budget: turns of all its agents.")
 @click.option("--budget-tool-calls", type=click.IntRange(min=0), help="Run budget: tool calls of all its agents.")
 @click.option("--budget-wallclock", type=DURATION, help="Run budget: wall-clock time since the run started (4h).")
+@click.option("--watchdog", "with_watchdog", is_flag=True,
+              help="Also start the project's watchdog as a daemon, unless one runs already (`ov watchdog --background`).")
+@click.option("--attach", is_flag=True,
+              help="Then follow the coordinator's events on this terminal until Ctrl-C (which leaves it running); "
+                   "refused when stdout is not a terminal.")
 @json_option
 def coordinator_start(runtime: str | None, model: str | None, scenario: Path | None, budget_usd: float | None,
                       budget_turns: int | None, budget_tool_calls: int | None, budget_wallclock: float | None,
-                      as_json: bool) -> None:
+                      with_watchdog: bool, attach: bool, as_json: bool) -> None:
     """Start the coordinator and open a run (or rejoin the open one).
 
     Only one coordinator runs at a time. Its instructions and hook settings are
@@ -59,16 +64,33 @@ def coordinator_start(runtime: str | None, model: str | None, scenario: Path | N
     ov coordinator start
     ov coordinator start --model sonnet --budget-usd 20 --budget-wallclock 4h
     ov coordinator start --runtime scripted --scenario demo.json
-    """
-    from overstory.agents.coordinator import start
+    ov coordinator start --watchdog --attach   # and the watchdog; then follow it (Ctrl-C leaves it running)
 
+    The coordinator always runs headless (a turn per mail), so --attach follows its
+    events as `ov logs coordinator --follow` does; there is no TUI to attach to. A
+    script should not use it (it never ends): it is refused, before anything starts,
+    when stdout is not a terminal or with --json.
+    """
+    import sys
+
+    from overstory.agents.coordinator import start
+    from overstory.errors import UsageError
+
+    if attach and as_json:
+        raise UsageError("--attach follows the coordinator on a terminal; it does not go with --json")
+    if attach and not sys.stdout.isatty():
+        raise UsageError("--attach needs a terminal (stdout is not one); follow it with `ov logs coordinator "
+                         "--follow`")
     project = project_paths()
     budget = {"max_usd": budget_usd, "max_turns": budget_turns, "max_tool_calls": budget_tool_calls,
               "max_wallclock": budget_wallclock}
     result = start(project, _config(project), state_conn(project), runtime=runtime, model=model, scenario=scenario,
                    budget=budget)
+    # Started after the coordinator, so a refused start leaves no daemon behind; if ov dies in between, the
+    # coordinator runs without one until `ov watchdog --background` (or `ov watch`) starts it.
+    watchdog = _ensure_watchdog(project) if with_watchdog else None
     if as_json:
-        echo_json(result.as_dict())
+        echo_json({**result.as_dict(), **({"watchdog": watchdog.as_dict()} if watchdog else {})})
         return
     click.echo(f"started {result.name} (runtime {result.runtime}, loop pid {result.loop_pid})")
     click.echo(f"  run: {result.run_id}" + ("" if result.run_created else " (rejoined the open run)"))
@@ -78,7 +100,23 @@ def coordinator_start(runtime: str | None, model: str | None, scenario: Path | N
 
         click.echo("  run budget: " + ", ".join(f"{k} {format_limit(k, v)}" for k, v in limits.items()))
     click.echo(f"  instructions: {result.instructions}")
+    if watchdog is not None:
+        from overstory.cli.watchdog import describe_start
+
+        click.echo(f"  {describe_start(watchdog)}")
     click.echo('  give it an objective: ov coordinator send "..."')
+    if attach:
+        from overstory.cli.logs import follow_agent
+
+        click.echo(f"following {result.name}'s events (Ctrl-C stops following; the coordinator keeps running)",
+                   err=True)
+        follow_agent(project, result.name)
+
+
+def _ensure_watchdog(project: t.Any) -> t.Any:
+    from overstory.watchdog.background import ensure_watchdog
+
+    return ensure_watchdog(project)
 
 
 @coordinator.command(name="send")

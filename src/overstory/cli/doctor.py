@@ -74,6 +74,10 @@ def doctor(ctx: click.Context, states: bool, repair: bool, categories: tuple[str
                 shown = check.category
                 click.echo(f"{shown}:")
             click.echo(f"[{marks[check.status]}] {check.name}: {check.detail}")
+            if check.extra and check.extra.get("start_cost"):
+                from overstory.runtimes.start_costs import describe
+
+                click.echo(f"       {describe(check.extra['start_cost'])}")
             if check.hint and check.status != "ok":
                 click.echo(f"       fix: {check.hint}")
     if failed:

@@ -125,6 +125,14 @@ def logs(agent: str, limit: int, kinds: tuple[str, ...], follow: bool, as_json: 
         pass
 
 
+def follow_agent(project: t.Any, agent: str, *, limit: int = 50) -> None:
+    """Print ``agent``'s newest events, then new ones as they come, until Ctrl-C (`ov coordinator start --attach`)."""
+    try:
+        _print_events(_open_events(project), agent=agent, kinds=(), limit=limit, follow=True, as_json=False)
+    except KeyboardInterrupt:
+        pass
+
+
 @click.command(name="feed")
 @click.option("--agent", help="Only this agent's events.", shell_complete=completer("complete_agents"))
 @limit_option

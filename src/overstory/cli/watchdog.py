@@ -14,7 +14,10 @@ from overstory.cli._common import project_paths
 @click.option("--once", is_flag=True, help="Reconcile, run one tick and exit.")
 @click.option("--interval", type=float, help="Seconds between ticks (default: config watchdog.interval).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per report line (NDJSON).")
-def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
+@click.option("--background", is_flag=True,
+              help="Start it as a detached daemon (output in .overstory/run/watchdog.log) unless a watchdog runs "
+                   "already for this project; print its pid and return.")
+def watchdog(once: bool, interval: float | None, as_json: bool, background: bool) -> None:
     """Run the mechanical watchdog: re-adopt dead loops, stall and retire silent agents.
 
     Only one watchdog runs per project; a second one exits 1 naming the holder's
@@ -25,6 +28,7 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
     \b
     ov watchdog                # until Ctrl-C or SIGTERM
     ov watchdog --once --json  # one reconcile + one tick, for scripts
+    ov watchdog --background   # a daemon; stop it with `kill PID`
     OV_WATCHDOG_STALE_AFTER=60 ov watchdog --interval 2
     """
     from overstory.clock import iso, now_ms
@@ -34,6 +38,11 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
     if interval is not None and not 0 < interval < float("inf"):  # nan and inf too: they would spin or hang
         raise click.BadParameter("must be a number of seconds greater than 0", param_hint="--interval")
     project = project_paths()
+    if background:
+        if once:
+            raise click.UsageError("--background runs until stopped; it does not go with --once")
+        _start_background(project, interval, as_json)
+        return
     config = load_config(project.config_file, project.local_config_file)
     settings = WatchdogSettings.from_config(config, interval=interval)
     stopping = {"flag": False}
@@ -70,3 +79,20 @@ def watchdog(once: bool, interval: float | None, as_json: bool) -> None:
         finally:
             dog.close()
             signal.signal(signal.SIGTERM, previous)
+
+
+def _start_background(project: t.Any, interval: float | None, as_json: bool) -> None:
+    from overstory.watchdog.background import ensure_watchdog
+
+    found = ensure_watchdog(project, interval=interval)
+    if as_json:
+        click.echo(json.dumps(found.as_dict()))
+    else:
+        click.echo(describe_start(found))
+
+
+def describe_start(found: t.Any) -> str:
+    """One line on a WatchdogStart (shared with `ov coordinator start --watchdog`)."""
+    if found.started:
+        return f"started the watchdog: pid {found.pid} (log {found.log}; stop it with `kill {found.pid}`)"
+    return f"a watchdog runs already for this project: pid {found.pid}; started none"

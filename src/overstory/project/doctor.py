@@ -52,6 +52,7 @@ def check_tmux() -> Check:
 def check_runtimes(config: Config | None) -> list[Check]:
     """One check per registered runtime: installed, version, credentials."""
     from overstory.runtimes import RUNTIME_NAMES, get_runtime
+    from overstory.runtimes.start_costs import start_cost
 
     checks = []
     for name in RUNTIME_NAMES:
@@ -60,7 +61,8 @@ def check_runtimes(config: Config | None) -> list[Check]:
         if status == OK and probe.has_credentials is False:
             status = WARN  # installed, but every turn would fail with "Not logged in"
         detail = probe.detail if probe.credentials == "not needed" else f"{probe.detail}; {probe.credentials}"
-        checks.append(Check(name, status, detail, probe.hint))
+        cost = start_cost(name)
+        checks.append(Check(name, status, detail, probe.hint, extra={"start_cost": cost} if cost else None))
     return checks
 
 

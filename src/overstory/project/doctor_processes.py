@@ -107,42 +107,9 @@ def check_orphans(project: ProjectPaths) -> Check:
 # ---- watchdogs --------------------------------------------------------------------------------
 
 
-def _flock_holders(inode: int) -> set[int]:
-    """Pids holding an flock on the file with this inode (/proc/locks: `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE`)."""
-    holders = set()
-    try:
-        with open("/proc/locks", encoding="utf-8") as handle:
-            for line in handle:
-                fields = line.split()
-                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-                    if fields[4].isdigit():
-                        holders.add(int(fields[4]))
-    except OSError:
-        pass
-    return holders
-
-
-def running_watchdogs(project: ProjectPaths) -> dict[int, str]:
-    """Live watchdogs of this project, pid -> how ov knows of it (its record, the lock)."""
-    from overstory.watchdog.lock import lock_path, watchdog_records
-
-    found: dict[int, str] = {}
-    try:
-        inode = lock_path(project).stat().st_ino
-    except OSError:
-        inode = None
-    for record in watchdog_records(project):
-        pid, ticks = record.get("pid"), record.get("ticks")
-        if isinstance(pid, int) and procs.is_alive(pid, ticks if isinstance(ticks, int) else None):
-            found[pid] = ("holds the lock" if record.get("lock_inode") == inode
-                          else "holds a lock file that has since been deleted or replaced")
-    if inode is not None:
-        for pid in _flock_holders(inode):
-            found.setdefault(pid, "holds the lock")
-    return found
-
-
 def check_watchdogs(project: ProjectPaths) -> Check:
+    from overstory.watchdog.lock import running_watchdogs
+
     found = running_watchdogs(project)
     described = ", ".join(f"pid {pid} ({how})" for pid, how in sorted(found.items()))
     if len(found) > 1:

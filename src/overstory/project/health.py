@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing as t
 from dataclasses import asdict, dataclass
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -25,6 +26,10 @@ class Check:
     detail: str
     hint: str = ""
     category: str = ""
+    # More facts for `ov doctor --json` (merged into the check's object), e.g. a runtime's measured start-up.
+    extra: t.Mapping[str, t.Any] | None = None
 
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, t.Any]:
+        document = asdict(self)
+        del document["extra"]
+        return {**document, **(self.extra or {})}
