@@ -299,3 +299,21 @@ def test_an_endpoint_lets_its_request_threads_in_quickly(tmp_path) -> None:
     finally:
         endpoint.close()
         sys.setswitchinterval(before)
+
+
+def test_a_call_refused_by_a_budget_limit_also_ends_claudes_turn(served: t.Any, state_db: t.Any) -> None:
+    """A limit's refusal carries ``"continue": false``: claude then stops without sending the refusal to the
+    model in one more (billed) request (CLAUDE_PROBE_NOTES.md, "A hook that ends the turn"). A refusal by
+    the policy does not end the turn: the model reads why and does something else."""
+    from overstory.store import budgets
+
+    endpoint, env = served
+    budgets.create_agent(state_db, AGENT, 1, run_id=None, limits={"max_tool_calls": 1})
+    port, token, cwd = endpoint.hooks.port, env[TOKEN_ENV], env["OVERSTORY_WORKTREE"]
+    forced = post(port, "/v1/hook.pre", pre_input("Bash", {"command": "git push --force origin main"}, cwd), token)
+    assert forced[0] == 200 and forced[1]["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "continue" not in forced[1], forced
+    assert post(port, "/v1/hook.pre", pre_input("Bash", {"command": "git status"}, cwd, "toolu_2"), token) == (200, {})
+    status, answer = post(port, "/v1/hook.pre", pre_input("Bash", {"command": "git log"}, cwd, "toolu_3"), token)
+    assert status == 200 and answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
+    assert answer["continue"] is False and answer["stopReason"].startswith("budget: max_tool_calls reached"), answer

@@ -46,6 +46,10 @@ def test_a_turn_of_tool_calls_is_stopped_at_its_first_bill(project, tmp_path):
     assert not (worktree / "call-2-ran").exists(), "the tool call after the bill ran"
     assert not (worktree / "call-3-ran").exists()
     assert requests <= 2, f"{requests} model requests: the turn went on after its first bill"
+    # The refused call ends the turn in claude itself (the hook's "continue": false): no model request follows
+    # the refusal, so the model never bills a message past the limit (a deny alone costs one more request).
+    ran = len(list(worktree.glob("call-*-ran")))
+    assert requests == ran + 1, f"{requests} model requests after {ran} calls ran: one followed the refusal"
     assert mail_rows(project, type="worker_done") == [], "worker_done went out after the limit"
     (turn,) = turns_of(project, "builder-t1")
     assert turn["status"] == "budget"

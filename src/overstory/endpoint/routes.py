@@ -278,9 +278,10 @@ ledger_pre.takes_back = False  # type: ignore[attr-defined]
 ledger_post.takes_back = False  # type: ignore[attr-defined]
 
 
-def _guard_reply(caller: Caller, text: str) -> tuple[str, str, int]:
+def _guard_reply(caller: Caller, text: str, limit_refusal: list[str] | None = None) -> tuple[str, str, int]:
     """`ov guard`'s answer to one PreToolUse hook input, decided in the loop's process: the guard's policy
-    with the turn's environment as ov set it, the tool-call count, the approval gates and the ledger row."""
+    with the turn's environment as ov set it, the tool-call count, the approval gates and the ledger row.
+    ``limit_refusal`` gets the reason when a budget limit (dollars, tool calls) refused the call."""
     from overstory.agents.gate import needs_approval
     from overstory.agents.ledger import gate_and_record
     from overstory.guards.policy import Decision, guard_reply
@@ -291,7 +292,11 @@ def _guard_reply(caller: Caller, text: str) -> tuple[str, str, int]:
     spec = ctx.approvals
 
     def count() -> str | None:
-        return caller.tool_call_refused(_bills_seen(text)) or count_on(caller.conn, caller.name, caller.agent.generation)
+        refusal = (caller.tool_call_refused(_bills_seen(text))
+                   or count_on(caller.conn, caller.name, caller.agent.generation))
+        if refusal and limit_refusal is not None:
+            limit_refusal.append(refusal)
+        return refusal
 
     def record(hook_input: t.Mapping[str, t.Any], decision: Decision) -> Decision:
         try:
@@ -321,17 +326,28 @@ def _bills_seen(text: str) -> int:
 
 def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     """Claude's HTTP PreToolUse hook (``endpoint.hooks``): what `ov guard` would print, decided here.
-    The answer is the hook's JSON: ``{}`` allows, Claude's deny object refuses."""
+    The answer is the hook's JSON: ``{}`` allows, Claude's deny object refuses.
+
+    A call refused because a budget limit was reached also ends the turn (``"continue": false``): with a
+    deny alone, claude sends the refusal to the model in one more request, a model message past the limit
+    that ov could stop only by killing the turn in a race with that request (tests/fixtures/
+    CLAUDE_PROBE_NOTES.md, "A hook that ends the turn"). The call still gets its refusal as its result,
+    so the session resumes cleanly once the limit is raised."""
     import json
 
     from overstory.guards.policy import Decision, hook_response
 
-    stdout, stderr, status = _guard_reply(caller, json.dumps(args))
+    limit_refusal: list[str] = []
+    stdout, stderr, status = _guard_reply(caller, json.dumps(args), limit_refusal)
     if stdout:
-        return json.loads(stdout)
-    if status:
-        return json.loads(hook_response(Decision.deny(stderr.strip() or "ov guard refused this call")))
-    return {}
+        answer = json.loads(stdout)
+    elif status:
+        answer = json.loads(hook_response(Decision.deny(stderr.strip() or "ov guard refused this call")))
+    else:
+        return {}
+    if limit_refusal and isinstance(answer, dict):
+        answer.update({"continue": False, "stopReason": limit_refusal[0]})
+    return answer
 
 
 def guard(caller: Caller, args: dict[str, t.Any]) -> t.Any:
