@@ -495,6 +495,12 @@ ESCAPES: list[Case] = [
     bash("ov-mail-peek-other", "scout-1", "ov mail check --agent builder-b --peek", True),
     bash("esc-ov-mail-purge", "lead-l", "ov mail purge --older-than 1d", False, "ov mail purge"),
     bash("esc-ov-coordinator-stop", "scout-1", "ov coordinator stop", False, "operator"),
+    bash("esc-ov-coordinator-send", "coordinator", "ov coordinator send 'more work'", False, "operator",
+         cwd="{root}"),
+    # The coordinator's read-only verbs: is the run's objective done, what did the run produce.
+    bash("ov-coordinator-check-complete", "coordinator", "ov coordinator check-complete --json", True,
+         cwd="{root}"),
+    bash("ov-coordinator-reads", "lead-l", "ov coordinator status && ov coordinator output --json", True),
     bash("esc-ov-init", "builder-a", "ov init", False, "operator"),
     bash("esc-ov-via-python", "scout-1", "python3 -m overstory stop builder-b --clean", False,
          "coordinator and leads"),

@@ -10,7 +10,8 @@ subtree), so the guard passes it on; ``merge`` belongs
 to mergers and the
 coordinator (its instructions merge finished work), stopping another agent to the
 coordinator and leads, nudges to them and monitors, and nobody but the operator removes another agent's worktree
-(``ov stop --clean``), purges mail or drives the coordinator. ``--from`` and ``--agent``
+(``ov stop --clean``), purges mail or drives the coordinator (its ``status``, ``check-complete``
+and ``output`` are reads). ``--from`` and ``--agent``
 may only name the agent itself. ``approve``/``reject`` pass: the command decides only for the
 caller's own descendants. A command ov does not list here is refused.
 """
@@ -84,7 +85,7 @@ def ov_command(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     if sub in _READS or (sub == "run" and positionals[:1] in ([], ["list"], ["show"])):
         return _READ
     if sub == "coordinator":
-        if positionals[:1] == ["status"]:
+        if positionals[:1] in (["status"], ["check-complete"], ["output"]):  # reads: the run's state and report
             return _READ
         return _deny(agent, "`ov coordinator` starts, asks and stops the coordinator for the operator")
     if sub == "mail":
