@@ -3,52 +3,33 @@
 Only the model is mocked (tests/mock_openai_chat.py on 127.0.0.1): there is no model to call offline.
 `kilo run`, its tools, ov's guard plugin (`tool.execute.before` calling `ov guard`), its session store
 and `--session`, git, SQLite, bubblewrap and every process are real. The project reaches the mock the
-way a user reaches any OpenAI-compatible endpoint: a `providers` entry in config. CI time is tight, so
-one agent run checks several behaviours (a 5xx retried, a resumed second turn, writes outside refused,
-receipts from exit codes, the commit and the report), and the two failure runs (401, stall) share one test.
+way a user reaches any OpenAI-compatible endpoint: a `providers` entry in config.
+
+CI time is tight (a kilo run costs a minute of wall time), so each kilo run proves several behaviours:
+- the two failure runs (a 401 parks for auth, a stalled model ends in one worker_died) share the test below;
+- the working builder runs in tests/e2e/test_mixed_team.py (test_claude_coordinator_kilo_and_qwen_builders),
+  slung by a Claude coordinator: a 5xx retried by kilo, its second turn resuming the same session (the
+  coordinator's answer), writes outside the worktree refused (guard plugin and sandbox), receipts from exit
+  codes, the provider's key and ov's instructions, kilo's own sub-agents and board off, the commit and the
+  worker_done report, tokens priced from ov's table, and ~/.config/kilo left alone.
 """
 
 from __future__ import annotations
 
-import json
 import typing as t
 from pathlib import Path
 
 import pytest
 
 from agent_helpers import agent_state, mail_rows, wait_for, wait_terminal
-from conftest import run_git, run_ov
 from kilo_cli import KILO_BIN, MODEL_ID, requires_kilo
-from mock_openai_chat import (
-    MockChatAPI,
-    Reply,
-    assistant_turns,
-    conversation_text,
-    error_reply,
-    stalled_reply,
-    text_reply,
-    tool_call_reply,
-    with_headers,
-)
+from mock_openai_chat import MockChatAPI, error_reply, stalled_reply
 from overstory import procs
 from overstory.paths import ProjectPaths
-from runtime_agents import (
-    MOCK_PRICE,
-    OFFLINE_ENV,
-    configure,
-    events,
-    ledger_rows,
-    ran_in_bubblewrap,
-    sling,
-    turn_rows,
-)
+from runtime_agents import MOCK_PRICE, OFFLINE_ENV, configure, events, sling, turn_rows
 
 PROMPT = "Add a greet() function in greet.py and commit it."
 KEY = "sk-mock-kilo-builder"
-
-
-def bash(command: str) -> Reply:
-    return tool_call_reply("bash", {"command": command, "description": "step"})
 
 
 def setup(project: ProjectPaths, apis: dict[str, MockChatAPI], **turns: t.Any) -> dict[str, str]:
@@ -59,65 +40,6 @@ def setup(project: ProjectPaths, apis: dict[str, MockChatAPI], **turns: t.Any) -
               models={"builder": f"{next(iter(apis))}/{MODEL_ID}"}, prices={MODEL_ID: MOCK_PRICE},
               runtime={"kilo_bin": KILO_BIN or "kilo"}, turns=turns)
     return {**OFFLINE_ENV, "MOCK_CHAT_KEY": KEY}
-
-
-@requires_kilo
-def test_kilo_builder_retries_resumes_is_refused_outside_commits_and_reports(project: ProjectPaths) -> None:
-    root = project.root
-    script: list[Reply | t.Sequence[Reply]] = [
-        [with_headers(error_reply(503, "mock overloaded"), retry_after_ms="50"),
-         bash("ov mail send --to operator --subject 'which name?' --type question")],
-        text_reply("Waiting for the operator's answer about the name."),
-        bash(f"echo leak > {root}/by-bash.txt"),
-        tool_call_reply("write", {"filePath": str(root / "by-write.txt"), "content": "leak"}),
-        bash(f"python3 -c \"open('{root}/by-python.txt', 'w').write('leak')\""),
-        tool_call_reply("write", {"filePath": "greet.py", "content": "def greet(name):\n    return f'hello {name}'\n"}),
-        bash("git add greet.py && git commit -q -m 'add greet'"),
-        bash("ov mail send --type worker_done --subject 'greet added' --body 'greet.py committed'"),
-        text_reply("Done: greet() is committed and reported."),
-    ]
-    with MockChatAPI(script) as api:
-        name = sling(project, "builder", "task-42", PROMPT, setup(project, {"mockchat": api}))
-        wait_for(lambda: (a := agent_state(project, name)) and a.state == "between_turns" and a.turns == 1, 120,
-                 message="first turn")
-        first_requests = len(api.main_requests)
-        sent = run_ov("mail", "send", "--to", name, "--subject", "answer", "--body", "call it greet", cwd=root)
-        assert sent.returncode == 0, sent.stderr
-        agent = wait_terminal(project, name, timeout=180)
-        first, later = api.main_requests[0], api.main_requests[first_requests:]
-        at_start = [r for r in api.main_requests if assistant_turns(r) == 0]
-    assert agent.state == "completed" and agent.runtime == "kilo", agent.state_reason
-    # The 503 was retried by kilo itself, inside the first turn.
-    assert len(at_start) == 2 and [t["status"] for t in turn_rows(project, name)] == ["ok", "ok"]
-    # The second turn resumed the first one's session: the model saw the whole history and the mail.
-    turns = turn_rows(project, name)
-    assert turns[1]["resumed"] == 1 and turns[0]["session_id"] == turns[1]["session_id"]
-    assert "Waiting for the operator's answer" in conversation_text(later[0]) and "call it greet" in conversation_text(later[0])
-    # Instructions from the ov-owned config dir, the provider's key, kilo's sub-agents and board off.
-    assert first["_headers"]["authorization"] == f"Bearer {KEY}" and first["model"] == MODEL_ID
-    assert "builder-task-42" in json.dumps(first["messages"][0])
-    offered = [tool["function"]["name"] for tool in first["tools"]]
-    assert "bash" in offered and not {"task", "board_post", "schedule_wakeup"} & set(offered), offered
-    # Nothing got out of the worktree: the guard plugin refused two, the sandbox the third.
-    for leaked in ("by-bash.txt", "by-write.txt", "by-python.txt"):
-        assert not (root / leaked).exists(), leaked
-    assert ran_in_bubblewrap(project, name)
-    told = conversation_text(api.main_requests[-1])
-    assert told.count("project checkout") >= 2 and "Read-only file system" in told
-    # Committed, reported, tokens priced from ov's table (the provider declares no cost).
-    assert "greet.py" in run_git(root, "show", "--name-only", "ov/builder-task-42")
-    done = mail_rows(project, type="worker_done")
-    assert len(done) == 1 and json.loads(done[0]["payload"])["branch"] == "ov/builder-task-42"
-    result = events(project, name, "turn_result")[-1][1]
-    assert result["input_tokens"] > 0 and result["cost_source"] == "price_table" and agent.cost_usd > 0
-    assert run_git(project.worktree(name), "status", "--porcelain", "--ignored") == ""
-    # Receipts from exit codes (kilo calls a bash tool that exited 1 "completed"; its metadata has the exit).
-    rows = [(r["tool"], r["status"], r["exit_code"]) for r in ledger_rows(project, name)]
-    assert rows == [("Bash", "succeeded", 0), ("Bash", "denied", None), ("Write", "denied", None),
-                    ("Bash", "failed", 1), ("Write", "succeeded", None), ("Bash", "succeeded", 0),
-                    ("Bash", "succeeded", 0)], rows
-    trace = run_ov("trace", name, cwd=root)
-    assert trace.returncode == 0 and "failed" in trace.stdout and "succeeded" in trace.stdout, trace.stdout
 
 
 @requires_kilo
