@@ -9,7 +9,7 @@ CI time is tight (a kilo run costs a minute of wall time), so each kilo run prov
 - the two failure runs (a 401 parks for auth, a stalled model ends in one worker_died) share the test below;
 - the working builder runs in tests/e2e/test_mixed_team.py (test_claude_coordinator_kilo_and_qwen_builders),
   slung by a Claude coordinator: a 5xx retried by kilo, its second turn resuming the same session (the
-  coordinator's answer), writes outside the worktree refused (guard plugin and sandbox), receipts from exit
+  operator's answer), writes outside the worktree refused (guard plugin and sandbox), receipts from exit
   codes, the provider's key and ov's instructions, kilo's own sub-agents and board off, the commit and the
   worker_done report, tokens priced from ov's table, and ~/.config/kilo left alone.
 """

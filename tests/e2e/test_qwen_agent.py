@@ -9,7 +9,7 @@ CI time is tight, so each qwen run proves several behaviours:
 - the two failure runs (a 401 parks for auth, a stalled model ends in one worker_died) share the test below;
 - the working builder runs in tests/e2e/test_mixed_team.py (test_claude_coordinator_kilo_and_qwen_builders),
   slung by a Claude coordinator: a 5xx retried by qwen, its second turn resuming the same session (the
-  coordinator's answer), writes outside the worktree refused (hook and sandbox), receipts from exit codes,
+  operator's answer), writes outside the worktree refused (hook and sandbox), receipts from exit codes,
   the provider's key and ov's instructions, qwen's own sub-agents off, the commit and the worker_done report,
   tokens priced from ov's table, and ~/.qwen left alone.
 """
