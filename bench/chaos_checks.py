@@ -205,6 +205,8 @@ def check_mail(run: Run) -> Verdict:
         is_loop = '"loop"' in (agent["spec"] or "")
         if is_loop and message["type"] == "dispatch":
             continue  # a loop's objective is in every iteration's message, not rendered as mail
+        if message["sender"] == message["recipient"] and message["type"] in ("merged", "merge_failed"):
+            continue  # the report of an `ov merge` the agent ran itself: read as sent (its output said it)
         if len(got) > 1:
             verdict.fail(f"{label} to {message['recipient']} reached {len(got)} successful turns: "
                          f"{[g['id'] for g in got]}")

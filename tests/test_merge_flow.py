@@ -179,3 +179,23 @@ def test_worker_done_gets_the_real_commit_and_files_from_git(project, tmp_path):
     assert payload["commit"] == run_git(project.root, "rev-parse", "ov/builder-c").strip()
     assert agent_state(project, "builder-c").state == "completed"
     assert os.path.exists(project.root)
+
+
+def test_an_agents_own_merge_report_is_kept_read_and_does_not_wake_it(project, state_db):
+    """A lead (or the coordinator) that merges its child's branch has the result as its command's output: its copy
+    of the report is kept for the record, already read, so it does not start a (paid) turn to read it again. The
+    child, still running, gets its copy unread; the operator's own reports stay as they were."""
+    from overstory.merge.announce import announce
+    from overstory.store import mail, sessions
+
+    for name, parent in (("lead-m", "operator"), ("builder-m", "lead-m")):
+        sessions.create_session(state_db, name=name, capability=name.split("-")[0], task_id="m", runtime="scripted",
+                                actor="test", parent=parent)
+    child = sessions.get(state_db, "builder-m")
+    ids = announce(state_db, project.root, child, merged=True, branch="ov/builder-m", target="main",
+                   source_commit="c0ffee", reason="merged cleanly", sender="lead-m")
+    marks = ",".join("?" * len(ids))
+    rows = {r["recipient"]: r for r in state_db.execute(f"SELECT * FROM mail WHERE id IN ({marks})", ids)}
+    assert set(rows) == {"lead-m", "builder-m"}
+    assert rows["lead-m"]["read_at"] is not None and mail.pending_count(state_db, "lead-m") == 0
+    assert rows["builder-m"]["read_at"] is None and mail.pending_count(state_db, "builder-m") == 1

@@ -81,10 +81,13 @@ def announce(conn: sqlite3.Connection, root: Path, agent: sessions.Session | Non
         recipients.append(agent.name)
     sender = sender or os.environ.get("OVERSTORY_AGENT_NAME") or "operator"
     with write_transaction(conn):
-        ids = [mid for mid in (mail.insert_message(conn, sender=sender, recipient=to, type=mail_type, priority="high",
-                                                   subject=subject, body=body, payload=payload,
-                                                   dedup_key=f"{key}:{to}")
-                               for to in recipients) if mid]
+        sent = [(to, mail.insert_message(conn, sender=sender, recipient=to, type=mail_type, priority="high",
+                                         subject=subject, body=body, payload=payload, dedup_key=f"{key}:{to}"))
+                for to in recipients]
+        # An agent that merged its own child's branch has the result as its command's output: its copy is kept,
+        # read, so it does not wake the agent for a turn (a paid model turn per merge) to read it again.
+        mail.mark_read_ids(conn, [mid for to, mid in sent if mid and to == sender and to != "operator"])
+        ids = [mid for _, mid in sent if mid]
     if ids:
         mail.record_sent(conn, ids)
     return ids

@@ -427,6 +427,13 @@ def mark_read_from(conn: sqlite3.Connection, recipient: str, sender_prefix: str)
                         "ESCAPE '\\'", (now_ms(), recipient, pattern)).rowcount
 
 
+def mark_read_ids(conn: sqlite3.Connection, ids: t.Sequence[int]) -> int:
+    """Mark these messages read now (mail whose recipient already knows what it says); how many."""
+    stamp = now_ms()
+    return sum(conn.execute("UPDATE mail SET read_at = ? WHERE id = ? AND read_at IS NULL", (stamp, mid)).rowcount
+               for mid in ids)
+
+
 def pending_count(conn: sqlite3.Connection, agent: str) -> int:
     """Mail waiting for ``agent``'s next turn (unread and not claimed by a turn)."""
     row = conn.execute(
