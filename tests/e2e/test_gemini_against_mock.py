@@ -718,6 +718,7 @@ def hooked_turn(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> H
     with hermetic_environ(_test_home), MockGeminiAPI([calls_reply(calls), text_reply("done")]) as api:
         env = gemini_env(api.base_url, root, settings=settings, extra={"OVERSTORY_AGENT_NAME": "probe-agent"})
         result = turn(GEMINI_BIN, "try them all", repo, env)
+        # A refreshed gemini-hook_deny.jsonl holds all five calls (tests/test_runtime_streams.py reads it).
         capture("hook_deny", result.proc.stdout)
         return HookedTurn(root, repo, result, list(api.requests))
 
