@@ -596,6 +596,19 @@ def test_a_signal_ends_codex_at_once_and_orphans_the_tools_children(
             assert wait_until(shell_started), "the tool command never started"
             (shell,) = shells
             assert os.getsid(shell) == shell != os.getsid(proc.pid)  # its own session
+
+            def sleep_started() -> bool:
+                for e in Path("/proc").iterdir():
+                    try:
+                        if e.name.isdigit() and cmdline(e) == "sleep 15 " and os.getsid(int(e.name)) == shell:
+                            return True
+                    except OSError:
+                        continue
+                return False
+
+            # bash forks `sleep` a moment after it starts; a signal sent before that leaves
+            # nothing to orphan (seen once on a loaded machine).
+            assert wait_until(sleep_started), "the tool's sleep never started"
             if sig == signal.SIGTERM:
                 os.killpg(proc.pid, signal.SIGTERM)
             else:
