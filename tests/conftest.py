@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,19 +45,32 @@ def _test_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("home")
 
 
-@pytest.fixture(autouse=True)
-def _hermetic_env(monkeypatch: pytest.MonkeyPatch, _test_home: Path) -> None:
+def _make_hermetic(patch: pytest.MonkeyPatch, home: Path) -> None:
     for name in _LEAKY_ENV:
-        monkeypatch.delenv(name, raising=False)
+        patch.delenv(name, raising=False)
     # An empty HOME: the agent CLIs start login shells, and the machine's own profile
     # must not run in them. Measured: root's ~/.bashrc runs `pyenv rehash`; a test that
     # kills a turn's process group mid-rehash leaves pyenv's lock behind, and from then
     # on every login shell (so every Bash tool call) waits 60 s for it.
-    monkeypatch.setenv("HOME", str(_test_home))
-    monkeypatch.setenv("GIT_AUTHOR_NAME", "ov tests")
-    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "tests@ov.invalid")
-    monkeypatch.setenv("GIT_COMMITTER_NAME", "ov tests")
-    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "tests@ov.invalid")
+    patch.setenv("HOME", str(home))
+    patch.setenv("GIT_AUTHOR_NAME", "ov tests")
+    patch.setenv("GIT_AUTHOR_EMAIL", "tests@ov.invalid")
+    patch.setenv("GIT_COMMITTER_NAME", "ov tests")
+    patch.setenv("GIT_COMMITTER_EMAIL", "tests@ov.invalid")
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_env(monkeypatch: pytest.MonkeyPatch, _test_home: Path) -> None:
+    _make_hermetic(monkeypatch, _test_home)
+
+
+@contextlib.contextmanager
+def hermetic_environ(home: Path) -> Iterator[None]:
+    """The environment ``_hermetic_env`` gives each test, for a module-scoped fixture (it is
+    set up before any per-test fixture runs): one real-CLI run whose output several tests read."""
+    with pytest.MonkeyPatch.context() as patch:
+        _make_hermetic(patch, home)
+        yield
 
 
 def run_git(cwd: Path, *args: str) -> str:

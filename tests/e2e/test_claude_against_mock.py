@@ -31,6 +31,7 @@ from claude_cli import (
     seed_interactive_config,
     user_message_line,
 )
+from conftest import hermetic_environ
 from mockapi import (
     MockMessagesAPI,
     Reply,
@@ -103,11 +104,9 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A throw-away git repository with one commit, as an agent's worktree would be."""
-    path = tmp_path / "repo"
-    path.mkdir()
+def make_git_repo(path: Path) -> Path:
+    """A git repository with one commit (README.md)."""
+    path.mkdir(parents=True)
     for args in (
         ["init", "-q", "-b", "main"],
         ["config", "user.email", "e2e@example.invalid"],
@@ -118,6 +117,12 @@ def repo(tmp_path: Path) -> Path:
     subprocess.run(["git", "add", "-A"], cwd=path, check=True)
     subprocess.run(["git", "commit", "-q", "-m", "initial"], cwd=path, check=True)
     return path
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A throw-away git repository with one commit, as an agent's worktree would be."""
+    return make_git_repo(tmp_path / "repo")
 
 
 @pytest.fixture
@@ -282,12 +287,38 @@ def test_stalled_reply_is_released_when_the_mock_closes() -> None:
 # --------------------------------------------------------------------------- the real CLI
 
 
-@requires_claude
-def test_text_turn_reports_session_and_cost(claude: str, repo: Path, tmp_path: Path) -> None:
-    with MockMessagesAPI([text_reply("Hello from the mock")]) as api:
-        result = turn(claude, "say hello", repo, claude_env(api.base_url, tmp_path))
-    capture("text_turn", result.proc.stdout)
+class TextThenResume(t.NamedTuple):
+    """A text turn, then a second process resuming its session."""
 
+    root: Path
+    repo: Path
+    first: Turn
+    first_requests: list[dict[str, t.Any]]
+    second: Turn
+    second_requests: list[dict[str, t.Any]]
+
+
+@pytest.fixture(scope="module")
+def text_then_resume(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> TextThenResume:
+    """The text-turn probe's run is the resume probe's first turn (one CLI start fewer)."""
+    assert CLAUDE_BIN, "requires_claude should have skipped this test"
+    root = tmp_path_factory.mktemp("claude-text")
+    repo = make_git_repo(root / "repo")
+    with hermetic_environ(_test_home):
+        with MockMessagesAPI([text_reply("Hello from the mock"), text_reply("second answer BANANA")]) as api:
+            env = claude_env(api.base_url, root)
+            first = turn(CLAUDE_BIN, "say hello", repo, env)
+            capture("text_turn", first.proc.stdout)
+            first_requests = list(api.main_requests)
+            session_id = first.events[0].get("session_id", "") if first.events else ""
+            second = turn(CLAUDE_BIN, "turn two", repo, env, resume=session_id)
+            capture("resume_turn", second.proc.stdout)
+            return TextThenResume(root, repo, first, first_requests, second, api.main_requests[len(first_requests) :])
+
+
+@requires_claude
+def test_text_turn_reports_session_and_cost(text_then_resume: TextThenResume) -> None:
+    result, repo = text_then_resume.first, text_then_resume.repo
     assert result.proc.returncode == 0, result.proc.stderr
     init = result.events[0]
     assert (init["type"], init["subtype"]) == ("system", "init")
@@ -299,16 +330,55 @@ def test_text_turn_reports_session_and_cost(claude: str, repo: Path, tmp_path: P
     assert final["session_id"] == session_id
     assert final["total_cost_usd"] > 0
     assert final["usage"]["input_tokens"] > 0
-    assert "say hello" in conversation_text(api.main_requests[0])
-    assert api.main_requests[0]["_headers"]["x-claude-code-session-id"] == session_id
+    (request,) = text_then_resume.first_requests
+    assert "say hello" in conversation_text(request)
+    assert request["_headers"]["x-claude-code-session-id"] == session_id
     # Every character of the cwd that is not a letter or digit becomes "-" (not only "/").
     project_dir = re.sub(r"[^A-Za-z0-9]", "-", str(repo))
-    session_file = tmp_path / "claude-config" / "projects" / project_dir / f"{session_id}.jsonl"
+    session_file = text_then_resume.root / "claude-config" / "projects" / project_dir / f"{session_id}.jsonl"
     assert session_file.exists()
 
 
-@requires_claude
-def test_write_and_bash_tool_calls_really_run(claude: str, repo: Path, tmp_path: Path) -> None:
+class ToolTurn(t.NamedTuple):
+    """A Write and a Bash call, run with nonessential traffic allowed behind a refusing proxy."""
+
+    repo: Path
+    result: Turn
+    main_requests: list[dict[str, t.Any]]
+    side_requests: list[dict[str, t.Any]]
+    refused: list[bytes]
+
+
+@pytest.fixture(scope="module")
+def tool_turn(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> ToolTurn:
+    """One run for two probes: tool calls really run, and a headless turn asks for no
+    session title even when nonessential traffic is allowed (CLAUDE_CODE_DISABLE_
+    NONESSENTIAL_TRAFFIC unset; the vendor's hosts go to a local proxy that refuses
+    everything, so this stays offline even where the internet is reachable)."""
+    assert CLAUDE_BIN, "requires_claude should have skipped this test"
+    root = tmp_path_factory.mktemp("claude-tools")
+    repo = make_git_repo(root / "repo")
+    refused: list[bytes] = []
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen(16)
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = proxy.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    refused.append(conn.recv(1024).split(b"\r\n", 1)[0])
+                    conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
+
+    threading.Thread(target=refuse, daemon=True).start()
+    proxy_url = f"http://127.0.0.1:{proxy.getsockname()[1]}"
     target = repo / "hello.txt"
     script = [
         tool_reply("Write", {"file_path": str(target), "content": "written by the agent\n"}, text="Writing it."),
@@ -318,12 +388,27 @@ def test_write_and_bash_tool_calls_really_run(claude: str, repo: Path, tmp_path:
         ),
         text_reply("Committed."),
     ]
-    with MockMessagesAPI(script) as api:
-        result = turn(claude, "create hello.txt and commit", repo, claude_env(api.base_url, tmp_path))
-    capture("tool_turn", result.proc.stdout)
+    try:
+        with hermetic_environ(_test_home), MockMessagesAPI(script) as api:
+            env = claude_env(
+                api.base_url,
+                root,
+                extra={"HTTPS_PROXY": proxy_url, "HTTP_PROXY": proxy_url, "NO_PROXY": "127.0.0.1,localhost"},
+            )
+            del env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]
+            result = turn(CLAUDE_BIN, "create hello.txt and commit", repo, env)
+            capture("tool_turn", result.proc.stdout)
+            return ToolTurn(repo, result, api.main_requests, api.side_requests, list(refused))
+    finally:
+        proxy.close()
 
+
+@requires_claude
+def test_write_and_bash_tool_calls_really_run(tool_turn: ToolTurn) -> None:
+    """(Run with nonessential traffic allowed: see the title probe.)"""
+    result, repo = tool_turn.result, tool_turn.repo
     assert result.proc.returncode == 0, result.proc.stderr
-    assert target.read_text() == "written by the agent\n"
+    assert (repo / "hello.txt").read_text() == "written by the agent\n"
     log = subprocess.run(["git", "log", "--format=%s"], cwd=repo, capture_output=True, text=True, check=True).stdout
     assert log.splitlines()[0] == "agent-commit"
 
@@ -333,27 +418,23 @@ def test_write_and_bash_tool_calls_really_run(claude: str, repo: Path, tmp_path:
     assert [o["tool_use_id"] for o in outcomes] == [u["id"] for u in uses]
     assert "agent-commit" in outcomes[1]["content"]
     # The Bash output went back to the model in the next request.
-    assert len(api.main_requests) == 3
-    assert "agent-commit" in conversation_text(api.main_requests[2])
+    assert len(tool_turn.main_requests) == 3
+    assert "agent-commit" in conversation_text(tool_turn.main_requests[2])
     final = the_result(result.events)
     assert final["num_turns"] == 3 and final["result"] == "Committed."
 
 
 @requires_claude
-def test_resume_in_a_second_process_resends_the_history(claude: str, repo: Path, tmp_path: Path) -> None:
-    with MockMessagesAPI([text_reply("first answer APPLE"), text_reply("second answer BANANA")]) as api:
-        env = claude_env(api.base_url, tmp_path)
-        first = turn(claude, "turn one", repo, env)
-        session_id = first.events[0]["session_id"]
-        second = turn(claude, "turn two", repo, env, resume=session_id)
-    capture("resume_turn", second.proc.stdout)
-
+def test_resume_in_a_second_process_resends_the_history(text_then_resume: TextThenResume) -> None:
+    """(The first turn is the text-turn probe's.)"""
+    first, second = text_then_resume.first, text_then_resume.second
+    session_id = first.events[0]["session_id"]
     assert first.proc.returncode == 0 and second.proc.returncode == 0, second.proc.stderr
     assert second.events[0]["session_id"] == session_id
     assert the_result(second.events)["result"] == "second answer BANANA"
-    resent = conversation_text(api.main_requests[-1])
-    assert "turn one" in resent and "first answer APPLE" in resent and "turn two" in resent
-    assert api.main_requests[-1]["_headers"]["x-claude-code-session-id"] == session_id
+    resent = conversation_text(text_then_resume.second_requests[-1])
+    assert "say hello" in resent and "Hello from the mock" in resent and "turn two" in resent
+    assert text_then_resume.second_requests[-1]["_headers"]["x-claude-code-session-id"] == session_id
 
 
 @requires_claude
@@ -554,52 +635,17 @@ def test_prompt_too_long_400_is_not_sent_again(claude: str, repo: Path, tmp_path
 
 
 @requires_claude
-def test_headless_turn_sends_no_title_request_even_with_nonessential_traffic(
-    claude: str, repo: Path, tmp_path: Path
-) -> None:
+def test_headless_turn_sends_no_title_request_even_with_nonessential_traffic(tool_turn: ToolTurn) -> None:
     """2.1.197 asked the same endpoint for a session title when nonessential traffic
     was allowed; 2.1.330 does not, in -p mode. It still tries the vendor's own hosts,
     which are sent to a local proxy that refuses everything, so this stays offline
-    even where the internet is reachable."""
-    refused: list[bytes] = []
-    proxy = socket.socket()
-    proxy.bind(("127.0.0.1", 0))
-    proxy.listen(16)
-
-    def refuse() -> None:
-        while True:
-            try:
-                conn, _ = proxy.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                try:
-                    refused.append(conn.recv(1024).split(b"\r\n", 1)[0])
-                    conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
-                except OSError:
-                    pass
-
-    threading.Thread(target=refuse, daemon=True).start()
-    proxy_url = f"http://127.0.0.1:{proxy.getsockname()[1]}"
-    script = [tool_reply("Bash", {"command": "echo tool-ran", "description": "echo"}), text_reply("done")]
-    try:
-        with MockMessagesAPI(script) as api:
-            env = claude_env(
-                api.base_url,
-                tmp_path,
-                extra={"HTTPS_PROXY": proxy_url, "HTTP_PROXY": proxy_url, "NO_PROXY": "127.0.0.1,localhost"},
-            )
-            del env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]
-            result = turn(claude, "please fix the login bug in auth.py", repo, env)
-    finally:
-        proxy.close()
-
+    even where the internet is reachable. (The tool-call probe's run.)"""
+    result = tool_turn.result
     assert result.proc.returncode == 0, result.proc.stderr
-    assert the_result(result.events)["result"] == "done"
-    assert api.side_requests == []
-    assert len(api.main_requests) == 2
-    assert all(b.startswith(b"CONNECT ") for b in refused)
+    assert the_result(result.events)["result"] == "Committed."
+    assert tool_turn.side_requests == []
+    assert len(tool_turn.main_requests) == 3
+    assert all(b.startswith(b"CONNECT ") for b in tool_turn.refused)
 
 
 TASK = {

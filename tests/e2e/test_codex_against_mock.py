@@ -38,6 +38,7 @@ from codex_cli import (
     run_exec,
     wait_until,
 )
+from conftest import hermetic_environ
 from mock_openai_responses import (
     MockResponsesAPI,
     Reply,
@@ -114,11 +115,9 @@ def assert_failed(result: Turn) -> str:
     return message
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A throw-away git repository with one commit, as an agent's worktree would be."""
-    path = tmp_path / "repo"
-    path.mkdir()
+def make_git_repo(path: Path) -> Path:
+    """A git repository with one commit (README.md)."""
+    path.mkdir(parents=True)
     for args in (
         ["init", "-q", "-b", "main"],
         ["config", "user.email", "e2e@example.invalid"],
@@ -132,6 +131,12 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A throw-away git repository with one commit, as an agent's worktree would be."""
+    return make_git_repo(tmp_path / "repo")
+
+
+@pytest.fixture
 def codex() -> str:
     assert CODEX_BIN, "requires_codex should have skipped this test"
     return CODEX_BIN
@@ -140,13 +145,33 @@ def codex() -> str:
 # --------------------------------------------------------------------------- happy paths
 
 
-@requires_codex
-def test_text_turn_event_shapes_and_request(codex: str, repo: Path, tmp_path: Path) -> None:
-    (repo / "AGENTS.md").write_text("Always answer in lower case. MARKER-AGENTS-MD\n")
-    with MockResponsesAPI([text_reply("hello from the mock")]) as api:
-        env = codex_env(api.base_url, tmp_path)
-        result = turn(codex, "say hello", repo, env)
+class QuietTextTurn(t.NamedTuple):
+    repo: Path
+    result: Turn
+    requests: list[dict[str, t.Any]]
+    probes: list[t.Any]
+    proxy_lines: list[str]
 
+
+@pytest.fixture(scope="module")
+def quiet_text_turn(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> QuietTextTurn:
+    """One text turn for two probes: its event shapes and request, and (behind a refusing
+    proxy) that the offline config contacts nothing but the mock."""
+    assert CODEX_BIN, "requires_codex should have skipped this test"
+    root = tmp_path_factory.mktemp("codex-text")
+    repo = make_git_repo(root / "repo")
+    (repo / "AGENTS.md").write_text("Always answer in lower case. MARKER-AGENTS-MD\n")
+    reply = text_reply("hello from the mock")
+    with hermetic_environ(_test_home), RefusingProxy() as proxy, MockResponsesAPI([reply]) as api:
+        env = proxied(codex_env(api.base_url, root / "quiet"), proxy.url)
+        result = turn(CODEX_BIN, "say hello", repo, env)
+        return QuietTextTurn(repo, result, list(api.requests), list(api.probes), list(proxy.lines))
+
+
+@requires_codex
+def test_text_turn_event_shapes_and_request(quiet_text_turn: QuietTextTurn) -> None:
+    """(Run behind the refusing proxy of the offline probe.)"""
+    result, repo = quiet_text_turn.result, quiet_text_turn.repo
     usage = assert_completed(result)["usage"]
     sid = thread_id(result.events)
     assert result.events[-2] == {
@@ -161,8 +186,8 @@ def test_text_turn_event_shapes_and_request(codex: str, repo: Path, tmp_path: Pa
     warnings = items(result.events, "error")
     assert all("Model metadata for `mock-model` not found" in w["message"] for w in warnings), warnings
 
-    assert len(api.requests) == 1 and not api.probes
-    body = api.requests[0]
+    assert len(quiet_text_turn.requests) == 1 and not quiet_text_turn.probes
+    body = quiet_text_turn.requests[0]
     assert body["_path"] == "/v1/responses"
     assert body["stream"] is True and body["model"] == "mock-model" and body["store"] is False
     assert body["_headers"]["authorization"] == "Bearer sk-mock-0123456789"
@@ -175,17 +200,41 @@ def test_text_turn_event_shapes_and_request(codex: str, repo: Path, tmp_path: Pa
     assert tools["exec_command"]["parameters"]["required"] == ["cmd"]
 
 
-@requires_codex
-def test_shell_command_really_runs_and_its_output_reaches_the_model(codex: str, repo: Path, tmp_path: Path) -> None:
+class ShellThenResume(t.NamedTuple):
+    repo: Path
+    env: dict[str, str]
+    first: Turn
+    first_requests: list[dict[str, t.Any]]
+    second: Turn
+    second_requests: list[dict[str, t.Any]]
+
+
+@pytest.fixture(scope="module")
+def shell_then_resume(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> ShellThenResume:
+    """The shell-command probe's turn is the resume probe's first turn (one run fewer)."""
+    assert CODEX_BIN, "requires_codex should have skipped this test"
+    root = tmp_path_factory.mktemp("codex-shell")
+    repo = make_git_repo(root / "repo")
     script = [
         sh("echo written > out.txt && cat out.txt", text="Writing the file."),
         sh("echo failing; exit 3"),
         text_reply("done"),
+        text_reply("second turn done"),
     ]
-    with MockResponsesAPI(script) as api:
-        result = turn(codex, "write out.txt", repo, codex_env(api.base_url, tmp_path))
-    capture("tool_turn", result.proc.stdout)
+    with hermetic_environ(_test_home), MockResponsesAPI(script) as api:
+        env = codex_env(api.base_url, root)
+        first = turn(CODEX_BIN, "write out.txt", repo, env)
+        capture("tool_turn", first.proc.stdout)
+        first_requests = list(api.requests)
+        sid = next((e.get("thread_id") for e in first.events if e.get("type") == "thread.started"), None)
+        second = turn(CODEX_BIN, "SECOND PROMPT", repo, env, resume=str(sid))
+        capture("resume_turn", second.proc.stdout)
+        return ShellThenResume(repo, env, first, first_requests, second, api.requests[len(first_requests) :])
 
+
+@requires_codex
+def test_shell_command_really_runs_and_its_output_reaches_the_model(shell_then_resume: ShellThenResume) -> None:
+    result, repo = shell_then_resume.first, shell_then_resume.repo
     assert_completed(result)
     assert (repo / "out.txt").read_text() == "written\n"
     started = items(result.events, "command_execution", "item.started")
@@ -201,8 +250,9 @@ def test_shell_command_really_runs_and_its_output_reaches_the_model(codex: str, 
     messages = items(result.events, "agent_message")
     assert [m["text"] for m in messages] == ["Writing the file.", "done"]
 
-    assert len(api.requests) == 3
-    outputs = function_outputs(api.requests[-1])
+    requests = shell_then_resume.first_requests
+    assert len(requests) == 3
+    outputs = function_outputs(requests[-1])
     assert len(outputs) == 2
     first, second = outputs.values()
     assert "Process exited with code 0" in first and first.endswith("Output:\nwritten\n")
@@ -271,34 +321,26 @@ def test_apply_patch_through_exec_command_is_a_file_change(codex: str, repo: Pat
 
 
 @requires_codex
-def test_resume_sends_the_earlier_conversation(codex: str, repo: Path, tmp_path: Path) -> None:
-    script = [
-        sh("echo first > first.txt", text="Writing first.txt."),
-        text_reply("first turn done"),
-        text_reply("second turn done"),
-    ]
-    with MockResponsesAPI(script) as api:
-        env = codex_env(api.base_url, tmp_path)
-        first = turn(codex, "FIRST PROMPT", repo, env)
-        assert_completed(first)
-        sid = thread_id(first.events)
-        before = len(api.requests)
-        second = turn(codex, "SECOND PROMPT", repo, env, resume=sid)
-    capture("resume_turn", second.proc.stdout)
-
+def test_resume_sends_the_earlier_conversation(shell_then_resume: ShellThenResume) -> None:
+    """(The first turn is the shell-command probe's.)"""
+    first, second, env = shell_then_resume.first, shell_then_resume.second, shell_then_resume.env
+    assert_completed(first)
+    sid = thread_id(first.events)
     assert_completed(second)
     assert thread_id(second.events) == sid
     assert [m["text"] for m in items(second.events, "agent_message")] == ["second turn done"]
-    assert len(api.requests) == before + 1
-    body = api.requests[before]
+    (body,) = shell_then_resume.second_requests
     assert body["_headers"]["session-id"] == sid
     history = body["input"]
     users = input_messages(body, "user")
-    assert users[-1] == "SECOND PROMPT" and "FIRST PROMPT" in users
-    assert input_messages(body, "assistant") == ["Writing first.txt.", "first turn done"]
+    assert users[-1] == "SECOND PROMPT" and "write out.txt" in users
+    assert input_messages(body, "assistant") == ["Writing the file.", "done"]
     calls = [i for i in history if i.get("type") == "function_call"]
-    assert [json.loads(c["arguments"])["cmd"] for c in calls] == ["echo first > first.txt"]
-    assert calls[0]["call_id"] in function_outputs(body)
+    assert [json.loads(c["arguments"])["cmd"] for c in calls] == [
+        "echo written > out.txt && cat out.txt",
+        "echo failing; exit 3",
+    ]
+    assert {c["call_id"] for c in calls} <= set(function_outputs(body))
     # The session lives under $CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<id>.jsonl.
     rollouts = list((Path(env["CODEX_HOME"]) / "sessions").glob(f"*/*/*/rollout-*-{sid}.jsonl"))
     assert len(rollouts) == 1
@@ -484,14 +526,15 @@ def test_pre_tool_use_hook_blocks_a_command_only_with_hook_trust(codex: str, rep
 
 
 @requires_codex
-def test_offline_config_makes_no_outside_connection(codex: str, repo: Path, tmp_path: Path) -> None:
-    """With codex_config's switches nothing but the mock is contacted; without them codex
-    tries github.com (plugin sync) and chatgpt.com (plugin export, OTLP metrics)."""
+def test_offline_config_makes_no_outside_connection(
+    codex: str, repo: Path, tmp_path: Path, quiet_text_turn: QuietTextTurn
+) -> None:
+    """With codex_config's switches nothing but the mock is contacted (the text-turn
+    probe's run, behind a refusing proxy); without them codex tries github.com (plugin
+    sync) and chatgpt.com (plugin export, OTLP metrics)."""
+    assert_completed(quiet_text_turn.result)
+    assert quiet_text_turn.proxy_lines == []
     with RefusingProxy() as proxy, MockResponsesAPI([text_reply("quiet")]) as api:
-        env = proxied(codex_env(api.base_url, tmp_path / "quiet"), proxy.url)
-        assert_completed(turn(codex, "hi", repo, env))
-        assert proxy.lines == []
-
         # The same without the three network switches (the shell snapshot stays off: it
         # is not network, and a login shell killed mid-way can leave stale lock files).
         bare = "\n".join(
@@ -553,6 +596,19 @@ def test_a_signal_ends_codex_at_once_and_orphans_the_tools_children(
             assert wait_until(shell_started), "the tool command never started"
             (shell,) = shells
             assert os.getsid(shell) == shell != os.getsid(proc.pid)  # its own session
+
+            def sleep_started() -> bool:
+                for e in Path("/proc").iterdir():
+                    try:
+                        if e.name.isdigit() and cmdline(e) == "sleep 15 " and os.getsid(int(e.name)) == shell:
+                            return True
+                    except OSError:
+                        continue
+                return False
+
+            # bash forks `sleep` a moment after it starts; a signal sent before that leaves
+            # nothing to orphan (seen once on a loaded machine).
+            assert wait_until(sleep_started), "the tool's sleep never started"
             if sig == signal.SIGTERM:
                 os.killpg(proc.pid, signal.SIGTERM)
             else:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import hermetic_environ
 from gemini_cli import (
     GEMINI_BIN,
     gemini_env,
@@ -268,13 +269,71 @@ def test_side_requests_and_their_default_answers() -> None:
 # --------------------------------------------------------------------------- the real CLI
 
 
-@requires_gemini
-def test_text_turn_event_shapes_and_where_the_session_is_kept(gemini: str, repo: Path, tmp_path: Path) -> None:
-    with MockGeminiAPI([text_reply("Hello from the mock, long enough to arrive in two chunks.")]) as api:
-        env = gemini_env(api.base_url, tmp_path)
-        result = turn(gemini, "say hello", repo, env)
-    capture("text_turn", result.proc.stdout)
+def make_git_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    """A git repository with one commit holding README.md and ``files``."""
+    path.mkdir(parents=True)
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["config", "user.email", "e2e@example.invalid"],
+        ["config", "user.name", "e2e"],
+    ):
+        subprocess.run(["git", *args], cwd=path, check=True)
+    for name, text in {"README.md": "# scratch\n", **(files or {})}.items():
+        (path / name).write_text(text)
+    subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "initial"], cwd=path, check=True)
+    return path
 
+
+class TextSession(t.NamedTuple):
+    """A text turn in a repo with committed GEMINI.md and AGENTS.md and a global GEMINI.md,
+    what it left behind, then two resumes that must fail (an unknown id; the known id from
+    another folder)."""
+
+    repo: Path
+    env: dict[str, str]
+    turn: Turn
+    requests: list[dict[str, t.Any]]  # the text turn's
+    probes: list[t.Any]
+    chats: list[Path]
+    home_entries: list[Path]
+    git_status: str
+    unknown: Turn
+    moved: Turn
+    requests_in_all: int
+
+
+@pytest.fixture(scope="module")
+def text_session(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> TextSession:
+    """One gemini text turn read by four probes (event shapes and session file, tools offered
+    in yolo mode, instruction files, failing resumes); the two resumes are runs of their own."""
+    assert GEMINI_BIN, "requires_gemini should have skipped this test"
+    root = tmp_path_factory.mktemp("gemini-text")
+    repo = make_git_repo(root / "repo", {"GEMINI.md": "PROJECT_MARK\n", "AGENTS.md": "AGENTS_MARK\n"})
+    with hermetic_environ(_test_home):
+        with MockGeminiAPI([text_reply("Hello from the mock, long enough to arrive in two chunks.")]) as api:
+            env = gemini_env(api.base_url, root)
+            (gemini_home(env) / "GEMINI.md").write_text("GLOBAL_MARK: you are agent probe-1\n")
+            result = turn(GEMINI_BIN, "say hello", repo, env)
+            capture("text_turn", result.proc.stdout)
+            requests, probes = list(api.requests), list(api.probes)
+            chats = list((gemini_home(env) / "tmp" / repo.name / "chats").glob("session-*.jsonl"))
+            home_entries = list(Path(env["HOME"]).iterdir())
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--ignored"], cwd=repo, capture_output=True, text=True, check=True
+            ).stdout
+            known = result.events[0].get("session_id", "") if result.events else ""
+            unknown = turn(GEMINI_BIN, "again", repo, env, resume=str(uuid.uuid4()))
+            other = root / "elsewhere"
+            other.mkdir()
+            moved = turn(GEMINI_BIN, "again", other, env, resume=known)
+            in_all = len(api.requests)
+    return TextSession(repo, env, result, requests, probes, chats, home_entries, status, unknown, moved, in_all)
+
+
+@requires_gemini
+def test_text_turn_event_shapes_and_where_the_session_is_kept(text_session: TextSession) -> None:
+    result, env, repo = text_session.turn, text_session.env, text_session.repo
     assert result.proc.returncode == 0, result.proc.stderr
     assert [e["type"] for e in result.events] == ["init", "message", "message", "message", "result"]
     init = result.events[0]
@@ -291,41 +350,76 @@ def test_text_turn_event_shapes_and_where_the_session_is_kept(gemini: str, repo:
     assert set(stats["models"]) == {"gemini-2.5-flash"}
     assert all(e["timestamp"].endswith("Z") for e in result.events)
 
-    (request,) = api.requests
+    (request,) = text_session.requests
     assert request["_path"] == "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
     assert request["_headers"]["x-goog-api-key"] == env["GEMINI_API_KEY"]
     assert request["_headers"]["user-agent"].startswith("GeminiCLI-tui/0.61.0/gemini-2.5-flash")
     assert "x-gemini-api-privileged-user-id" not in request["_headers"]  # usage statistics are off
-    assert api.probes == []  # no countTokens, no model list
+    assert text_session.probes == []  # no countTokens, no model list
     # The first user content: an environment preamble, then the prompt, as two parts.
     first = request["contents"][0]
     assert first["role"] == "user" and first["parts"][-1] == {"text": "say hello"}
+    assert len(first["parts"]) == 2
     assert first["parts"][0]["text"].startswith("<session_context>") and str(repo) in first["parts"][0]["text"]
 
     # The chat lives under GEMINI_CLI_HOME, named after the worktree's folder name and the
     # first 8 characters of the session id; nothing lands in HOME or in the worktree.
-    chats = list((gemini_home(env) / "tmp" / repo.name / "chats").glob("session-*.jsonl"))
+    chats = text_session.chats
     assert [c.name.endswith(f"-{init['session_id'][:8]}.jsonl") for c in chats] == [True]
     header = json.loads(chats[0].read_text().splitlines()[0])
     assert header["sessionId"] == init["session_id"] and header["kind"] == "main"
-    assert list(Path(env["HOME"]).iterdir()) == []
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--ignored"], cwd=repo, capture_output=True, text=True, check=True
-    )
-    assert status.stdout == ""
+    assert text_session.home_entries == []
+    assert text_session.git_status == ""
+
+
+class ShellThenResume(t.NamedTuple):
+    """A turn whose shell call runs (under a chosen session id), the same session resumed,
+    then a third run that tries to start a new session under the same id."""
+
+    repo: Path
+    session_id: str
+    first: Turn
+    first_requests: list[dict[str, t.Any]]
+    second: Turn
+    second_requests: list[dict[str, t.Any]]
+    again: Turn
+    again_requests: int
+
+
+SHELL_COMMAND = "echo made-by-gemini > out.txt && cat out.txt"
+
+
+@pytest.fixture(scope="module")
+def shell_then_resume(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> ShellThenResume:
+    """The shell-tool probe's turn is the first turn of the resume probe (one run fewer)."""
+    assert GEMINI_BIN, "requires_gemini should have skipped this test"
+    root = tmp_path_factory.mktemp("gemini-shell")
+    repo = make_git_repo(root / "repo")
+    session_id = str(uuid.uuid4())
+    script = [
+        call_reply("run_shell_command", {"command": SHELL_COMMAND, "description": "write a file"}, call_id="c-1"),
+        text_reply("the file is written"),
+        text_reply("second answer"),
+    ]
+    with hermetic_environ(_test_home):
+        with MockGeminiAPI(script) as api:
+            env = gemini_env(api.base_url, root)
+            first = turn(GEMINI_BIN, "write out.txt", repo, env, session_id=session_id)
+            capture("tool_turn", first.proc.stdout)
+            first_requests = list(api.requests)
+            second = turn(GEMINI_BIN, "second prompt", repo, env, resume=session_id)
+            capture("resume_turn", second.proc.stdout)
+            second_requests = api.requests[len(first_requests) :]
+        # An id that was already used cannot start a new session.
+        with MockGeminiAPI([text_reply("x")]) as api:
+            again = turn(GEMINI_BIN, "third", repo, gemini_env(api.base_url, root), session_id=session_id)
+            again_requests = len(api.requests)
+    return ShellThenResume(repo, session_id, first, first_requests, second, second_requests, again, again_requests)
 
 
 @requires_gemini
-def test_shell_command_really_runs_and_its_output_reaches_the_model(gemini: str, repo: Path, tmp_path: Path) -> None:
-    command = "echo made-by-gemini > out.txt && cat out.txt"
-    script = [
-        call_reply("run_shell_command", {"command": command, "description": "write a file"}, call_id="c-1"),
-        text_reply("the file is written"),
-    ]
-    with MockGeminiAPI(script) as api:
-        result = turn(gemini, "write out.txt", repo, gemini_env(api.base_url, tmp_path))
-    capture("tool_turn", result.proc.stdout)
-
+def test_shell_command_really_runs_and_its_output_reaches_the_model(shell_then_resume: ShellThenResume) -> None:
+    result, repo, command = shell_then_resume.first, shell_then_resume.repo, SHELL_COMMAND
     assert result.proc.returncode == 0, result.proc.stderr
     assert (repo / "out.txt").read_text() == "made-by-gemini\n"
     assert [e["type"] for e in result.events] == ["init", "message", "tool_use", "tool_result", "message", "result"]
@@ -340,8 +434,8 @@ def test_shell_command_really_runs_and_its_output_reaches_the_model(gemini: str,
     assert outcome == {**outcome, "tool_id": "run_shell_command__c-1", "status": "success", "output": "made-by-gemini"}
     assert the_result(result.events)["stats"]["tool_calls"] == 1
 
-    assert len(api.requests) == 2
-    second = api.requests[1]
+    assert len(shell_then_resume.first_requests) == 2
+    second = shell_then_resume.first_requests[1]
     assert [c["role"] for c in second["contents"]] == ["user", "model", "user"]
     (response,) = function_responses(second)
     assert response["id"] == "c-1" and response["name"] == "run_shell_command"
@@ -349,13 +443,45 @@ def test_shell_command_really_runs_and_its_output_reaches_the_model(gemini: str,
     assert "<untrusted_context>" in response["response"]["output"]
 
 
+class DefaultModeTurn(t.NamedTuple):
+    proc: subprocess.CompletedProcess[str]
+    requests: list[dict[str, t.Any]]
+    repo: Path
+
+
+@pytest.fixture(scope="module")
+def default_mode_turn(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> DefaultModeTurn:
+    """One run for two probes: headless in the default approval mode (a shell call the
+    model makes anyway), with ``context.fileName: ["AGENTS.md"]`` in a repo holding both
+    GEMINI.md and AGENTS.md."""
+    assert GEMINI_BIN, "requires_gemini should have skipped this test"
+    root = tmp_path_factory.mktemp("gemini-default")
+    repo = make_git_repo(root / "repo", {"GEMINI.md": "PROJECT_MARK\n", "AGENTS.md": "AGENTS_MARK\n"})
+    script = [call_reply("run_shell_command", {"command": "touch should-not-exist"}), text_reply("done")]
+    with hermetic_environ(_test_home), MockGeminiAPI(script) as api:
+        env = gemini_env(api.base_url, root, settings={"context": {"fileName": ["AGENTS.md"]}})
+        proc = subprocess.run(
+            [GEMINI_BIN, "-p", "hi", "-m", "gemini-2.5-flash", "--output-format", "stream-json", "--skip-trust"],
+            cwd=repo,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=TURN_TIMEOUT,
+            check=False,
+        )
+        return DefaultModeTurn(proc, list(api.requests), repo)
+
+
 @requires_gemini
-def test_tools_offered_depend_on_the_approval_mode(gemini: str, repo: Path, tmp_path: Path) -> None:
-    """yolo offers the editing and shell tools; headless default mode leaves them out, and
-    a call to one of them is answered "not found" without running anything."""
-    with MockGeminiAPI([text_reply("ok")]) as api:
-        assert turn(gemini, "hi", repo, gemini_env(api.base_url, tmp_path / "yolo")).proc.returncode == 0
-    declared = {f["name"]: f for tool in api.requests[0]["tools"] for f in tool["functionDeclarations"]}
+def test_tools_offered_depend_on_the_approval_mode(
+    text_session: TextSession, default_mode_turn: DefaultModeTurn
+) -> None:
+    """yolo offers the editing and shell tools (read from the text-turn probe's request);
+    headless default mode leaves them out, and a call to one of them is answered "not
+    found" without running anything."""
+    (request,) = text_session.requests
+    declared = {f["name"]: f for tool in request["tools"] for f in tool["functionDeclarations"]}
     for name, required in {
         "run_shell_command": ["command"],
         "write_file": ["file_path", "content"],
@@ -369,20 +495,8 @@ def test_tools_offered_depend_on_the_approval_mode(gemini: str, repo: Path, tmp_
     shell_args = declared["run_shell_command"]["parametersJsonSchema"]["properties"]
     assert {"description", "dir_path", "is_background"} <= set(shell_args)
 
-    script = [call_reply("run_shell_command", {"command": "touch should-not-exist"}), text_reply("done")]
-    with MockGeminiAPI(script) as api:
-        env = gemini_env(api.base_url, tmp_path / "default")
-        proc = subprocess.run(
-            [gemini, "-p", "hi", "-m", "gemini-2.5-flash", "--output-format", "stream-json", "--skip-trust"],
-            cwd=repo,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=TURN_TIMEOUT,
-            check=False,
-        )
-    default_tools = {f["name"] for tool in api.requests[0]["tools"] for f in tool["functionDeclarations"]}
+    proc, requests, repo = default_mode_turn
+    default_tools = {f["name"] for tool in requests[0]["tools"] for f in tool["functionDeclarations"]}
     assert "read_file" in default_tools
     assert not default_tools & {"run_shell_command", "write_file", "replace"}
     outcome = of_type(parse_stream(proc.stdout), "tool_result")[0]
@@ -391,53 +505,36 @@ def test_tools_offered_depend_on_the_approval_mode(gemini: str, repo: Path, tmp_
 
 
 @requires_gemini
-def test_resume_by_session_id_resends_the_history(gemini: str, repo: Path, tmp_path: Path) -> None:
-    session_id = str(uuid.uuid4())
-    script = [
-        call_reply("run_shell_command", {"command": "echo first-turn-output"}, call_id="c-1"),
-        text_reply("first answer"),
-        text_reply("second answer"),
-    ]
-    with MockGeminiAPI(script) as api:
-        env = gemini_env(api.base_url, tmp_path)
-        first = turn(gemini, "first prompt", repo, env, session_id=session_id)
-        second = turn(gemini, "second prompt", repo, env, resume=session_id)
-    capture("resume_turn", second.proc.stdout)
-
+def test_resume_by_session_id_resends_the_history(shell_then_resume: ShellThenResume) -> None:
+    """(The first turn is the shell-tool probe's.)"""
+    run = shell_then_resume
+    first, second, session_id = run.first, run.second, run.session_id
     assert first.proc.returncode == 0 and second.proc.returncode == 0, second.proc.stderr
     assert first.events[0]["session_id"] == session_id  # --session-id picks the id up front
     assert second.events[0]["session_id"] == session_id
     assert assistant_text(second.events) == "second answer"
-    resumed = api.requests[-1]
-    assert len(api.requests) == 3
+    (resumed,) = run.second_requests
     roles = [c["role"] for c in resumed["contents"]]
     assert roles == ["user", "model", "user", "model", "user"]
     text = conversation_text(resumed)
-    for piece in ("first prompt", "echo first-turn-output", "first answer"):
+    for piece in ("write out.txt", SHELL_COMMAND, "the file is written"):
         assert piece in text
     assert resumed["contents"][-1]["parts"] == [{"text": "second prompt"}]
     # 0.61.0 re-sends the earlier tool result twice in the resumed history.
     assert [r["id"] for r in function_responses(resumed)] == ["c-1", "c-1"]
 
     # An id that was already used cannot start a new session.
-    with MockGeminiAPI([text_reply("x")]) as api:
-        again = turn(gemini, "third", repo, gemini_env(api.base_url, tmp_path), session_id=session_id)
-    assert again.proc.returncode == 42 and again.proc.stdout == "" and api.requests == []
+    again = run.again
+    assert again.proc.returncode == 42 and again.proc.stdout == "" and run.again_requests == 0
     assert "already exists" in again.proc.stderr
 
 
 @requires_gemini
-def test_resume_of_an_unknown_session_or_from_another_folder_fails_fast(
-    gemini: str, repo: Path, tmp_path: Path
-) -> None:
-    with MockGeminiAPI([text_reply("first")]) as api:
-        env = gemini_env(api.base_url, tmp_path)
-        known = turn(gemini, "hi", repo, env).events[0]["session_id"]
-        unknown = turn(gemini, "again", repo, env, resume=str(uuid.uuid4()))
-        other = tmp_path / "elsewhere"
-        other.mkdir()
-        moved = turn(gemini, "again", other, env, resume=known)
-    assert len(api.requests) == 1
+def test_resume_of_an_unknown_session_or_from_another_folder_fails_fast(text_session: TextSession) -> None:
+    """(The known session is the text-turn probe's.)"""
+    assert text_session.turn.proc.returncode == 0, text_session.turn.proc.stderr
+    assert text_session.requests_in_all == 1
+    unknown, moved = text_session.unknown, text_session.moved
     for outcome in (unknown, moved):
         assert outcome.proc.returncode == 42 and outcome.proc.stdout == ""
         assert outcome.proc.stderr.count("Error resuming session") == 1
@@ -564,32 +661,71 @@ def test_empty_model_reply_is_retried_then_exits_0_with_an_error_result(
     assert the_result(result.events)["status"] == "error"
 
 
-@requires_gemini
-def test_before_tool_hook_deny_blocks_the_command(gemini: str, repo: Path, tmp_path: Path) -> None:
-    hook = hook_script(
-        tmp_path,
+class HookedTurn(t.NamedTuple):
+    """Five shell calls in one reply under two BeforeTool hooks (see ``hooked_turn``)."""
+
+    root: Path
+    repo: Path
+    result: Turn
+    requests: list[dict[str, t.Any]]
+
+
+HOOK_CALLS = {
+    "c-deny": "echo forbidden > denied.txt",  # the guard answers {"decision": "deny"}
+    "c-ok": "echo fine > allowed.txt",  # the guard answers {}
+    "c-exit2": "touch ran-exit2.txt",  # the guard exits 2
+    "c-exit1": "touch ran-exit1.txt",  # the guard crashes: exit 1
+    "c-slow": "touch ran-slow.txt",  # the slow hook outlives its 500 ms timeout
+}
+
+
+@pytest.fixture(scope="module")
+def hooked_turn(tmp_path_factory: pytest.TempPathFactory, _test_home: Path) -> HookedTurn:
+    """One run for the hook probes. The guard (python, default timeout) denies by JSON,
+    blocks by exit 2 or crashes with exit 1 depending on the command; a second hook (sh,
+    timeout 500 ms) sleeps 3 s and then denies, for the "slow" command only."""
+    assert GEMINI_BIN, "requires_gemini should have skipped this test"
+    root = tmp_path_factory.mktemp("gemini-hooks")
+    repo = make_git_repo(root / "repo")
+    guard = hook_script(
+        root,
         "guard",
-        "if 'forbidden' in json.dumps(data.get('tool_input')):\n"
+        "command = json.dumps(data.get('tool_input'))\n"
+        "if 'forbidden' in command:\n"
         "    print(json.dumps({'decision': 'deny', 'reason': 'ov guard: not allowed here'}))\n"
+        "elif 'exit2' in command:\n"
+        "    sys.stderr.write('blocked by exit 2')\n"
+        "    sys.exit(2)\n"
+        "elif 'exit1' in command:\n"
+        "    sys.stderr.write('guard crashed')\n"
+        "    sys.exit(1)\n"
         "else:\n"
         "    print('{}')",
     )
-    script = [
-        calls_reply(
-            [
-                ("run_shell_command", {"command": "echo forbidden > denied.txt"}, "c-deny"),
-                ("run_shell_command", {"command": "echo fine > allowed.txt"}, "c-ok"),
-            ]
-        ),
-        text_reply("done"),
-    ]
-    with MockGeminiAPI(script) as api:
-        env = gemini_env(
-            api.base_url, tmp_path, settings=before_tool_hooks(str(hook)), extra={"OVERSTORY_AGENT_NAME": "probe-agent"}
-        )
-        result = turn(gemini, "try both", repo, env)
-    capture("hook_deny", result.proc.stdout)
+    slow = root / "slow.sh"
+    slow.write_text(
+        "#!/bin/sh\n"
+        'case "$(cat)" in\n'
+        f"  *ran-slow*) echo asked >> {root / 'slow.log'}; sleep 3\n"
+        "    echo '{\"decision\": \"deny\", \"reason\": \"too late\"}' ;;\n"
+        "  *) echo '{}' ;;\n"
+        "esac\n"
+    )
+    slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
+    settings = before_tool_hooks(str(guard))
+    settings["hooks"]["BeforeTool"][0]["hooks"].append({"type": "command", "command": str(slow), "timeout": 500})
+    calls = [("run_shell_command", {"command": command}, call_id) for call_id, command in HOOK_CALLS.items()]
+    with hermetic_environ(_test_home), MockGeminiAPI([calls_reply(calls), text_reply("done")]) as api:
+        env = gemini_env(api.base_url, root, settings=settings, extra={"OVERSTORY_AGENT_NAME": "probe-agent"})
+        result = turn(GEMINI_BIN, "try them all", repo, env)
+        # A refreshed gemini-hook_deny.jsonl holds all five calls (tests/test_runtime_streams.py reads it).
+        capture("hook_deny", result.proc.stdout)
+        return HookedTurn(root, repo, result, list(api.requests))
 
+
+@requires_gemini
+def test_before_tool_hook_deny_blocks_the_command(hooked_turn: HookedTurn) -> None:
+    result, repo = hooked_turn.result, hooked_turn.repo
     assert result.proc.returncode == 0, result.proc.stderr
     assert not (repo / "denied.txt").exists()
     assert (repo / "allowed.txt").read_text() == "fine\n"
@@ -599,11 +735,11 @@ def test_before_tool_hook_deny_blocks_the_command(gemini: str, repo: Path, tmp_p
     assert denied["output"] == "Tool execution blocked: ov guard: not allowed here"
     assert outcomes["run_shell_command__c-ok"]["status"] == "success"
     assert the_result(result.events)["status"] == "success"  # a denial does not fail the turn
-    responses = {r["id"]: r["response"] for r in function_responses(api.requests[-1])}
+    responses = {r["id"]: r["response"] for r in function_responses(hooked_turn.requests[-1])}
     assert responses["c-deny"] == {"error": "Tool execution blocked: ov guard: not allowed here"}
 
-    calls = sorted(read_log(tmp_path / "guard.log"), key=lambda d: d["tool_input"]["command"])
-    assert len(calls) == 2
+    calls = sorted(read_log(hooked_turn.root / "guard.log"), key=lambda d: d["tool_input"]["command"])
+    assert [c["tool_input"] for c in calls] == [{"command": command} for command in sorted(HOOK_CALLS.values())]
     session_id = result.events[0]["session_id"]
     for call in calls:
         assert set(call) == {
@@ -622,50 +758,31 @@ def test_before_tool_hook_deny_blocks_the_command(gemini: str, repo: Path, tmp_p
 
 
 @requires_gemini
-def test_hook_exit_2_blocks_but_a_crashing_or_slow_hook_lets_the_tool_run(
-    gemini: str, repo: Path, tmp_path: Path
-) -> None:
+def test_hook_exit_2_blocks_but_a_crashing_or_slow_hook_lets_the_tool_run(hooked_turn: HookedTurn) -> None:
     """Exit 2 blocks (stderr is the reason). Any other failure is only a warning: exit 1
-    and a timeout both let the tool run, so a guard must fail closed by itself."""
-    outcomes: dict[str, tuple[dict[str, t.Any], bool]] = {}
-    bodies = {
-        "exit2": "sys.stderr.write('blocked by exit 2')\nsys.exit(2)",
-        "exit1": "sys.stderr.write('guard crashed')\nsys.exit(1)",
-        "slow": "import time\ntime.sleep(3)\nprint(json.dumps({'decision': 'deny', 'reason': 'too late'}))",
-    }
-    for name, body in bodies.items():
-        hook = hook_script(tmp_path, name, body)
-        settings = before_tool_hooks(str(hook))
-        if name == "slow":
-            settings["hooks"]["BeforeTool"][0]["hooks"][0]["timeout"] = 500
-        marker = repo / f"ran-{name}.txt"
-        script = [call_reply("run_shell_command", {"command": f"touch {marker.name}"}), text_reply("done")]
-        with MockGeminiAPI(script) as api:
-            result = turn(gemini, "go", repo, gemini_env(api.base_url, tmp_path / name, settings=settings))
-        assert result.proc.returncode == 0, result.proc.stderr
-        outcomes[name] = (of_type(result.events, "tool_result")[0], marker.exists())
-    blocked, ran = outcomes["exit2"]
-    assert not ran and blocked["status"] == "error" and blocked["output"] == "Tool execution blocked: blocked by exit 2"
-    assert outcomes["exit1"][1] is True and outcomes["exit1"][0]["status"] == "success"
-    assert outcomes["slow"][1] is True and outcomes["slow"][0]["status"] == "success"
+    and a timeout both let the tool run, so a guard must fail closed by itself. (The
+    deny probe's run: calls c-exit2, c-exit1 and c-slow.)"""
+    result, repo = hooked_turn.result, hooked_turn.repo
+    assert result.proc.returncode == 0, result.proc.stderr
+    outcomes = {e["tool_id"]: e for e in of_type(result.events, "tool_result")}
+    blocked = outcomes["run_shell_command__c-exit2"]
+    assert not (repo / "ran-exit2.txt").exists()
+    assert blocked["status"] == "error" and blocked["output"] == "Tool execution blocked: blocked by exit 2"
+    assert (repo / "ran-exit1.txt").exists() and outcomes["run_shell_command__c-exit1"]["status"] == "success"
+    assert (hooked_turn.root / "slow.log").read_text() == "asked\n"  # the slow hook was asked, once
+    assert (repo / "ran-slow.txt").exists() and outcomes["run_shell_command__c-slow"]["status"] == "success"
 
 
 @requires_gemini
-def test_instruction_files_global_and_project(gemini: str, repo: Path, tmp_path: Path) -> None:
+def test_instruction_files_global_and_project(text_session: TextSession, default_mode_turn: DefaultModeTurn) -> None:
     """GEMINI_CLI_HOME/.gemini/GEMINI.md goes into systemInstruction; the worktree's
-    GEMINI.md into the first user message. context.fileName adds names, GEMINI.md stays."""
-    (repo / "GEMINI.md").write_text("PROJECT_MARK\n")
-    (repo / "AGENTS.md").write_text("AGENTS_MARK\n")
-    with MockGeminiAPI([text_reply("ok")]) as api:
-        env = gemini_env(api.base_url, tmp_path / "one")
-        (gemini_home(env) / "GEMINI.md").write_text("GLOBAL_MARK: you are agent probe-1\n")
-        assert turn(gemini, "hi", repo, env).proc.returncode == 0
-        env2 = gemini_env(api.base_url, tmp_path / "two", settings={"context": {"fileName": ["AGENTS.md"]}})
-        assert turn(gemini, "hi", repo, env2).proc.returncode == 0
-    plain, renamed = api.requests
+    GEMINI.md into the first user message. context.fileName adds names, GEMINI.md stays.
+    (The plain case is the text-turn probe's request, the renamed one the default-mode probe's.)"""
+    (plain,) = text_session.requests
+    renamed = default_mode_turn.requests[0]
     system = plain["systemInstruction"]["parts"][0]["text"]
     assert "GLOBAL_MARK: you are agent probe-1" in system and "PROJECT_MARK" not in system
-    assert f"--- Context from: {gemini_home(env) / 'GEMINI.md'} ---" in system
+    assert f"--- Context from: {gemini_home(text_session.env) / 'GEMINI.md'} ---" in system
     first_user = plain["contents"][0]["parts"][0]["text"]
     assert "PROJECT_MARK" in first_user and "AGENTS_MARK" not in first_user
     renamed_user = renamed["contents"][0]["parts"][0]["text"]
@@ -696,46 +813,29 @@ def test_headless_needs_the_auth_setting_and_a_trusted_folder(gemini: str, repo:
 
 
 @requires_gemini
-def test_sigterm_to_the_launcher_is_ignored_but_the_group_ends_the_turn(
+def test_sigterm_to_the_launcher_is_ignored_the_group_ends_the_turn_and_the_tool_shell_lives_on(
     gemini: str, repo: Path, tmp_path: Path
 ) -> None:
-    """By default `gemini` is a launcher that re-spawns node and ignores SIGTERM/SIGINT;
-    signalling the process group stops the turn: exit 0 and no result event."""
-    with MockGeminiAPI([Reply(stall=True)]) as api:
-        proc = start_turn(gemini, "hello?", repo, gemini_env(api.base_url, tmp_path, relaunch=True))
-        try:
-            assert api.wait_for_requests(1, timeout=30)
-            os.kill(proc.pid, signal.SIGTERM)
-            time.sleep(2)
-            assert proc.poll() is None, "the launcher should have ignored SIGTERM"
-            os.killpg(proc.pid, signal.SIGTERM)
-            stdout, _ = finish(proc)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0
-    assert [e["type"] for e in parse_stream(stdout)] == ["init", "message"]
-
-
-@requires_gemini
-def test_sigterm_leaves_the_tool_shell_running_in_its_own_process_group(
-    gemini: str, repo: Path, tmp_path: Path
-) -> None:
-    """Shell tool commands run in a new session; killing the CLI's group does not reach
-    them. They carry GEMINI_CLI=1 in their environment."""
+    """Two probes in one run, stopped while its shell tool runs. By default `gemini` is a
+    launcher that re-spawns node and ignores SIGTERM/SIGINT; signalling the process group
+    stops the turn: exit 0 and no result event. Shell tool commands run in a new session;
+    killing the CLI's group does not reach them. They carry GEMINI_CLI=1 in their environment."""
     command = "echo $$ > started.pid; exec sleep 30"
     script = [call_reply("run_shell_command", {"command": command}), text_reply("x")]
     with MockGeminiAPI(script) as api:
-        proc = start_turn(gemini, "wait a bit", repo, gemini_env(api.base_url, tmp_path))
+        proc = start_turn(gemini, "wait a bit", repo, gemini_env(api.base_url, tmp_path, relaunch=True))
         tool_pid = None
         try:
             pid_file = repo / "started.pid"
             assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
             tool_pid = int(pid_file.read_text())
+            os.kill(proc.pid, signal.SIGTERM)
+            time.sleep(2)
+            assert proc.poll() is None, "the launcher should have ignored SIGTERM"
             os.killpg(proc.pid, signal.SIGTERM)
             stdout, _ = finish(proc)
             assert proc.returncode == 0
-            assert of_type(parse_stream(stdout), "result") == []
+            assert [e["type"] for e in parse_stream(stdout)] == ["init", "message", "tool_use"]
             assert pid_alive(tool_pid)
             assert os.getsid(tool_pid) != proc.pid and os.getpgid(tool_pid) == tool_pid
             environ = Path(f"/proc/{tool_pid}/environ").read_bytes().split(b"\0")
