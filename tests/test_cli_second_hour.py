@@ -293,6 +293,26 @@ def test_the_stop_code_ranks_below_every_other_problem(project: ProjectPaths, st
     assert outcome_code([done, coordinator]) == EXIT_OK
 
 
+def test_the_documented_exit_codes_are_the_codes_ov_wait_uses() -> None:
+    """The README's table is the contract: one row per code the code knows, 8 for a stop, 9 for an error park;
+    and every `ov wait` exit code a docs page names for a park kind is the one ov wait gives it."""
+    import re
+
+    from conftest import REPO_ROOT
+    from overstory.views import waiting
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("### Exit codes of the commands that wait", 1)[1].split("\n\n", 2)[2]
+    rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", table.split("\n\n", 1)[0], flags=re.M))
+    codes = {value for name, value in vars(waiting).items() if name.startswith("EXIT_")}
+    assert {int(code) for code in rows} == codes
+    assert "stopped before it finished" in rows[str(EXIT_STOPPED)]
+    assert "runtime error" in rows[str(waiting.EXIT_ERROR_PARKED)]
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (REPO_ROOT / "docs").glob("*.md"))
+    for kind, code in re.findall(r"`parked:(\w+)`, `ov wait` exits? (\d+)", " ".join(pages.split())):
+        assert int(code) == waiting.PARK_EXIT[kind], (kind, code)
+
+
 # ---- 5. pending mail ---------------------------------------------------------------------------------
 
 
