@@ -144,6 +144,29 @@ def test_every_command_with_json_reports_a_usage_error_as_json(project: ProjectP
         assert "--no-such-option" in error["message"] or "Missing argument" in error["message"], path
 
 
+def test_a_command_without_a_json_form_still_answers_json_with_json(project: ProjectPaths) -> None:
+    """`--json` on a command that has no JSON output (ov diff, ov watch, ov schedule remove, ...) is a usage
+    error, and it too comes as JSON: a script that always passes --json never has to parse text."""
+    from overstory.cli.main import COMMANDS, cli
+
+    ctx = click.Context(cli, info_name="ov")
+    leaves = []
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            sub = click.Context(command, info_name=name)
+            leaves += [(name, n) for n in command.list_commands(sub)]
+        elif command is not None and not command.hidden:
+            leaves.append((name,))
+    with_json = set(_json_commands())
+    without = [path for path in leaves if path not in with_json]
+    assert ("diff",) in without and ("schedule", "remove") in without and ("watch",) in without
+    for path in without:
+        code, out, err = ov(project, *path, "--json")
+        assert (code, out) == (2, ""), (path, code, out, err)
+        assert _error_document(err)["kind"] == "usage_error", (path, err)
+
+
 @pytest.mark.parametrize("args, kind, code", [
     (["wait", "nobody"], "agent_not_found", 1),
     (["wait"], "usage_error", 2),
