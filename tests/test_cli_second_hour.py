@@ -144,6 +144,29 @@ def test_every_command_with_json_reports_a_usage_error_as_json(project: ProjectP
         assert "--no-such-option" in error["message"] or "Missing argument" in error["message"], path
 
 
+def test_a_command_without_a_json_form_still_answers_json_with_json(project: ProjectPaths) -> None:
+    """`--json` on a command that has no JSON output (ov diff, ov watch, ov schedule remove, ...) is a usage
+    error, and it too comes as JSON: a script that always passes --json never has to parse text."""
+    from overstory.cli.main import COMMANDS, cli
+
+    ctx = click.Context(cli, info_name="ov")
+    leaves = []
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            sub = click.Context(command, info_name=name)
+            leaves += [(name, n) for n in command.list_commands(sub)]
+        elif command is not None and not command.hidden:
+            leaves.append((name,))
+    with_json = set(_json_commands())
+    without = [path for path in leaves if path not in with_json]
+    assert ("diff",) in without and ("schedule", "remove") in without and ("watch",) in without
+    for path in without:
+        code, out, err = ov(project, *path, "--json")
+        assert (code, out) == (2, ""), (path, code, out, err)
+        assert _error_document(err)["kind"] == "usage_error", (path, err)
+
+
 @pytest.mark.parametrize("args, kind, code", [
     (["wait", "nobody"], "agent_not_found", 1),
     (["wait"], "usage_error", 2),
@@ -291,6 +314,26 @@ def test_the_stop_code_ranks_below_every_other_problem(project: ProjectPaths, st
     assert outcome_code([done, stopped]) == EXIT_STOPPED
     assert outcome_code([stopped, dead]) == EXIT_ZOMBIE and outcome_code([waiting, stopped, dead]) == EXIT_APPROVAL
     assert outcome_code([done, coordinator]) == EXIT_OK
+
+
+def test_the_documented_exit_codes_are_the_codes_ov_wait_uses() -> None:
+    """The README's table is the contract: one row per code the code knows, 8 for a stop, 9 for an error park;
+    and every `ov wait` exit code a docs page names for a park kind is the one ov wait gives it."""
+    import re
+
+    from conftest import REPO_ROOT
+    from overstory.views import waiting
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("### Exit codes of the commands that wait", 1)[1].split("\n\n", 2)[2]
+    rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", table.split("\n\n", 1)[0], flags=re.M))
+    codes = {value for name, value in vars(waiting).items() if name.startswith("EXIT_")}
+    assert {int(code) for code in rows} == codes
+    assert "stopped before it finished" in rows[str(EXIT_STOPPED)]
+    assert "runtime error" in rows[str(waiting.EXIT_ERROR_PARKED)]
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (REPO_ROOT / "docs").glob("*.md"))
+    for kind, code in re.findall(r"`parked:(\w+)`, `ov wait` exits? (\d+)", " ".join(pages.split())):
+        assert int(code) == waiting.PARK_EXIT[kind], (kind, code)
 
 
 # ---- 5. pending mail ---------------------------------------------------------------------------------

@@ -114,6 +114,13 @@ def test_one_json_notification_per_event_also_across_a_killed_watchdog(project: 
     gate_id = state_db.execute("SELECT id FROM approvals").fetchone()[0]
     assert f"ov approve {gate_id}" in gate_note["message"] and f"ov reject {gate_id}" in gate_note["message"]
     assert all(set(b) >= {"title", "message", "type"} for b in receiver.bodies)
+    logs = project.logs_dir
+    for body in receiver.bodies:  # issue 32: each names its agent (or run) and where the logs are
+        named = next((line for line in body["message"].splitlines() if "; logs: " in line), "")
+        who, _, where = named.partition("; logs: ")
+        kind, _, name = who.partition(": ")
+        assert (kind, name in body["title"]) == ("run" if body["title"].startswith("ov: run ") else "agent", True), body
+        assert where.startswith(str(logs / name) if kind == "agent" else f"{logs} (one folder per agent"), body
 
 
 def test_an_approval_notification_links_the_running_dashboard(project: ProjectPaths, state_db: t.Any,

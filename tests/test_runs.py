@@ -235,6 +235,27 @@ def test_agents_slung_without_an_open_run_join_none(team: ProjectPaths) -> None:
     assert listed.returncode == 0 and "no runs yet" in listed.stdout
 
 
+def test_the_capability_lists_live_in_one_place() -> None:
+    """Issue 32: what each capability may do is written once, in overstory.capabilities; no other module spells
+    out a set of two or more capability names (it would drift, as the monitor's did)."""
+    import ast
+
+    from overstory import capabilities
+
+    names = set(capabilities.CAPABILITIES)
+    source = Path(capabilities.__file__).parent
+    found = []
+    for path in sorted(source.rglob("*.py")):
+        if path.name == "capabilities.py" and path.parent == source:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Set | ast.Tuple | ast.List) and len(node.elts) >= 2:
+                values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+                if len(values) == len(node.elts) and set(values) <= names:
+                    found.append(f"{path.relative_to(source)}:{node.lineno}: {values}")
+    assert found == [], "say it in overstory/capabilities.py and import it:\n" + "\n".join(found)
+
+
 def test_a_monitor_is_persistent_as_its_role_says(project: ProjectPaths, state_db: t.Any,
                                                   open_run: runs.Run) -> None:
     """agents/monitor.md: persistent, never worker_done. So an active monitor blocks no run summary and

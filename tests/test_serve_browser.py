@@ -366,6 +366,10 @@ def test_waiting_for_you_shows_one_card_per_thing_and_drops_what_is_decided_resu
               payload={"severity": "warning", "agent": "builder-done"})
     assert sessions.transition(state_db, done.name, done.generation, "completed", actor="test",
                                reason="terminal mail sent").ok
+    unread = [(r["type"], r["sender"]) for r in state_db.execute(
+        "SELECT type, sender FROM mail WHERE recipient = 'operator' AND read_at IS NULL ORDER BY id")]
+    assert unread == [("decision_gate", "builder-gated"), ("escalation", "builder-broke"),
+                      ("escalation", "monitor-1")], "six things waiting underneath: two cards"
     served: Served = start_server(project)
 
     def cards() -> list[str]:
@@ -390,5 +394,62 @@ def test_waiting_for_you_shows_one_card_per_thing_and_drops_what_is_decided_resu
         browser.refresh()
         page_wait(browser, "document.getElementById('waiting-list').textContent.includes('Nothing is waiting')",
                   what="nothing left")
+    finally:
+        served.stop()
+
+
+# ---- names kept whole ----------------------------------------------------------------------------
+
+
+NEAR_NAMES = ("builder-green", "builder-greet", "reviewer-builder-greet-2")
+
+
+def test_agent_names_are_kept_whole_at_desktop_and_phone_width(browser: t.Any, project: ProjectPaths,
+                                                               state_db: sqlite3.Connection) -> None:
+    """Issue 32: builder-green and builder-greet must never read the same. In the tree, in a waiting card and
+    in the selected agent's heading each name is its whole text, not clipped, inside the window."""
+    from overstory.store import lifecycle, sessions
+
+    lead = "lead-with-a-rather-long-name-for-a-phone"
+    for name, parent, capability in ((lead, "operator", "lead"), *((n, lead, "builder") for n in NEAR_NAMES)):
+        generation = sessions.create_session(state_db, name=name, capability=capability, task_id=f"t-{name}",
+                                             runtime="scripted", actor="test", parent=parent,
+                                             depth=0 if parent == "operator" else 1)
+        assert sessions.transition(state_db, name, generation, "between_turns", actor="test").ok
+    greet = sessions.get(state_db, "builder-greet")
+    assert greet is not None
+    assert lifecycle.park(state_db, greet, "budget", "budget: max_usd 5 reached by a very long tool call that "
+                          "goes on and on", actor="test").ok
+    served: Served = start_server(project)
+    measure = """
+        const whole = (node, name) => node !== null && node.textContent.trim() === name
+          && node.scrollWidth <= node.clientWidth + 1 && node.getBoundingClientRect().right <= window.innerWidth + 1;
+        const names = arguments[0];
+        const tree = names.filter(n => !whole(document.querySelector(`#tree li[data-agent="${n}"] .agent-link`), n));
+        return {tree, heading: whole(document.getElementById('agent-name'), arguments[1]),
+                card: [...document.querySelectorAll('#waiting-list .item')].some(c => c.textContent.includes(arguments[1])),
+                wide: document.documentElement.scrollWidth <= window.innerWidth + 1};"""
+    try:
+        browser.get(served.sign_in)
+        wait_for(lambda: tree_names(browser) >= {lead, *NEAR_NAMES}, what="every agent in the tree")
+        page_wait(browser, "document.querySelectorAll('#waiting-list .item').length === 1", what="the parked card")
+        click(browser, '#tree li[data-agent="builder-greet"] > .row')
+        page_wait(browser, "document.getElementById('agent-name').textContent === 'builder-greet'")
+        seen: dict[str, t.Any] = {}
+
+        def whole_everywhere() -> bool:
+            seen.update(browser.execute_script(measure, [lead, *NEAR_NAMES], "builder-greet"))
+            return bool(seen["tree"] == [] and seen["heading"] and seen["card"] and seen["wide"])
+
+        for width, height in ((1280, 1000), (390, 844), (320, 640)):
+            browser.set_window_size(width, height)
+            try:
+                wait_for(whole_everywhere, what=f"every name whole at {width}px")
+            except AssertionError as exc:
+                over = browser.execute_script(
+                    "return [...document.querySelectorAll('body *')].filter(n => n.getBoundingClientRect().right > "
+                    "window.innerWidth + 1).map(n => n.tagName + '#' + n.id + '.' + n.className + ' ' + "
+                    "Math.round(n.getBoundingClientRect().right) + ' ' + n.textContent.slice(0, 40))")
+                raise AssertionError(f"{exc}: {seen} {over[:15]}") from None
     finally:
         served.stop()

@@ -140,6 +140,12 @@ def test_live_dashboard_holds_the_watchdog_lock_until_interrupted(project: Proje
         first, second = viewer.stdout.readline(), viewer.stdout.readline()
         assert first.startswith("ov watch"), first
         assert "watchdog off" in second
+        # And plain frames go on coming, one per interval, with no terminal control in them.
+        frame = [first, second]
+        while not (line := viewer.stdout.readline()).startswith("ov watch"):
+            assert line, "the piped dashboard stopped printing"
+            frame.append(line)
+        assert "\x1b" not in "".join(frame) + line and "NAME" in "".join(frame), frame
         viewer.send_signal(signal.SIGINT)
         assert viewer.wait(timeout=10) == 0
         assert lock_holder(project) == watcher.pid, "--no-watchdog never takes the lock"

@@ -11,6 +11,9 @@ WRITERS = frozenset({"builder", "merger"})  # write in their own worktree and co
 READ_ONLY = frozenset(c for c in CAPABILITIES if c not in WRITERS)
 SLINGERS = frozenset({"coordinator", "lead"})  # may `ov sling` children
 NUDGERS = frozenset({"coordinator", "lead", "monitor"})  # may `ov nudge` other agents
+STOPPERS = SLINGERS  # may `ov stop` other agents: their own descendants, and only slingers have any
+MERGERS = frozenset({"coordinator", "merger"})  # may run `ov merge` (for agents below them)
+CRITICS = frozenset({"reviewer", "scout"})  # may be an `ov loop` critic: read-only roles that judge work
 
 # Persistent agents live as long as their run or the operator wants: no terminal mail ends them,
 # they block no run summary, idle handling never nudges or stalls them, `ov wait` does not wait for them.

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import typing as t
 
+from overstory.capabilities import MERGERS
 from overstory.endpoint.server import Caller, Route
 from overstory.errors import NotPermitted, UsageError
 from overstory.store import mail
@@ -166,9 +167,6 @@ def stop(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     return result.as_dict()
 
 
-MERGING_CAPABILITIES = frozenset({"coordinator", "merger"})
-
-
 def _mergeable(caller: Caller, agent_name: str | None, branch: str | None) -> str:
     """The agent whose branch the caller may merge: for a coordinator one below it; for a merger its
     own, or one below its parent (the agent that asked for the merge)."""
@@ -198,7 +196,7 @@ def merge(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.wire import MergeRequest
 
     me = caller.agent
-    if me.capability not in MERGING_CAPABILITIES:
+    if me.capability not in MERGERS:
         raise NotPermitted(f"{me.name} is a {me.capability}: only the coordinator and merger agents may run "
                            "`ov merge`; report merge_ready to your parent instead")
     request = MergeRequest.from_wire(args)

@@ -18,14 +18,14 @@ caller's own descendants. A command ov does not list here is refused.
 
 from __future__ import annotations
 
+from overstory.capabilities import MERGERS as _MERGERS
 from overstory.capabilities import NUDGERS as _NUDGERS
+from overstory.capabilities import STOPPERS as _STOPPERS
 from overstory.guards.agent import _Agent
 from overstory.guards.effects import _READ, _Effect, _parse_options, _values
 from overstory.guards.shell import _SUBST
 
 _READS = frozenset({"status", "logs", "feed", "tree", "config", "doctor", "guard", "diff", "approvals"})
-_MERGERS = frozenset({"merger", "coordinator"})
-_STOPPERS = frozenset({"coordinator", "lead"})
 _OPERATOR_ONLY = {
     "init": "sets up a project",
     "watch": "runs the watchdog",

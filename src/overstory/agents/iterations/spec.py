@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import typing as t
 
+from overstory.capabilities import CRITICS
 from overstory.errors import LoopError
 from overstory.store.loops import Loop
 
@@ -121,7 +122,7 @@ def _critic(value: t.Any) -> dict[str, t.Any] | None:
     if not isinstance(value, dict) or set(value) - {"capability", "runtime", "model"}:
         raise LoopError("critic: expected a capability (e.g. `critic: reviewer`) or {capability, runtime, model}")
     capability = _text(value.get("capability", "reviewer"), "critic.capability")
-    if capability not in ("reviewer", "scout"):
+    if capability not in CRITICS:
         raise LoopError(f"critic: a critic is read-only: reviewer or scout, not {capability!r}")
     return {"capability": capability, "runtime": value.get("runtime"), "model": value.get("model")}
 

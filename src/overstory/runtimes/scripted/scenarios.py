@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typing as t
 
+from overstory.capabilities import WRITERS
+
 REPORT = 'ov mail send --type worker_done --subject "done: ${OVERSTORY_TASK_ID}" --body '
 
 
@@ -17,7 +19,7 @@ def default_scenario(capability: str, task_id: str) -> dict[str, t.Any]:
 
 
 def _plain(capability: str, task_id: str) -> dict[str, t.Any]:
-    if capability in ("builder", "merger"):
+    if capability in WRITERS:
         actions: list[dict[str, t.Any]] = [*_NOTES]
         if capability == "builder":
             actions.append({"bash": REPORT + '"committed work/${OVERSTORY_TASK_ID}.md on ${OVERSTORY_BRANCH}"'})
@@ -65,7 +67,7 @@ def _looping(capability: str) -> dict[str, t.Any]:
     that keeps failing the same way parks the loop (``loop.same_failure_limit``)."""
     if capability == "coordinator":
         return {}
-    work = [*_NOTES] if capability in ("builder", "merger") else [*_LOOK]
+    work = [*_NOTES] if capability in WRITERS else [*_LOOK]
     first = {"actions": [*work, _progress("${OVERSTORY_TASK_ID}: first pass done; waiting for ov's check")],
              "result": "${OVERSTORY_TASK_ID}: done. ${OVERSTORY_LOOP_PROMISE}"}
     again = {"actions": [{"text": "Reading the last check's output in the message."},
