@@ -112,6 +112,7 @@ def respond(body: dict[str, t.Any]) -> Reply:
 
 @requires_claude
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two venv installs, two demos and a team: 160-230 s here, more on a loaded machine
 def test_readme_setup_and_real_team_steps_work_as_written(tmp_path: Path) -> None:
     steps = readme_steps()
     assert "pip install . && ov demo" in steps and "bash .ci/test" in steps and "ov demo --runtime claude" in steps
