@@ -332,6 +332,8 @@ def check_schedule(run: Run) -> Verdict:
         previous = name
     if escalations > 1:
         verdict.fail(f"{escalations} escalations about schedule {team.SCHEDULE} reached the operator")
+    if not fires:
+        verdict.fail(f"schedule {team.SCHEDULE} never fired: the run did not exercise schedules")
     return verdict
 
 
