@@ -14,6 +14,7 @@ start (or `ov doctor`) finds it: the starter owns nothing that needs undoing.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,22 +50,28 @@ def _running(project: ProjectPaths) -> int | None:
     return holder if holder in found else min(found)
 
 
+def start_detached_ov(project: ProjectPaths, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``ov --project ROOT ARGS...`` as a daemon of its own: its own session (it outlives the terminal), stdin
+    closed, output appended to ``log``. The background watchdog and the background dashboard start this way."""
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as output:
+        return subprocess.Popen([sys.executable, "-m", "overstory", "--project", str(project.root), *args],
+                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+
+
 def ensure_watchdog(project: ProjectPaths, *, interval: float | None = None) -> WatchdogStart:
     """The project's running watchdog, started here as a detached `ov watchdog` when none runs."""
     import os
-    import subprocess
-    import sys
 
     log = log_file(project)
     pid = _running(project)
     if pid is not None:
         return WatchdogStart(pid, False, log)
-    log.parent.mkdir(parents=True, exist_ok=True)
     options = ["--interval", f"{interval:g}"] if interval is not None else []
-    with open(log, "ab") as output:
-        child = subprocess.Popen([sys.executable, "-m", "overstory", "--project", str(project.root), "watchdog",
-                                  *options], stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                 start_new_session=True, close_fds=True)
+    child = start_detached_ov(project, ["watchdog", *options], log)
     if os.environ.get(FAULT_ENV) == "watchdog_started":
         os._exit(137)
     deadline = time.monotonic() + START_TIMEOUT

@@ -168,18 +168,13 @@ def start_background(project: ProjectPaths, options: t.Sequence[str]) -> tuple[d
     ``background.log``) and waits for its record. Killed while waiting, the daemon runs on and the
     next `ov watch` finds it. A daemon that lost the race for the lock exits; the winner is reported.
     """
-    import subprocess
-    import sys
+    from overstory.watchdog.background import start_detached_ov
 
     existing = background(project)
     if existing is not None:
         return existing, False
     log = log_file(project)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as output:
-        child = subprocess.Popen([sys.executable, "-m", "overstory", "--project", str(project.root), "watch",
-                                  "--daemon", *options], stdin=subprocess.DEVNULL, stdout=output,
-                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    child = start_detached_ov(project, ["watch", "--daemon", *options], log)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         code = child.poll()
