@@ -88,7 +88,11 @@ def coordinator_start(runtime: str | None, model: str | None, scenario: Path | N
                    budget=budget)
     # Started after the coordinator, so a refused start leaves no daemon behind; if ov dies in between, the
     # coordinator runs without one until `ov watchdog --background` (or `ov watch`) starts it.
-    watchdog = _ensure_watchdog(project) if with_watchdog else None
+    watchdog = None
+    if with_watchdog:
+        from overstory.watchdog.background import ensure_watchdog
+
+        watchdog = ensure_watchdog(project)
     if as_json:
         echo_json({**result.as_dict(), **({"watchdog": watchdog.as_dict()} if watchdog else {})})
         return
@@ -111,12 +115,6 @@ def coordinator_start(runtime: str | None, model: str | None, scenario: Path | N
         click.echo(f"following {result.name}'s events (Ctrl-C stops following; the coordinator keeps running)",
                    err=True)
         follow_agent(project, result.name)
-
-
-def _ensure_watchdog(project: t.Any) -> t.Any:
-    from overstory.watchdog.background import ensure_watchdog
-
-    return ensure_watchdog(project)
 
 
 @coordinator.command(name="send")
