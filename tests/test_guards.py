@@ -502,6 +502,13 @@ ESCAPES: list[Case] = [
          cwd="{root}"),
     bash("ov-coordinator-reads", "lead-l", "ov coordinator status && ov coordinator output --json", True),
     bash("esc-ov-init", "builder-a", "ov init", False, "operator"),
+    # This round's operator verbs: an agent neither kills the operator's dashboards, starts daemons nor
+    # regroups the team.
+    bash("esc-ov-watch-kill-others", "lead-l", "ov watch --kill-others --once", False, "operator"),
+    bash("esc-ov-watchdog-background", "builder-a", "ov watchdog --background", False, "operator"),
+    bash("esc-ov-coordinator-start-watchdog", "coordinator", "ov coordinator start --watchdog", False, "operator",
+         cwd="{root}"),
+    bash("esc-ov-group-add", "lead-l", "ov group add sweep builder-b", False, "not a command agents may run"),
     bash("esc-ov-via-python", "scout-1", "python3 -m overstory stop builder-b --clean", False,
          "coordinator and leads"),
     bash("esc-ov-other-project", "scout-1", "ov --project /tmp/other status", False,
