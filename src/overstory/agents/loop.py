@@ -209,14 +209,19 @@ class AgentLoop(AgentProcess):
             return  # stalled between turns for want of a report: no turn was running
         procs.kill_turn(agent.turn_pgid, agent.turn_start_ticks, agent.current_turn_id,
                         grace=self.config.turns.kill_grace)
-        estimate = budgets.settle_interrupted(self.state, self.name, self.generation)  # its spend so far counts
+        from overstory.store.db import write_transaction
+
+        with write_transaction(self.state):  # its spend so far counts, in the budget and on its row, or neither
+            estimate = budgets.settle_interrupted(self.state, self.name, self.generation)
+            if agent.current_turn_id:
+                turns.add_cost(self.state, agent.current_turn_id, estimate)
         if promised(self.state, agent):
             complete_promised(self.state, agent, "its loop died during the turn", actor="turn-runner",
                               expect=frozenset({"in_turn", "stalled"}))
             return
         if agent.current_turn_id:
             mail.release(self.state, agent.current_turn_id)
-            turns.mark_interrupted(self.state, agent.current_turn_id, cost_usd=estimate)
+            turns.mark_interrupted(self.state, agent.current_turn_id)
         event_store.record(self.events, "turn_interrupted", agent=self.name, generation=self.generation,
                            turn_id=agent.current_turn_id, summary="the previous loop died mid-turn; retrying")
         self._settle(agent, agent.current_turn_id or "", _Interrupted())

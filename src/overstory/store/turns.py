@@ -51,19 +51,21 @@ def finish(conn: sqlite3.Connection, turn_id: str, status: str, *, input_tokens:
     )
 
 
-def mark_interrupted(conn: sqlite3.Connection, turn_id: str, *, cost_usd: float = 0.0) -> None:
-    """A turn whose loop died: recorded as interrupted unless it already ended, with the spend it was last
-    estimated at (the budget counts that too)."""
-    conn.execute("UPDATE turns SET status='interrupted', ended_at=?, cost_usd=coalesce(cost_usd, 0) + ? "
-                 "WHERE id=? AND ended_at IS NULL", (now_ms(), cost_usd, turn_id))
+def mark_interrupted(conn: sqlite3.Connection, turn_id: str) -> None:
+    """A turn whose loop died: recorded as interrupted unless it already ended."""
+    conn.execute("UPDATE turns SET status='interrupted', ended_at=? WHERE id=? AND ended_at IS NULL",
+                 (now_ms(), turn_id))
 
 
-def end_live_turns(conn: sqlite3.Connection, agent: str, generation: int, *, status: str, error: str,
-                   cost_usd: float = 0.0, turn_id: str | None = None) -> int:
-    """Close every still-live turn of one agent generation (its runner is gone or was stopped). ``cost_usd`` (the
-    spend last estimated for the agent's current turn) goes on ``turn_id``'s row."""
-    conn.execute(f"UPDATE turns SET cost_usd = coalesce(cost_usd, 0) + ? WHERE id = ? AND {_LIVE}",
-                 (cost_usd, turn_id))
+def add_cost(conn: sqlite3.Connection, turn_id: str, usd: float) -> None:
+    """A turn whose runner died: the spend it was last estimated at goes on its row, as the budget counts it
+    (``budgets.settle_interrupted``, in the same transaction), so ``ov costs`` and the budget agree."""
+    if usd:
+        conn.execute("UPDATE turns SET cost_usd = coalesce(cost_usd, 0) + ? WHERE id = ?", (usd, turn_id))
+
+
+def end_live_turns(conn: sqlite3.Connection, agent: str, generation: int, *, status: str, error: str) -> int:
+    """Close every still-live turn of one agent generation (its runner is gone or was stopped)."""
     return conn.execute(
         f"UPDATE turns SET status = ?, ended_at = ?, error = ? WHERE agent = ? AND generation = ? AND {_LIVE}",
         (status, now_ms(), error, agent, generation)).rowcount

@@ -353,9 +353,10 @@ class Watchdog:
             self._fence(tx, agent)
             mail.release_agent(tx, agent.name)
             estimate = budgets.settle_interrupted(tx, agent.name, agent.generation)
+            if agent.current_turn_id:
+                turns.add_cost(tx, agent.current_turn_id, estimate)
             turns.end_live_turns(tx, agent.name, agent.generation, status="transient" if lost else "failed",
-                                 error=lost or "the agent loop died during the turn", cost_usd=estimate,
-                                 turn_id=agent.current_turn_id)
+                                 error=lost or "the agent loop died during the turn")
 
         if agent.state in ("in_turn", "stalled", "booting"):
             outcome = sessions.transition(self.state, agent.name, agent.generation, "between_turns", actor=ACTOR,
