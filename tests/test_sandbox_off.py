@@ -91,6 +91,14 @@ def _counted(conn: t.Any, name: str) -> tuple[int, int]:
     return (calls[0] if calls else 0), rows[0]
 
 
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; empty once it has exited (the loop's `sleep 0.05` children come and go)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def test_ov_guard_refuses_a_call_when_the_agents_endpoint_cannot_be_reached(unsandboxed: ProjectPaths,
                                                                              state_db: t.Any) -> None:
     project = unsandboxed
@@ -98,8 +106,7 @@ def test_ov_guard_refuses_a_call_when_the_agents_endpoint_cannot_be_reached(unsa
                                        "result": "done"}])
     agent = wait_for(lambda: (a := row(state_db, name)).current_turn_id and a, 60, "the turn to start")
     waiting = wait_for(lambda: [p for p in procs.tagged_processes(agent.current_turn_id or "")
-                                if b"while [ ! -e go ]" in Path(f"/proc/{p}/cmdline").read_bytes()], 60,
-                       "the turn's tool call to run")
+                                if b"while [ ! -e go ]" in _cmdline(p)], 60, "the turn's tool call to run")
     turn_env = procs.environ_of(waiting[0])  # what the runtime gives `ov guard` in this turn
     assert turn_env.get("OVERSTORY_ENDPOINT") and turn_env.get("OVERSTORY_AGENT_NAME") == name
     hook = json.dumps({"hook_event_name": "PreToolUse", "session_id": "s", "cwd": agent.worktree,
