@@ -2,8 +2,10 @@
 
 One cluster for the module (``tests/ray_cluster.py``): a head (no CPUs: it runs no turns) and two worker
 nodes in a network namespace whose only interface is ``lo``; this process and the agents' loops it starts
-are in that namespace too. The nodes are on this machine, so they see the project's paths: the workspace
-does not travel by git yet (issue 30), and a node that does not see a turn's folder refuses it.
+are in that namespace too. The nodes are on this machine, but a turn's workspace travels by git all the same
+(``executors.travel_node``): the node runs it in a mount namespace where the project's path is its own copy.
+The only folder a test shares with its turns is ``marks/``, made writable in their sandbox
+(``sandbox.writable``), where a turn leaves a mark that its retry looks for.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def test_scripted_agents_turns_run_on_the_cluster_nodes(project: ProjectPaths, s
     here = start_on(project, state_db, "l0", commit("l0"), None)
     for name in [*remote, here]:
         wait_for(lambda name=name: current(state_db, name).is_terminal, 240, f"{name} to end")
-        assert current(state_db, name).state == "completed", current(state_db, name)
+        assert current(state_db, name).state == "completed", current(state_db, name).state_reason
     listed = run_ov("status", "--json", "--all", cwd=project.root)
     assert listed.returncode == 0, listed.stderr
     nodes = {agent["name"]: agent["node"] for agent in json.loads(listed.stdout)["agents"]}
@@ -161,9 +163,22 @@ def node_name(node_id: str) -> str:
     return next(node["NodeName"] for node in ray.nodes() if node["NodeID"] == node_id)
 
 
+def marks(project: ProjectPaths) -> Path:
+    """A folder outside the project that the turns may write (``sandbox.writable``): a turn's workspace is a copy
+    on its node, so a mark a lost turn leaves for its retry must be somewhere else."""
+    folder = project.root.parent / "marks"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def sleep_once(project: ProjectPaths, task: str) -> dict[str, str]:
+    mark = marks(project) / task
+    return {"bash": f"test -e {mark} || {{ touch {mark}; sleep 300; }}"}
+
+
 def start_retrying(project: ProjectPaths, conn: t.Any, task: str) -> str:
-    """An agent on the cluster whose first turn sleeps (it leaves ``.once``) and whose retry commits and reports."""
-    once = [{"bash": "test -e .once || { touch .once; sleep 300; }"}, *commit(task)]
+    """An agent on the cluster whose first turn sleeps (it leaves a mark) and whose retry commits and reports."""
+    once = [sleep_once(project, task), *commit(task)]
     scenario = project.root.parent / f"scenario-{task}.json"
     scenario.write_text(json.dumps({"turns": [{"actions": once, "result": "done"} for _ in range(3)]}))
     result = sling(project, load(project), conn, SlingRequest(capability="builder", task_id=task, runtime="scripted",
@@ -185,7 +200,7 @@ def sleeping_turn(project: ProjectPaths, conn: t.Any, name: str) -> t.Any:
         raise AssertionError(f"no turn of {name} on a node after 120 s: {current(conn, name)}; turns {rows}; free "
                              f"{ray.available_resources()}; nodes {[(n['NodeName'], n['Alive']) for n in ray.nodes()]}"
                              ) from None
-    wait_for((Path(str(current(conn, name).worktree)) / ".once").exists, 60, "the first turn to sleep on its node")
+    wait_for((marks(project) / current(conn, name).task_id).exists, 60, "the first turn to sleep on its node")
     return first
 
 
@@ -223,6 +238,7 @@ def test_the_watchdog_settles_a_dead_loops_turn_lost_with_its_worker_within_seco
     write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
                                                                  "turn_resources": {"CPU": 1}}},
                        turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       sandbox={"writable": [str(marks(project))]},
                        watchdog={"stale_after": 600, "zombie_after": 1200})
     name = start_retrying(project, state_db, "w1")
     first = sleeping_turn(project, state_db, name)
@@ -258,6 +274,7 @@ def test_the_watchdog_stops_a_dead_loops_running_turn_through_the_executor_befor
     write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
                                                                  "turn_resources": {"CPU": 1}}},
                        turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       sandbox={"writable": [str(marks(project))]},
                        watchdog={"stale_after": 600, "zombie_after": 1200})
     name = start_retrying(project, state_db, "w2")
     first = sleeping_turn(project, state_db, name)
@@ -284,8 +301,9 @@ def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: 
 
     write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
                                                                  "turn_resources": {"CPU": 1}}},
-                       turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3})
-    once = [{"bash": "test -e .once || { touch .once; sleep 300; }"}, *commit("k1")]
+                       turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
+                       sandbox={"writable": [str(marks(project))]})
+    once = [sleep_once(project, "k1"), *commit("k1")]
     scenario = project.root.parent / "scenario-k1.json"
     scenario.write_text(json.dumps({"turns": [{"actions": once, "result": "done"} for _ in range(3)]}))
     result = sling(project, load(project), state_db, SlingRequest(capability="builder", task_id="k1",
@@ -295,17 +313,20 @@ def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: 
     sessions.update_fields(state_db, name, result.generation, loop_pid=pid, loop_start_ticks=ticks)
     first = wait_for(lambda: state_db.execute("SELECT id, node FROM turns WHERE agent = ? AND node IS NOT NULL",
                                               (name,)).fetchone(), 120, "the first turn on a node")
-    once_file = Path(str(current(state_db, name).worktree)) / ".once"
-    wait_for(once_file.exists, 60, "the first turn to be in its sleep on its node")
+    wait_for((marks(project) / "k1").exists, 60, "the first turn to be in its sleep on its node")
     ray_cluster.kill_node(first["node"])
     wait_for(lambda: current(state_db, name).is_terminal, 120, "the agent to end")
     assert current(state_db, name).state == "completed", current(state_db, name)
     rows = state_db.execute("SELECT id, node, status, error FROM turns WHERE agent = ? ORDER BY started_at",
                             (name,)).fetchall()
     # The first attempt was lost with its node; a retry placed before Ray had noticed the node's death is
-    # lost too (Ray marks a node dead when its heartbeats stop); the one that completes ran elsewhere.
-    assert [r["status"] for r in rows][-1] == "ok" and {r["status"] for r in rows[:-1]} == {"transient"}, rows
-    assert all("lost" in r["error"] for r in rows[:-1]) and rows[-1]["node"] != first["node"]
+    # lost too (Ray marks a node dead when its heartbeats stop); the one that completes ran elsewhere. The
+    # lost turn's runtime state died with it (it comes back only with a finished turn), so resuming its
+    # session fails once and the loop starts a fresh one (``resume_failed``), as for a local session lost.
+    statuses = [r["status"] for r in rows]
+    assert statuses[-1] == "ok" and statuses[0] == "transient" and set(statuses[:-1]) <= {"transient", "resume_failed"}
+    assert all("lost" in r["error"] for r in rows[:-1] if r["status"] == "transient"), [dict(r) for r in rows]
+    assert rows[-1]["node"] != first["node"]
     assert subprocess_git(project, "log", "--format=%s", f"ov/{name}").count("work on k1") == 1
     assert len(mail_rows(state_db, type="worker_done", sender=name)) == 1
     wait_for(lambda: not procs.tagged_processes(first["id"]), 30, "nothing left of the lost turn")

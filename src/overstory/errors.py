@@ -293,3 +293,14 @@ class TurnNotFound(ExecutorError):
     def __init__(self, turn_id: str, executor: str) -> None:
         self.turn_id, self.executor = turn_id, executor
         super().__init__(f"turn {turn_id} is not known to the {executor} executor")
+
+
+class WorkspaceRefused(ExecutorError):
+    """A remote turn's workspace could not go out or come back as asked (an unknown turn, a finish that
+    contradicts the first one, a bundle without the commits it names). Nothing was changed."""
+
+    endpoint_status = 409
+
+    def __init__(self, turn_id: str, detail: str) -> None:
+        self.turn_id, self.detail = turn_id, detail
+        super().__init__(f"turn {turn_id}: {detail}")

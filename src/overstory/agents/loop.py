@@ -67,6 +67,7 @@ class AgentLoop(AgentProcess):
         self.endpoint: AgentEndpoint | None = None
         self.gate: ToolCallGate | None = None
         self.hook_settings: Path | None = None
+        self.remote_endpoint = ""  # HOST:PORT of the endpoint's TCP listener, when the turns run on other machines
         self._next_idle_check = 0
 
     def _serve_endpoint(self) -> None:
@@ -79,16 +80,23 @@ class AgentLoop(AgentProcess):
         self.endpoint = AgentEndpoint(self.project, self.name, self.generation, ROUTES, self.base_env,
                                       config=self.config, before_tool_call=self.gate.ask).start()
         self.hook_settings = self._serve_hooks(self.endpoint)
+        from overstory.agents import turn_exec
+
+        agent = self.current()
+        if agent is not None and turn_exec.executor_kind(self.config, agent) != "local":
+            self.remote_endpoint = self.endpoint.serve_remote(self.config.executor.ray.control_host)
 
     def _serve_hooks(self, endpoint: AgentEndpoint) -> Path | None:
         """Claude's tool-call hooks as HTTP calls to this loop (issue 20) where they can reach it; None: the
         command hooks (`ov guard`). The choice is written to the run dir for `ov doctor`."""
+        from overstory.agents import turn_exec
         from overstory.endpoint import hooks
         from overstory.runtimes import get_runtime
 
         agent = self.current()
         run_dir = self.project.run_dir / self.name
-        transport = "command" if agent is None else hooks.transport_for(self.config, agent.runtime, agent.capability)
+        transport = "command" if agent is None or turn_exec.executor_kind(self.config, agent) != "local" \
+            else hooks.transport_for(self.config, agent.runtime, agent.capability)  # a node's 127.0.0.1 is not ours
         settings = None
         if transport == "http" and agent is not None:
             try:
@@ -111,6 +119,7 @@ class AgentLoop(AgentProcess):
         `ov mail send` and `ov guard` read from the environment outside a sandbox), so requests
         through it are idempotent per dispatch and reach the ledger as the turn's.
         """
+        from overstory.agents import turn_exec
         from overstory.agents.turns import durable_env, run_turn
         from overstory.store.dispatch import claimed_ids
 
@@ -122,6 +131,8 @@ class AgentLoop(AgentProcess):
             turn_vars = {**durable_env(self.config, agent, attempt, claimed_ids(self.state, turn_id)), **extra,
                          "OVERSTORY_TURN_ID": turn_id}
             extra.update(self.endpoint.open_turn(turn_env=turn_vars))
+            if self.remote_endpoint:
+                extra[turn_exec.REMOTE_ENDPOINT_ENV] = self.remote_endpoint
         try:
             result = run_turn(self.project, self.config, self.state, self.events, agent, prompt, turn_id,
                               resume_session_id=resume, base_env=self.base_env, attempt=attempt,

@@ -8,9 +8,10 @@ command on this machine under the executor's shim, ``ray`` as a task on a node o
 The kind: the agent's own ``ov sling --executor`` (``spec["executor"]``), else config ``executor.kind``.
 Executors are kept per process (a Ray connection is made once).
 
-What the ray executor does not do yet (issue 30): the workspace does not travel by git. A ray turn runs
-in the control node's paths (its worktree, its store), so every node must see them; a node that does
-not is refused at the turn's start with one clear line (``ray_hub.run_turn``), not run elsewhere.
+A turn on another machine takes its workspace with it (``travel_for``; ``executors.travel_node`` on the node,
+``executors.travel_control`` here): the node fetches the branch and the run dir over the loop's endpoint
+(``REMOTE_ENDPOINT_ENV``, with the turn's secret), runs the turn in the same paths and sandbox, and sends the
+commits back, which move the agent's branch here by compare-and-swap.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ GATE_SLICE = 0.1    # the same, when a tool call may wake the reader (the gate i
 # How often a local turn's stdout file is read once a refused call's answer is awaited (``hurry``): the runtime
 # may ask for its next, billed, message within milliseconds of taking the refusal, as a pipe's reader would see.
 HURRY_SLICE = 0.002
+REMOTE_ENDPOINT_ENV = "OVERSTORY_REMOTE_ENDPOINT"  # HOST:PORT of the loop's endpoint for turns on other machines
 LOCAL_TURNS_DIR = "turns"  # under the agent's run dir: the local executor's folder per turn (executors.local)
 
 _executors: dict[tuple[t.Any, ...], TurnExecutor] = {}
@@ -74,6 +76,28 @@ def executor_for(project: ProjectPaths, config: Config, agent: Session) -> TurnE
         if found is None:
             found = _executors[key] = get_executor(kind, **settings)
         return found
+
+
+def travel_for(project: ProjectPaths, config: Config, agent: Session, env: t.Mapping[str, str],
+               command: t.Sequence[str], command_env: t.Mapping[str, str]) -> dict[str, t.Any]:
+    """What a node needs to bring the turn's workspace to itself (``TurnSpec.travel``): the endpoint to fetch it
+    from, the project's root and the sandbox layout's paths (the node rebuilds them at the same paths), and the
+    runtime's command before the sandbox (the node builds the sandbox's command line over its own copy)."""
+    from overstory import sandbox
+    from overstory.runtimes import get_runtime
+
+    endpoint = env.get(REMOTE_ENDPOINT_ENV)
+    if not endpoint or not agent.worktree:
+        raise OrchestratorError(f"agent {agent.name} cannot run a turn on another machine: "
+                                + ("it has no worktree of its own" if endpoint else "its loop serves no endpoint there"))
+    layout = sandbox.layout_for(project, agent, get_runtime(agent.runtime))
+    paths: dict[str, t.Any] = {key: (str(value) if value is not None and not isinstance(value, (bool, tuple)) else value)
+             for key, value in vars(layout).items()}
+    paths["pinned"] = [str(path) for path in layout.pinned]
+    sandboxed = sandbox.effective_mode(config).name == "bwrap"
+    return {"endpoint": endpoint, "root": str(layout.root), "layout": paths, "sandboxed": sandboxed,
+            "command": list(command),
+            "bwrap": sandbox.bwrap_params(config, agent, layout, command_env) if sandboxed else {}}
 
 
 def local_group(executor: TurnExecutor, turn_id: str) -> tuple[int | None, int | None]:

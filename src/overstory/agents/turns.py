@@ -355,7 +355,9 @@ def _launch(turn: _Turn) -> TurnResult | None:
     turn.raw_out = turn.files.enter_context(open(turn.log_dir / "stdout.ndjson", "wb"))
     try:
         executor = turn.executor = turn_exec.executor_for(turn.project, turn.config, agent)
-        executor.submit(TurnSpec(turn_id, tuple(turn.argv), turn.cwd, turn.env,
+        travel = {} if executor.kind == "local" else turn_exec.travel_for(
+            turn.project, turn.config, agent, turn.env, turn.plan.argv, turn.plan.env)
+        executor.submit(TurnSpec(turn_id, tuple(turn.argv), turn.cwd, turn.env, travel=travel,
                                  stdin=turn.plan.runtime.stdin_message(turn.prompt), labels={"agent": agent.name}))
         status = executor.status(turn_id)
     except OrchestratorError as exc:  # no executor here (the ray extra, the cluster): retrying would not help

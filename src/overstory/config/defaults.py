@@ -197,7 +197,7 @@ schedules:
 
 executor:
   # Where turns run: local (a process group on this machine) or ray (a task on a Ray cluster; needs
-  # `pip install 'overstory[ray]'`). Not yet used by the agents' turns: see docs/scaling-out.md.
+  # `pip install 'overstory[ray]'`; see docs/scaling-out.md).
   kind: local
   # The cluster of the ray executor (read when kind is ray).
   ray:
@@ -207,6 +207,9 @@ executor:
     turn_resources: {CPU: 1.0}
     # The Ray namespace of ov's turn hub and tasks.
     namespace: overstory
+    # The address the nodes reach this machine at: each agent's loop listens there (a port the kernel picks)
+    # for its remote turns' workspace, guards and mail, accepting only the current turn's secret.
+    control_host: 127.0.0.1
 
 telemetry:
   # OTLP/HTTP traces endpoint (e.g. http://localhost:4318/v1/traces): each run that ends is exported as a

@@ -252,6 +252,8 @@ class RayExecutorSection(_Section):
     address: str | None = None
     turn_resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
     namespace: str = "overstory"
+    # Where the nodes reach this machine's agent endpoints (the workspace, guards, mail of a remote turn).
+    control_host: str = "127.0.0.1"
 
     @field_validator("turn_resources")
     @classmethod

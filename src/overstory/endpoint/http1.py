@@ -16,7 +16,7 @@ import typing as t
 MAX_HEADER_LINE = 8192
 MAX_HEADERS = 64
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-           405: "Method Not Allowed", 413: "Payload Too Large", 500: "Internal Server Error",
+           405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error",
            503: "Service Unavailable"}
 
 

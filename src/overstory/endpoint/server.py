@@ -153,6 +153,7 @@ class AgentEndpoint:
         self._thread: threading.Thread | None = None
         self._pool: queue.SimpleQueue[tuple[sqlite3.Connection, sqlite3.Connection]] = queue.SimpleQueue()
         self.hooks: t.Any = None  # the HTTP hooks' TCP listener (endpoint.hooks), when the loop serves them
+        self.remote: t.Any = None  # the TCP listener for turns on other machines (endpoint.remote)
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> AgentEndpoint:
@@ -196,15 +197,25 @@ class AgentEndpoint:
         self.hooks = HookListener(self).start()
         return int(self.hooks.port)
 
+    def serve_remote(self, host: str) -> str:
+        """Also listen on ``host`` over TCP for this agent's turns on other machines (``endpoint.remote``);
+        returns HOST:PORT."""
+        from overstory.endpoint.remote import RemoteListener
+
+        if self.remote is None:
+            self.remote = RemoteListener(self, host).start()
+        return str(self.remote.address)
+
     @property
     def hooks_alive(self) -> bool:
         return self.hooks is not None and bool(self.hooks.alive)
 
     def close(self) -> None:
         self.revoke()
-        if self.hooks is not None:
-            self.hooks.close()
-            self.hooks = None
+        for listener in (self.hooks, self.remote):
+            if listener is not None:
+                listener.close()
+        self.hooks = self.remote = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

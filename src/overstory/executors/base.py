@@ -50,6 +50,9 @@ class TurnSpec:
     env: t.Mapping[str, str] = field(default_factory=dict)
     stdin: bytes = b""
     labels: t.Mapping[str, str] = field(default_factory=dict)  # e.g. {"agent": NAME}: shown, never interpreted
+    # A turn whose workspace travels to its node by git (``executors.travel_node``): the control node's endpoint
+    # (HOST:PORT), the sandbox layout's paths, whether it is sandboxed. Empty: the node runs it in place.
+    travel: t.Mapping[str, t.Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.turn_id or "/" in self.turn_id or self.turn_id in (".", ".."):
@@ -59,14 +62,16 @@ class TurnSpec:
 
     def to_wire(self) -> dict[str, t.Any]:
         return {"turn_id": self.turn_id, "argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env),
-                "stdin": self.stdin.decode("latin-1"), "labels": dict(self.labels)}
+                "stdin": self.stdin.decode("latin-1"), "labels": dict(self.labels),
+                "travel": dict(self.travel)}
 
     @classmethod
     def from_wire(cls, data: t.Mapping[str, t.Any]) -> TurnSpec:
         return cls(turn_id=str(data["turn_id"]), argv=tuple(str(a) for a in data["argv"]), cwd=str(data["cwd"]),
                    env={str(k): str(v) for k, v in dict(data.get("env") or {}).items()},
                    stdin=str(data.get("stdin") or "").encode("latin-1"),
-                   labels={str(k): str(v) for k, v in dict(data.get("labels") or {}).items()})
+                   labels={str(k): str(v) for k, v in dict(data.get("labels") or {}).items()},
+                   travel=dict(data.get("travel") or {}))
 
 
 @dataclass(frozen=True)

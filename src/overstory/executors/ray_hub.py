@@ -227,12 +227,32 @@ def run_turn(wire: dict[str, t.Any], hub: t.Any) -> dict[str, t.Any]:
 
     spec = TurnSpec.from_wire(wire)
     node = ray.get_runtime_context().get_node_id()
-    if not os.path.isdir(spec.cwd):  # the workspace does not travel by git yet: the node must see the control node's
+    if not spec.travel and not os.path.isdir(spec.cwd):
         return {"state": "failed", "exit_code": None, "reason": f"node {node} does not see the turn's folder {spec.cwd}"
-                " (the ray executor runs a turn in the control node's paths: every node must see them for now)"}
+                " (a turn without a travelling workspace runs in the control node's paths)"}
     refused = ray.get(hub.begin.remote(spec.turn_id, node))
     if refused:
         return {"state": "failed", "reason": refused, "exit_code": None}
+    away = None
+    if spec.travel:  # the workspace comes by git into a mount namespace of the turn's own (executors.travel_node)
+        from overstory.executors.travel_node import NodeTurn
+
+        away = NodeTurn(spec.turn_id, spec.travel, spec.env, spec.cwd, node)
+        if not away.prepare():
+            away.close()
+            return {"state": "failed", "exit_code": None,
+                    "reason": f"node {node} could not fetch the turn's workspace: {away.error}"}
+    try:
+        ended = _run_on_node(spec, hub, node, away)
+    finally:
+        if away is not None:
+            away.close()
+    return ended
+
+
+def _run_on_node(spec: TurnSpec, hub: t.Any, node: str, away: t.Any) -> dict[str, t.Any]:
+    import ray
+
     env = dict(spec.env)
     env.setdefault(procs.TURN_TAG, spec.turn_id)
     spec_read, spec_write = os.pipe()
@@ -247,7 +267,8 @@ def run_turn(wire: dict[str, t.Any], hub: t.Any) -> dict[str, t.Any]:
         os.close(spec_read)
         os.close(report_write)
     with os.fdopen(spec_write, "w", encoding="utf-8") as handle:
-        json.dump({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env}, handle)
+        json.dump({"turn_id": spec.turn_id, "argv": away.command(spec.argv) if away else list(spec.argv),
+                   "cwd": "/" if away else spec.cwd, "env": env}, handle)
     reports = os.fdopen(report_read, encoding="utf-8")
     first = json.loads(reports.readline() or '{"error": "the shim exited before starting the command"}')
     if "error" in first:
@@ -297,6 +318,9 @@ def run_turn(wire: dict[str, t.Any], hub: t.Any) -> dict[str, t.Any]:
     reports.close()
     exit_code = json.loads(last).get("exit_code", code) if last.strip() else code
     tail = b"".join(stderr_tail)[-STDERR_TAIL:].decode("utf-8", errors="replace")
+    if away is not None and away.finish() is None:  # the result did not reach the control node: nobody has it
+        return {"state": "lost", "reason": f"the turn's workspace did not come back from node {node}: {away.error}",
+                "exit_code": exit_code, "stderr_tail": tail}
     if stopping.started:
         stopping.join()
         return {"state": "failed", "reason": STOPPED, "exit_code": exit_code, "stderr_tail": tail}

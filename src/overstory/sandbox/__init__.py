@@ -95,11 +95,8 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
     except (OrchestratorError, OSError):
         pass  # an unusable token file is still masked; `ov serve` reports it
     inside = dict(env)
-    writable = list(config.sandbox.writable)
-    own_tmp = _own_tmpdir(env.get("TMPDIR"), layout)
-    if own_tmp is not None:  # the runtime keeps a temp dir of its own in the agent's run dir: writable
-        writable.append(own_tmp)
-    else:
+    params = bwrap_params(config, agent, layout, env, tty=tty)
+    if _own_tmpdir(env.get("TMPDIR"), layout) is None:
         inside["TMPDIR"] = "/tmp"  # a host temp dir would be read-only (or shared) in here
     for name in runtime.tmp_env_vars:
         if name in inside:
@@ -109,9 +106,19 @@ def prepare_turn(project: ProjectPaths, config: Config, agent: Session, argv: t.
         inside["PYTHONDONTWRITEBYTECODE"] = "1"
     found = probe_bwrap()
     assert found.path is not None
-    wrapped = build_argv(found.path, layout, argv, network=network_for(config.sandbox, agent.capability), tty=tty,
-                         tmp_size_mb=config.sandbox.tmp_size_mb, writable=writable)
+    wrapped = build_argv(found.path, layout, argv, **params)
     return Prepared(wrapped, inside, layout, True, took_back)
+
+
+def bwrap_params(config: Config, agent: Session, layout: Layout, env: t.Mapping[str, str], *,
+                 tty: bool = False) -> dict[str, t.Any]:
+    """``build_argv``'s settings for ``agent``'s turn (a node that runs the turn builds the same command line)."""
+    writable = list(config.sandbox.writable)
+    own_tmp = _own_tmpdir(env.get("TMPDIR"), layout)
+    if own_tmp is not None:  # the runtime keeps a temp dir of its own in the agent's run dir: writable
+        writable.append(own_tmp)
+    return {"network": network_for(config.sandbox, agent.capability), "tty": tty,
+            "tmp_size_mb": config.sandbox.tmp_size_mb, "writable": writable}
 
 
 def _own_tmpdir(tmpdir: str | None, layout: Layout) -> str | None:

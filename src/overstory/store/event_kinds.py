@@ -13,7 +13,7 @@ KINDS = frozenset({
     "turn_result", "user_message", "runtime_event", "malformed_line",
     # An agent's turns and its loop
     "spawn", "loop_start", "turn_end", "turn_stopped", "turn_retry", "turn_interrupted", "turn_parked",
-    "turn_failed", "git_lock_removed", "branch_take_back", "branch_refused", "contract_violation",
+    "turn_failed", "git_lock_removed", "branch_take_back", "workspace_returned", "branch_refused", "contract_violation",
     "resume_fallback", "idle_nudge", "no_report", "auth_failed",
     # Parking and unparking
     "budget_crossed", "budget_parked", "quota_parked", "auth_parked", "error_parked", "approval_parked",
