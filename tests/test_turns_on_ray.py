@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from claude_cli import claude_bin  # noqa: F401 - the fixture
 from conftest import run_ov
 from overstory.agents.loop import spawn_loop
 from overstory.agents.spawn import SlingRequest, sling
@@ -59,17 +60,46 @@ def worker_node_ids() -> set[str]:
     return {node["NodeID"] for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0}
 
 
-def test_scripted_agents_turns_run_on_the_cluster_nodes(project: ProjectPaths, state_db: t.Any,
-                                                        ray_cluster: RayTestCluster) -> None:
-    # The configuration keeps local turns; three agents ask for the cluster, one does not.
-    write_local_config(project, executor={"kind": "local", "ray": {"address": ray_cluster.address,
-                                                                  "turn_resources": {"CPU": 1}}},
-                       turns={"retry_backoff": 0.05, "max_concurrent": 8})
-    remote = [start_on(project, state_db, f"r{i}", commit(f"r{i}"), "ray") for i in range(3)]
-    here = start_on(project, state_db, "l0", commit("l0"), None)
-    for name in [*remote, here]:
-        wait_for(lambda name=name: current(state_db, name).is_terminal, 240, f"{name} to end")
-        assert current(state_db, name).state == "completed", current(state_db, name).state_reason
+CLAUDE_TASK = "cl"
+
+
+def claude_team_member(project: ProjectPaths, tmp_path: Path, api: t.Any, claude_bin: str) -> str:
+    """A real-claude builder on the cluster (`ov sling --executor ray`), answered by the mock Messages API (the
+    model is the one part that cannot run here)."""
+    from claude_cli import claude_env
+
+    env = claude_env(api.base_url, tmp_path, extra={"OV_RUNTIME_CLAUDE_BIN": claude_bin})
+    slung = run_ov("sling", "builder", CLAUDE_TASK, "--runtime", "claude", "--executor", "ray",
+                   "--prompt", "add cl.txt and report", cwd=project.root, env=env)
+    assert slung.returncode == 0, slung.stderr
+    return f"builder-{CLAUDE_TASK}"
+
+
+def test_a_team_on_the_cluster_completes_on_both_nodes_and_merges(project: ProjectPaths, state_db: t.Any,
+                                                                  ray_cluster: RayTestCluster,
+                                                                  tmp_path: Path, claude_bin: str) -> None:
+    from mockapi import MockMessagesAPI, TurnScript, text_reply, tool_reply
+
+    # Turns run on the cluster by configuration; one scripted agent asks for local turns.
+    write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
+                                                                "turn_resources": {"CPU": 1}}},
+                       turns={"retry_backoff": 0.05, "max_concurrent": 10})
+    (project.ov_dir / "only-here").write_text("the control node's own file\n")
+    seen = {"bash": f"ls -a {project.ov_dir} > seen.txt && git add seen.txt && git commit -qm 'what r0 saw'"}
+    script = TurnScript([
+        tool_reply("Bash", {"command": "echo cl > cl.txt && git add cl.txt && git commit -qm 'work on cl'",
+                            "description": "commit"}),
+        tool_reply("Bash", {"command": "ov mail send --type worker_done --subject 'done cl' --body finished",
+                            "description": "report"}),
+        text_reply("Done.")])
+    with MockMessagesAPI(script) as api:
+        remote = [start_on(project, state_db, "r0", [seen, *commit("r0")], None),
+                  *[start_on(project, state_db, f"r{i}", commit(f"r{i}"), None) for i in range(1, 6)],
+                  claude_team_member(project, tmp_path, api, claude_bin)]
+        here = start_on(project, state_db, "l0", commit("l0"), "local")
+        for name in [*remote, here]:
+            wait_for(lambda name=name: current(state_db, name).is_terminal, 300, f"{name} to end")
+            assert current(state_db, name).state == "completed", current(state_db, name).state_reason
     listed = run_ov("status", "--json", "--all", cwd=project.root)
     assert listed.returncode == 0, listed.stderr
     nodes = {agent["name"]: agent["node"] for agent in json.loads(listed.stdout)["agents"]}
@@ -83,14 +113,65 @@ def test_scripted_agents_turns_run_on_the_cluster_nodes(project: ProjectPaths, s
         task = name.rsplit("-", 1)[1]
         log = subprocess_git(project, "log", "--format=%s", f"ov/{name}")
         assert log.count(f"work on {task}") == 1  # its commit, once, on its branch
+    # Every remote turn came back through the control node's compare-and-swap, once.
+    returned = [r for r in events_of(project, "workspace_returned")]
+    assert sorted(r["agent"] for r in returned) == sorted(remote), returned
+    assert all(json.loads(r["data"])["outcome"] == "applied" for r in returned)
+    # The node never saw the control node's files: its view of .overstory/ was its own copy.
+    saw = subprocess_git(project, "show", f"ov/{remote[0]}:seen.txt").split()
+    assert "run" in saw and "only-here" not in saw, saw
     done = mail_rows(state_db, type="worker_done")
     assert sorted(row["sender"] for row in done) == sorted([*remote, here])  # each worker_done arrived once
+    merged = run_ov("merge", "--all", cwd=project.root)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    on_main = subprocess_git(project, "ls-tree", "--name-only", "HEAD").split()
+    assert {f"{name.rsplit('-', 1)[1]}.txt" for name in [*remote, here]} <= set(on_main), on_main
     # The node is shown where the operator looks: `ov trace` (each turn), `ov watch` (a NODE column).
-    traced = json.loads(run_ov("trace", remote[0], "--json", cwd=project.root).stdout)
-    assert [turn["node"] for turn in traced["turns"]] == [nodes[remote[0]]]
+    traced = json.loads(run_ov("trace", remote[1], "--json", cwd=project.root).stdout)
+    assert [turn["node"] for turn in traced["turns"]] == [nodes[remote[1]]]
     frame = run_ov("watch", "--once", "--width", "140", cwd=project.root).stdout
-    rows = {line.split()[0]: line for line in frame.splitlines() if line.strip().startswith("builder-")}
-    assert "NODE" in frame and all(nodes[name][:8] in rows[name] for name in remote), frame
+    lines = {line.split()[0]: line for line in frame.splitlines() if line.strip().startswith("builder-")}
+    assert "NODE" in frame and all(nodes[name][:8] in lines[name] for name in remote), frame
+
+
+def test_the_runtimes_session_travels_with_each_turn(project: ProjectPaths, state_db: t.Any,
+                                                     ray_cluster: RayTestCluster) -> None:
+    # Each turn's folder on its node is made from what the control node sends and removed at the turn's end, so
+    # a second turn resumes its session only if the first turn's runtime state came back and went out again
+    # (whichever node each ran on: the scripted runtime refuses to resume a session it does not have).
+    write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
+                                                                "turn_resources": {"CPU": 1}}},
+                       turns={"retry_backoff": 0.05})
+    scenario = project.root.parent / "scenario-s2.json"
+    scenario.write_text(json.dumps({"turns": [
+        {"actions": [{"text": "waiting"}, {"bash": "ov mail send --to operator --subject ready"}], "result": "one"},
+        {"actions": [{"expect_in_prompt": "second task"}, *commit("s2")], "result": "two"}]}))
+    result = sling(project, load(project), state_db, SlingRequest(capability="builder", task_id="s2",
+                                                                  runtime="scripted", scenario=scenario), start=False)
+    name = result.name
+    pid, ticks = spawn_loop(project, name, result.generation, dict(os.environ))
+    sessions.update_fields(state_db, name, result.generation, loop_pid=pid, loop_start_ticks=ticks)
+    wait_for(lambda: current(state_db, name).state == "between_turns" and current(state_db, name).turns == 1, 120,
+             "the first turn")
+    sent = run_ov("mail", "send", "--to", name, "--subject", "next", "--body", "second task", cwd=project.root)
+    assert sent.returncode == 0, sent.stderr
+    wait_for(lambda: current(state_db, name).is_terminal, 120, "the agent to end")
+    assert current(state_db, name).state == "completed", current(state_db, name).state_reason
+    first, second = state_db.execute("SELECT status, resumed, session_id, node FROM turns WHERE agent = ? "
+                                     "ORDER BY started_at", (name,)).fetchall()
+    assert (first["status"], second["status"]) == ("ok", "ok"), (dict(first), dict(second))
+    assert second["resumed"] == 1 and second["session_id"] == first["session_id"]
+    assert {first["node"], second["node"]} <= worker_node_ids()
+
+
+def events_of(project: ProjectPaths, kind: str) -> list[t.Any]:
+    from overstory.store.db import open_events
+
+    conn = open_events(project.events_db)
+    try:
+        return conn.execute("SELECT agent, summary, data FROM events WHERE kind = ?", (kind,)).fetchall()
+    finally:
+        conn.close()
 
 
 def subprocess_git(project: ProjectPaths, *args: str) -> str:
@@ -302,8 +383,10 @@ def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: 
     write_local_config(project, executor={"kind": "ray", "ray": {"address": ray_cluster.address,
                                                                  "turn_resources": {"CPU": 1}}},
                        turns={"retry_backoff": 0.05, "kill_grace": 1, "max_retries": 3},
-                       sandbox={"writable": [str(marks(project))]})
-    once = [sleep_once(project, "k1"), *commit("k1")]
+                       sandbox={"writable": [str(marks(project))]},
+                       ledger={"side_effects": ["Bash(echo effect*)"]})  # classed a side effect, as a user would
+    effect = marks(project) / "effect-k1"
+    once = [{"bash": f"echo effect >> {effect}"}, sleep_once(project, "k1"), *commit("k1")]
     scenario = project.root.parent / "scenario-k1.json"
     scenario.write_text(json.dumps({"turns": [{"actions": once, "result": "done"} for _ in range(3)]}))
     result = sling(project, load(project), state_db, SlingRequest(capability="builder", task_id="k1",
@@ -315,6 +398,9 @@ def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: 
                                               (name,)).fetchone(), 120, "the first turn on a node")
     wait_for((marks(project) / "k1").exists, 60, "the first turn to be in its sleep on its node")
     ray_cluster.kill_node(first["node"])
+    # Marked lost from Ray's word (within seconds), not after a stall timeout (turns.stall_timeout is minutes).
+    wait_for(lambda: state_db.execute("SELECT status FROM turns WHERE id = ?", (first["id"],)).fetchone()["status"]
+             == "transient", 10, "the turn on the dead node to be settled lost")
     wait_for(lambda: current(state_db, name).is_terminal, 120, "the agent to end")
     assert current(state_db, name).state == "completed", current(state_db, name)
     rows = state_db.execute("SELECT id, node, status, error FROM turns WHERE agent = ? ORDER BY started_at",
@@ -329,4 +415,10 @@ def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: 
     assert rows[-1]["node"] != first["node"]
     assert subprocess_git(project, "log", "--format=%s", f"ov/{name}").count("work on k1") == 1
     assert len(mail_rows(state_db, type="worker_done", sender=name)) == 1
+    # The side effect the ledger recorded on the dead node was held back from every retry: it happened once.
+    assert effect.read_text() == "effect\n"
+    calls = state_db.execute("SELECT turn_id, status FROM tool_calls WHERE agent = ? AND input LIKE '%echo effect%' "
+                             "ORDER BY id", (name,)).fetchall()
+    assert calls[0]["turn_id"] == first["id"] and calls[0]["status"] == "succeeded", [dict(c) for c in calls]
+    assert {c["status"] for c in calls[1:]} == {"skipped_duplicate"}, [dict(c) for c in calls]
     wait_for(lambda: not procs.tagged_processes(first["id"]), 30, "nothing left of the lost turn")
