@@ -24,7 +24,7 @@ from overstory.endpoint.client import ENDPOINT_ENV, TOKEN_ENV, Channel
 from overstory.endpoint.routes import ROUTES
 from overstory.endpoint.server import AgentEndpoint
 from overstory.errors import EndpointError, WorkspaceRefused
-from overstory.executors import travel_control
+from overstory.executors import travel_control, travel_git
 from overstory.executors.travel_node import NodeTurn, Relay
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
@@ -130,6 +130,12 @@ def test_a_turn_on_a_node_brings_back_its_commits_and_its_uncommitted_files_once
         away.close()
     refs = run_git(project.root, "for-each-ref", "--format=%(refname:lstrip=5)", "refs/ov/turns/builder-n/turn-1/")
     assert sorted(refs.split()) == ["applied", "base", "end", "head", "start"]
+    # They go with the agent's branch when it is cleaned up (and nobody else's do).
+    from overstory.agents.stop import remove_worktree_and_branch
+
+    removed = remove_worktree_and_branch(project, control.agent)
+    assert "5 remote turn ref(s) refs/ov/turns/builder-n/" in removed, removed
+    assert run_git(project.root, "for-each-ref", "refs/ov/turns/") == ""
 
 
 def test_a_stale_finish_and_a_contradicting_one_change_nothing(control: Control, state_db: t.Any) -> None:
@@ -181,7 +187,8 @@ def test_only_the_current_turns_secret_opens_the_channel(control: Control, state
         current = control.open_turn("turn-2")[TOKEN_ENV]  # turn-1's secret is revoked by the next turn
         before = run_git(project.root, "for-each-ref")
         finish = {"head": "0" * 40, "end": "0" * 40, "bundle": ""}
-        for token in (None, "", others, expired, current[:-1] + "0"):
+        wrong = current[:-1] + ("1" if current.endswith("0") else "0")
+        for token in (None, "", others, expired, wrong):
             for route, body in (("workspace.fetch", {}), ("workspace.finish", finish), ("mail.send", {})):
                 assert _post(control.address, route, token, body) == 401, (route, token)
         assert run_git(project.root, "for-each-ref") == before  # nothing was sent out or written
@@ -252,3 +259,16 @@ def test_the_relay_fails_closed_when_the_control_node_cannot_be_reached(control:
         assert conn.execute("SELECT count(*) FROM tool_calls").fetchone()[0] == 0  # nothing recorded
     finally:
         conn.close()
+
+
+def test_a_snapshot_of_the_same_files_on_the_same_tip_is_the_same_commit(control: Control,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    worktree = Path(str(control.agent.worktree))
+    tip = run_git(worktree, "rev-parse", "HEAD").strip()
+    assert travel_git.snapshot(worktree, tip) == tip  # nothing uncommitted: the tip itself
+    (worktree / "draft.txt").write_text("draft\n")
+    first = travel_git.snapshot(worktree, tip)
+    monkeypatch.setenv("GIT_COMMITTER_DATE", "2001-01-01T00:00:00")  # another clock, another committer
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "someone else")
+    assert travel_git.snapshot(worktree, tip) == first != tip  # a repeated finish names the same objects
+    assert run_git(worktree, "status", "--porcelain") == "?? draft.txt\n"  # the index was not touched

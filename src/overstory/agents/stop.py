@@ -220,10 +220,12 @@ def remove_worktree_and_branch(project: ProjectPaths, agent: Session) -> list[st
         if done.returncode != 0:
             raise OrchestratorError(f"could not delete branch {agent.branch}: {done.stderr.strip()}")
         removed.append(agent.branch)
-    marks = git(project.root, "for-each-ref", "--format=%(refname)", f"refs/ov/checkpoints/{agent.name}/",
-                check=False).stdout.split()
-    for ref in marks:  # an `ov loop`'s checkpoints go with its branch
-        git(project.root, "update-ref", "-d", ref, check=False)
-    if marks:
-        removed.append(f"{len(marks)} checkpoint ref(s) refs/ov/checkpoints/{agent.name}/")
+    # An `ov loop`'s checkpoints, and the per-turn refs of turns that ran on other machines, go with its branch.
+    for refs, what in ((f"refs/ov/checkpoints/{agent.name}/", "checkpoint"), (f"refs/ov/turns/{agent.name}/",
+                                                                              "remote turn")):
+        marks = git(project.root, "for-each-ref", "--format=%(refname)", refs, check=False).stdout.split()
+        for ref in marks:
+            git(project.root, "update-ref", "-d", ref, check=False)
+        if marks:
+            removed.append(f"{len(marks)} {what} ref(s) {refs}")
     return removed

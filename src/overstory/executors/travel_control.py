@@ -173,14 +173,6 @@ def settle_pending(project: ProjectPaths, agent: Session, *, but: str = "") -> l
     return done
 
 
-def forget_agent(project: ProjectPaths, name: str) -> None:
-    """Delete every per-turn ref of ``name`` (its branch is being deleted)."""
-    listed = g.out(project.root, "for-each-ref", "--format=%(refname)", f"{TURN_REFS}/{name}/")
-    if listed:
-        g.git(project.root, "update-ref", "--stdin",
-              input="".join(f"delete {ref}\n" for ref in listed.splitlines()).encode())
-
-
 # ---- the runtime's state -------------------------------------------------------------------------------------
 
 def pack_dir(directory: t.Any, *, skip: t.Sequence[str] = ()) -> bytes:

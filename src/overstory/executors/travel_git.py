@@ -20,7 +20,7 @@ ZERO = "0" * 40
 _REDIRECTING = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
                 "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CONFIG", "GIT_CONFIG_PARAMETERS",
                 "GIT_CONFIG_COUNT")
-SNAPSHOT_MESSAGE = "ov: the worktree's uncommitted files at a remote turn's edge"
+SNAPSHOT_MESSAGE = "ov: the worktree's uncommitted files at a remote turn's edge"  # never on a branch
 
 
 class GitFailed(Exception):
@@ -79,7 +79,12 @@ def snapshot(worktree: str | os.PathLike[str], tip: str) -> str:
         tree = out(worktree, "write-tree", env=env)
     if tree == out(worktree, "rev-parse", tip + "^{tree}"):
         return tip
-    return out(worktree, "commit-tree", tree, "-p", tip, "-m", SNAPSHOT_MESSAGE)
+    # The same files on the same tip make the same commit (a node that sends its finish again sends the same
+    # object names): a fixed author and the tip's own date, never the clock.
+    when = out(worktree, "log", "-1", "--format=%cd", "--date=raw", tip)
+    return out(worktree, "commit-tree", tree, "-p", tip, "-m", SNAPSHOT_MESSAGE, env={
+        "GIT_AUTHOR_NAME": "ov", "GIT_AUTHOR_EMAIL": "ov@localhost", "GIT_COMMITTER_NAME": "ov",
+        "GIT_COMMITTER_EMAIL": "ov@localhost", "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when})
 
 
 def apply_tree(worktree: str | os.PathLike[str], old: str, new: str) -> list[str]:
