@@ -15,6 +15,8 @@ import sys
 import typing as t
 from pathlib import Path
 
+import pytest
+
 from conftest import run_ov
 from overstory.paths import ProjectPaths
 from overstory.project.doctor_cluster import judge
@@ -90,15 +92,25 @@ def test_each_problem_of_a_node_is_a_line_of_its_own() -> None:
                                                                        "hint": "npm i -g claude"}}}),
         node("w3", skew_ms=-4200, clock_error_ms=100),
         node("w4", facts=None, error="ModuleNotFoundError: No module named 'overstory'"),
+        node("w5", facts={"version": "0.1.0", "runtimes": {}, "travel": "unshare not found"}),
         node("gone", alive=False, runs_turns=False)]})
     lines = [(f.name, f.status, f.detail) for f in findings]
     assert lines == [
-        ("cluster", "ok", "h:1: 5 node(s) alive, 4 with room for a turn (CPU=1)"),
+        ("cluster", "ok", "h:1: 6 node(s) alive, 5 with room for a turn (CPU=1)"),
         ("cluster", "warn", "1 dead node(s) Ray still lists: gone (gone-012)"),
         ("node w2 (w2-01234)", "fail", "ov 0.0.9, not 0.1.0 as here"),
         ("node w2 (w2-01234)", "fail", "runtime claude is missing: not on PATH"),
         ("node w3 (w3-01234)", "warn", "its clock is 4.2 s behind this machine's"),
-        ("node w4 (w4-01234)", "fail", "ov does not run there: ModuleNotFoundError: No module named 'overstory'")]
+        ("node w4 (w4-01234)", "fail", "ov does not run there: ModuleNotFoundError: No module named 'overstory'"),
+        ("node w5 (w5-01234)", "fail", "cannot take a turn's workspace: unshare not found")]
+
+
+def test_a_node_that_can_take_a_turns_workspace_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overstory.project.doctor_cluster import travel_problem
+
+    assert travel_problem() == ""  # this machine: git, unshare and a mount namespace
+    monkeypatch.setenv("PATH", "/nowhere")
+    assert travel_problem() == "git, unshare, mount not found"
 
 
 def test_a_cluster_without_room_for_a_turn_fails_and_a_sound_one_is_one_line() -> None:

@@ -41,13 +41,18 @@ CALL_SECONDS = 300.0
 OUT_HEAD, OUT_END = "refs/ov/out/head", "refs/ov/out/end"
 
 
-def namespace_command(phase: str, travel_file: str, argv: t.Sequence[str] = ()) -> list[str]:
-    """The command line of one phase in a fresh mount namespace (a user namespace too when not root)."""
+def in_mount_namespace(argv: t.Sequence[str]) -> list[str]:
+    """``argv`` in a fresh mount namespace of its own (in a user namespace too when not root)."""
     unshare = ["unshare", "--mount", "--propagation", "private"]
     if os.geteuid() != 0:
         unshare[1:1] = ["--user", "--map-root-user"]
-    return [*unshare, "--", sys.executable, "-m", "overstory.executors.travel_node", phase, travel_file,
-            *(["--", *argv] if argv else [])]
+    return [*unshare, "--", *argv]
+
+
+def namespace_command(phase: str, travel_file: str, argv: t.Sequence[str] = ()) -> list[str]:
+    """The command line of one phase (``main``) in a fresh mount namespace."""
+    return in_mount_namespace([sys.executable, "-m", "overstory.executors.travel_node", phase, travel_file,
+                               *(["--", *argv] if argv else [])])
 
 
 # ---- the channel to the control node ----------------------------------------------------------------------

@@ -56,7 +56,25 @@ def node_facts(config_data: dict[str, t.Any], runtimes: list[str]) -> dict[str, 
     for name in runtimes:
         probe = get_runtime(name).probe(config)
         found[name] = {"installed": probe.installed, "detail": probe.detail, "hint": probe.hint}
-    return {"version": overstory.__version__, "host": os.uname().nodename, "runtimes": found}
+    return {"version": overstory.__version__, "host": os.uname().nodename, "runtimes": found,
+            "travel": travel_problem() if runtimes else ""}
+
+
+def travel_problem() -> str:
+    """Why this node cannot take a turn's workspace (``executors.travel_node``), or "" when it can: git, and a
+    mount namespace of the turn's own (``unshare --mount``, made here once to be sure)."""
+    import shutil
+    import subprocess
+
+    from overstory.executors.travel_node import in_mount_namespace
+
+    lacking = [name for name in ("git", "unshare", "mount") if shutil.which(name) is None]
+    if lacking:
+        return f"{', '.join(lacking)} not found"
+    made = subprocess.run(in_mount_namespace(["true"]), capture_output=True, text=True, timeout=30)
+    if made.returncode != 0:
+        return f"cannot make a mount namespace: {' '.join(made.stderr.split())[:200]}"
+    return ""
 
 
 def check_cluster(config: Config) -> list[Finding]:
@@ -143,6 +161,10 @@ def _node_problems(node: dict[str, t.Any], version: str) -> list[Finding]:
     if facts.get("version") != version:
         checks.append(Finding(label, FAIL, f"ov {facts.get('version')}, not {version} as here",
                             f"install ov {version} on that node"))
+    if facts.get("travel"):
+        checks.append(Finding(label, FAIL, f"cannot take a turn's workspace: {facts['travel']}",
+                              "install git and util-linux (unshare, mount) there; ov runs each remote turn in a mount "
+                              "namespace of its own, as root or with unprivileged user namespaces"))
     for name, probe in sorted(dict(facts.get("runtimes") or {}).items()):
         if not probe.get("installed"):
             checks.append(Finding(label, FAIL, f"runtime {name} is missing: {probe.get('detail')}",
