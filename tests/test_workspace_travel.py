@@ -21,6 +21,7 @@ import pytest
 
 from conftest import ov_command, run_git
 from overstory.endpoint.client import ENDPOINT_ENV, TOKEN_ENV, Channel
+from overstory.endpoint.remote import serve_remote
 from overstory.endpoint.routes import ROUTES
 from overstory.endpoint.server import AgentEndpoint
 from overstory.errors import EndpointError, WorkspaceRefused
@@ -60,7 +61,7 @@ class Control:
     def __init__(self, project: ProjectPaths, agent: sessions.Session) -> None:
         self.project, self.agent = project, agent
         self.endpoint = AgentEndpoint(project, agent.name, agent.generation, ROUTES).start()
-        self.address = self.endpoint.serve_remote("127.0.0.1")
+        self.address = serve_remote(self.endpoint, "127.0.0.1")
 
     def open_turn(self, turn_id: str) -> dict[str, str]:
         return self.endpoint.open_turn(turn_env={"OVERSTORY_TURN_ID": turn_id})
@@ -140,7 +141,7 @@ def test_a_turn_on_a_node_brings_back_its_commits_and_its_uncommitted_files_once
 
 def test_a_stale_finish_and_a_contradicting_one_change_nothing(control: Control, state_db: t.Any) -> None:
     project, agent, worktree = control.project, control.agent, Path(str(control.agent.worktree))
-    late = travel_control.send(project, agent, "turn-lost")  # a turn whose node went quiet ...
+    late = travel_control.send(project, agent, "turn-lost", None)  # a turn whose node went quiet ...
     retry_env = control.open_turn("turn-retry")               # ... and its retry, from the same base
     away = control.away("turn-retry", retry_env)
     try:
@@ -201,7 +202,7 @@ def test_only_the_current_turns_secret_opens_the_channel(control: Control, state
 
 def test_a_kill_between_the_branch_and_the_files_is_completed_by_the_next_settle(control: Control) -> None:
     project, agent, worktree = control.project, control.agent, Path(str(control.agent.worktree))
-    sent = travel_control.send(project, agent, "turn-k")
+    sent = travel_control.send(project, agent, "turn-k", None)
     node = project.root.parent / "node-copy"  # a node's clone, made from the bundle the control node sent
     node.mkdir()
     bundle = node / "b.bundle"

@@ -84,7 +84,9 @@ class AgentLoop(AgentProcess):
 
         agent = self.current()
         if agent is not None and turn_exec.executor_kind(self.config, agent) != "local":
-            self.remote_endpoint = self.endpoint.serve_remote(self.config.executor.ray.control_host)
+            from overstory.endpoint.remote import serve_remote
+
+            self.remote_endpoint = serve_remote(self.endpoint, self.config.executor.ray.control_host)
 
     def _serve_hooks(self, endpoint: AgentEndpoint) -> Path | None:
         """Claude's tool-call hooks as HTTP calls to this loop (issue 20) where they can reach it; None: the

@@ -39,6 +39,13 @@ class _RemoteHandler(_Handler):
         return MAX_REMOTE_BYTES
 
 
+def serve_remote(endpoint: AgentEndpoint, host: str) -> str:
+    """Make ``endpoint`` listen on ``host`` over TCP too (closed with it); returns HOST:PORT."""
+    if endpoint.remote is None:
+        endpoint.remote = RemoteListener(endpoint, host).start()
+    return str(endpoint.remote.address)
+
+
 class RemoteListener:
     """One agent's endpoint on ``host``:(a free port)."""
 

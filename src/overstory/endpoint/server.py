@@ -197,15 +197,6 @@ class AgentEndpoint:
         self.hooks = HookListener(self).start()
         return int(self.hooks.port)
 
-    def serve_remote(self, host: str) -> str:
-        """Also listen on ``host`` over TCP for this agent's turns on other machines (``endpoint.remote``);
-        returns HOST:PORT."""
-        from overstory.endpoint.remote import RemoteListener
-
-        if self.remote is None:
-            self.remote = RemoteListener(self, host).start()
-        return str(self.remote.address)
-
     @property
     def hooks_alive(self) -> bool:
         return self.hooks is not None and bool(self.hooks.alive)

@@ -30,10 +30,16 @@ def _bytes(caller: Caller, args: dict[str, t.Any], key: str) -> bytes:
         raise WorkspaceRefused(_turn(caller), f"{key} is not base64") from None
 
 
+def _state_dir(caller: Caller) -> t.Any:
+    from overstory.runtimes import get_runtime
+
+    return get_runtime(caller.agent.runtime).state_dir(caller.project.run_dir / caller.name)
+
+
 def fetch(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.executors import travel_control
 
-    return travel_control.send(caller.project, caller.agent, _turn(caller))
+    return travel_control.send(caller.project, caller.agent, _turn(caller), _state_dir(caller))
 
 
 def finish(caller: Caller, args: dict[str, t.Any]) -> t.Any:
@@ -55,8 +61,7 @@ def state(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.executors import travel_control
 
     turn_id = _turn(caller)
-    return {"state": travel_control.receive_state(caller.project, caller.agent, turn_id,
-                                                  _bytes(caller, args, "state"))}
+    return {"state": travel_control.receive_state(turn_id, _bytes(caller, args, "state"), _state_dir(caller))}
 
 
 for _route in (fetch, finish, state):

@@ -32,6 +32,8 @@ from overstory.errors import WorkspaceRefused
 from overstory.executors import travel_git as g
 
 if t.TYPE_CHECKING:
+    from pathlib import Path
+
     from overstory.paths import ProjectPaths
     from overstory.store.sessions import Session
 
@@ -51,9 +53,10 @@ def _worktree(agent: Session, turn_id: str) -> tuple[str, str]:
     return agent.worktree, agent.branch
 
 
-def send(project: ProjectPaths, agent: Session, turn_id: str) -> dict[str, t.Any]:
+def send(project: ProjectPaths, agent: Session, turn_id: str, state: Path | None) -> dict[str, t.Any]:
     """What a node needs to run ``turn_id``: the repository as a bundle, the agent's run dir as a tar, and the
-    commits the turn starts from. The same base and start however often it is asked."""
+    commits the turn starts from. The same base and start however often it is asked. ``state``: the runtime's
+    state dir (in the run dir), put back together first if a crash left it half swapped."""
     worktree, branch = _worktree(agent, turn_id)
     repo, prefix = project.root, refs_of(agent.name, turn_id)
     with _lock:
@@ -71,9 +74,6 @@ def send(project: ProjectPaths, agent: Session, turn_id: str) -> dict[str, t.Any
         data = open(bundle, "rb").read()
     identity = {key: value for key in ("user.name", "user.email")
                 if (value := g.out(repo, "config", "--get", key, check=False))}
-    from overstory.runtimes import get_runtime
-
-    state = get_runtime(agent.runtime).state_dir(project.run_dir / agent.name)
     if state is not None:
         _recover_state(state)
     return {"base": base, "start": start, "branch": branch, "bundle": _b64(data), "identity": identity,
@@ -196,12 +196,8 @@ def unpack_dir(data: bytes, directory: t.Any) -> None:
         archive.extractall(directory, filter="data")
 
 
-def receive_state(project: ProjectPaths, agent: Session, turn_id: str, data: bytes) -> str:
+def receive_state(turn_id: str, data: bytes, state: Path | None) -> str:
     """The runtime's state dir as the node left it (its session, for the next ``--resume``), swapped in whole."""
-    from overstory.runtimes import get_runtime
-
-    run = project.run_dir / agent.name
-    state = get_runtime(agent.runtime).state_dir(run)
     if state is None:
         return "none"
     _recover_state(state)
@@ -215,7 +211,7 @@ def receive_state(project: ProjectPaths, agent: Session, turn_id: str, data: byt
     return "replaced"
 
 
-def _recover_state(state: t.Any) -> None:
+def _recover_state(state: Path) -> None:
     old = state.with_name(f".{state.name}.old")
     if not state.exists() and old.exists():
         os.replace(old, state)
