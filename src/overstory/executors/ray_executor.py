@@ -39,6 +39,7 @@ STATE_API_SECONDS = 1.0  # how often the state API is asked about a running turn
 HUB_THREADS = 256  # the hub's calls at once: a reader waiting for lines holds one, each turn's pushes another
 PENDING_STATES = frozenset({"NIL", "PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "PENDING_OBJ_STORE_MEM_AVAIL",
                             "PENDING_ARGS_FETCH", "SUBMITTED_TO_WORKER"})
+JOB_END_SWEEP = "Job finishes ("  # how the dashboard words a task it marks failed because its job's driver exited
 _connect_lock = threading.Lock()
 
 
@@ -152,7 +153,7 @@ class RayExecutor(TurnExecutor):
             return TurnStatus(turn_id, t.cast(TurnState, outcome["state"]), str(outcome.get("reason") or ""),
                               exit_code=outcome.get("exit_code"), ended_ms=outcome.get("ended_ms"), **where)
         task = self._task_state(turn_id, view.get("task_id"), fresh=where["pid"] is None)
-        if task is not None and task.state == "FAILED" and task.error_type in LOST_ERROR_TYPES:
+        if task is not None and reports_lost(task):
             return TurnStatus(turn_id, "lost", f"{task.error_type}: {_first_line(task.error_message or '')}",
                               node=where["node"] or task.node_id, pid=where["pid"], started_ms=where["started_ms"])
         if where["pid"] is not None or (task is not None and task.state not in PENDING_STATES):
@@ -224,6 +225,18 @@ class RayExecutor(TurnExecutor):
 
     def close(self) -> None:
         self._hub = None
+
+
+def reports_lost(task: t.Any) -> bool:
+    """Whether the state API's record of a task (its latest attempt) says that its worker or node died.
+
+    Not when the record is the dashboard's sweep at a job's end: when a driver exits, every unfinished task of
+    its job is recorded failed with WORKER_DIED ("Job finishes (...) as driver exits"), though the tasks run
+    on; the hub's tasks belong to the job of the driver that made the hub (an agent's loop, which exits when
+    its agent is done). A real death also reaches the hub's object ref, within a second."""
+    if task.state != "FAILED" or task.error_type not in LOST_ERROR_TYPES:
+        return False
+    return not str(task.error_message or "").startswith(JOB_END_SWEEP)
 
 
 def _describe(options: t.Mapping[str, t.Any]) -> str:
