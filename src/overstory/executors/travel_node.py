@@ -280,9 +280,6 @@ def main(argv: t.Sequence[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
 
 class NodeTurn:
     """The Ray task's side of a remote turn (outside the mount namespaces): its folder on this node, the phases
@@ -346,3 +343,7 @@ class NodeTurn:
         if self.relay is not None:
             self.relay.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
