@@ -92,6 +92,8 @@ ERRORS: dict[str, tuple[tuple[t.Any, ...], int, int, int, str]] = {
     "TurnNotFound": (("t-9", "local"), 1, 409, 400, "turn t-9 is not known to the local executor"),
     "TurnStillRunning": (("t-9", "ray", "running"), 1, 409, 400, "turn t-9 is still running on the ray executor "
                          "after a stop"),
+    "WorkspaceRefused": (("t-9", "no workspace was sent out for this turn"), 1, 409, 409,
+                         "turn t-9: no workspace was sent out for this turn"),
 }
 
 
