@@ -16,7 +16,7 @@ from overstory import procs
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from requires import missing
-from test_watchdog import REPORT_DONE, repeat_turns, row, start_agent, wait_for, write_local_config
+from test_watchdog import REPORT_DONE, load, repeat_turns, row, start_agent, wait_for, write_local_config
 
 
 def test_a_local_turn_runs_under_the_executor_and_its_node_is_shown(project: ProjectPaths, state_db: t.Any) -> None:
@@ -100,3 +100,18 @@ def test_the_dashboards_sweep_at_a_jobs_end_is_not_a_lost_turn() -> None:
     assert reports_lost(task("FAILED", "NODE_DIED", "The node died"))
     assert not reports_lost(task("FAILED", "TASK_EXECUTION_EXCEPTION", "boom"))
     assert not reports_lost(task("RUNNING", None, ""))
+
+
+def test_an_agent_without_a_worktree_keeps_its_turns_here_when_the_config_says_ray(project: ProjectPaths,
+                                                                                    state_db: t.Any) -> None:
+    """The coordinator works at the project's root (no worktree of its own), which does not travel to a node."""
+    from overstory.agents.turn_exec import executor_kind
+
+    write_local_config(project, executor={"kind": "ray", "ray": {"address": "127.0.0.1:6379"}})
+    sessions.create_session(state_db, name="coordinator", capability="coordinator", task_id="run", runtime="scripted",
+                            actor="test")
+    sessions.create_session(state_db, name="builder-w", capability="builder", task_id="w", runtime="scripted",
+                            actor="test", branch="ov/builder-w", worktree=str(project.root / "wt"))
+    config = load(project)
+    assert executor_kind(config, sessions.get(state_db, "coordinator")) == "local"  # type: ignore[arg-type]
+    assert executor_kind(config, sessions.get(state_db, "builder-w")) == "ray"  # type: ignore[arg-type]

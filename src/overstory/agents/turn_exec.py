@@ -45,6 +45,10 @@ _lock = threading.Lock()
 
 
 def executor_kind(config: Config, agent: Session) -> str:
+    """``local`` for an agent without a worktree of its own (the coordinator, at the project's root: its turns
+    work on the control node's checkout, which does not travel); else its own ``--executor`` or the config's."""
+    if not agent.worktree:
+        return "local"
     return str(agent.spec.get("executor") or config.executor.kind)
 
 
