@@ -8,14 +8,13 @@ at a time because each holds the agent's OS lock (released by the kernel if it d
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
 import time
 import typing as t
 from pathlib import Path
 
-from overstory import procs
+from overstory import jsontext, procs
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from overstory.store.db import open_state
@@ -35,13 +34,13 @@ def save_launch_env(project: ProjectPaths, agent: str, environ: t.Mapping[str, s
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(dict(environ), handle)
+        handle.write(jsontext.dumps(dict(environ)))
     return path
 
 
 def load_launch_env(project: ProjectPaths, agent: str) -> dict[str, str]:
     try:
-        return dict(json.loads(env_file(project, agent).read_text(encoding="utf-8")))
+        return dict(jsontext.loads(env_file(project, agent).read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return dict(os.environ)
 
