@@ -36,7 +36,7 @@ def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths
     scenario = tmp_path / "idle.json"
     # As bench figure 6's idle scouts: one tool call (through the guard and the endpoint), then waiting for mail.
     scenario.write_text(json.dumps({"turns": [{"actions": [
-        {"bash": "ov mail send --to operator --subject 'waiting for review' --body 'idle until you write'"}],
+        {"bash": "ov mail send --to operator --subject 'waiting for review' --body \"arenas: ${MALLOC_ARENA_MAX:-unset}\""}],
         "result": "waiting for mail"}]}))
     config = load(project.config_file, project.local_config_file, environ={})
     conn = open_state(project.state_db)
@@ -50,8 +50,13 @@ def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths
             return agent if agent is not None and agent.state == "between_turns" and agent.turns == 1 else None
 
         wait_for(idle, 60, message="the scout's first turn to end")
-        sent = conn.execute("SELECT count(*) FROM mail WHERE recipient = 'operator' AND subject = 'waiting for review'")
-        assert sent.fetchone()[0] == 1  # the turn's tool call went through the guard and the endpoint
+        sent = conn.execute("SELECT body FROM mail WHERE recipient = 'operator' AND subject = 'waiting for review'")
+        # the turn's tool call went through the guard and the endpoint; the turn's command has the launch environment
+        assert [row[0] for row in sent.fetchall()] == ["arenas: unset"]
+        loop = sessions.get(conn, result.name)
+        assert loop is not None and loop.loop_pid
+        loop_env = Path(f"/proc/{loop.loop_pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=1" in loop_env  # one malloc arena for the loop's threads (agents.process)
     finally:
         conn.close()
     log = (project.run_dir / result.name / "loop.log").read_text()
