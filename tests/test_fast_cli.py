@@ -453,6 +453,28 @@ def test_the_guard_imports_nothing_heavy(world: World) -> None:
     assert _probe(world, ["guard"], env=AGENT_ENV, stdin=stdin.encode()) == {"code": 0, "loaded": []}
 
 
+# What `ov guard` leaves out since issue 34's last round (about 1.5 ms of its CPU): the json package (jsontext does the
+# same work), shlex (only a command that looks like apply_patch needs it) and fnmatch (a rule's glob becomes a regex
+# only when a call starts like it).
+GUARD_UNWANTED = ["json", "shlex", "fnmatch"]
+
+
+def test_the_guard_writes_its_ledger_row_without_json_shlex_or_fnmatch(world: World) -> None:
+    world.restore()
+    command = "python -m pytest -q tests/test_parser.py && git status --short && ls -la src"
+    stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": command}, "tool_use_id": "toolu_light",
+                        "cwd": str(world.worktree)})
+    env = {**AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root), "OVERSTORY_TURN_ID": "t-light",
+           "OVERSTORY_DISPATCH": "1"}
+    assert _run_probe(world, ["guard"], GUARD_UNWANTED, env=env, stdin=stdin.encode()) == {"code": 0, "loaded": []}
+    conn = sqlite3.connect(world.project.state_db)
+    try:
+        rows = conn.execute("SELECT class FROM tool_calls WHERE tool_use_id = 'toolu_light'").fetchall()
+    finally:
+        conn.close()
+    assert len(rows) == 1  # judged, classified and recorded
+
+
 def test_outside_a_sandbox_the_endpoint_client_is_not_loaded(world: World) -> None:
     stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": "git push"}, "cwd": str(world.worktree)})
     world.restore()

@@ -3,7 +3,8 @@
 ``inspect`` (with ``ast``, ``dis`` and ``tokenize``, about 1 MiB) comes with ``dataclasses`` only for a
 dataclass without a docstring, and the loop defers it (``overstory.deferred``); ``secrets`` and
 ``hashlib`` (OpenSSL's libcrypto) are imported where a token or a hash is made; programs are looked up
-with ``procs.which``, not shutil's (which brings bz2 and lzma). The loop's own
+with ``procs.which``, not shutil's (which brings bz2 and lzma); standard modules the loop has a lighter way
+to do without are left out too (``NOT_IN_AN_IDLE_LOOP``). The loop's own
 ``-X importtime`` report (PYTHONPROFILEIMPORTTIME, in its log) says what it imported.
 """
 
@@ -20,7 +21,11 @@ from overstory.config.load import load
 from overstory.paths import ProjectPaths
 
 NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib", "shutil", "bz2", "lzma",
-                       "pydantic", "yaml")
+                       "pydantic", "yaml",
+                       # issue 34's last round: pathlib's urllib.parse (with ipaddress) is deferred until Path.as_uri;
+                       # SQLite through its C module (the package brings datetime); jsontext, not the json package;
+                       # _queue's SimpleQueue without queue.py; base64 only for a turn on another machine
+                       "urllib.parse", "ipaddress", "sqlite3", "datetime", "json", "queue", "heapq", "base64")
 
 
 def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths, tmp_path: Path) -> None:
@@ -29,7 +34,10 @@ def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths
     from overstory.store.db import open_state
 
     scenario = tmp_path / "idle.json"
-    scenario.write_text(json.dumps({"turns": [{"actions": [], "result": "waiting for mail"}]}))
+    # As bench figure 6's idle scouts: one tool call (through the guard and the endpoint), then waiting for mail.
+    scenario.write_text(json.dumps({"turns": [{"actions": [
+        {"bash": "ov mail send --to operator --subject 'waiting for review' --body \"arenas: ${MALLOC_ARENA_MAX:-unset}\""}],
+        "result": "waiting for mail"}]}))
     config = load(project.config_file, project.local_config_file, environ={})
     conn = open_state(project.state_db)
     try:
@@ -42,6 +50,13 @@ def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths
             return agent if agent is not None and agent.state == "between_turns" and agent.turns == 1 else None
 
         wait_for(idle, 60, message="the scout's first turn to end")
+        sent = conn.execute("SELECT body FROM mail WHERE recipient = 'operator' AND subject = 'waiting for review'")
+        # the turn's tool call went through the guard and the endpoint; the turn's command has the launch environment
+        assert [row[0] for row in sent.fetchall()] == ["arenas: unset"]
+        loop = sessions.get(conn, result.name)
+        assert loop is not None and loop.loop_pid
+        loop_env = Path(f"/proc/{loop.loop_pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=1" in loop_env  # one malloc arena for the loop's threads (agents.process)
     finally:
         conn.close()
     log = (project.run_dir / result.name / "loop.log").read_text()
@@ -69,3 +84,20 @@ def test_which_finds_what_shutil_finds(tmp_path: Path, monkeypatch: pytest.Monke
                  str(tmp_path / "first" / "prog"), str(tmp_path / "first"), "/bin/sh"):
         assert which(name) == shutil.which(name), name
     assert which("tool") == str(tmp_path / "second" / "tool")
+
+
+def test_pathlib_works_with_url_parsing_deferred() -> None:
+    """The loop defers urllib.parse before pathlib binds ``quote_from_bytes``: nothing is imported until a call
+    needs it, and then every way of reaching the module gets the real one."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom overstory.deferred import defer\ndefer('urllib.parse', 'quote_from_bytes')\n"
+            "import pathlib\nassert 'ipaddress' not in sys.modules\n"
+            "assert type(sys.modules['urllib.parse']).__name__ == '_Deferred'\n"
+            "print(pathlib.Path('/tmp/a b').as_uri())\nassert 'ipaddress' in sys.modules\n"
+            "import urllib.parse\nprint(urllib.parse.urlsplit('http://h/p?q').query)\n"
+            "from urllib.parse import quote\nprint(quote('x y'), urllib.parse.quote_from_bytes(b'z w'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["file:///tmp/a%20b", "q", "x%20y z%20w"]

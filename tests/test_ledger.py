@@ -52,6 +52,19 @@ def test_pattern_table(pattern: str, tool: str, tool_input: dict[str, t.Any], ex
     assert parse_pattern(pattern).matches(tool, tool_input) is expected
 
 
+@pytest.mark.parametrize("glob", ["gh search **", "find *-delete*", "a?b*", "[ab]x*", "x[!a]*y", "*deploy", "?"])
+@pytest.mark.parametrize("text", ["gh search code x", "gh search ", "gh searc", "find . -delete", "find", "axb",
+                                  "abbbb", "bx", "bx2", "xby", "xay", "x\ny", "run deploy", "deploy", "d", ""])
+def test_a_glob_matches_as_fnmatch_translates_it(glob: str, text: str) -> None:
+    """The regex of a glob with wildcards inside it is made only for a text that starts with the glob's literal
+    head (`ov guard` would otherwise compile every default rule's on every call): the answers stay fnmatch's."""
+    import fnmatch
+    import re
+
+    pattern = parse_pattern(f"Bash({glob})")
+    assert pattern.subject_matches(text) is (re.fullmatch(fnmatch.translate(glob), text, re.DOTALL) is not None)
+
+
 @pytest.mark.parametrize("text", ["", "   ", "(git push)", "Bash(git push", "Bash()", "Bash) x(", "Bash(x)y"])
 def test_broken_patterns_say_what_is_wrong(text: str) -> None:
     with pytest.raises(ValueError, match="pattern"):

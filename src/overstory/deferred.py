@@ -5,30 +5,65 @@ docstring of a dataclass without one; ``asdict``/``replace``): ``inspect`` bring
 and ``tokenize`` with it. The hot commands (``cli.fast``) and the agent loop (a resident process
 per agent: its memory counts 50 times) put stand-ins in ``sys.modules`` instead, which import the
 real module on first attribute access.
+
+A module that is imported only for a function another module binds by name when it is imported
+(``pathlib`` does ``from urllib.parse import quote_from_bytes``, for ``Path.as_uri``) is deferred
+with that function named: the stand-in offers it, and its first call imports the real module.
 """
 
 from __future__ import annotations
 
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import typing as t
+
 
 class _Deferred(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
     """A stand-in in ``sys.modules`` that imports the real module on first attribute access."""
 
-    def __getattr__(self, attribute: str) -> object:
+    def _load(self) -> t.Any:
         name = str(self.__name__)
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        import importlib
+        real = sys.modules.get(name)
+        if real is None or real is self:
+            sys.modules.pop(name, None)
+            import importlib
 
-        real = importlib.import_module(name)
-        self.__dict__.update(real.__dict__)  # modules that imported the stand-in now see the real thing
-        return getattr(real, attribute)
+            real = importlib.import_module(name)
+            self.__dict__.update(real.__dict__)  # modules that imported the stand-in now see the real thing
+        return real
+
+    def __getattr__(self, attribute: str) -> object:
+        if attribute == "__path__":  # asked by `from NAME import x`: a module (never a package here) has none
+            raise AttributeError(attribute)
+        return getattr(self._load(), attribute)
 
 
 DEFERRED = ("inspect", "copy")
 
 
-def defer(name: str) -> None:
-    if name not in sys.modules:
-        sys.modules[name] = _Deferred(name)
+def _on_first_call(stand_in: _Deferred, function: str) -> t.Callable[..., t.Any]:
+    def call(*args: t.Any, **kwargs: t.Any) -> t.Any:
+        return getattr(stand_in._load(), function)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = function
+    return call
+
+
+def defer(name: str, *functions: str) -> None:
+    """Put a stand-in for module ``name`` (a module, not a package) in ``sys.modules`` unless it is imported already.
+
+    ``functions``: names the stand-in offers without importing anything; calling one imports the module.
+    A submodule's stand-in is also set on its package, as an import of the submodule would set it.
+    """
+    if name in sys.modules:
+        return
+    stand_in = _Deferred(name)
+    for function in functions:
+        setattr(stand_in, function, _on_first_call(stand_in, function))
+    sys.modules[name] = stand_in
+    package, _, child = name.rpartition(".")
+    if package:
+        __import__(package)
+        setattr(sys.modules[package], child, stand_in)

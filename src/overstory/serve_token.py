@@ -12,13 +12,12 @@ before the link leaves only its temporary file, which the next creation removes
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from overstory import procs
+from overstory import jsontext, procs
 from overstory.errors import TokenError
 from overstory.paths import ProjectPaths
 
@@ -116,7 +115,7 @@ def record_address(project: ProjectPaths, base: str) -> None:
     target = address_file(project)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".serve.{pid}.json")
-    temporary.write_text(json.dumps({"base": base, "pid": pid, "ticks": procs.start_ticks(pid)}), encoding="utf-8")
+    temporary.write_text(jsontext.dumps({"base": base, "pid": pid, "ticks": procs.start_ticks(pid)}), encoding="utf-8")
     os.replace(temporary, target)
 
 
@@ -124,7 +123,7 @@ def forget_address(project: ProjectPaths) -> None:
     """Removed at exit, only while it still names this process (a newer server may have replaced it)."""
     target = address_file(project)
     try:
-        if json.loads(target.read_text(encoding="utf-8")).get("pid") == os.getpid():
+        if jsontext.loads(target.read_text(encoding="utf-8")).get("pid") == os.getpid():
             target.unlink()
     except (OSError, ValueError):
         pass
@@ -133,7 +132,7 @@ def forget_address(project: ProjectPaths) -> None:
 def running_address(project: ProjectPaths) -> str | None:
     """The base URL of the project's `ov serve` while that very process still runs, else None."""
     try:
-        record = json.loads(address_file(project).read_text(encoding="utf-8"))
+        record = jsontext.loads(address_file(project).read_text(encoding="utf-8"))
         base, pid, ticks = str(record["base"]), int(record["pid"]), record.get("ticks")
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -15,13 +15,13 @@ the decider, up to the operator, with a fresh deadline.
 from __future__ import annotations
 
 import os
-import sqlite3
 import typing as t
 
 from overstory.clock import iso, now_ms
 from overstory.store import approvals as store
 from overstory.store import sessions
 from overstory.store.approvals import ApprovalError, describe_call
+from overstory.store.sqlite_module import sqlite3
 
 OPERATOR = "operator"
 LOOP_FAULT_ENV = "OV_TEST_DIE_AT"  # agents.loop.FAULT_ENV: a point at which the agent's loop kills itself (tests)

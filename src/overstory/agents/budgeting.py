@@ -8,7 +8,6 @@ or every active agent of a run), and what `ov resume` / `ov run resume` do.
 
 from __future__ import annotations
 
-import sqlite3
 import typing as t
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from overstory.paths import ProjectPaths
 from overstory.store import budgets, lifecycle, runs, sessions
 from overstory.store.budgets import Crossing
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config

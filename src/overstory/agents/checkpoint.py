@@ -8,12 +8,12 @@ The turn runner writes one when a turn starts and rewrites it when the turn ends
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import typing as t
 
 from overstory.store import checkpoints, sessions
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 STATUS_SAMPLE = 10
 

@@ -17,9 +17,10 @@ written denies the call.
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections.abc import Mapping
+
+from overstory import jsontext
+from overstory.store.sqlite_module import sqlite3
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`)
 if TYPE_CHECKING:
@@ -34,14 +35,14 @@ APPROVAL_SCOPE = "approval"
 
 def spec_env(rules: t.Sequence[Mapping[str, t.Any]], *, decider: str, timeout: float, on_timeout: str) -> str:
     """The JSON the turn runner exports (empty rules: nothing to export)."""
-    return json.dumps({"rules": [dict(r) for r in rules], "decider": decider, "timeout": timeout,
+    return jsontext.dumps({"rules": [dict(r) for r in rules], "decider": decider, "timeout": timeout,
                        "on_timeout": on_timeout}, separators=(",", ":"))
 
 
 def settings(spec_text: str | None, parent: str) -> tuple[str, float, str]:
     """(decider, timeout seconds, on_timeout) from the turn's spec; the defaults without one."""
     try:
-        spec = json.loads(spec_text) if spec_text else {}
+        spec = jsontext.loads(spec_text) if spec_text else {}
     except ValueError:
         spec = {}
     return (str(spec.get("decider") or parent or "operator"), float(spec.get("timeout") or 1800),
@@ -73,7 +74,7 @@ def needs_approval(hook_input: Mapping[str, t.Any], spec_text: str | None) -> bo
     if not spec_text:
         return False
     try:
-        return matching_rule(hook_input, json.loads(spec_text)) is not None
+        return matching_rule(hook_input, jsontext.loads(spec_text)) is not None
     except Exception:  # noqa: BLE001
         return True
 
@@ -102,7 +103,7 @@ def gate_in_tx(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: L
     """The gate of one call the guard and the ledger let run, inside the ledger's write transaction (so the
     ledger row, the pending request and the decider's mail commit together); None when no rule matches.
     Raises when the gate cannot be written: the caller refuses the call (fail closed)."""
-    spec = json.loads(spec_text)
+    spec = jsontext.loads(spec_text)
     rule = matching_rule(hook_input, spec)
     if rule is None:
         return None

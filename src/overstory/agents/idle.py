@@ -15,13 +15,13 @@ compare-and-swap that stalls the agent, so exactly one is ever sent per stall.
 
 from __future__ import annotations
 
-import sqlite3
 import typing as t
 
 from overstory.store import sessions
 from overstory.store.db import write_transaction
 from overstory.store.lifecycle import PERSISTENT_CAPABILITIES
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 NUDGE_SENDER = "ov"
 NO_REPORT = "no report"

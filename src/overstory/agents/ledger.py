@@ -31,12 +31,12 @@ Standard library and ov's stdlib-only guards and store only: `ov guard` imports 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from collections.abc import Mapping
 
+from overstory import jsontext
 from overstory.store import ledger as store
 from overstory.store.dispatch import DISPATCH_ENV, SCOPE_ENV, dispatch_ids, scope_of
 
@@ -82,7 +82,7 @@ class LedgerPolicy:
     __hash__ = None  # type: ignore[assignment]
 
     def to_json(self) -> str:
-        return json.dumps({"read_only": list(self.read_only), "side_effects": list(self.side_effects),
+        return jsontext.dumps({"read_only": list(self.read_only), "side_effects": list(self.side_effects),
                            "replay": dict(self.replay)}, separators=(",", ":"))
 
     @classmethod
@@ -91,7 +91,7 @@ class LedgerPolicy:
         if not text:
             return cls()
         try:
-            data = json.loads(text)
+            data = jsontext.loads(text)
             replay = {**DEFAULT_REPLAY, **{k: v for k, v in (data.get("replay") or {}).items()
                                            if k in DEFAULT_REPLAY and v in REPLAY_POLICIES}}
             return cls(tuple(str(p) for p in data.get("read_only") or ()),
@@ -389,8 +389,8 @@ def _summary(value: t.Any) -> str:
             elif isinstance(item, (list, dict)):
                 item = f"<{type(item).__name__} of {len(item)}>"
             small[key] = item
-        return json.dumps(small, ensure_ascii=False, default=str)
-    return json.dumps(value, ensure_ascii=False, default=str)[: store.RECEIPT_LIMIT]
+        return jsontext.dumps(small, ensure_ascii=False, default=str)
+    return jsontext.dumps(value, ensure_ascii=False, default=str)[: store.RECEIPT_LIMIT]
 
 
 # --------------------------------------------------------------------------- for `ov guard`
@@ -448,7 +448,7 @@ def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
     if ctx is None or not root or not text:
         return fallback
     try:
-        data = dict(text) if isinstance(text, Mapping) else json.loads(text)
+        data = dict(text) if isinstance(text, Mapping) else jsontext.loads(text)
     except ValueError:
         return fallback
     if not isinstance(data, dict):
@@ -547,11 +547,11 @@ class StreamLedger:
         from overstory.guards.classify import normalize_input
         from overstory.guards.runtimes import patch_paths
 
-        changed = sorted(os.path.normpath(p) for p in json.loads(normalize_input("Bash", {"p": paths}, self.ctx.worktree))["p"])
+        changed = sorted(os.path.normpath(p) for p in jsontext.loads(normalize_input("Bash", {"p": paths}, self.ctx.worktree))["p"])
         for row in store.calls(self.conn, agent=self.ctx.agent, turn_ids=[self.ctx.turn_id] if self.ctx.turn_id else None):
             if row["status"] != "started" or row["attempt"] != self.ctx.attempt or row["tool"] != "Bash":
                 continue
-            patched = patch_paths(str(json.loads(row["input"]).get("command") or ""))
+            patched = patch_paths(str(jsontext.loads(row["input"]).get("command") or ""))
             if patched and sorted(os.path.normpath(p) for p in patched) == changed:
                 return str(row["idem_key"])
         return None

@@ -9,8 +9,13 @@ agent at once (a crashed holder's lock is released by the kernel).
 
 from __future__ import annotations
 
+from overstory.deferred import defer
+
+# Before anything imports pathlib, which imports urllib.parse (and with it ipaddress: 0.3 MiB of every idle loop)
+# for Path.as_uri alone. Where this module is imported rather than run (`ov loop`, tests) pathlib is loaded already.
+defer("urllib.parse", "quote_from_bytes")
+
 import os
-import sqlite3
 import sys
 import time
 import typing as t
@@ -38,6 +43,7 @@ from overstory.store.lifecycle import (
     terminal_mail_sent,
 )
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3  # the C module: the package brings datetime (0.2 MiB)
 
 if t.TYPE_CHECKING:
     from overstory.agents.spending import ToolCallGate

@@ -18,13 +18,13 @@ the database is the record, these files are a copy for people.
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 import typing as t
 from pathlib import Path
 
+from overstory import jsontext
 from overstory.errors import OrchestratorError
+from overstory.store.sqlite_module import sqlite3
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config
@@ -67,7 +67,7 @@ def turn_metadata(agent: Session, turn_id: str, *, started_ms: int, ended_ms: in
 def write_turn_metadata(log_dir: Path, metadata: t.Mapping[str, t.Any]) -> bool:
     """The turn's ``metadata.json``; False (nothing raised) when it could not be written."""
     try:
-        write_atomically(log_dir / METADATA, json.dumps(dict(metadata), indent=2, ensure_ascii=False, default=str)
+        write_atomically(log_dir / METADATA, jsontext.dumps(dict(metadata), indent=2, ensure_ascii=False, default=str)
                          + "\n")
     except OSError:
         return False

@@ -13,13 +13,12 @@ retried turn resumes the new session, which is no loss.
 
 from __future__ import annotations
 
-import sqlite3
-
 from overstory.store import checkpoints, mail, outbox, sessions
 from overstory.store import events as event_store
 from overstory.store import turns as turn_rows
 from overstory.store.db import write_transaction
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 SENDER = "ov"
 

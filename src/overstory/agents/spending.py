@@ -25,7 +25,6 @@ until the turn runner has read that many from the stream.
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
 import typing as t
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from overstory.runtimes.prices import PriceTable, Tokens
 from overstory.store import budgets, sessions
 from overstory.store.budgets import Crossing
+from overstory.store.sqlite_module import sqlite3
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config

@@ -17,12 +17,12 @@ commits back, which move the agent's branch here by compare-and-swap.
 from __future__ import annotations
 
 import select
-import sqlite3
 import threading
 import time
 import typing as t
 
 from overstory.errors import OrchestratorError
+from overstory.store.sqlite_module import sqlite3
 
 if t.TYPE_CHECKING:
     from overstory.agents.spending import ToolCallGate

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import select
 import selectors
-import sqlite3
 import time
 import typing as t
 
@@ -22,6 +21,7 @@ from overstory.runtimes.base import AUTH, RATE_LIMIT, UNKNOWN, ParsedEvent, Turn
 from overstory.store import events as event_store
 from overstory.store import sessions
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 ACTIVITY_WRITE_INTERVAL = 1.0
 PERIODIC_SECONDS = 1.0

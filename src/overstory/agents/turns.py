@@ -10,15 +10,13 @@ classes) comes from the agent's runtime adapter (``runtimes.base.Runtime``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import sqlite3
 import time
 import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overstory import procs, sandbox
+from overstory import jsontext, procs, sandbox
 from overstory.agents import checkpoint, ledger, run_files, turn_exec
 from overstory.agents.spending import ToolCallGate, TurnMeter
 from overstory.agents.turn_stream import PARKING_STATUS, _pump
@@ -41,6 +39,7 @@ from overstory.store import turns as turn_rows
 from overstory.store.budgets import Crossing
 from overstory.store.dispatch import claimed_ids, turn_scope
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config
@@ -328,7 +327,7 @@ def _record(turn: _Turn) -> None:
                     log_dir=str(turn.log_dir))
     turn_rows.label(state, turn_id, capability=agent.capability, run_id=agent.run_id, model=plan.model)
     turn.meter = TurnMeter(state, agent, turn.config, model=plan.model)
-    (turn.log_dir / "command.json").write_text(json.dumps(turn.argv), encoding="utf-8")
+    (turn.log_dir / "command.json").write_text(jsontext.dumps(turn.argv), encoding="utf-8")
     stale = checkpoint.clear_stale_git_locks(agent.worktree, agent.branch)
     if stale:
         event_store.record(turn.events, "git_lock_removed", agent=agent.name, generation=agent.generation,

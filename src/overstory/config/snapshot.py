@@ -14,8 +14,9 @@ here.
 
 from __future__ import annotations
 
-import json
 import os
+
+from overstory import jsontext
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def snapshot_path(run_dir: str | os.PathLike[str]) -> str:
 def read(path: str | os.PathLike[str]) -> Config:
     """The configuration a snapshot holds, shaped like ``config.Config`` (OSError/ValueError if unusable)."""
     with open(path, encoding="utf-8") as handle:
-        document = json.load(handle)
+        document = jsontext.loads(handle.read())
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path}: not a configuration snapshot this ov understands")
     config: Config = wrap(document["config"], document["shape"], Snapshot)
@@ -121,7 +122,7 @@ def write_json(document: dict[str, t.Any], path: str | os.PathLike[str]) -> None
     temporary = f"{target}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
         with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=1)  # in the models' order, as validating gives it
+            handle.write(jsontext.dumps(document, indent=1))  # in the models' order, as validating gives it
         os.replace(temporary, target)
     except BaseException:
         try:

@@ -28,13 +28,13 @@ kept alive, as the CLI asks.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import socketserver
 import threading
 import typing as t
 
+from overstory import jsontext
 from overstory.endpoint import http1
 from overstory.endpoint.client import TOKEN_ENV
 
@@ -73,7 +73,7 @@ def write_settings(run_dir: t.Any, command_settings_file: str, port: int) -> t.A
     """The HTTP hooks' settings file: the command hooks' settings with the tool-call hooks replaced (and
     any PostToolUse hook an older ov wrote there dropped: the receipts come from the stream)."""
     try:
-        settings = json.loads((run_dir / command_settings_file).read_text(encoding="utf-8"))
+        settings = jsontext.loads((run_dir / command_settings_file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         settings = {}
     hooks = dict(settings.get("hooks") or {}) if isinstance(settings, dict) else {}
@@ -83,7 +83,7 @@ def write_settings(run_dir: t.Any, command_settings_file: str, port: int) -> t.A
     settings = {**(settings if isinstance(settings, dict) else {}), "hooks": hooks}
     path = run_dir / SETTINGS_FILE
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    partial.write_text(jsontext.dumps(settings, indent=2), encoding="utf-8")
     os.replace(partial, path)
     return path
 
@@ -131,7 +131,7 @@ class _Handler(http1.Handler):
 
     def answer(self, request: http1.Request, body: bytes) -> tuple[int, bytes]:
         status, document = self._route(request, body)
-        return status, json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return status, jsontext.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     def _route(self, request: http1.Request, body: bytes) -> tuple[int, t.Any]:
         endpoint = self.server.endpoint
@@ -143,7 +143,7 @@ class _Handler(http1.Handler):
         if not endpoint.authorized(request.headers.get("authorization", "")):
             return 401, {"error": "not authorized: only the current turn's secret is accepted"}
         try:
-            args = json.loads(body.decode("utf-8") or "{}")
+            args = jsontext.loads(body.decode("utf-8") or "{}")
         except (ValueError, UnicodeDecodeError):
             return 400, {"error": "the hook input is not JSON"}
         if not isinstance(args, dict):

@@ -9,9 +9,10 @@ with a ``Content-Length`` body, optional keep-alive, and an answer written in on
 
 from __future__ import annotations
 
-import json
 import socketserver
 import typing as t
+
+from overstory import jsontext
 
 MAX_HEADER_LINE = 8192
 MAX_HEADERS = 64
@@ -106,7 +107,7 @@ class Handler(socketserver.StreamRequestHandler):
                     return
                 body = self.rfile.read(length) if length else b""
             except BadRequest as exc:
-                self._send_last(response(400, json.dumps({"error": str(exc)}).encode(), keep_alive=False))
+                self._send_last(response(400, jsontext.dumps({"error": str(exc)}).encode(), keep_alive=False))
                 return
             except OSError:
                 return

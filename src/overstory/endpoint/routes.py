@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import typing as t
 
+from overstory import jsontext
 from overstory.capabilities import MERGERS
 from overstory.endpoint.server import Caller, Route
 from overstory.endpoint.workspace_routes import ROUTES as WORKSPACE_ROUTES
@@ -262,12 +263,10 @@ def ledger_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 def ledger_post(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     """`ov guard --post` in a sandbox: the call's receipt (``agents.ledger.record_post``)."""
-    import json
-
     from overstory.agents.ledger import record_post
 
     hook_input = args.get("hook_input")
-    data = json.loads(hook_input) if isinstance(hook_input, str) else hook_input
+    data = jsontext.loads(hook_input) if isinstance(hook_input, str) else hook_input
     if not isinstance(data, dict):
         raise UsageError("ledger.post: hook_input must be the hook's JSON object")
     return {"row": record_post(caller.conn, data, _ledger_context(caller))}
@@ -314,10 +313,8 @@ def _bills_seen(text: str) -> int:
     and Kilo plugin counts them, because those CLIs can print a step's bill after the next step's call."""
     if '"ov_bills_seen"' not in text:
         return 0
-    import json
-
     try:
-        seen = json.loads(text).get("ov_bills_seen")
+        seen = jsontext.loads(text).get("ov_bills_seen")
     except (ValueError, AttributeError):
         return 0
     return seen if isinstance(seen, int) and not isinstance(seen, bool) and 0 <= seen < 1_000_000 else 0
@@ -332,16 +329,14 @@ def hook_pre(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     that ov could stop only by killing the turn in a race with that request (tests/fixtures/
     CLAUDE_PROBE_NOTES.md, "A hook that ends the turn"). The call still gets its refusal as its result,
     so the session resumes cleanly once the limit is raised."""
-    import json
-
     from overstory.guards.policy import Decision, hook_response
 
     limit_refusal: list[str] = []
-    stdout, stderr, status = _guard_reply(caller, json.dumps(args), limit_refusal)
+    stdout, stderr, status = _guard_reply(caller, jsontext.dumps(args), limit_refusal)
     if stdout:
-        answer = json.loads(stdout)
+        answer = jsontext.loads(stdout)
     elif status:
-        answer = json.loads(hook_response(Decision.deny(stderr.strip() or "ov guard refused this call")))
+        answer = jsontext.loads(hook_response(Decision.deny(stderr.strip() or "ov guard refused this call")))
     else:
         return {}
     if limit_refusal and isinstance(answer, dict):

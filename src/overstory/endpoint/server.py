@@ -18,19 +18,18 @@ are one entry each.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import socket
 import socketserver
-import sqlite3
 import sys
 import threading
 import typing as t
 from _operator import _compare_digest as compare_digest  # hmac's, without hashlib and OpenSSL
+from _queue import Empty, SimpleQueue  # the queue module's own classes, without its heapq
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overstory import jsontext
 from overstory.endpoint import http1
 from overstory.endpoint.client import ENDPOINT_ENV, SOCKET_NAME, TOKEN_ENV, unix_address
 from overstory.errors import NotPermitted, OrchestratorError
@@ -38,6 +37,7 @@ from overstory.paths import ProjectPaths
 from overstory.store import sessions
 from overstory.store.db import open_events, open_state
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config
@@ -109,7 +109,7 @@ class _Handler(http1.Handler):
 
     def answer(self, request: http1.Request, body: bytes) -> tuple[int, bytes]:
         status, document = self._route(request, body)
-        return status, json.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
+        return status, jsontext.dumps(document, ensure_ascii=False, default=str).encode("utf-8")
 
     def _route(self, request: http1.Request, body: bytes) -> tuple[int, dict[str, t.Any]]:
         endpoint = self.server.endpoint
@@ -120,7 +120,7 @@ class _Handler(http1.Handler):
         if not endpoint.authorized(request.headers.get("authorization", "")):
             return _failure(401, "not authorized: the endpoint accepts only the secret of this agent's current turn")
         try:
-            args = json.loads(body.decode("utf-8") or "{}")
+            args = jsontext.loads(body.decode("utf-8") or "{}")
         except (ValueError, UnicodeDecodeError):
             return _failure(400, "the request body is not JSON")
         if not isinstance(args, dict):
@@ -151,7 +151,7 @@ class AgentEndpoint:
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._pool: queue.SimpleQueue[tuple[sqlite3.Connection, sqlite3.Connection]] = queue.SimpleQueue()
+        self._pool: SimpleQueue[tuple[sqlite3.Connection, sqlite3.Connection]] = SimpleQueue()
         self.hooks: t.Any = None  # the HTTP hooks' TCP listener (endpoint.hooks), when the loop serves them
         self.remote: t.Any = None  # the TCP listener for turns on other machines (endpoint.remote)
 
@@ -298,7 +298,7 @@ class AgentEndpoint:
         """A state.db and an events.db connection for one request, from the pool (opening costs milliseconds)."""
         try:
             return self._pool.get_nowait()
-        except queue.Empty:
+        except Empty:
             state = open_state(self.project.state_db, shared=True)
             try:
                 return state, open_events(self.project.events_db, shared=True)

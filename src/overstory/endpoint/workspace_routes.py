@@ -6,8 +6,6 @@ and finish only the turn it runs, and only while that turn's secret is the endpo
 
 from __future__ import annotations
 
-import base64
-import binascii
 import typing as t
 
 from overstory.errors import WorkspaceRefused
@@ -24,6 +22,9 @@ def _turn(caller: Caller) -> str:
 
 
 def _bytes(caller: Caller, args: dict[str, t.Any], key: str) -> bytes:
+    import base64  # here: only turns on other machines send files, and every agent's loop imports this module
+    import binascii
+
     try:
         return base64.b64decode(str(args.get(key) or ""), validate=True)
     except (binascii.Error, ValueError):

@@ -17,14 +17,13 @@ Any argv runs this way, the sandbox's bwrap command line included; stopping uses
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import time
 import typing as t
 from pathlib import Path
 
-from overstory import procs
+from overstory import jsontext, procs
 from overstory.clock import now_ms
 from overstory.errors import TurnNotFound
 from overstory.executors.base import STOPPED, Lines, Submitted, TurnExecutor, TurnSpec, TurnStatus
@@ -50,7 +49,7 @@ class LocalExecutor(TurnExecutor):
 
     def _read(self, turn_id: str, name: str) -> dict[str, t.Any] | None:
         try:
-            return dict(json.loads((self._dir(turn_id) / name).read_text(encoding="utf-8")))
+            return dict(jsontext.loads((self._dir(turn_id) / name).read_text(encoding="utf-8")))
         except (OSError, ValueError):
             return None
 
@@ -82,7 +81,7 @@ class LocalExecutor(TurnExecutor):
                 return Submitted(spec.turn_id, created=True)
         os.close(read_spec)
         with os.fdopen(write_spec, "w", encoding="utf-8") as handle:
-            json.dump({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env}, handle)
+            handle.write(jsontext.dumps({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env}))
         deadline = time.monotonic() + START_WAIT_SECONDS
         while time.monotonic() < deadline:  # until the command runs (or could not start)
             if any((folder / name).exists() for name in ("proc.json", "failed.json")) or shim.poll() is not None:
@@ -194,7 +193,7 @@ class LocalExecutor(TurnExecutor):
 
 def _write_json(path: Path, data: dict[str, t.Any]) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(data), encoding="utf-8")
+    temporary.write_text(jsontext.dumps(data), encoding="utf-8")
     os.replace(temporary, path)
 
 

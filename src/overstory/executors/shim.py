@@ -14,17 +14,17 @@ never stops the shim before it has recorded the end.
   a turn whose worker or node died must not go on committing on nobody's behalf.
 
 The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}). Standard library
-and ``procs`` only, and few of those (no argparse, socket or typing): every turn starts one.
+and ``procs`` (with ``jsontext``, json without the json package) only, and few of those (no argparse, socket or
+typing): every turn starts one.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
-from overstory import procs
+from overstory import jsontext, procs
 from overstory.clock import now_ms
 
 TYPE_CHECKING = False
@@ -49,7 +49,7 @@ def _write_json(directory: str | None, name: str, data: dict[str, t.Any]) -> Non
         return
     temporary = os.path.join(directory, f".{name}.{os.getpid()}")
     with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
+        handle.write(jsontext.dumps(data))
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, os.path.join(directory, name))
@@ -59,7 +59,7 @@ def _report(fd: int | None, data: dict[str, t.Any]) -> None:
     if fd is None:
         return
     try:
-        os.write(fd, (json.dumps(data) + "\n").encode())
+        os.write(fd, (jsontext.dumps(data) + "\n").encode())
     except OSError:
         pass  # the reader is gone (its worker died): the record dir, or the kill below, still hold
 
@@ -91,7 +91,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     except ValueError as exc:  # an odd count of words, or a number that is not one
         raise SystemExit(f"overstory.executors.shim: bad arguments ({exc})") from None
     with os.fdopen(args.spec_fd, encoding="utf-8") as handle:
-        spec = json.load(handle)
+        spec = jsontext.loads(handle.read())
     turn_id = str(spec["turn_id"])
     if args.record_dir and os.path.exists(os.path.join(args.record_dir, "stop.json")):
         _write_json(args.record_dir, "failed.json", {"reason": "stopped", "ended_ms": now_ms()})

@@ -16,11 +16,11 @@ redirects output into a file. Standard library only (``ov guard`` runs it on eve
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
 
+from overstory import jsontext
 from overstory.guards.patterns import SHELL_TOOLS, ToolPattern, call_subjects, parse_pattern, shell_commands
 
 READ = "read"
@@ -81,11 +81,15 @@ _DEFAULTS = tuple((parse_pattern(text), klass) for text, klass in DEFAULT_RULES)
 
 # curl/wget/httpie calls that send data or use a method other than GET/HEAD.
 _HTTP_PROGRAMS = frozenset({"curl", "wget", "http", "https", "xh"})
-_HTTP_WRITE = re.compile(
+_HTTP_WRITE = (  # compiled on the first HTTP call (``_http_write``): the guard's other calls need not pay for it
     r"(^|\s)(-X\s*|--request[=\s]+|--method[=\s]+)(?!(GET|HEAD|OPTIONS)\b)[A-Z]+\b"
     r"|(^|\s)(-d|--data\S*|-F|--form\S*|-T|--upload-file|--json|--post-data\S*|--post-file\S*|--body-data\S*)(\s|=|$)"
     r"|(^|\s)(POST|PUT|PATCH|DELETE)\s+\S"
 )
+
+
+def _http_write(subject: str) -> bool:
+    return re.search(_HTTP_WRITE, subject) is not None  # re's own cache keeps the compiled pattern
 
 
 class LedgerRules:
@@ -207,9 +211,9 @@ def _sends_data(words: list[str], subject: str) -> bool:
     if not words:
         return False
     if words[0] in _HTTP_PROGRAMS:
-        return _HTTP_WRITE.search(subject) is not None
+        return _http_write(subject)
     if words[0] == "gh" and words[1:2] == ["api"]:
-        return _HTTP_WRITE.search(subject) is not None or any(
+        return _http_write(subject) or any(
             w.split("=", 1)[0] in ("-f", "-F", "--field", "--raw-field", "--input") for w in words[2:])
     return False
 
@@ -236,7 +240,7 @@ def normalize_input(tool: str, tool_input: Mapping[str, object] | None, worktree
     roots: list[str] = []
     if worktree:
         roots = sorted({worktree.rstrip(os.sep), os.path.realpath(worktree).rstrip(os.sep)}, key=len, reverse=True)
-    return json.dumps(_relative(cleaned, roots), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    return jsontext.dumps(_relative(cleaned, roots), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       default=str)
 
 
@@ -256,7 +260,7 @@ def _relative(value: object, roots: list[str]) -> object:
 
 def idempotency_key(*, agent: str, task: str, klass: str, tool: str, normalized: str, scope: str) -> str:
     """hash(agent, task, class, tool, normalized input), scoped to the dispatch the turn answers."""
-    material = json.dumps([agent, task, klass, tool, normalized, scope], separators=(",", ":"), ensure_ascii=False)
+    material = jsontext.dumps([agent, task, klass, tool, normalized, scope], separators=(",", ":"), ensure_ascii=False)
     return _sha256(material.encode("utf-8", errors="surrogatepass")).hexdigest()[:32]
 
 

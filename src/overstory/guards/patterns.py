@@ -25,12 +25,11 @@ Syntax: ``TOOL`` or ``TOOL(ARGUMENT)``, both shell-style globs (``*``, ``?``,
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 
+from overstory import jsontext
 from overstory.guards.shell import _ASSIGNMENT, _KEYWORDS, ShellCommand, split_shell
 
 SHELL_TOOLS = frozenset({"Bash", "Monitor"})
@@ -45,28 +44,41 @@ _MAX_DEPTH = 4
 
 
 class _Glob:
-    """A compiled glob: plain equality or a prefix test where that is all it says, else a regex."""
+    """A compiled glob: plain equality or a prefix test where that is all it says, else a regex.
 
-    __slots__ = ("exact", "prefix", "regex")
+    The regex is compiled on the first text that starts with the glob's literal head (the part
+    before its first wildcard): most calls are ruled out by that alone, and `ov guard` parses
+    every default rule on every tool call.
+    """
+
+    __slots__ = ("exact", "glob", "head", "prefix", "regex")
 
     def __init__(self, glob: str) -> None:
         self.exact: str | None = None
         self.prefix: str | None = None
         self.regex: re.Pattern[str] | None = None
+        self.glob = glob
+        self.head = ""
         head, star, tail = glob.partition("*")
         if not any(c in glob for c in "*?["):
             self.exact = glob
         elif star and not tail and not any(c in head for c in "?["):
             self.prefix = head
         else:
-            self.regex = re.compile(fnmatch.translate(glob), re.DOTALL)
+            self.head = glob[:min(index for index in (glob.find(c) for c in "*?[") if index >= 0)]
 
     def __call__(self, text: str) -> bool:
         if self.exact is not None:
             return text == self.exact
         if self.prefix is not None:
             return text.startswith(self.prefix)
-        return self.regex is not None and self.regex.fullmatch(text) is not None
+        if not text.startswith(self.head):
+            return False
+        if self.regex is None:
+            import fnmatch
+
+            self.regex = re.compile(fnmatch.translate(self.glob), re.DOTALL)
+        return self.regex.fullmatch(text) is not None
 
 
 class ToolPattern:
@@ -153,7 +165,7 @@ def call_subjects(tool_name: str, tool_input: Mapping[str, object] | None) -> li
         value = tool_input.get(key)
         if isinstance(value, str):
             return [value]
-    return [json.dumps(tool_input, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)]
+    return [jsontext.dumps(tool_input, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)]
 
 
 def shell_subjects(command: str, depth: int = 0) -> list[str]:

@@ -8,9 +8,9 @@ Anything that fails inside an agent is denied, never let through.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 
+from overstory import jsontext
 from overstory.guards.agent import _Agent
 from overstory.guards.runtimes import as_claude_input, patch_paths, reply, unreadable
 from overstory.guards.shell import _SUBST
@@ -120,7 +120,7 @@ def decide_hook_text(text: str | None, env: Mapping[str, str]) -> Decision:
     if text is None:
         return Decision.deny("ov guard could not read the hook input on stdin; call blocked.")
     try:
-        data = json.loads(text)
+        data = jsontext.loads(text)
     except ValueError:
         return Decision.deny(
             "ov guard received hook input that is not JSON, so it cannot check this call; "
@@ -146,7 +146,7 @@ def guard_reply(text: str | None, env: Mapping[str, str], *,
     if not env.get("OVERSTORY_AGENT_NAME"):
         return "", "", 0
     try:
-        data = json.loads(text) if text is not None else None
+        data = jsontext.loads(text) if text is not None else None
     except ValueError:
         data = None
     if not isinstance(data, dict):
@@ -173,7 +173,7 @@ def hook_response(decision: Decision) -> str:
             "permissionDecisionReason": decision.reason,
         }
     }
-    return json.dumps(payload, separators=(",", ":"))
+    return jsontext.dumps(payload, separators=(",", ":"))
 
 
 # --------------------------------------------------------------------------- tool dispatch

@@ -22,10 +22,10 @@ which every one of these CLIs treats as a refusal. Standard library only (hot pa
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 from collections.abc import Mapping
+
+from overstory import jsontext
 
 CLAUDE = "claude"
 GEMINI = "gemini"
@@ -188,7 +188,7 @@ def reply(dialect: str, allow: bool, reason: str, claude_response: str) -> tuple
     if allow:
         return "", "", 0
     if dialect == GEMINI:
-        return json.dumps({"decision": "deny", "reason": reason}), "", 0
+        return jsontext.dumps({"decision": "deny", "reason": reason}), "", 0
     if dialect in (OPENCODE, QWEN):
         return "", reason, 2
     return claude_response, "", 0
@@ -217,6 +217,8 @@ def patch_paths(command: str) -> list[str] | None:
         stripped = command.lstrip()
         if not stripped.startswith(_PATCH_PROGRAMS):
             return None
+        import shlex  # only for a command that starts like apply_patch: shlex compiles a pattern when imported
+
         try:
             words = shlex.split(stripped)
         except ValueError:

@@ -13,9 +13,9 @@ Standard library only: the per-agent loop imports it.
 
 from __future__ import annotations
 
-import json
 import typing as t
 
+from overstory import jsontext
 from overstory.errors import OrchestratorError
 
 if t.TYPE_CHECKING:
@@ -78,7 +78,7 @@ def pulled_models(base_url: str, timeout: float = 5.0) -> list[str]:
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
         with urllib.request.urlopen(f"{root}/api/tags", timeout=timeout) as response:  # noqa: S310 (a configured URL)
-            body = json.loads(response.read().decode("utf-8") or "{}")
+            body = jsontext.loads(response.read().decode("utf-8") or "{}")
     except (urllib.error.URLError, ValueError) as exc:
         raise OSError(str(getattr(exc, "reason", exc))) from exc
     return [str(m.get("name") or m.get("model")) for m in body.get("models") or [] if isinstance(m, dict)]

@@ -6,11 +6,11 @@ symlink in a bind destination would be followed inside the sandbox.
 
 from __future__ import annotations
 
-import json
 import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
+from overstory import jsontext
 from overstory.capabilities import WRITERS as WRITER_CAPABILITIES
 from overstory.errors import SandboxError
 from overstory.paths import ProjectPaths
@@ -114,7 +114,7 @@ def _pinned(run: Path, state_dir: Path | None) -> tuple[Path, ...]:
     if state_dir is None:
         return ()
     try:
-        names = json.loads((run / PINNED_FILES).read_text(encoding="utf-8"))
+        names = jsontext.loads((run / PINNED_FILES).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ()
     files = [Path(name).resolve() for name in names if isinstance(name, str)]

@@ -84,7 +84,7 @@ def _remembered(key: list[object] | None) -> str | None:
     """The detail of a working probe with this key, from a file this user owns and only it can write."""
     if key is None:
         return None
-    import json
+    from overstory import jsontext  # not the json package: every agent's loop asks this once, then idles
 
     try:
         fd = os.open(memory_file(), os.O_RDONLY | os.O_NOFOLLOW)
@@ -95,26 +95,26 @@ def _remembered(key: list[object] | None) -> str | None:
         if stat.st_uid != os.getuid() or stat.st_mode & 0o022:
             return None
         with os.fdopen(os.dup(fd), encoding="utf-8") as handle:
-            document = json.load(handle)
+            document = jsontext.loads(handle.read())
     except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
-    if isinstance(document, dict) and document.get("key") == json.loads(json.dumps(key)):
+    if isinstance(document, dict) and document.get("key") == jsontext.loads(jsontext.dumps(key)):
         detail = document.get("detail")
         return detail if isinstance(detail, str) else None
     return None
 
 
 def _remember(key: list[object], detail: str) -> None:
-    import json
+    from overstory import jsontext
 
     target = memory_file()
     temporary = f"{target}.{os.getpid()}.tmp"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump({"key": key, "detail": detail}, handle)
+            handle.write(jsontext.dumps({"key": key, "detail": detail}))
         os.replace(temporary, target)
     except OSError:
         try:

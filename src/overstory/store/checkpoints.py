@@ -9,10 +9,9 @@ into it as soon as the stream names it.
 
 from __future__ import annotations
 
-import json
-import sqlite3
-
+from overstory import jsontext
 from overstory.clock import now_ms
+from overstory.store.sqlite_module import sqlite3
 
 TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`, `ov mail send`)
 if TYPE_CHECKING:
@@ -27,8 +26,8 @@ def save_start(conn: sqlite3.Connection, turn_id: str, *, agent: str, generation
         "INSERT OR REPLACE INTO checkpoints(turn_id, agent, generation, attempt, scope, mail_ids, session_id, head, "
         "git_status, cost_usd, input_tokens, output_tokens, phase, turn_status, started_at, at) "
         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'start',NULL,?,?)",
-        (turn_id, agent, generation, attempt, scope, json.dumps(list(mail_ids)), session_id, head,
-         json.dumps(git_status) if git_status is not None else None, cost_usd, input_tokens, output_tokens,
+        (turn_id, agent, generation, attempt, scope, jsontext.dumps(list(mail_ids)), session_id, head,
+         jsontext.dumps(git_status) if git_status is not None else None, cost_usd, input_tokens, output_tokens,
          started_ms, now_ms()))
 
 
@@ -43,7 +42,7 @@ def save_end(conn: sqlite3.Connection, turn_id: str, *, session_id: str | None, 
         "UPDATE checkpoints SET phase = 'end', session_id = COALESCE(?, session_id), head = COALESCE(?, head), "
         "git_status = COALESCE(?, git_status), cost_usd = ?, input_tokens = ?, output_tokens = ?, turn_status = ?, "
         "at = ? WHERE turn_id = ?",
-        (session_id, head, json.dumps(git_status) if git_status is not None else None, cost_usd, input_tokens,
+        (session_id, head, jsontext.dumps(git_status) if git_status is not None else None, cost_usd, input_tokens,
          output_tokens, turn_status, now_ms(), turn_id))
 
 
@@ -61,8 +60,8 @@ def mark_interrupted(conn: sqlite3.Connection, turn_id: str, reason: str) -> Non
 
 def _as_dict(row: sqlite3.Row) -> dict[str, t.Any]:
     values = dict(row)
-    values["mail_ids"] = json.loads(values["mail_ids"] or "[]")
-    values["git_status"] = json.loads(values["git_status"]) if values["git_status"] else None
+    values["mail_ids"] = jsontext.loads(values["mail_ids"] or "[]")
+    values["git_status"] = jsontext.loads(values["git_status"]) if values["git_status"] else None
     return values
 
 

@@ -19,9 +19,9 @@ same call runs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
+from overstory import jsontext
 from overstory.clock import now_ms
 from overstory.store.db import write_transaction
 
@@ -149,7 +149,7 @@ def _insert(conn: sqlite3.Connection, call: Call, *, status: str, reason: str | 
         "input, class, idem_key, status, reason, replay_of, flagged, exit_code, receipt, duration_ms, source, "
         "started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (call.run_id, call.agent, call.generation, call.turn_id, call.attempt, call.scope,
-         json.dumps(list(call.dispatch)) if call.dispatch else None, call.tool_use_id, call.tool, call.input,
+         jsontext.dumps(list(call.dispatch)) if call.dispatch else None, call.tool_use_id, call.tool, call.input,
          call.klass, call.idem_key, status, reason, replay_of, int(flagged), exit_code, receipt, duration_ms,
          call.source, started_at, ended_at))
     return int(cursor.lastrowid or 0)
@@ -228,7 +228,7 @@ def calls(conn: sqlite3.Connection, *, agent: str | None = None, turn_ids: t.Seq
 
 def _as_dict(row: sqlite3.Row) -> dict[str, t.Any]:
     values = dict(row)
-    values["dispatch"] = json.loads(values["dispatch"]) if values["dispatch"] else []
+    values["dispatch"] = jsontext.loads(values["dispatch"]) if values["dispatch"] else []
     values["flagged"] = bool(values["flagged"])
     return values
 

@@ -16,7 +16,6 @@ no mail moved, nothing was sent.
 
 from __future__ import annotations
 
-import sqlite3
 import typing as t
 
 from overstory.capabilities import PERSISTENT as PERSISTENT_CAPABILITIES
@@ -24,6 +23,7 @@ from overstory.capabilities import TERMINAL_MAIL_TYPES as TERMINAL_MAIL_TYPES
 from overstory.clock import iso, now_ms
 from overstory.store import sessions
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ a turn are left to finish it: their next turn is refused while the window is clo
 
 from __future__ import annotations
 
-import sqlite3
 import typing as t
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ from overstory.clock import iso, now_ms
 from overstory.store import lifecycle, sessions
 from overstory.store.db import write_transaction
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 IDLE_STATES = ("booting", "between_turns")
 

@@ -22,15 +22,15 @@ Stdlib only: the coordinator's agent loop calls ``maybe_send_summary`` while idl
 from __future__ import annotations
 
 import dataclasses
-import json
-import sqlite3
 import time
 import typing as t
 from dataclasses import dataclass
 
+from overstory import jsontext
 from overstory.clock import iso, now_ms
 from overstory.errors import RunNotFound, RunStillActive
 from overstory.store.db import write_transaction
+from overstory.store.sqlite_module import sqlite3
 
 SUMMARY_SENDER = "ov"
 TERMINAL = ("completed", "zombie")
@@ -335,7 +335,7 @@ def _reported_agents(conn: sqlite3.Connection, run_id: str) -> set[tuple[str, in
     rows = conn.execute("SELECT payload FROM mail WHERE substr(dedup_key, 1, ?) = ?", (len(prefix), prefix))
     covered: set[tuple[str, int | None]] = set()
     for row in rows.fetchall():
-        for agent in (json.loads(row["payload"]) if row["payload"] else {}).get("agents", []):
+        for agent in (jsontext.loads(row["payload"]) if row["payload"] else {}).get("agents", []):
             covered.add((agent.get("name"), agent.get("generation")))
     return covered
 
@@ -399,7 +399,7 @@ def summaries(conn: sqlite3.Connection, run_id: str) -> list[dict[str, t.Any]]:
     rows = conn.execute("SELECT id, recipient, subject, payload, created_at FROM mail "
                         "WHERE substr(dedup_key, 1, ?) = ? ORDER BY id", (len(prefix), prefix)).fetchall()
     return [{"id": r["id"], "to": r["recipient"], "subject": r["subject"], "created_at": iso(r["created_at"]),
-             "payload": json.loads(r["payload"]) if r["payload"] else None} for r in rows]
+             "payload": jsontext.loads(r["payload"]) if r["payload"] else None} for r in rows]
 
 
 def ids_and_statuses(conn: sqlite3.Connection) -> list[tuple[str, str]]:

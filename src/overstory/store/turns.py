@@ -8,11 +8,11 @@ turn whose runner died or was stopped.
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import typing as t
 
+from overstory import jsontext
 from overstory.clock import now_ms
+from overstory.store.sqlite_module import sqlite3
 
 LIVE_TURN_STATUSES = ("starting", "running")
 _LIVE = "status IN ('starting', 'running')"
@@ -107,7 +107,7 @@ def record_costs(conn: sqlite3.Connection, turn_id: str, *, model: str | None, c
         "UPDATE turns SET model = COALESCE(?, model), cache_read_tokens = ?, cache_write_tokens = ?, "
         "cost_estimated = ?, usage_by_model = ? WHERE id = ?",
         (model, cache_read_tokens, cache_write_tokens, int(cost_estimated),
-         json.dumps(usage_by_model, sort_keys=True) if usage_by_model else None, turn_id))
+         jsontext.dumps(usage_by_model, sort_keys=True) if usage_by_model else None, turn_id))
 
 
 def recent(conn: sqlite3.Connection, agent: str, *, limit: int = 20) -> list[dict[str, object]]:

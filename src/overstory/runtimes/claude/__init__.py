@@ -6,7 +6,6 @@ tests/fixtures/CLAUDE_PROBE_NOTES.md.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -14,6 +13,7 @@ import subprocess
 import typing as t
 from pathlib import Path
 
+from overstory import jsontext
 from overstory.errors import RuntimeNotAvailable
 from overstory.runtimes.base import Runtime, RuntimeProbe, Tui, TurnParser, TurnRequest, find_program
 from overstory.runtimes.claude.tui import SETTING_SOURCES_FLAGS
@@ -74,12 +74,12 @@ def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str], cwd: Path) ->
         pass  # no login to copy: an API key in the environment still works
     source_json = source_dir / ".claude.json" if source_dir is not None else home / ".claude.json"
     try:
-        source = json.loads(source_json.read_text(encoding="utf-8"))
+        source = jsontext.loads(source_json.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         source = {}
     own_json = state_dir / ".claude.json"
     try:
-        own = json.loads(own_json.read_text(encoding="utf-8"))
+        own = jsontext.loads(own_json.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         own = {}
     wanted = {key: source[key] for key in SEEDED_KEYS if isinstance(source, dict) and key in source}
@@ -88,7 +88,7 @@ def seed_config_dir(state_dir: Path, environ: t.Mapping[str, str], cwd: Path) ->
     if any(own.get(key) != value for key, value in wanted.items()) or not project.get("hasTrustDialogAccepted"):
         own.update(wanted)
         own["projects"] = {**projects, str(cwd): {**project, "hasTrustDialogAccepted": True}}
-        own_json.write_text(json.dumps(own, indent=2), encoding="utf-8")
+        own_json.write_text(jsontext.dumps(own, indent=2), encoding="utf-8")
 
 
 def hook_settings(ov_command: list[str], *, tmux_mode: bool) -> dict[str, t.Any]:
@@ -169,7 +169,7 @@ class ClaudeRuntime(Runtime):
 
     def stdin_message(self, prompt: str) -> bytes:
         message = {"type": "user", "message": {"role": "user", "content": prompt}}
-        return (json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8")
+        return (jsontext.dumps(message, ensure_ascii=False) + "\n").encode("utf-8")
 
     def new_parser(self) -> TurnParser:
         from overstory.runtimes.claude.stream import TurnStream

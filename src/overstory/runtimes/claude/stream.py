@@ -11,12 +11,12 @@ finishes starts another turn in the same process for its notification, with a se
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory import jsontext
 from overstory.runtimes.base import (
     AUTH,
     PERMANENT,
@@ -77,7 +77,7 @@ class TurnStream(TurnParser):
         if not line:
             return []
         try:
-            event = json.loads(line)
+            event = jsontext.loads(line)
         except ValueError:
             self.malformed += 1
             return [ParsedEvent("malformed_line", summary=line[:200], data={"line": line[:TEXT_LIMIT]})]
@@ -346,7 +346,7 @@ def describe_tool_input(name: str, tool_input: t.Any) -> str:
         for key in ("command", "file_path", "path", "pattern", "url", "description", "prompt"):
             if key in tool_input:
                 return _trim(str(tool_input[key]), ARG_LIMIT)
-        return _trim(json.dumps(tool_input, ensure_ascii=False), ARG_LIMIT)
+        return _trim(jsontext.dumps(tool_input, ensure_ascii=False), ARG_LIMIT)
     return _trim(str(tool_input), ARG_LIMIT)
 
 

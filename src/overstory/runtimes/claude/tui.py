@@ -9,11 +9,11 @@ not idle. Pure functions apart from ``command``, which looks the program up.
 
 from __future__ import annotations
 
-import json
 import re
 import typing as t
 from pathlib import Path
 
+from overstory import jsontext
 from overstory.errors import RuntimeNotAvailable
 from overstory.runtimes.base import Blocker, Screen, Tui, find_program
 
@@ -68,7 +68,7 @@ def tui_command(claude_bin: str, model: str | None, *, settings: t.Mapping[str, 
         raise RuntimeNotAvailable(f"tmux mode runs `{claude_bin}` (runtime.claude_bin), which is not on PATH: "
                                   "npm install -g @anthropic-ai/claude-code")
     merged = {**(settings or {}), **TUI_FLAG_SETTINGS}
-    argv = [program, "--permission-mode", "bypassPermissions", "--settings", json.dumps(merged)]
+    argv = [program, "--permission-mode", "bypassPermissions", "--settings", jsontext.dumps(merged)]
     if model:
         argv += ["--model", model]
     return [*argv, *extra_flags]
