@@ -397,6 +397,10 @@ def test_a_turn_whose_node_dies_is_lost_and_retried_on_the_other_node(  # last: 
     first = wait_for(lambda: state_db.execute("SELECT id, node FROM turns WHERE agent = ? AND node IS NOT NULL",
                                               (name,)).fetchone(), 120, "the first turn on a node")
     wait_for((marks(project) / "k1").exists, 60, "the first turn to be in its sleep on its node")
+    # The side effect is in the ledger with its receipt (from the turn's stream, relayed by the hub) before the kill.
+    wait_for(lambda: state_db.execute("SELECT count(*) FROM tool_calls WHERE turn_id = ? AND status = 'succeeded' "
+                                      "AND input LIKE '%echo effect%'", (first["id"],)).fetchone()[0], 30,
+             "the side effect's receipt")
     ray_cluster.kill_node(first["node"])
     # Marked lost from Ray's word (within seconds), not after a stall timeout (turns.stall_timeout is minutes).
     wait_for(lambda: state_db.execute("SELECT status FROM turns WHERE id = ?", (first["id"],)).fetchone()["status"]

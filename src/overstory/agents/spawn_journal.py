@@ -29,6 +29,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import time
 import typing as t
 from pathlib import Path
 
@@ -200,7 +201,7 @@ def undo(project: ProjectPaths, conn: sqlite3.Connection, intent: t.Mapping[str,
         removed += _remove_branch(project, branch, intent.get("base_commit"))
     run_dir = Path(intent["run_dir"])
     if reached(intent, "rundir") and _inside(run_dir, project.run_dir) and run_dir.exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
+        _remove_run_dir(run_dir)
         removed.append(str(run_dir))
     rows = dict(intent)
     if row is not None:
@@ -210,6 +211,17 @@ def undo(project: ProjectPaths, conn: sqlite3.Connection, intent: t.Mapping[str,
         removed.append(f"dispatch mail #{rows['dispatch_id']}")
     intents.discard_spawn(conn, rows)
     return removed
+
+
+def _remove_run_dir(run_dir: Path, patience: float = 5.0) -> None:
+    """Remove the run dir, again while something still writes into it: a turn's shim outlives its command by
+    design (it records the command's end in the turn's folder there), so it may write while the tree goes."""
+    deadline = time.monotonic() + patience
+    while True:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if not run_dir.exists() or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
 
 
 def _own_session(conn: sqlite3.Connection, intent: t.Mapping[str, t.Any]) -> sessions.Session | None:
