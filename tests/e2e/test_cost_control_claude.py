@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 import typing as t
+from pathlib import Path
 
 from agent_helpers import agent_state, mail_rows, wait_for
 from claude_cli import CLAUDE_BIN, claude_env, requires_claude
@@ -172,9 +173,17 @@ def test_max_usd_stops_the_crossing_turn_and_resume_continues_the_same_session(p
         waited = ov(project, "wait", "builder-t1", "--timeout", "120", env=env, timeout=150)
         assert waited.returncode == 0, waited.stdout + waited.stderr
     rows = turns_of(project, "builder-t1")
-    assert [r["status"] for r in rows] == ["budget", "ok"]
-    assert rows[1]["resumed"] == 1 and rows[1]["session_id"] == rows[0]["session_id"], "the same claude session"
-    assert rows[1]["cost_estimated"] == 0 and rows[1]["cost_usd"] > 0, "the real total_cost_usd replaced the estimate"
+    statuses = [r["status"] for r in rows]
+    if statuses == ["budget", "resume_failed", "ok"]:
+        # Killed at once for its budget, the CLI may not have written its session's file yet (a loaded machine
+        # kills first; seen once in CI): its --resume says so, and the loop goes on in a fresh session.
+        said = (Path(rows[1]["log_dir"]) / "stderr.txt").read_text(encoding="utf-8")
+        assert f"No conversation found with session ID: {rows[0]['session_id']}" in said, said
+        assert rows[2]["resumed"] == 0 and rows[2]["session_id"] != rows[0]["session_id"]
+    else:
+        assert statuses == ["budget", "ok"]
+        assert rows[1]["resumed"] == 1 and rows[1]["session_id"] == rows[0]["session_id"], "the same claude session"
+    assert rows[-1]["cost_estimated"] == 0 and rows[-1]["cost_usd"] > 0, "the real total_cost_usd replaced the estimate"
     assert len(mail_rows(project, type="worker_done")) == 1 and len(mail_rows(project, type="escalation")) == 1
 
 
