@@ -162,7 +162,12 @@ def test_max_usd_stops_the_crossing_turn_and_resume_continues_the_same_session(p
         assert len(crossed) == 1 and watch.gone_at is not None
         assert watch.gone_at - crossed[0]["at"] / 1000 < 2.0, "the group outlived the crossing by 2 s or more"
         first = turns_of(project, "builder-t1")[0]
-        assert first["status"] == "budget" and first["cost_estimated"] == 1 and not procs.group_members(first["pgid"])
+        assert first["status"] == "budget" and not procs.group_members(first["pgid"])
+        # The hook's refusal tells the CLI to end its turn (continue: false): when its result line comes before
+        # ov's kill, the turn keeps the CLI's own total; killed first, ov's estimate of the crossing message.
+        reported = events_of(project, "builder-t1", "turn_result")
+        assert first["cost_estimated"] == (0 if reported else 1), (first, reported)
+        assert first["cost_usd"] >= 1.0
         dispatch = mail_rows(project, type="dispatch")
         assert len(dispatch) == 1 and dispatch[0]["read_at"] is None and dispatch[0]["claimed_by"] is None
         escalation = mail_rows(project, type="escalation")
