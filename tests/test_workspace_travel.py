@@ -273,3 +273,68 @@ def test_a_snapshot_of_the_same_files_on_the_same_tip_is_the_same_commit(control
     monkeypatch.setenv("GIT_COMMITTER_NAME", "someone else")
     assert travel_git.snapshot(worktree, tip) == first != tip  # a repeated finish names the same objects
     assert run_git(worktree, "status", "--porcelain") == "?? draft.txt\n"  # the index was not touched
+
+
+def test_what_an_agent_sends_back_cannot_reach_past_what_it_may_change(control: Control, tmp_path: Path) -> None:
+    """An agent holds its turn's secret, so it can call the workspace routes itself: think like one that tries."""
+    import base64
+
+    project, agent = control.project, control.agent
+    env = control.open_turn("turn-e")
+    # The workspace routes exist only on the listener for nodes, not on a local turn's socket.
+    with pytest.raises(EndpointError, match="no endpoint route 'workspace.fetch'"):
+        Channel(env[ENDPOINT_ENV], env[TOKEN_ENV]).call("workspace.fetch", {})
+    host, _, port = control.address.rpartition(":")
+
+    def call(route: str, body: dict[str, t.Any]) -> tuple[int, dict[str, t.Any]]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", f"/v1/{route}", body=json.dumps(body).encode(),
+                     headers={"Authorization": f"Bearer {env[TOKEN_ENV]}"})
+        answer = conn.getresponse()
+        document = json.loads(answer.read())
+        conn.close()
+        return answer.status, document
+
+    status, fetched = call("workspace.fetch", {})
+    assert status == 200, fetched
+    base = fetched["result"]["base"]
+    # A tree naming "../victim": git itself would write it outside the worktree if asked. Refused, nothing moves.
+    victim = project.root.parent / "victim"
+    victim.write_text("untouched\n")
+    blob = run_git(project.root, "hash-object", "-w", str(victim)).strip()
+    inner = subprocess.run(["git", "mktree"], cwd=project.root, input=f"100644 blob {blob}\tvictim\n", text=True,
+                           capture_output=True, check=True).stdout.strip()
+    tree = subprocess.run(["git", "mktree"], cwd=project.root, input=f"040000 tree {inner}\t..\n", text=True,
+                          capture_output=True, check=True).stdout.strip()
+    crafted = run_git(project.root, "-c", "user.name=a", "-c", "user.email=a@b", "commit-tree", tree, "-p", base,
+                      "-m", "escape").strip()
+    status, refused = call("workspace.finish", {"head": crafted, "end": crafted, "bundle": ""})
+    assert status == 409 and "cannot be checked out" in refused["error"], refused
+    assert run_git(project.root, "rev-parse", "ov/builder-n").strip() == base
+    assert victim.read_text() == "untouched\n"
+    # The runtime's state comes back whole, but the files ov pinned there (the hooks' config) stay ov's.
+    state = project.run_dir / agent.name / "scripted"
+    pinned = state / "settings.json"
+    pinned.write_text('{"hooks": "ov guard"}\n')
+    (project.run_dir / agent.name / "pinned-files.json").write_text(json.dumps([str(pinned)]))
+    forged = tmp_path / "forged"
+    (forged / "sessions").mkdir(parents=True)
+    (forged / "settings.json").write_text('{"hooks": {}}\n')
+    (forged / "sessions" / "s1.json").write_text("{}\n")
+    status, swapped = call("workspace.state", {"state": base64.b64encode(
+        travel_control.pack_dir(forged)).decode()})
+    assert status == 200, swapped
+    assert pinned.read_text() == '{"hooks": "ov guard"}\n' and (state / "sessions" / "s1.json").exists()
+    # ... and only for a turn that was sent out.
+    env = control.open_turn("turn-f")  # (``call`` now presents this turn's secret)
+    status, refused = call("workspace.state", {"state": base64.b64encode(travel_control.pack_dir(forged)).decode()})
+    assert status == 409 and "no workspace was sent out" in refused["error"], refused
+
+
+def test_a_state_swap_killed_between_its_two_renames_is_put_back_at_the_next_fetch(control: Control) -> None:
+    project, agent = control.project, control.agent
+    state = project.run_dir / agent.name / "scripted"
+    (state / "session.json").write_text("kept\n")
+    state.rename(state.with_name(".scripted.old"))  # where a kill between the renames leaves it
+    travel_control.send(project, agent, "turn-r", state)
+    assert (state / "session.json").read_text() == "kept\n"

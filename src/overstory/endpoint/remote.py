@@ -19,6 +19,7 @@ import threading
 import typing as t
 
 from overstory.endpoint.server import _Handler
+from overstory.endpoint.workspace_routes import ROUTES as WORKSPACE_ROUTES
 
 if t.TYPE_CHECKING:
     from overstory.endpoint.server import AgentEndpoint
@@ -34,6 +35,7 @@ class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 class _RemoteHandler(_Handler):
     disable_nagle_algorithm = True
+    extra_routes = WORKSPACE_ROUTES  # a turn's workspace goes out and comes back only to a node, never locally
 
     def max_body(self) -> int:
         return MAX_REMOTE_BYTES

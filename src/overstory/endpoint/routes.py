@@ -33,7 +33,6 @@ import typing as t
 from overstory import jsontext
 from overstory.capabilities import MERGERS
 from overstory.endpoint.server import Caller, Route
-from overstory.endpoint.workspace_routes import ROUTES as WORKSPACE_ROUTES
 from overstory.errors import NotPermitted, UsageError
 from overstory.store import mail
 
@@ -421,4 +420,3 @@ ROUTES: dict[str, Route] = {
     "approve": approve,
     "reject": reject,
 }
-ROUTES.update(WORKSPACE_ROUTES)

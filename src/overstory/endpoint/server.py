@@ -103,6 +103,7 @@ class _Handler(http1.Handler):
     """One request per connection (the client sends ``Connection: close``)."""
 
     server: _Server
+    extra_routes: t.ClassVar[t.Mapping[str, Route]] = {}  # routes only this listener serves (endpoint.remote)
 
     def max_body(self) -> int:
         return MAX_REQUEST_BYTES
@@ -125,7 +126,7 @@ class _Handler(http1.Handler):
             return _failure(400, "the request body is not JSON")
         if not isinstance(args, dict):
             return _failure(400, "the request body must be a JSON object")
-        return endpoint.dispatch(request.path[len("/v1/"):], args)
+        return endpoint.dispatch(request.path[len("/v1/"):], args, self.extra_routes)
 
 
 def _failure(status: int, message: str, exit_code: int = 1) -> tuple[int, dict[str, t.Any]]:
@@ -249,8 +250,9 @@ class AgentEndpoint:
         return token is not None and compare_digest(header.encode(), f"Bearer {token}".encode())
 
     # -- requests ---------------------------------------------------------------------
-    def dispatch(self, route: str, args: dict[str, t.Any]) -> tuple[int, dict[str, t.Any]]:
-        handler = self.routes.get(route)
+    def dispatch(self, route: str, args: dict[str, t.Any],
+                 extra_routes: t.Mapping[str, Route] | None = None) -> tuple[int, dict[str, t.Any]]:
+        handler = self.routes.get(route) or (extra_routes or {}).get(route)
         if handler is None:
             return 404, {"ok": False, "error": f"ov has no endpoint route {route!r}", "exit_code": 2}
         try:

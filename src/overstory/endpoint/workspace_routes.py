@@ -60,9 +60,13 @@ def finish(caller: Caller, args: dict[str, t.Any]) -> t.Any:
 
 def state(caller: Caller, args: dict[str, t.Any]) -> t.Any:
     from overstory.executors import travel_control
+    from overstory.sandbox.layout import _pinned
 
     turn_id = _turn(caller)
-    return {"state": travel_control.receive_state(turn_id, _bytes(caller, args, "state"), _state_dir(caller))}
+    state_dir = _state_dir(caller)
+    pinned = _pinned(caller.project.run_dir / caller.name, state_dir.resolve()) if state_dir is not None else ()
+    return {"state": travel_control.receive_state(caller.project, caller.agent, turn_id, _bytes(caller, args, "state"),
+                                                  state_dir, pinned)}
 
 
 for _route in (fetch, finish, state):

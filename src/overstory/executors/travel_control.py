@@ -102,6 +102,9 @@ def finish(project: ProjectPaths, agent: Session, turn_id: str, head: str, end: 
         for name in (head, end):
             if g.git(repo, "cat-file", "-t", name, check=False).stdout.strip() != b"commit":
                 raise WorkspaceRefused(turn_id, f"{name[:12]} is not a commit here (the bundle did not bring it)")
+            unusable = g.unusable_tree(repo, name)
+            if unusable:
+                raise WorkspaceRefused(turn_id, f"the files of {name[:12]} cannot be checked out: {unusable}")
         if not g.create_refs(repo, {prefix + "/head": head, prefix + "/end": end}):
             if (g.read_ref(repo, prefix + "/head"), g.read_ref(repo, prefix + "/end")) != (head, end):
                 raise WorkspaceRefused(turn_id, "another finish of this turn came first")
@@ -196,14 +199,27 @@ def unpack_dir(data: bytes, directory: t.Any) -> None:
         archive.extractall(directory, filter="data")
 
 
-def receive_state(turn_id: str, data: bytes, state: Path | None) -> str:
-    """The runtime's state dir as the node left it (its session, for the next ``--resume``), swapped in whole."""
+def receive_state(project: ProjectPaths, agent: Session, turn_id: str, data: bytes, state: Path | None,
+                  pinned: t.Sequence[Path] = ()) -> str:
+    """The runtime's state dir as the node left it (its session, for the next ``--resume``), swapped in whole,
+    for a turn that was sent out. ``pinned``: the files ov wrote there (the hooks' config, the instructions),
+    read-only in the sandbox: they are kept as they are here, whatever came back."""
+    if g.read_ref(project.root, refs_of(agent.name, turn_id) + "/base") is None:
+        raise WorkspaceRefused(turn_id, "no workspace was sent out for this turn")
     if state is None:
         return "none"
     _recover_state(state)
     incoming, old = state.with_name(f".{state.name}.in-{turn_id}"), state.with_name(f".{state.name}.old")
     shutil.rmtree(incoming, ignore_errors=True)
     unpack_dir(data, incoming)
+    for path in pinned:
+        kept = incoming / path.relative_to(state.resolve())
+        if kept.is_dir() and not kept.is_symlink():
+            shutil.rmtree(kept)
+        elif kept.is_symlink() or kept.exists():
+            kept.unlink()
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, kept)
     if state.exists():
         os.replace(state, old)  # a crash from here to the next rename is undone by _recover_state
     os.replace(incoming, state)

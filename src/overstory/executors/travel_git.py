@@ -15,11 +15,11 @@ import subprocess
 import tempfile
 import typing as t
 
+from overstory.sandbox.gitrefs import _REDIRECTING
+
 ZERO = "0" * 40
-# Variables that would point git at another repository than the one named (as in sandbox.gitrefs).
-_REDIRECTING = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
-                "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CONFIG", "GIT_CONFIG_PARAMETERS",
-                "GIT_CONFIG_COUNT")
+# The control node runs these in an agent's worktree, outside its sandbox: no hook and no fsmonitor command runs.
+_SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 SNAPSHOT_MESSAGE = "ov: the worktree's uncommitted files at a remote turn's edge"  # never on a branch
 
 
@@ -30,7 +30,7 @@ class GitFailed(Exception):
 
 
 def git_env(extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _REDIRECTING}
+    env = {k: v for k, v in os.environ.items() if k not in _REDIRECTING and not k.startswith("GIT_CONFIG_")}
     env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_AUTHOR_NAME": env.get("GIT_AUTHOR_NAME", "ov"),
                 "GIT_AUTHOR_EMAIL": env.get("GIT_AUTHOR_EMAIL", "ov@localhost"),
                 "GIT_COMMITTER_NAME": env.get("GIT_COMMITTER_NAME", "ov"),
@@ -41,7 +41,7 @@ def git_env(extra: t.Mapping[str, str] | None = None) -> dict[str, str]:
 
 def git(repo: str | os.PathLike[str], *argv: str, input: bytes | None = None, check: bool = True,
         env: t.Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    result = subprocess.run(["git", "-C", str(repo), *argv], input=input, capture_output=True,
+    result = subprocess.run(["git", *_SAFE, "-C", str(repo), *argv], input=input, capture_output=True,
                             env=git_env(env), check=False)
     if check and result.returncode != 0:
         raise GitFailed(argv, result)
@@ -87,6 +87,31 @@ def snapshot(worktree: str | os.PathLike[str], tip: str) -> str:
         "GIT_COMMITTER_EMAIL": "ov@localhost", "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when})
 
 
+def unusable_tree(repo: str | os.PathLike[str], commit: str) -> str:
+    """Why ``commit``'s files could not be checked out (a path such as ``../x`` or ``.git/config`` in a tree an
+    agent made), or ""."""
+    with tempfile.TemporaryDirectory(prefix="ov-check-") as scratch:
+        found = git(repo, "read-tree", commit, env={"GIT_INDEX_FILE": os.path.join(scratch, "index")}, check=False)
+    return "" if found.returncode == 0 else " ".join(found.stderr.decode("utf-8", "replace").split())[:200]
+
+
+def _remove(worktree: str | os.PathLike[str], path: str) -> None:
+    """Delete a file ``new`` no longer has, only inside the worktree: the trees come from an agent, and a crafted
+    one could name ``../x`` or a path through a symlink it made (read-tree refuses such paths; unlink would not)."""
+    full = os.path.join(os.path.realpath(worktree), path)
+    if any(part in ("", ".", "..") or part.lower() == ".git" for part in path.split("/")) \
+            or os.path.realpath(os.path.dirname(full)) != os.path.dirname(full):
+        raise UnsafePath(f"refused to delete {path!r}: not a plain path inside the worktree")
+    try:
+        os.unlink(full)
+    except FileNotFoundError:
+        pass
+
+
+class UnsafePath(ValueError):
+    """A path in an agent's tree that would leave its worktree."""
+
+
 def apply_tree(worktree: str | os.PathLike[str], old: str, new: str) -> list[str]:
     """Make the working files that differ between ``old`` and ``new`` as they are in ``new`` (deleted where ``new``
     has none); the index is then reset to HEAD (what is not committed shows as changes, as after a local turn)."""
@@ -102,9 +127,6 @@ def apply_tree(worktree: str | os.PathLike[str], old: str, new: str) -> list[str
                     input="\0".join(sorted(present)).encode() + b"\0")
         for path in changed:
             if path not in present:
-                try:
-                    os.unlink(os.path.join(worktree, path))
-                except FileNotFoundError:
-                    pass
+                _remove(worktree, path)
     git(worktree, "reset", "-q")
     return changed

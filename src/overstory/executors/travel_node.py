@@ -149,25 +149,17 @@ class Relay:
         self.server.server_close()
 
 
-def _read_request(conn: socket.socket, limit: int = 1 << 20) -> None:
-    """Read one request (its head and its Content-Length body) and drop it."""
+def _read_request(conn: socket.socket) -> None:
+    """Read one request (its head and its body) and drop it."""
+    from overstory.endpoint import http1
+
     conn.settimeout(5)
-    data = b""
     try:
-        while b"\r\n\r\n" not in data and len(data) < limit:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < min(length, limit):
-            chunk = conn.recv(65536)
-            if not chunk:
-                return
-            body += chunk
-    except (OSError, ValueError):
+        with conn.makefile("rb") as rfile:
+            request = http1.read_head(rfile)
+            if request is not None:
+                rfile.read(min(http1.content_length(request), 1 << 20))
+    except (OSError, http1.BadRequest):
         return
 
 
@@ -271,7 +263,8 @@ def main(argv: t.Sequence[str]) -> int:
             result = finish(info, str(info.get("node") or ""))
         else:
             raise RuntimeError(f"unknown phase {phase!r}")
-    except (OSError, RuntimeError, ControlUnreachable, g.GitFailed, subprocess.CalledProcessError, KeyError) as exc:
+    except (OSError, RuntimeError, ValueError, ControlUnreachable, g.GitFailed, subprocess.CalledProcessError,
+            KeyError) as exc:
         detail = exc.stderr.decode("utf-8", "replace").strip() if isinstance(exc, subprocess.CalledProcessError) \
             and isinstance(exc.stderr, bytes) else str(exc)
         print(json.dumps({"error": f"{phase}: {type(exc).__name__}: {' '.join(detail.split())[:400]}"}))
