@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from overstory.executors.base import TurnExecutor, TurnSpec  # noqa: E402
 from overstory.executors.local import LocalExecutor  # noqa: E402
 from overstory.executors.ray_executor import RayExecutor  # noqa: E402
-from ray_cluster import available, start_cluster  # noqa: E402
+from ray_cluster import available, running_cluster  # noqa: E402
 
 
 def one_turn(executor: TurnExecutor, cwd: str) -> tuple[float, float]:
@@ -78,22 +78,11 @@ def main() -> int:
     scratch = tempfile.mkdtemp(prefix="ov-bench-exec-")
     local = LocalExecutor(Path(scratch) / "turns")
     local_first, local_end = measure(local, args.rounds, scratch)
-    began = time.monotonic()
-    cluster = start_cluster()
-    cluster.enter()
-    try:
-        cluster.connect()
-        started = time.monotonic() - began
+    with running_cluster() as cluster:
         ray = RayExecutor(cluster.address, {"CPU": 1})
         ray_first, ray_end = measure(ray, args.rounds, scratch)
-    finally:
-        import ray as ray_module
-
-        ray_module.shutdown()
-        cluster.leave()
-        left = cluster.stop()
-    print(f"cluster (head + 2 workers, in a network namespace) up in {started:.1f} s; "
-          f"left after stop: {left or 'none'}")
+    print(f"cluster (head + 2 workers, in a network namespace) up in {cluster.started_seconds:.1f} s; "
+          f"left after stop: {cluster.left or 'none'}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores); {args.rounds} rounds")
     print("| figure | median | min | max | ratio to local |")
     print("| --- | --- | --- | --- | --- |")

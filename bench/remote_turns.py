@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing as t
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from harness import clean_env, find_ov, init_project, make_repo  # noqa: E402
 
-from ray_cluster import available, start_cluster  # noqa: E402
+from ray_cluster import available, running_cluster  # noqa: E402
 
 POLL = 0.005
 
@@ -142,18 +143,9 @@ def part_two(ov: str, root: Path, env: dict[str, str], agents: int, label: str) 
     return {"slung": slung, "all completed": total, "turns per node": sorted(n for _, n in per_node)}
 
 
-def cluster_run(workers: int, body: object) -> object:
-    cluster = start_cluster(workers=workers)
-    cluster.enter()
-    try:
-        cluster.connect()
-        return body(cluster.address)  # type: ignore[operator]
-    finally:
-        import ray
-
-        ray.shutdown()
-        cluster.leave()
-        cluster.stop()
+def cluster_run(workers: int, body: t.Callable[[str], t.Any]) -> t.Any:
+    with running_cluster(workers=workers) as cluster:
+        return body(cluster.address)
 
 
 def ms(values: list[float]) -> str:
@@ -182,12 +174,12 @@ def main() -> int:
             "GIT_COMMITTER_EMAIL": "b@x"}}, check=False)
         return root
 
-    def one_by_one(address: str) -> object:
+    def one_by_one(address: str) -> tuple[t.Any, t.Any]:
         first = part_one(ov, project("one", address), env, args.rounds)
         three = part_two(ov, project("three", address), env, args.agents, "t")
         return first, three
 
-    first, three = cluster_run(3, one_by_one)  # type: ignore[misc]
+    first, three = cluster_run(3, one_by_one)
     one = cluster_run(1, lambda address: part_two(ov, project("single", address), env, args.agents, "s"))
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores); {args.files} files; "
           f"{args.rounds} rounds after a warm-up")

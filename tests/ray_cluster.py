@@ -21,6 +21,7 @@ everything left in it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -71,6 +72,7 @@ class RayTestCluster:
     keeper_pid: int = 0  # the keeper as this (outer) pid namespace sees it: unshare's child
     started_seconds: float = 0.0
     workers: list[str] = field(default_factory=list)  # node names
+    left: list[str] = field(default_factory=list)  # what stop() found still alive in the namespace
     _own_netns: int | None = None
 
     # ---- inside the namespaces ------------------------------------------------------------------
@@ -271,14 +273,12 @@ def start_cluster(workers: int = 2, cpus_per_worker: int = 2) -> RayTestCluster:
     return cluster
 
 
-@pytest.fixture(scope="module", name="ray_cluster")
-def ray_cluster_fixture() -> t.Iterator[RayTestCluster]:
-    """A started cluster, with this process's main thread inside its network namespace for the module."""
-    reason = available()
-    if reason:
-        missing(reason)
+@contextlib.contextmanager
+def running_cluster(workers: int = 2) -> t.Iterator[RayTestCluster]:
+    """A started cluster with this thread's driver connected inside its network namespace; stopped afterwards
+    (``left``: what was still alive in the namespace then, which should be nothing)."""
     began = time.monotonic()
-    cluster = start_cluster()
+    cluster = start_cluster(workers=workers)
     cluster.enter()
     try:
         cluster.connect()
@@ -291,5 +291,15 @@ def ray_cluster_fixture() -> t.Iterator[RayTestCluster]:
             ray.shutdown()
         finally:
             cluster.leave()
-            left = cluster.stop()
-            assert left == [], f"processes left in the cluster's namespace after it stopped: {left}"
+            cluster.left = cluster.stop()
+
+
+@pytest.fixture(scope="module", name="ray_cluster")
+def ray_cluster_fixture() -> t.Iterator[RayTestCluster]:
+    """A started cluster, with this process's main thread inside its network namespace for the module."""
+    reason = available()
+    if reason:
+        missing(reason)
+    with running_cluster() as cluster:
+        yield cluster
+    assert cluster.left == [], f"processes left in the cluster's namespace after it stopped: {cluster.left}"
