@@ -32,6 +32,10 @@ if t.TYPE_CHECKING:
     from overstory.store.sessions import Session
 
 LOCAL_SLICE = 0.05  # how often a local turn's stdout file is read while the reader waits
+# ... at first, and again after each line: the wait doubles from this up to LOCAL_SLICE while nothing comes. A
+# runtime writes in bursts (its init right after it starts, a tool call's lines together, its result then exit),
+# so the next line is read within milliseconds of a burst's first, and a quiet model costs no more reads than before.
+LOCAL_FIRST_SLICE = 0.002
 REMOTE_SLICE = 0.5  # the longest a read from the hub waits (the hub answers as soon as a line comes)
 GATE_SLICE = 0.1    # the same, when a tool call may wake the reader (the gate is watched between reads)
 # How often a local turn's stdout file is read once a refused call's answer is awaited (``hurry``): the runtime
@@ -128,13 +132,14 @@ class ExecutorLines:
         self.eof = False
         self.ticket = 0
         self.slice = LOCAL_SLICE if executor.kind == "local" else GATE_SLICE if gate is not None else REMOTE_SLICE
+        self.quiet = 0  # reads in a row that found nothing (a local turn's wait grows with it)
 
     def lines(self, timeout: float) -> list[bytes]:
         if self.eof:
             return []
         deadline = time.monotonic() + timeout
         while True:
-            wait = min(self.slice, max(0.0, deadline - time.monotonic()))
+            wait = min(self._slice(), max(0.0, deadline - time.monotonic()))
             if self.gate is not None:
                 if select.select([self.gate.fileno()], [], [], wait)[0]:
                     self.ticket = self.gate.take()  # before reading: what the runtime wrote before it asked is there
@@ -147,6 +152,11 @@ class ExecutorLines:
             if found or self.eof or time.monotonic() >= deadline:
                 return found
 
+    def _slice(self) -> float:
+        if self.executor.kind != "local":
+            return self.slice
+        return min(self.slice, LOCAL_FIRST_SLICE * 2 ** min(self.quiet, 8))
+
     def hurry(self) -> None:
         if self.executor.kind == "local":
             self.slice = min(self.slice, HURRY_SLICE)  # a remote read already returns as soon as a line comes
@@ -155,6 +165,7 @@ class ExecutorLines:
         batch = self.executor.lines(self.turn_id, self.cursor, timeout=timeout)
         self.cursor = batch.cursor
         self.eof = batch.done
+        self.quiet = 0 if batch.lines else self.quiet + 1
         return [line.encode("utf-8") for line in batch.lines]
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from overstory.executors.shim import shim_command, shim_environment
 
 START_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.02
+FIRST_POLL_SECONDS = 0.001  # a submit's first look for the shim's proc.json; the wait doubles up to POLL_SECONDS
 
 
 class LocalExecutor(TurnExecutor):
@@ -83,10 +84,12 @@ class LocalExecutor(TurnExecutor):
         with os.fdopen(write_spec, "w", encoding="utf-8") as handle:
             handle.write(jsontext.dumps({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env}))
         deadline = time.monotonic() + START_WAIT_SECONDS
-        while time.monotonic() < deadline:  # until the command runs (or could not start)
+        pause = FIRST_POLL_SECONDS
+        while time.monotonic() < deadline:  # until the command runs (or could not start): milliseconds, mostly
             if any((folder / name).exists() for name in ("proc.json", "failed.json")) or shim.poll() is not None:
                 break
-            time.sleep(POLL_SECONDS)
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_SECONDS)
         if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
             tail = _tail(folder / "stderr", 300).strip()
             reason = f"the shim exited ({shim.returncode}) before the command started: {tail}"
