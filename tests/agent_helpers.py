@@ -13,8 +13,31 @@ from overstory.store import sessions
 from overstory.store.db import open_state
 
 
-def loop_processes(agent: str, project_root: Path | None = None) -> list[int]:
-    """Pids of live agent-loop processes serving ``agent`` (of ``project_root``), by command line."""
+def loop_processes(agent: str, project_root: Path | None = None, *, unstarted_grace: float = 10.0) -> list[int]:
+    """Pids of live agent-loop processes serving ``agent`` (of ``project_root``), by command line.
+
+    A loop `ov sling` started early and never told to go (agents.process.WarmLoop: its spawn failed, or its
+    `ov sling` was killed) ends by itself, having touched nothing, once its imports are done and it reads the end
+    of its pipe: such a loop is given ``unstarted_grace`` seconds to do so, and counted only if it is still there.
+    """
+    deadline = time.monotonic() + unstarted_grace
+    found = _loop_pids(agent, project_root)
+    while any(_unstarted(pid) for pid in found) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = _loop_pids(agent, project_root)
+    return found
+
+
+def _unstarted(pid: int) -> bool:
+    """A warm loop still waiting for its word: its output goes to an unnamed file until then, to its log after."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/2").endswith("(deleted)") and b"--go-fd" in \
+            Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _loop_pids(agent: str, project_root: Path | None) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -126,6 +126,16 @@ def test_orphans_are_the_recorded_processes_of_ended_or_replaced_agents(
     stranger = sleeper(sleepers, "--agent", "someone-else")
     agent_lock_path(project, "live-c").write_text(str(stranger.pid))
 
+    # 4. A loop `ov sling` started early (agents.process.WarmLoop): its command line has no generation; it wrote
+    #    the one it serves after its pid in the lock file.
+    warm_first = sessions.create_session(state_db, name="warm-d", capability="builder", task_id="t",
+                                         runtime="scripted", actor="test")
+    assert sessions.transition(state_db, "warm-d", warm_first, "completed", actor="test").ok
+    sessions.create_session(state_db, name="warm-d", capability="builder", task_id="t", runtime="scripted",
+                            actor="test")
+    warm_loop = sleeper(sleepers, "--project", str(project.root), "--agent", "warm-d", "--go-fd", "7")
+    agent_lock_path(project, "warm-d").write_text(f"{warm_loop.pid} {warm_first}")
+
     time.sleep(0.1)
     check = named(doctor(project, "processes"), "orphan processes")
     assert check["status"] == "warn" and check["category"] == "processes" and check["hint"]
@@ -135,9 +145,10 @@ def test_orphans_are_the_recorded_processes_of_ended_or_replaced_agents(
     assert f"at generation {second} now" in detail
     assert f"a process of generation {first} (pid {old_loop.pid}) still runs" in detail
     assert str(stranger.pid) not in detail and "live-c" not in detail
-    assert detail.startswith("3 leftover(s)")
+    assert f"warm-d: a process of generation {warm_first} (pid {warm_loop.pid}) still runs" in detail
+    assert detail.startswith("4 leftover(s)")
 
-    for proc in (loop, straggler, old_loop):
+    for proc in (loop, straggler, old_loop, warm_loop):
         proc.kill()
         proc.wait()
     assert named(doctor(project, "processes"), "orphan processes")["status"] == "ok"

@@ -39,6 +39,28 @@ def branch_exists(root: Path, branch: str) -> bool:
     return git(root, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0
 
 
+def branch_tips(root: Path, *branches: str) -> dict[str, str]:
+    """The commit each of ``branches`` that exists points at, in one git call (absent ones are left out)."""
+    wanted = {f"refs/heads/{branch}": branch for branch in branches}
+    listed = git(root, "for-each-ref", "--format=%(refname) %(objecttype) %(objectname)", *wanted, check=False)
+    tips = {}
+    for line in listed.stdout.splitlines():  # a pattern also matches refs below it (main/x): exact names only
+        ref, kind, commit = line.split(" ")
+        if ref in wanted and kind == "commit":
+            tips[wanted[ref]] = commit
+    return tips
+
+
+def common_dir(root: Path) -> Path:
+    """The repository's shared .git folder for the worktree at ``root`` (its own .git folder in the main one)."""
+    import os
+
+    if (root / ".git").is_dir() and not os.environ.keys() & {"GIT_DIR", "GIT_COMMON_DIR"}:
+        return (root / ".git").resolve()  # the main worktree: no git process needed
+    found = git(root, "rev-parse", "--git-common-dir").stdout.strip()
+    return (root / found).resolve()
+
+
 @contextmanager
 def worktree_admin_lock(repo_root: Path) -> Iterator[None]:
     """Serialise `git worktree add/remove/prune` in one repository.
@@ -58,10 +80,11 @@ def worktree_admin_lock(repo_root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str]) -> None:
-    """Untracked files go into the repository's exclude list; tracked ones get skip-worktree."""
-    common = git(worktree, "rev-parse", "--git-common-dir").stdout.strip()
-    exclude = (worktree / common / "info" / "exclude").resolve() if not Path(common).is_absolute() else Path(common) / "info" / "exclude"
+def keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str], *, common: Path | None = None) -> None:
+    """Untracked files go into the repository's exclude list; tracked ones get skip-worktree.
+
+    ``common``: the repository's common git folder, when the caller knows it (one git call fewer)."""
+    exclude = (common or common_dir(worktree)) / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     existing = exclude.read_text() if exclude.exists() else ""
     missing = [p for p in relative_paths if f"/{p}" not in existing.splitlines()]
@@ -71,6 +94,7 @@ def keep_out_of_commits(worktree: Path, relative_paths: t.Sequence[str]) -> None
                 handle.write("\n")
             handle.write("# added by ov: per-agent files (instructions, hook settings, progress)\n")
             handle.writelines(f"/{p}\n" for p in missing)
-    for path in relative_paths:
-        if git(worktree, "ls-files", "--error-unmatch", path, check=False).returncode == 0:
-            git(worktree, "update-index", "--skip-worktree", path)
+    listed = git(worktree, "--literal-pathspecs", "ls-files", "-z", "--", *relative_paths) if relative_paths else None
+    tracked = listed.stdout.split("\0")[:-1] if listed is not None else []
+    if tracked:
+        git(worktree, "update-index", "--skip-worktree", "--", *tracked)

@@ -29,6 +29,7 @@ from overstory.agents.process import (
     acquire_turn_slot,
     load_launch_env,
     spawn_loop,  # noqa: F401 - re-exported: callers and tests start loops from here
+    wait_for_go,
 )
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
@@ -553,11 +554,24 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         defer(name)
     words = list(sys.argv[1:] if argv is None else argv)
     options = dict(zip(words[::2], words[1::2]))
-    if len(words) != 6 or set(options) != {"--project", "--agent", "--generation"} \
-            or not options["--generation"].isdigit():
-        print("usage: python -m overstory.agents.loop --project ROOT --agent NAME --generation N", file=sys.stderr)
+    told = options.get("--generation") or options.get("--go-fd") or ""
+    if len(words) != 6 or set(options) - {"--generation", "--go-fd"} != {"--project", "--agent"} \
+            or not told.isdigit():
+        print("usage: python -m overstory.agents.loop --project ROOT --agent NAME (--generation N | --go-fd FD)",
+              file=sys.stderr)
         return 2
-    loop = AgentLoop(ProjectPaths(Path(options["--project"])), options["--agent"], int(options["--generation"]))
+    project = ProjectPaths(Path(options["--project"]))
+    if "--go-fd" in options:  # started early by `ov sling` (process.WarmLoop): the first turn's modules meanwhile
+        from overstory.agents import turn_exec, turns  # noqa: F401
+        from overstory.endpoint import hooks, routes, server  # noqa: F401
+        from overstory.executors import local  # noqa: F401
+
+        generation = wait_for_go(int(told), project, options["--agent"])
+        if generation is None:
+            return 0  # its spawn did not happen: nothing was touched
+    else:
+        generation = int(told)
+    loop = AgentLoop(project, options["--agent"], generation)
     try:
         return loop.run()
     finally:

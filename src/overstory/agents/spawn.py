@@ -31,7 +31,7 @@ from overstory.errors import (
     SpawnError,
     UsageError,
 )
-from overstory.gitutil import branch_exists, current_branch, git
+from overstory.gitutil import branch_exists, branch_tips, current_branch, git
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
@@ -122,11 +122,20 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
 
         groups.get(conn, validate_name(request.group, "group name"))
     spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
-    plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id, files=files)
-    if isinstance(plan, SlingResult):
-        return plan  # a retried turn slinging again: the agent it already started
-    spawning = spawn_steps.Spawning(project, config, conn, plan)
-    spawn_steps.run(spawning, spawn_steps.steps_for(plan, start=start))
+    warm = None
+    if start and not (config.runtime.tmux if request.tmux is None else request.tmux):
+        from overstory.agents.process import WarmLoop
+
+        warm = WarmLoop(project, name, spawn_steps.launch_env(project, environ))  # starts while we plan and build
+    try:
+        plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id, files=files)
+        if isinstance(plan, SlingResult):
+            return plan  # a retried turn slinging again: the agent it already started
+        spawning = spawn_steps.Spawning(project, config, conn, plan, warm_loop=warm)
+        spawn_steps.run(spawning, spawn_steps.steps_for(plan, start=start))
+    finally:
+        if warm is not None:
+            warm.discard()  # unused (a failed spawn, a tmux one): it exits, having touched nothing
     # Settle: after the commit point, so nothing here may undo (or fail) the spawn.
     _record_spawn_event(project, name, spawning.generation, capability, task_id, plan.parent)
     from overstory.store import mail
@@ -157,7 +166,7 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     adapter.program(config)  # fails early and clearly if the runtime is not installed
     tmux = _tmux_mode(request, config, adapter) if request.loop is None else False  # iterations are headless
     _check_executor(request.executor, tmux, config)
-    from overstory.agents.turns import model_choice, provider_of
+    from overstory.agents.models import model_choice, provider_of
 
     model, _ = model_choice(request.model, capability, config, spawn_steps.launch_env(project, environ),
                             runtime)  # unknown provider, missing key
@@ -190,14 +199,16 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     branch = None if at_root else f"ov/{name}"
     worktree = None if at_root else project.worktree(name)
     base_branch = request.base_branch or current_branch(project.root)
+    tips: dict[str, str] = {}
     if not at_root:
         if base_branch is None:
             raise SpawnError("the project is on a detached HEAD; check out a branch or pass --base-branch")
-        if not branch_exists(project.root, base_branch):
+        tips = branch_tips(project.root, base_branch, branch)  # type: ignore[arg-type]
+        if base_branch not in tips and not branch_exists(project.root, base_branch):
             raise UsageError(f"base branch {base_branch!r} does not exist")
         if request.continue_branch:  # neither is ours to undo: the intent names neither the branch nor a reused tree
             reuse_worktree = spawn_journal.continuation(project, branch, worktree)  # type: ignore[arg-type]
-        elif branch_exists(project.root, branch):  # type: ignore[arg-type]
+        elif branch in tips or branch_exists(project.root, branch):  # type: ignore[arg-type]
             raise SpawnError(f"branch {branch} already exists (left by an earlier {name}); merge it, `ov resume {name} "
                              f"--restart` it, delete it with `ov stop {name} --clean`, or choose another --name")
         elif worktree.exists():  # type: ignore[union-attr]
@@ -216,7 +227,9 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     ov_command, ov_bin_dir = ov_executable()
     run_dir = project.run_dir / name
     # A fork (``start_point``) starts at another agent's checkpoint instead of the base branch's tip.
-    base_commit = None if at_root else _commit_of(project, base_branch, request.start_point)  # type: ignore[arg-type]
+    base_commit = None if at_root else (  # the base branch's tip as read above, unless a start point is named
+        tips.get(base_branch) if request.start_point is None and base_branch in tips  # type: ignore[arg-type]
+        else _commit_of(project, base_branch, request.start_point))  # type: ignore[arg-type]
     # Rendered before anything exists: a broken template leaves nothing to undo.
     instructions = _instructions_text(project, name=name, capability=capability, task_id=task_id,
                                       branch=branch or base_branch or "", base_branch=base_branch or "",

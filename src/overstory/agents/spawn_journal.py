@@ -35,7 +35,7 @@ from pathlib import Path
 
 from overstory import procs
 from overstory.errors import OrchestratorError, SpawnError
-from overstory.gitutil import git, worktree_admin_lock
+from overstory.gitutil import common_dir, git, worktree_admin_lock
 from overstory.paths import ProjectPaths
 from overstory.store import intents, sessions
 
@@ -89,7 +89,7 @@ def add_worktree(project: ProjectPaths, conn: sqlite3.Connection, intent: dict[s
     """`git worktree add`, with the name of git's folder for it noted in the intent first (see the module doc)."""
     worktree.parent.mkdir(parents=True, exist_ok=True)
     with worktree_admin_lock(project.root):  # no other ov adds a worktree meanwhile: git picks the name below
-        admin = _free_admin_name(_common_dir(project), worktree.name)
+        admin = _free_admin_name(common_dir(project.root), worktree.name)
         step(conn, intent, "worktree", worktree_admin=admin)
         run_git(project.root, "worktree", "add", str(worktree), branch)
 
@@ -135,9 +135,6 @@ def _die_with_parent() -> t.Callable[[], None] | None:
     return preexec
 
 
-def _common_dir(project: ProjectPaths) -> Path:
-    found = git(project.root, "rev-parse", "--git-common-dir").stdout.strip()
-    return (project.root / found).resolve()
 
 
 def _free_admin_name(common: Path, base: str) -> str:
@@ -287,7 +284,7 @@ def _remove_admin_folders(project: ProjectPaths, worktree: Path, admin: str | No
     Ours: the one named in the intent, unless it points at another path (a killed git may have written
     none, or part, of its ``gitdir``); and any that points at this worktree (ov's own, under
     .overstory/worktrees/NAME, which this spawn holds)."""
-    folders = _common_dir(project) / "worktrees"
+    folders = common_dir(project.root) / "worktrees"
     if not folders.is_dir():
         return False
     mine = str(worktree.resolve() / ".git")
@@ -305,7 +302,7 @@ def _remove_admin_folders(project: ProjectPaths, worktree: Path, admin: str | No
 
 def _remove_ref_lock(project: ProjectPaths, branch: str, since_ms: int) -> list[str]:
     """The branch's lock file, if a `git branch` killed by the spawn's death left it (made after the intent)."""
-    lock = _common_dir(project) / "refs" / "heads" / f"{branch}.lock"
+    lock = common_dir(project.root) / "refs" / "heads" / f"{branch}.lock"
     try:
         made_ms = lock.stat().st_mtime_ns // 1_000_000
     except OSError:

@@ -21,7 +21,7 @@ from pathlib import Path
 from overstory import procs
 from overstory.agents import spawn_journal
 from overstory.errors import DiskFull, OrchestratorError, SpawnError, StoreError
-from overstory.gitutil import keep_out_of_commits
+from overstory.gitutil import common_dir, keep_out_of_commits
 from overstory.paths import ProjectPaths
 from overstory.sandbox.layout import PINNED_FILES
 from overstory.store import intents, sessions
@@ -29,6 +29,7 @@ from overstory.store import intents, sessions
 if t.TYPE_CHECKING:
     import sqlite3
 
+    from overstory.agents.process import WarmLoop
     from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 
@@ -79,9 +80,11 @@ class SpawnPlan:
 
     @property
     def tmux_session(self) -> str | None:
-        from overstory.agents.tmux.server import session_name
+        if not self.tmux:
+            return None
+        from overstory.agents.tmux.server import session_name  # (it imports hashlib: not for a headless spawn)
 
-        return session_name(self.name) if self.tmux else None
+        return session_name(self.name)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Spawning:
     generation: int = 0
     dispatch_id: int | None = None
     loop_pid: int | None = None
+    warm_loop: WarmLoop | None = None  # a headless loop started early, waiting to be told its generation
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ def _instructions(sp: Spawning) -> None:
     copy = worktree / runtime.instructions_file
     copy.parent.mkdir(parents=True, exist_ok=True)
     copy.write_text(sp.plan.instructions, encoding="utf-8")
-    keep_out_of_commits(worktree, [runtime.instructions_file])
+    keep_out_of_commits(worktree, [runtime.instructions_file], common=common_dir(sp.project.root))
 
 
 def _rundir(sp: Spawning) -> None:
@@ -257,7 +261,8 @@ def _start(sp: Spawning) -> None:
     else:
         from overstory.agents.process import spawn_loop
 
-        sp.loop_pid, ticks = spawn_loop(sp.project, plan.name, sp.generation, sp.launch_env)
+        told = sp.warm_loop.go(sp.generation, sp.launch_env) if sp.warm_loop is not None else None
+        sp.loop_pid, ticks = told or spawn_loop(sp.project, plan.name, sp.generation, sp.launch_env)
         sp.started_pids.append((sp.loop_pid, ticks))
         sessions.update_fields(sp.conn, plan.name, sp.generation, loop_pid=sp.loop_pid, loop_start_ticks=ticks)
 

@@ -49,17 +49,19 @@ def _lock_holder_loop(project: ProjectPaths, agent: str) -> tuple[int, int] | No
     from overstory.agents.process import agent_lock_path
 
     try:
-        text = agent_lock_path(project, agent).read_text().strip()
+        words = agent_lock_path(project, agent).read_text().split()  # "PID GENERATION" (older loops: "PID")
     except OSError:
         return None
-    if not text.isdigit() or not procs.is_alive(int(text)):
+    if not words or not words[0].isdigit() or not procs.is_alive(int(words[0])):
         return None
-    argv = cmdline_of(int(text))
-    generation = _option(argv, "--generation")
+    pid = int(words[0])
+    argv = cmdline_of(pid)
+    # A loop `ov sling` started early is told its generation later (process.WarmLoop): only the lock file has it.
+    generation = _option(argv, "--generation") or (words[1] if len(words) > 1 and "--go-fd" in argv else None)
     if (_option(argv, "--agent") != agent or _option(argv, "--project") != str(project.root)
             or generation is None or not generation.isdigit()):
         return None
-    return int(text), int(generation)
+    return pid, int(generation)
 
 
 def find_orphans(project: ProjectPaths) -> list[str]:
