@@ -22,35 +22,62 @@ def worktree_state(cwd: str | None) -> tuple[str | None, dict[str, t.Any] | None
     """(HEAD commit, ``git status`` summary) of ``cwd``; (None, None) when git cannot tell."""
     if not cwd:
         return None, None
-    try:
-        head = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=cwd, capture_output=True,
-                              text=True, timeout=30, check=False)
-        status = subprocess.run(["git", "status", "--porcelain=v1", "--untracked-files=normal"], cwd=cwd,
+    try:  # one git process: porcelain v2 says the HEAD commit too
+        status = subprocess.run(["git", "status", "--porcelain=v2", "--branch", "--untracked-files=normal"], cwd=cwd,
                                 capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None, None
-    sha = head.stdout.strip() or None if head.returncode == 0 else None
     if status.returncode != 0:
-        return sha, None
+        return None, None
+    sha = None
     counts = {"modified": 0, "added": 0, "deleted": 0, "renamed": 0, "untracked": 0, "conflicted": 0}
     paths: list[str] = []
+    changed = 0
     for line in status.stdout.splitlines():
-        code, path = line[:2], line[3:]
-        if code == "??":
+        kind, _, rest = line.partition(" ")
+        if kind == "#":
+            header, _, value = rest.partition(" ")
+            if header == "branch.oid" and value != "(initial)":
+                sha = value
+            continue
+        changed += 1
+        if kind == "?":
+            code, path = "??", _quoted(rest)
             counts["untracked"] += 1
-        elif "U" in code or code in ("AA", "DD"):
+        elif kind == "u":  # u XY sub m1 m2 m3 mW h1 h2 h3 path
+            fields = rest.split(" ", 9)
+            code, path = fields[0].replace(".", " "), _quoted(fields[-1])
             counts["conflicted"] += 1
-        elif "R" in code:
-            counts["renamed"] += 1
-        elif "D" in code:
-            counts["deleted"] += 1
-        elif "A" in code:
-            counts["added"] += 1
+        elif kind in ("1", "2"):  # 1 XY sub mH mI mW hH hI path; 2 ... Xscore path<TAB>orig
+            fields = rest.split(" ", 7 if kind == "1" else 8)
+            code, path = fields[0].replace(".", " "), _quoted(fields[-1])
+            if kind == "2":
+                new, _, old = fields[-1].partition("\t")
+                path = f"{_quoted(old)} -> {_quoted(new)}"
+            counts[_class_of(code)] += 1
         else:
-            counts["modified"] += 1
+            continue
         if len(paths) < STATUS_SAMPLE:
             paths.append(f"{code.strip() or '?'} {path}")
-    return sha, {"clean": not status.stdout.strip(), **counts, "paths": paths}
+    return sha, {"clean": changed == 0, **counts, "paths": paths}
+
+
+def _quoted(path: str) -> str:
+    """A path as the short format shows it: v2 quotes what it must, v1 also a name with a space in it."""
+    return f'"{path}"' if " " in path and not path.startswith('"') else path
+
+
+def _class_of(code: str) -> str:
+    """What an ``XY`` status code counts as (git status --porcelain's letters)."""
+    if code in ("AA", "DD") or "U" in code:
+        return "conflicted"
+    if "R" in code:
+        return "renamed"
+    if "D" in code:
+        return "deleted"
+    if "A" in code:
+        return "added"
+    return "modified"
 
 
 def save_start(state: sqlite3.Connection, agent: Session, turn_id: str, *, attempt: int, scope: str,
