@@ -77,6 +77,27 @@ def test_stdin_reaches_the_command(executor: LocalExecutor, tmp_path: Path) -> N
     assert read_all(executor, "t-stdin")[0] == ['{"type":"user"}', ""]
 
 
+def test_the_command_runs_as_popen_would_start_it(executor: LocalExecutor, tmp_path: Path) -> None:
+    """The shim starts the command without subprocess (executors.shim._start): in a session and process group of
+    its own, in the spec's folder, with only the spec's environment, SIGPIPE and SIGXFSZ back to their defaults
+    (Python ignores SIGPIPE; a pipeline like `yes | head -1` relies on it), and none of the shim's own files."""
+    script = ('ps -o sid=,pgid= -p $$; pwd; echo "[$ONLY]" "[${HOME:-none}]"; grep SigIgn /proc/self/status; '
+              'ls /proc/self/fd | sort -n | tr "\\n" " "; echo; yes | head -1')
+    executor.submit(TurnSpec("t-popen", ("sh", "-c", script), str(tmp_path), env={"PATH": os.environ["PATH"],
+                                                                                    "ONLY": "this"}))
+    lines = read_all(executor, "t-popen")[0]
+    ended = executor.wait("t-popen", timeout=30)
+    assert ended.exit_code == 0
+    sid, pgid = lines[0].split()
+    assert sid == pgid == str(ended.pid)  # its own session, led by the command itself
+    assert lines[1] == str(tmp_path)
+    assert lines[2] == "[this] [none]"
+    ignored = int(lines[3].split()[1], 16)
+    assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # SIGPIPE, SIGXFSZ not ignored
+    assert lines[4].split() == ["0", "1", "2", "3"]  # stdio, and the fd ls itself opens
+    assert lines[5] == "y"
+
+
 def test_stop_ends_the_whole_process_group_and_what_left_it(executor: LocalExecutor, tmp_path: Path) -> None:
     executor.submit(spec("t-stop", group_and_straggler(), tmp_path))
     assert read_until(executor, "t-stop", 1)[0] == ["ready"]

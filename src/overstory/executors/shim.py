@@ -14,14 +14,14 @@ never stops the shim before it has recorded the end.
   a turn whose worker or node died must not go on committing on nobody's behalf.
 
 The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}). Standard library
-and ``procs`` (with ``jsontext``, json without the json package) only, and few of those (no argparse, socket or
-typing): every turn starts one.
+and ``procs`` (with ``jsontext``, json without the json package) only, and few of those (no argparse, socket,
+typing or subprocess: its imports, signal's enum among them, were half the shim's start-up): every turn starts
+one, between the loop and the runtime.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from overstory import jsontext, procs
@@ -72,6 +72,65 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
+def _start(argv: list[str], cwd: str, env: dict[str, str]) -> int:
+    """Start ``argv`` in a session (and process group) of its own, as ``subprocess.Popen(start_new_session=True)``
+    would: its pid, or the OSError that kept it from running (told back on a pipe that exec closes)."""
+    import _signal  # type: ignore[import-not-found]  # signal's C half (the module imports enum)
+
+    failed, failing = os.pipe()  # both close-on-exec
+    pid = os.fork()
+    if pid == 0:  # the child: only os calls until exec (this process has one thread)
+        code = 127
+        try:
+            os.close(failed)
+            for number in ("SIGPIPE", "SIGXFSZ"):  # Python ignores these; the command gets the defaults
+                if hasattr(_signal, number):
+                    _signal.signal(getattr(_signal, number), _signal.SIG_DFL)
+            os.setsid()
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            os.write(failing, f"{exc.errno or 0} {exc.strerror or exc}".encode())
+        finally:
+            os._exit(code)
+    os.close(failing)
+    with os.fdopen(failed, "rb") as pipe:
+        told = pipe.read()
+    if told:
+        os.waitpid(pid, 0)
+        number, _, text = told.decode(errors="replace").partition(" ")
+        raise OSError(int(number) if number.isdigit() else 0, text)
+    return pid
+
+
+class _Ended:
+    """The command's exit status, waited for at most a while at a time (a pidfd where Linux has them)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self.pidfd: int | None = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self.pidfd = None
+
+    def wait(self, seconds: float) -> int | None:
+        """The exit code (negative: the signal that ended it), or None if it still runs after ``seconds``."""
+        if self.pidfd is not None:
+            import select
+
+            select.select([self.pidfd], [], [], seconds)
+        done, status = os.waitpid(self.pid, os.WNOHANG)
+        if done == 0:
+            if self.pidfd is None:
+                import time
+
+                time.sleep(min(seconds, 0.01))
+            return None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        return os.waitstatus_to_exitcode(status)
+
+
 class _Args:
     def __init__(self, argv: t.Sequence[str]) -> None:
         """``--spec-fd N [--report-fd N] [--record-dir DIR] [--watch-parent PID]``: only ov starts the shim."""
@@ -96,31 +155,29 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     if args.record_dir and os.path.exists(os.path.join(args.record_dir, "stop.json")):
         _write_json(args.record_dir, "failed.json", {"reason": "stopped", "ended_ms": now_ms()})
         return 143  # stopped before it started
+    if args.report_fd is not None:
+        os.set_inheritable(args.report_fd, False)  # ours, not the command's
     try:
-        child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], start_new_session=True)
+        pid = _start(spec["argv"], spec["cwd"], spec["env"])
     except OSError as exc:
         reason = f"cannot start {spec['argv'][0]}: {exc.strerror or exc}"
         _write_json(args.record_dir, "failed.json", {"reason": reason, "ended_ms": now_ms()})
         _report(args.report_fd, {"error": reason})
         return 127
-    ticks = procs.start_ticks(child.pid)
-    started = {"pid": child.pid, "pgid": child.pid, "ticks": ticks, "node": os.uname().nodename,
+    ticks = procs.start_ticks(pid)
+    started = {"pid": pid, "pgid": pid, "ticks": ticks, "node": os.uname().nodename,
                "started_ms": now_ms(), "shim_pid": os.getpid()}
     _write_json(args.record_dir, "proc.json", started)
     _report(args.report_fd, started)
     _detach_stdio()
     orphaned = False
-    while True:
-        try:
-            code = child.wait(timeout=POLL_SECONDS)
-            break
-        except subprocess.TimeoutExpired:
-            pass
+    ended = _Ended(pid)
+    while (code := ended.wait(POLL_SECONDS)) is None:
         if args.watch_parent and not orphaned and os.getppid() != args.watch_parent:
             orphaned = True  # the worker that ran the turn died: take the turn down with it
-            procs.kill_turn(child.pid, ticks, turn_id, force=True)
+            procs.kill_turn(pid, ticks, turn_id, force=True)
     # What the command left behind (background shells, a tool that left the group) ends with it.
-    procs.kill_turn(child.pid, ticks, turn_id, grace=LEFTOVER_GRACE, force=orphaned)
+    procs.kill_turn(pid, ticks, turn_id, grace=LEFTOVER_GRACE, force=orphaned)
     exit_code = code if code >= 0 else 128 - code
     _write_json(args.record_dir, "exit.json", {"exit_code": exit_code, "ended_ms": now_ms(), "orphaned": orphaned})
     _report(args.report_fd, {"exit_code": exit_code})
