@@ -28,7 +28,9 @@ its end point is the session's last write of the turn: ``last_activity`` in sess
 after the runtime exited, its result event was recorded and the session's final state was
 written; ov's is the ``turn_end`` event, written by its loop at the same point (runtime exited,
 result read, rows settled). Both are wall-clock milliseconds measured from just before the
-command is started. Its own CPU comes from a ``--preload`` script that writes
+command is started. The earlier marks both record are reported too: the first event (ov's
+``turn_start``, the TS ``session_start``, both from ``system/init``) and the result line read
+(ov's ``turn_result``, the TS ``result`` event). Its own CPU comes from a ``--preload`` script that writes
 ``process.cpuUsage()`` at exit; ``wait4`` gives it with its waited-for children (git, the fake).
 
 Without ``OV_BENCH_TS_OVERSTORY`` the TypeScript figures issue 34 quotes, measured there with the
@@ -104,8 +106,8 @@ if (out) process.on("exit", () => {
 def _events(events_db: Path, agent: str) -> dict[str, int]:
     conn = sqlite3.connect(f"file:{events_db}?mode=ro", uri=True, timeout=10)
     try:
-        found = conn.execute("SELECT kind, min(at) FROM events WHERE agent = ? AND kind IN "
-                             "('spawn', 'loop_start', 'turn_start', 'turn_end') GROUP BY kind", (agent,)).fetchall()
+        found = conn.execute("SELECT kind, min(at) FROM events WHERE agent = ? AND kind IN ('spawn', 'loop_start', "
+                             "'turn_start', 'turn_result', 'turn_end') GROUP BY kind", (agent,)).fetchall()
     finally:
         conn.close()
     return {kind: at for kind, at in found}
@@ -384,8 +386,8 @@ def _one_repository(ctx: Context, count: int, fake: Path, wrapper: Path,
     python = script_interpreter(ctx.ov) or sys.executable
     events_db = root / ".overstory" / "events.db"
     sides = _Sides()
-    for key in ("worktree", "exit", "spawn", "loop_start", "turn_start", "turn_end", "own_cpu", "children_cpu",
-                "loop_cpu"):
+    for key in ("worktree", "exit", "spawn", "loop_start", "turn_start", "turn_result", "turn_end", "own_cpu",
+                "children_cpu", "loop_cpu"):
         sides.samples[key] = []
     ts_root: Path | None = None
     ts_error = ""
@@ -424,7 +426,7 @@ def _one_repository(ctx: Context, count: int, fake: Path, wrapper: Path,
             sides.add("own_cpu", own)
             sides.add("children_cpu", children)
             sides.add("loop_cpu", loop_cpu)
-            for kind in ("spawn", "loop_start", "turn_start", "turn_end"):
+            for kind in ("spawn", "loop_start", "turn_start", "turn_result", "turn_end"):
                 if kind in found:
                     sides.add(kind, found[kind] - wall_start_ms)
         ctx.ov_run("stop", name, "--clean", "--force", cwd=root, check=False, env=env)
@@ -467,7 +469,8 @@ def _rows(count: int, files: int, sides: _Sides, ts: TsTool | None) -> list[dict
     ts_settled = Stats(samples["ts_settled"]) if ts is not None and samples.get("ts_settled") else None
     rows.append(row(12, f"git worktree add alone ({label})", "ms", worktree, digits=1))
     for kind, text in (("exit", "ov sling command exits"), ("spawn", "spawn event"), ("loop_start", "loop started"),
-                       ("turn_start", "first event (turn_start)"), ("turn_end", "first turn_end")):
+                       ("turn_start", "first event (turn_start)"), ("turn_result", "result line read (turn_result)"),
+                       ("turn_end", "first turn_end")):
         if not samples[kind]:
             continue
         stats = Stats(samples[kind])
