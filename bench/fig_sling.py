@@ -113,6 +113,16 @@ def _events(events_db: Path, agent: str) -> dict[str, int]:
     return {kind: at for kind, at in found}
 
 
+def _turn_end_summary(events_db: Path, agent: str) -> str:
+    conn = sqlite3.connect(f"file:{events_db}?mode=ro", uri=True, timeout=10)
+    try:
+        found = conn.execute("SELECT summary FROM events WHERE agent = ? AND kind = 'turn_end' ORDER BY at LIMIT 1",
+                             (agent,)).fetchone()
+    finally:
+        conn.close()
+    return str(found[0] if found else "")[:200]
+
+
 def _wait_for_turn_end(events_db: Path, agent: str, timeout: float = 60) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -419,6 +429,8 @@ def _one_repository(ctx: Context, count: int, fake: Path, wrapper: Path,
         loop_cpu = _proc_cpu_ms(pid) if pid else None
         if "turn_end" not in found:
             sides.problems.append(f"{name}: no turn_end within 60 s (saw {sorted(found)})")
+        elif "turn_start" not in found:  # the turn ended without the runtime's first line: it did not run
+            sides.problems.append(f"{name}: the turn ended without a turn_start ({_turn_end_summary(events_db, name)})")
         own, children = (float(x) * 1000 for x in cpu_file.read_text().split())
         cpu_file.unlink()
         if record:
