@@ -1,37 +1,35 @@
 """Figure 12: `ov sling` with an instant fake runtime, until the agent's first turn ends (issue 34).
 
-The runtime is a shell script standing in for ``claude``: it reads the user turn on its stdin to
-the end, prints Claude Code's stream-json shape for one turn (``system/init``, one ``assistant``
-message, a ``result``) and exits. So
-what is timed is ov's own work: the command (python and click start-up, the configuration,
-the worktree, the sandbox, the endpoint, hook settings, the journal) and the agent loop's
-start, up to the ``turn_end`` event of the first turn. The project keeps its default
-configuration (sandbox ``auto``: bubblewrap where it works).
+The runtime is a shell script standing in for ``claude``: it reads the user turn on its stdin to the
+end, prints Claude Code's stream-json shape for one turn (``system/init``, one ``assistant``
+message, a ``result``) and exits. So what is timed is ov's own work: the command (python and click
+start-up, the configuration, the worktree, the sandbox, the endpoint, hook settings, the journal)
+and the agent loop's start, up to the ``turn_end`` event of the first turn. The project keeps its
+default configuration (sandbox ``auto``: bubblewrap where it works).
 
-Per repository (200 and 5,000 tracked files), each round times, in a rotating order,
-`git worktree add` alone, one `ov sling builder` and (when it is installed) one TypeScript
-`overstory sling --headless`, then stops and cleans the agents. Every timed step is preceded
-by ``os.sync()``. The ov sling runs under a small wrapper that reports its own CPU
-(getrusage: the process itself, and the children it waited for, git mostly), so CPU is
-measured even where other work on this shared machine stretches wall time; the agent loop's
-own CPU is read from /proc when its ``turn_end`` is seen.
+Per repository (200 and 5,000 tracked files), each round times, in a rotating order, `git worktree
+add` alone, one `ov sling builder` and (when it is installed) one TypeScript `overstory sling
+--headless`, then stops and cleans the agents. Every timed step is preceded by ``os.sync()``. The ov
+sling runs under a small wrapper that reports its own CPU (getrusage: the process itself, and the
+children it waited for, git mostly), so CPU is measured even where other work on this shared machine
+stretches wall time; the agent loop's own CPU is read from /proc when its ``turn_end`` is seen.
 
-The TypeScript overstory side by side (issue 34). Set ``OV_BENCH_TS_OVERSTORY`` to a folder
-laid out as ``bench/setup_ts_overstory.sh`` leaves it: ``bin/bun`` and ``overstory/src/index.ts``
-with its ``node_modules`` (and ``ts-overstory.json``, what was installed). It is run as
-``bun overstory/src/index.ts`` in its own repository of the same shape (``make_repo``), set up
-with its ``init --yes`` (task tracker off, as ov's project has none) and the same fake first on
-its PATH. Its ``sling`` refuses uid 0, so when the bench runs as root it is run as
-``OV_BENCH_TS_UID`` (default 65534, nobody) with its own HOME, in a scratch folder under /tmp
-that uid owns. Its headless sling drives the first turn itself and returns when it is over, so
-its end point is the session's last write of the turn: ``last_activity`` in sessions.db, set
-after the runtime exited, its result event was recorded and the session's final state was
-written; ov's is the ``turn_end`` event, written by its loop at the same point (runtime exited,
-result read, rows settled). Both are wall-clock milliseconds measured from just before the
-command is started. The earlier marks both record are reported too: the first event (ov's
-``turn_start``, the TS ``session_start``, both from ``system/init``) and the result line read
-(ov's ``turn_result``, the TS ``result`` event). Its own CPU comes from a ``--preload`` script that writes
-``process.cpuUsage()`` at exit; ``wait4`` gives it with its waited-for children (git, the fake).
+The TypeScript overstory side by side (issue 34). Set ``OV_BENCH_TS_OVERSTORY`` to a folder laid out
+as ``bench/setup_ts_overstory.sh`` leaves it: ``bin/bun`` and ``overstory/src/index.ts`` with its
+``node_modules`` (and ``ts-overstory.json``, what was installed). It is run as ``bun
+overstory/src/index.ts`` in its own repository of the same shape (``make_repo``), set up with its
+``init --yes`` (task tracker off, as ov's project has none) and the same fake first on its PATH. Its
+``sling`` refuses uid 0, so when the bench runs as root it is run as ``OV_BENCH_TS_UID`` (default
+65534, nobody) with its own HOME, in a scratch folder (tempfile's) that uid owns. Its headless sling
+drives the first turn itself and returns when it is over, so its end point is the session's last
+write of the turn: ``last_activity`` in sessions.db, set after the runtime exited, its result event
+was recorded and the session's final state was written; ov's is the ``turn_end`` event, written by
+its loop at the same point (runtime exited, result read, rows settled). Both are wall-clock
+milliseconds measured from just before the command is started. The earlier marks both record are
+reported too: the first event (ov's ``turn_start``, the TS ``session_start``, both from
+``system/init``) and the result line read (ov's ``turn_result``, the TS ``result`` event). Its own
+CPU comes from a ``--preload`` script that writes ``process.cpuUsage()`` at exit; ``wait4`` gives it
+with its waited-for children (git, the fake).
 
 Without ``OV_BENCH_TS_OVERSTORY`` the TypeScript figures issue 34 quotes, measured there with the
 same kind of fake (137 ms at 200 files and 355 ms at 5,000 for ``sling --headless`` through the
