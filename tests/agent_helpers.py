@@ -16,7 +16,7 @@ from overstory.store.db import open_state
 def loop_processes(agent: str, project_root: Path | None = None, *, unstarted_grace: float = 10.0) -> list[int]:
     """Pids of live agent-loop processes serving ``agent`` (of ``project_root``), by command line.
 
-    A loop `ov sling` started early and never told to go (agents.process.WarmLoop: its spawn failed, or its
+    A loop `ov sling` started early and never told to go (agents.warm_loop.WarmLoop: its spawn failed, or its
     `ov sling` was killed) ends by itself, having touched nothing, once its imports are done and it reads the end
     of its pipe: such a loop is given ``unstarted_grace`` seconds to do so, and counted only if it is still there.
     """

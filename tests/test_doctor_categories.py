@@ -126,7 +126,7 @@ def test_orphans_are_the_recorded_processes_of_ended_or_replaced_agents(
     stranger = sleeper(sleepers, "--agent", "someone-else")
     agent_lock_path(project, "live-c").write_text(str(stranger.pid))
 
-    # 4. A loop `ov sling` started early (agents.process.WarmLoop): its command line has no generation; it wrote
+    # 4. A loop `ov sling` started early (agents.warm_loop.WarmLoop): its command line has no generation; it wrote
     #    the one it serves after its pid in the lock file.
     warm_first = sessions.create_session(state_db, name="warm-d", capability="builder", task_id="t",
                                          runtime="scripted", actor="test")

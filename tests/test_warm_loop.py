@@ -1,4 +1,4 @@
-"""`ov sling` starts the agent's loop before the spawn is done (agents.process.WarmLoop), so that Python's start-up
+"""`ov sling` starts the agent's loop before the spawn is done (agents.warm_loop.WarmLoop), so that Python's start-up
 and the loop's imports overlap the spawn's git and database work. Until it is told its generation the loop touches
 nothing, and without the word (the spawn failed; `ov sling` died anywhere) it ends by itself."""
 
@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from agent_helpers import agent_env, agent_state, wait_for
-from overstory.agents.process import WarmLoop, agent_lock_path, loop_log_path
+from overstory.agents.process import agent_lock_path, loop_log_path
+from overstory.agents.warm_loop import WarmLoop
 from overstory.paths import ProjectPaths
 
 

@@ -29,7 +29,6 @@ from overstory.agents.process import (
     acquire_turn_slot,
     load_launch_env,
     spawn_loop,  # noqa: F401 - re-exported: callers and tests start loops from here
-    wait_for_go,
 )
 from overstory.clock import now_ms
 from overstory.paths import ProjectPaths
@@ -555,17 +554,17 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     options = dict(zip(words[::2], words[1::2]))
     told = options.get("--generation") or options.get("--go-fd") or ""
-    if len(words) != 6 or set(options) - {"--generation", "--go-fd"} != {"--project", "--agent"} \
-            or not told.isdigit():
-        print("usage: python -m overstory.agents.loop --project ROOT --agent NAME (--generation N | --go-fd FD)",
-              file=sys.stderr)
+    warm = {"--project", "--agent", "--go-fd"} <= set(options) <= {"--project", "--agent", "--go-fd", "--runtime"}
+    if len(words) % 2 or not (warm or set(options) == {"--project", "--agent", "--generation"}) or not told.isdigit():
+        print("usage: python -m overstory.agents.loop --project ROOT --agent NAME (--generation N | --go-fd FD "
+              "[--runtime NAME])", file=sys.stderr)
         return 2
     project = ProjectPaths(Path(options["--project"]))
-    if "--go-fd" in options:  # started early by `ov sling` (process.WarmLoop): the first turn's modules meanwhile
-        from overstory.agents import turn_exec, turns  # noqa: F401
-        from overstory.endpoint import hooks, routes, server  # noqa: F401
-        from overstory.executors import local  # noqa: F401
+    if warm:  # started early by `ov sling` (agents.warm_loop): the first turn's modules while it waits
+        from overstory.agents.warm_loop import wait_for_go
+        from overstory.agents.warm_up import warm_up
 
+        warm_up(options.get("--runtime"))
         generation = wait_for_go(int(told), project, options["--agent"])
         if generation is None:
             return 0  # its spawn did not happen: nothing was touched

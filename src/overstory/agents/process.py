@@ -141,7 +141,7 @@ class AgentProcess:
 MALLOC_ARENAS_ENV = "MALLOC_ARENA_MAX"
 
 
-def _loop_env(environ: t.Mapping[str, str]) -> dict[str, str]:
+def loop_env(environ: t.Mapping[str, str]) -> dict[str, str]:
     env = dict(environ)
     # glibc gives every thread that allocates an arena of its own: the endpoint's threads would keep about 0.3 MiB
     # of each idle loop that way, in a process that mostly waits. (Only the loop's own variable: a turn's
@@ -166,91 +166,6 @@ def spawn_loop(project: ProjectPaths, agent: str, generation: int, environ: t.Ma
             [sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root), "--agent", agent,
              "--generation", str(generation)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
-            env=_loop_env(environ), cwd=str(project.root),
+            env=loop_env(environ), cwd=str(project.root),
         )
     return proc.pid, procs.start_ticks(proc.pid)
-
-
-class WarmLoop:
-    """An agent loop started before its spawn is done, waiting for the word to go (``ov sling``).
-
-    Python's start-up and the loop's imports take tens of milliseconds: this way they overlap the
-    spawn's git and database work instead of following it. Until told its generation on ``--go-fd``
-    the process touches nothing (no lock, no row, no file; its output goes nowhere), and the end of
-    that pipe without a word (the spawn failed, or `ov sling` died anywhere before the word) makes it
-    exit. So a killed spawn leaves nothing of it to undo.
-    """
-
-    def __init__(self, project: ProjectPaths, agent: str, environ: t.Mapping[str, str]) -> None:
-        import subprocess
-        import sys
-
-        self.env = dict(environ)
-        read_end, self._go = os.pipe()
-        try:  # what it prints before the word (Python's warnings, -X importtime) goes to its log then
-            early: int = os.open(project.root, os.O_TMPFILE | os.O_RDWR, 0o600)
-        except OSError:
-            early = subprocess.DEVNULL
-        try:
-            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [sys.executable, "-m", "overstory.agents.loop", "--project", str(project.root), "--agent", agent,
-                 "--go-fd", str(read_end)],
-                stdin=subprocess.DEVNULL, stdout=early, stderr=early,
-                start_new_session=True, pass_fds=(read_end,), env=_loop_env(environ), cwd=str(project.root))
-        except OSError:
-            self.proc = None
-        finally:
-            os.close(read_end)
-            if early >= 0:
-                os.close(early)
-
-    def go(self, generation: int, environ: t.Mapping[str, str]) -> tuple[int, int | None] | None:
-        """Tell the loop to serve ``generation``; its (pid, start ticks), or None when it cannot (it is gone,
-        or was started with another environment than the spawn settled on): then start one as usual."""
-        if self.proc is None or dict(environ) != self.env or self.proc.poll() is not None:
-            self.discard()
-            return None
-        ticks = procs.start_ticks(self.proc.pid)
-        try:
-            os.write(self._go, f"{generation}\n".encode())
-        except OSError:  # it died this instant (EPIPE)
-            self.discard()
-            return None
-        os.close(self._go)
-        self._go = -1
-        return self.proc.pid, ticks
-
-    def discard(self) -> None:
-        """Not needed after all (the spawn failed, or it is a tmux one): it is ended now, having touched nothing,
-        so that a failed spawn leaves no process behind. (Were we killed instead, the end of its pipe ends it.)"""
-        if self._go < 0:
-            return
-        os.close(self._go)
-        self._go = -1
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # our own child, in a group of its own, that has not been told to start
-            self.proc.wait()
-
-
-def wait_for_go(fd: int, project: ProjectPaths, agent: str) -> int | None:
-    """A warm loop's wait (``WarmLoop``): the generation it is told to serve, or None when its spawn did not
-    happen. On the word, the loop's output goes to its log, as a loop started the usual way."""
-    import sys
-
-    with os.fdopen(fd, "rb") as pipe:
-        word = pipe.readline().strip()
-    if not word.isdigit():
-        return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    log = os.open(loop_log_path(project, agent), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.lseek(2, 0, os.SEEK_SET)  # an unnamed file of its own (WarmLoop); /dev/null reads nothing
-        while chunk := os.read(2, 65536):
-            os.write(log, chunk)
-    except OSError:
-        pass
-    for target in (1, 2):
-        os.dup2(log, target)
-    os.close(log)
-    return int(word)

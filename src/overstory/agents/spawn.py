@@ -124,9 +124,10 @@ def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, reque
     spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
     warm = None
     if start and not (config.runtime.tmux if request.tmux is None else request.tmux):
-        from overstory.agents.process import WarmLoop
+        from overstory.agents.warm_loop import WarmLoop
 
-        warm = WarmLoop(project, name, spawn_steps.launch_env(project, environ))  # starts while we plan and build
+        warm = WarmLoop(project, name, spawn_steps.launch_env(project, environ),  # starts while we plan and build
+                        runtime=request.runtime or config.runtime_for(capability))
     try:
         plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id, files=files)
         if isinstance(plan, SlingResult):

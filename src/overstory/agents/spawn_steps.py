@@ -29,7 +29,7 @@ from overstory.store import intents, sessions
 if t.TYPE_CHECKING:
     import sqlite3
 
-    from overstory.agents.process import WarmLoop
+    from overstory.agents.warm_loop import WarmLoop
     from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 

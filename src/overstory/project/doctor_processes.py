@@ -56,7 +56,7 @@ def _lock_holder_loop(project: ProjectPaths, agent: str) -> tuple[int, int] | No
         return None
     pid = int(words[0])
     argv = cmdline_of(pid)
-    # A loop `ov sling` started early is told its generation later (process.WarmLoop): only the lock file has it.
+    # A loop `ov sling` started early is told its generation later (warm_loop.WarmLoop): only the lock file has it.
     generation = _option(argv, "--generation") or (words[1] if len(words) > 1 and "--go-fd" in argv else None)
     if (_option(argv, "--agent") != agent or _option(argv, "--project") != str(project.root)
             or generation is None or not generation.isdigit()):

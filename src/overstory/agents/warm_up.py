@@ -1,0 +1,23 @@
+"""What a warm loop (``agents.warm_loop``) imports while it waits for its word: the modules its first turn would
+import after it. Apart from ``warm_loop`` because ``ov sling`` imports that one, and these modules import sling.
+"""
+
+from __future__ import annotations
+
+
+def warm_up(runtime: str | None) -> None:
+    """Import, while waiting for the word, what the first turn would import after it (the turn machinery, the
+    endpoint, the runtime's adapter and stream parser): all of it stays loaded for the loop's life anyway."""
+    from overstory.agents import budgeting, idle, turn_exec, turns  # noqa: F401
+    from overstory.endpoint import hooks, routes, server  # noqa: F401
+    from overstory.executors import local  # noqa: F401
+    from overstory.store import mail_text, quota, runs  # noqa: F401
+
+    if runtime:
+        from overstory.errors import OrchestratorError
+        from overstory.runtimes import get_runtime
+
+        try:
+            get_runtime(runtime).new_parser()
+        except (OrchestratorError, ImportError):
+            pass  # not a runtime ov knows: the turn says so
