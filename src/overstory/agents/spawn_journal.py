@@ -25,7 +25,6 @@ worktree add` fails on it). A folder there that points at another path is never 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -75,7 +74,7 @@ def step(conn: sqlite3.Connection, intent: dict[str, t.Any], name: str, **learne
 def run_git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """One git step of a spawn; git is killed when its spawner dies (so nothing keeps working behind an undo)."""
     preexec = _die_with_parent()
-    setpriv = shutil.which("setpriv") if preexec is None else None  # util-linux: the same, without Python
+    setpriv = procs.which("setpriv") if preexec is None else None  # util-linux: the same, without Python
     prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
     done = subprocess.run([*prefix, "git", *args], cwd=root, capture_output=True, text=True, preexec_fn=preexec)
     if done.returncode != 0:
@@ -213,6 +212,8 @@ def undo(project: ProjectPaths, conn: sqlite3.Connection, intent: t.Mapping[str,
 def _remove_run_dir(run_dir: Path, patience: float = 5.0) -> None:
     """Remove the run dir, again while something still writes into it: a turn's shim outlives its command by
     design (it records the command's end in the turn's folder there), so it may write while the tree goes."""
+    import shutil  # (only an undo removes trees: not on every spawn's path)
+
     deadline = time.monotonic() + patience
     while True:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -272,6 +273,8 @@ def _remove_worktree(project: ProjectPaths, worktree: Path, admin: str | None) -
         if listed:
             git(project.root, "worktree", "remove", "--force", "--force", str(worktree), check=False)
         if worktree.exists():
+            import shutil
+
             shutil.rmtree(worktree, ignore_errors=True)
         present = _remove_admin_folders(project, worktree, admin) or present
         git(project.root, "worktree", "prune", check=False)
@@ -295,6 +298,8 @@ def _remove_admin_folders(project: ProjectPaths, worktree: Path, admin: str | No
         except OSError:
             points_at = None
         if points_at == mine or (folder.name == admin and (points_at is None or mine.startswith(points_at))):
+            import shutil
+
             shutil.rmtree(folder, ignore_errors=True)
             removed = True
     return removed

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from overstory.agents import spawn_journal
 from overstory.errors import DiskFull, OrchestratorError, SpawnError, StoreError
 from overstory.gitutil import common_dir, keep_out_of_commits
 from overstory.paths import ProjectPaths
-from overstory.sandbox.layout import PINNED_FILES
 from overstory.store import intents, sessions
 
 if t.TYPE_CHECKING:
@@ -171,6 +169,8 @@ def _instructions(sp: Spawning) -> None:
 def _rundir(sp: Spawning) -> None:
     plan, run_dir = sp.plan, sp.plan.run_dir
     if run_dir.exists():
+        import shutil
+
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     if plan.home_files is not None:  # the runtime's own home under the run dir: nothing goes into the worktree
@@ -178,6 +178,8 @@ def _rundir(sp: Spawning) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
         # Their names, so that each turn's sandbox shows them read-only (see sandbox.layout.PINNED_FILES).
+        from overstory.sandbox.layout import PINNED_FILES  # (the sandbox package: not for every spawn)
+
         (run_dir / PINNED_FILES).write_text(json.dumps(sorted(str(p) for p in plan.home_files)), encoding="utf-8")
     else:
         _write_run_files(run_dir, plan.adapter, plan.instructions, ov_command=plan.ov_command, tmux_mode=plan.tmux)

@@ -215,6 +215,8 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
         sys.exit(0)
     for name in DEFERRED:
         defer(name)
+    # pathlib imports urllib.parse (and with it ipaddress: 2 ms) for Path.as_uri alone; as in the agent loop
+    defer("urllib.parse", "quote_from_bytes")
     plan = parse(args)
     if plan is None:
         from overstory.cli.main import main as click_main
