@@ -215,10 +215,11 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
         sys.exit(0)
     for name in DEFERRED:
         defer(name)
-    # pathlib imports urllib.parse (and with it ipaddress: 2 ms) for Path.as_uri alone; as in the agent loop
-    defer("urllib.parse", "quote_from_bytes")
     plan = parse(args)
     if plan is None:
+        # pathlib imports urllib.parse (and with it ipaddress: 2 ms) for Path.as_uri alone; as in the agent loop.
+        # (Not for a hot command: those import neither pathlib nor the urllib package the stand-in goes into.)
+        defer("urllib.parse", "quote_from_bytes")
         from overstory.cli.main import main as click_main
 
         click_main(args)
