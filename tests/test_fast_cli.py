@@ -475,6 +475,37 @@ def test_the_guard_writes_its_ledger_row_without_json_shlex_or_fnmatch(world: Wo
     assert len(rows) == 1  # judged, classified and recorded
 
 
+# Since issue 34's last target (hot commands at 2x) the guard's lexer, walker and handlers test characters without
+# regular expressions (guards.chars) and import collections.abc's names only for the type checker: re, with the enum,
+# functools and collections it imports, was about a quarter of `ov guard`'s CPU time.
+ORDINARY_COMMANDS = [
+    "python -m pytest -q tests/test_parser.py && git status --short && ls -la src",
+    "cd src && cp a.py b.py; mv b.py c.py 2>/dev/null || rm -f c.py",
+    'rg -n "def main" src | head -5; sed -n 1,20p README.md | sort | uniq -c',
+    'echo $HOME ~/x ${X:-y} "$(git log -1 --format=%H)" `date` $((1+2)) > /tmp/out.txt',
+    "bash -c 'ls; env A=1 timeout 5 grep -r x .' && mkdir -p build/{a,b} && touch build/a/x",
+    "for f in *.py; do wc -l $f; done; cat <<EOF > /tmp/notes\nhello $(whoami)\nEOF\n",
+]
+
+
+@pytest.mark.parametrize("capability", ["builder", "scout"])
+@pytest.mark.parametrize("command", ORDINARY_COMMANDS)
+def test_the_guard_judges_ordinary_commands_without_the_costly_standard_modules(world: World, command: str,
+                                                                                 capability: str) -> None:
+    world.restore()
+    call = {"tool_name": "Bash", "tool_input": {"command": command}, "tool_use_id": "toolu_plain",
+            "cwd": str(world.worktree)}
+    env = {**(AGENT_ENV if capability == "builder" else SCOUT_ENV), "OVERSTORY_PROJECT_ROOT": str(world.project.root),
+           "OVERSTORY_TURN_ID": "t-plain", "OVERSTORY_DISPATCH": "1"}
+    assert _run_probe(world, ["guard"], STDLIB_UNWANTED, env=env, stdin=json.dumps(call).encode()) == {
+        "code": 0, "loaded": []}
+    for response in ({"tool_response": {"stdout": "ok", "stderr": ""}},
+                     {"hook_event_name": "PostToolUseFailure", "error": "Exit code 1\nfailed"}):
+        post = {"hook_event_name": "PostToolUse", **call, **response}
+        assert _run_probe(world, ["guard", "--post"], STDLIB_UNWANTED, env=env, stdin=json.dumps(post).encode()) == {
+            "code": 0, "loaded": []}
+
+
 def test_outside_a_sandbox_the_endpoint_client_is_not_loaded(world: World) -> None:
     stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": "git push"}, "cwd": str(world.worktree)})
     world.restore()

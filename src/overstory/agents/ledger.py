@@ -32,9 +32,8 @@ Standard library and ov's stdlib-only guards and store only: `ov guard` imports 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from collections.abc import Mapping
+from _collections_abc import Mapping  # collections.abc's classes, without importing the collections package
 
 from overstory import jsontext
 from overstory.store import ledger as store
@@ -58,7 +57,18 @@ ENV_POLICY = "OVERSTORY_LEDGER"
 REPLAY_POLICIES = ("skip", "rerun", "ask")
 DEFAULT_REPLAY: dict[str, str] = {"read": "rerun", "local_write": "rerun", "side_effect": "skip"}
 FLAG_EVENT = "tool_call_flagged"
-_EXIT_CODE = re.compile(r"^Exit code (-?\d+)")
+_EXIT_CODE = "Exit code "  # Claude's PostToolUseFailure error: "Exit code N" and the output
+
+
+def _exit_code(error: str) -> int | None:
+    """``re.match(r"^Exit code (-?\\d+)", error)``'s number, without importing re (tests/test_guard_chars.py)."""
+    if not error.startswith(_EXIT_CODE):
+        return None
+    start = len(_EXIT_CODE) + (1 if error.startswith("-", len(_EXIT_CODE)) else 0)
+    end = start
+    while end < len(error) and error[end].isdecimal():
+        end += 1
+    return int(error[len(_EXIT_CODE):end]) if end > start else None
 
 
 class LedgerPolicy:
@@ -364,10 +374,10 @@ def record_post(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: 
 def _receipt(tool: str, hook_input: Mapping[str, t.Any], ok: bool) -> tuple[str, int | None]:
     if not ok:
         error = str(hook_input.get("error") or "failed")
-        match = _EXIT_CODE.match(error)
+        code = _exit_code(error)
         if hook_input.get("is_interrupt"):
             error = "(interrupted) " + error
-        return error, int(match.group(1)) if match else None
+        return error, code
     response = hook_input.get("tool_response")
     if tool == "Bash" and isinstance(response, dict):
         text = str(response.get("stdout") or "") + (f"\n{response['stderr']}" if response.get("stderr") else "")

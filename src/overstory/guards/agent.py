@@ -11,12 +11,15 @@ to do instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
 
 from overstory.capabilities import READ_ONLY as READ_ONLY_CAPABILITIES
 from overstory.capabilities import WRITERS as WRITE_CAPABILITIES
 from overstory.guards import scope as write_scope
 from overstory.guards.shell import _SUBST
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 _MAX_GLOB_MATCHES = 2000
 _PATH_MAX = 4096  # the kernel refuses longer paths: a `cd` there fails

@@ -17,11 +17,14 @@ redirects output into a file. Standard library only (``ov guard`` runs it on eve
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping, Sequence
+from _collections_abc import Mapping  # collections.abc's classes, without importing the collections package
 
 from overstory import jsontext
 from overstory.guards.patterns import SHELL_TOOLS, ToolPattern, call_subjects, parse_pattern, shell_commands
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 READ = "read"
 LOCAL_WRITE = "local_write"
@@ -89,6 +92,8 @@ _HTTP_WRITE = (  # compiled on the first HTTP call (``_http_write``): the guard'
 
 
 def _http_write(subject: str) -> bool:
+    import re  # only for an HTTP call: `ov guard` does not import re for the others
+
     return re.search(_HTTP_WRITE, subject) is not None  # re's own cache keeps the compiled pattern
 
 

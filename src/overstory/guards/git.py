@@ -18,7 +18,6 @@ it to another branch. ``gh`` may only read.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from overstory.guards.agent import _Agent, _inside
 from overstory.guards.effects import (
@@ -32,6 +31,10 @@ from overstory.guards.effects import (
     _values,
 )
 from overstory.guards.push import push_refusal
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 _GIT_COMMANDS = frozenset(
     """

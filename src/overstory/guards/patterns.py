@@ -26,11 +26,15 @@ Syntax: ``TOOL`` or ``TOOL(ARGUMENT)``, both shell-style globs (``*``, ``?``,
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Mapping
 
 from overstory import jsontext
-from overstory.guards.shell import _ASSIGNMENT, _KEYWORDS, ShellCommand, split_shell
+from overstory.guards.chars import is_assignment
+from overstory.guards.shell import _KEYWORDS, ShellCommand, split_shell
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Iterable, Mapping
 
 SHELL_TOOLS = frozenset({"Bash", "Monitor"})
 SUBJECT_KEYS = ("file_path", "notebook_path", "path", "url", "command", "pattern", "query")
@@ -76,6 +80,7 @@ class _Glob:
             return False
         if self.regex is None:
             import fnmatch
+            import re
 
             self.regex = re.compile(fnmatch.translate(self.glob), re.DOTALL)
         return self.regex.fullmatch(text) is not None
@@ -217,7 +222,7 @@ def _normalized(simple: ShellCommand, depth: int) -> list[tuple[list[str], list[
 def _unwrap(argv: list[str]) -> list[str]:
     """Drop leading assignments and wrapper programs (with their options)."""
     for _ in range(_MAX_DEPTH * 2):
-        while argv and _ASSIGNMENT.match(argv[0]):
+        while argv and is_assignment(argv[0]):
             argv = argv[1:]
         if not argv:
             return argv
