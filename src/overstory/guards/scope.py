@@ -103,9 +103,12 @@ def _part_regex(part: str) -> str:
             if negate:
                 j += 1
             close = part.find("]", j + 1 if j < len(part) and part[j] == "]" else j)
-            body = "".join(ch if ch == "-" else re.escape(ch) for ch in part[j:close])
-            out.append(f"[{'^/' if negate else ''}{body}]")
-            i = close
+            if close < 0:  # a name's `[` (leads_to): a plain character, as fnmatch takes it. (This looped for ever.)
+                out.append(re.escape(c))
+            else:
+                body = "".join(ch if ch == "-" else re.escape(ch) for ch in part[j:close])
+                out.append(f"[{'^/' if negate else ''}{body}]")
+                i = close
         else:
             out.append(re.escape(c))
         i += 1
