@@ -485,6 +485,7 @@ ORDINARY_COMMANDS = [
     'echo $HOME ~/x ${X:-y} "$(git log -1 --format=%H)" `date` $((1+2)) > /tmp/out.txt',
     "bash -c 'ls; env A=1 timeout 5 grep -r x .' && mkdir -p build/{a,b} && touch build/a/x",
     "for f in *.py; do wc -l $f; done; cat <<EOF > /tmp/notes\nhello $(whoami)\nEOF\n",
+    "python -m pytest -x -k parser --maxfail=2 tests/ && ruff check --select E src && mypy src",  # testopts' tables
 ]
 
 
