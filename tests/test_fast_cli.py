@@ -475,6 +475,36 @@ def test_the_guard_writes_its_ledger_row_without_json_shlex_or_fnmatch(world: Wo
     assert len(rows) == 1  # judged, classified and recorded
 
 
+def test_the_guard_counts_and_records_a_call_on_one_connection(world: World) -> None:
+    """The budget count and the ledger row share state.db's one connection (each opening parses the schema)."""
+    world.restore()
+    code = textwrap.dedent("""
+        import sys, _sqlite3
+        opened = []
+        real = _sqlite3.connect
+        _sqlite3.connect = lambda *args, **kwargs: opened.append(args[0]) or real(*args, **kwargs)
+        from overstory.cli import fast
+        try:
+            fast.main(["guard"])
+        except SystemExit:
+            pass
+        print(len(opened))
+    """)
+    call = {"tool_name": "Bash", "tool_input": {"command": "ls"}, "tool_use_id": "toolu_one", "cwd": str(world.worktree)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}, **AGENT_ENV,
+           "OVERSTORY_PROJECT_ROOT": str(world.project.root), "OVERSTORY_TURN_ID": "t-one", "OVERSTORY_DISPATCH": "1"}
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(call).encode(), capture_output=True, env=env,
+                          cwd=world.project.root, timeout=60, check=False)
+    assert (done.returncode, done.stdout.decode().split(), done.stderr) == (0, ["1"], b"")
+    conn = sqlite3.connect(world.project.state_db)
+    try:
+        counted = conn.execute("SELECT tool_calls FROM budgets WHERE name = 'builder-a'").fetchone()[0]
+        rows = conn.execute("SELECT status FROM tool_calls WHERE tool_use_id = 'toolu_one'").fetchall()
+    finally:
+        conn.close()
+    assert (counted, rows) == (1, [("started",)])
+
+
 # Since issue 34's last target (hot commands at 2x) the guard's lexer, walker and handlers test characters without
 # regular expressions (guards.chars) and import collections.abc's names only for the type checker: re, with the enum,
 # functools and collections it imports, was about a quarter of `ov guard`'s CPU time.
