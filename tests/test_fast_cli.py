@@ -537,6 +537,23 @@ def test_the_guard_judges_ordinary_commands_without_the_costly_standard_modules(
             "code": 0, "loaded": []}
 
 
+# Modules of ov's own that the hot commands need only when something is wrong: the 48 error classes (raised where
+# they are made) and the migration lists (a database behind them). Since issue 34's last target.
+OV_UNWANTED = ["overstory.errors", "overstory.store.migrations", "overstory.store.events_migrations"]
+
+
+@pytest.mark.parametrize("args", [["status", "--json"], ["status", "--all"], ["guard"], ["guard", "--post"]],
+                         ids=" ".join)
+def test_status_and_the_guard_load_no_error_classes_or_migrations(world: World, args: list[str]) -> None:
+    world.restore()
+    call = {"tool_name": "Bash", "tool_input": {"command": "ls -la"}, "tool_use_id": "toolu_calm",
+            "cwd": str(world.worktree), "tool_response": {"stdout": "x"}}
+    env = {**AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root), "OVERSTORY_TURN_ID": "t-calm"}
+    probed = _run_probe(world, args, OV_UNWANTED, env=env if args[0] == "guard" else None,
+                        stdin=json.dumps(call).encode() if args[0] == "guard" else b"")
+    assert probed == {"code": 0, "loaded": []}
+
+
 def test_outside_a_sandbox_the_endpoint_client_is_not_loaded(world: World) -> None:
     stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": "git push"}, "cwd": str(world.worktree)})
     world.restore()
