@@ -63,13 +63,13 @@ class _Glob:
         self.regex: re.Pattern[str] | None = None
         self.glob = glob
         self.head = ""
-        head, star, tail = glob.partition("*")
-        if not any(c in glob for c in "*?["):
+        wild = [index for index in (glob.find("*"), glob.find("?"), glob.find("[")) if index >= 0]
+        if not wild:
             self.exact = glob
-        elif star and not tail and not any(c in head for c in "?["):
-            self.prefix = head
+        elif (first := min(wild)) == len(glob) - 1 and glob[first] == "*":  # the one wildcard, a star at the end
+            self.prefix = glob[:first]
         else:
-            self.head = glob[:min(index for index in (glob.find(c) for c in "*?[") if index >= 0)]
+            self.head = glob[:first]
 
     def __call__(self, text: str) -> bool:
         if self.exact is not None:
