@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from overstory import jsontext, printable
+from overstory import jsontext
 
 TYPE_CHECKING = False  # typing costs milliseconds on a hot path
 if TYPE_CHECKING:
@@ -79,11 +79,15 @@ def echo(text: str, *, err: bool = False) -> None:
 
 
 def echo_json(document: t.Any) -> None:
+    from overstory import printable  # not for `ov guard`, which prints no agent's text of its own
+
     echo(printable.json_text(jsontext.dumps(document, indent=2, ensure_ascii=False, default=str)))
 
 
 def one_line(text: str) -> str:
     """An error message on one line; what it quotes of an agent's text cannot drive the terminal."""
+    from overstory import printable
+
     return printable.line(" ".join(text.split()) if "\n" in text else text)
 
 
