@@ -132,6 +132,12 @@ def test_writes_inside_the_scope_and_reads_anywhere_are_allowed(worktree: Path, 
     assert decision.allow, decision.reason
 
 
+def test_the_guard_reads_the_scope_from_the_variable_the_turn_sets() -> None:
+    from overstory.guards import agent
+
+    assert agent._SCOPE_ENV == scope.ENV  # agent.py reads it without importing scope.py (`ov guard`'s start-up)
+
+
 @pytest.mark.parametrize("name", ["[x", "[]", "[!", "a[b/c", "[^]"])
 def test_a_name_with_an_unclosed_bracket_is_judged_not_looped_on(worktree: Path, name: str) -> None:
     """A new path whose name holds a `[` with no `]` once sent the scope's glob code into an endless loop that ate
