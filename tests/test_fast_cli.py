@@ -655,10 +655,28 @@ def test_a_hot_command_runs_without_the_cyclic_collector_and_click_gets_it_back(
                               env={k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")})
         assert done.returncode == 0, done.stderr
         seen.append(done.stderr.splitlines()[-1])
-    assert seen == ["collector on: False", "collector on: False", "collector on: True"]
+    assert seen == ["collector on: False", "collector on: False", "collector on: True"]  # the handler ran too
     with pytest.raises(SystemExit):
         fast.main(["--project", str(world.project.root), "status", "--json"])
     assert gc.isenabled()
+
+
+def test_a_hot_commands_process_ends_at_once_with_its_output_and_status(world: World) -> None:
+    """With no exit handler registered, a hot command's process skips the interpreter's finalization
+    (``os._exit``) after flushing: its whole output and its exit status are still there."""
+    world.restore()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}
+    ov = [sys.executable, "-c", "from overstory.cli import fast; fast.main()"]
+    status = subprocess.run([*ov, "status", "--json"], capture_output=True, text=True, cwd=world.project.root,
+                            env=env, timeout=60, check=False)
+    assert status.returncode == 0 and json.loads(status.stdout)["totals"]["agents"] == 4, status.stderr
+    refused = subprocess.run([*ov, "guard"], input=json.dumps({"tool": "bash", "args": {"command": "sudo ls"}}),
+                             capture_output=True, text=True, cwd=world.project.root, timeout=60, check=False,
+                             env={**env, **AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root)})
+    assert refused.returncode == 2 and "sudo" in refused.stderr and refused.stdout == ""  # OpenCode's dialect
+    bad = subprocess.run([*ov, "status", "--capability", "nope", "--json"], capture_output=True, text=True,
+                         cwd=world.project.root, env=env, timeout=60, check=False)
+    assert bad.returncode == 2 and json.loads(bad.stderr)["error"]["kind"] == "usage_error"
 
 
 def test_the_ov_script_starts_in_the_fast_path() -> None:
