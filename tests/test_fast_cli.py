@@ -10,6 +10,7 @@ everything.
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import json
 import os
@@ -475,6 +476,85 @@ def test_the_guard_writes_its_ledger_row_without_json_shlex_or_fnmatch(world: Wo
     assert len(rows) == 1  # judged, classified and recorded
 
 
+def test_the_guard_counts_and_records_a_call_on_one_connection(world: World) -> None:
+    """The budget count and the ledger row share state.db's one connection (each opening parses the schema)."""
+    world.restore()
+    code = textwrap.dedent("""
+        import sys, _sqlite3
+        opened = []
+        real = _sqlite3.connect
+        _sqlite3.connect = lambda *args, **kwargs: opened.append(args[0]) or real(*args, **kwargs)
+        from overstory.cli import fast
+        try:
+            fast.main(["guard"])
+        except SystemExit:
+            pass
+        print(len(opened))
+    """)
+    call = {"tool_name": "Bash", "tool_input": {"command": "ls"}, "tool_use_id": "toolu_one", "cwd": str(world.worktree)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}, **AGENT_ENV,
+           "OVERSTORY_PROJECT_ROOT": str(world.project.root), "OVERSTORY_TURN_ID": "t-one", "OVERSTORY_DISPATCH": "1"}
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(call).encode(), capture_output=True, env=env,
+                          cwd=world.project.root, timeout=60, check=False)
+    assert (done.returncode, done.stdout.decode().split(), done.stderr) == (0, ["1"], b"")
+    conn = sqlite3.connect(world.project.state_db)
+    try:
+        counted = conn.execute("SELECT tool_calls FROM budgets WHERE name = 'builder-a'").fetchone()[0]
+        rows = conn.execute("SELECT status FROM tool_calls WHERE tool_use_id = 'toolu_one'").fetchall()
+    finally:
+        conn.close()
+    assert (counted, rows) == (1, [("started",)])
+
+
+# Since issue 34's last target (hot commands at 2x) the guard's lexer, walker and handlers test characters without
+# regular expressions (guards.chars) and import collections.abc's names only for the type checker: re, with the enum,
+# functools and collections it imports, was about a quarter of `ov guard`'s CPU time.
+ORDINARY_COMMANDS = [
+    "python -m pytest -q tests/test_parser.py && git status --short && ls -la src",
+    "cd src && cp a.py b.py; mv b.py c.py 2>/dev/null || rm -f c.py",
+    'rg -n "def main" src | head -5; sed -n 1,20p README.md | sort | uniq -c',
+    'echo $HOME ~/x ${X:-y} "$(git log -1 --format=%H)" `date` $((1+2)) > /tmp/out.txt',
+    "bash -c 'ls; env A=1 timeout 5 grep -r x .' && mkdir -p build/{a,b} && touch build/a/x",
+    "for f in *.py; do wc -l $f; done; cat <<EOF > /tmp/notes\nhello $(whoami)\nEOF\n",
+    "python -m pytest -x -k parser --maxfail=2 tests/ && ruff check --select E src && mypy src",  # testopts' tables
+]
+
+
+@pytest.mark.parametrize("capability", ["builder", "scout"])
+@pytest.mark.parametrize("command", ORDINARY_COMMANDS)
+def test_the_guard_judges_ordinary_commands_without_the_costly_standard_modules(world: World, command: str,
+                                                                                 capability: str) -> None:
+    world.restore()
+    call = {"tool_name": "Bash", "tool_input": {"command": command}, "tool_use_id": "toolu_plain",
+            "cwd": str(world.worktree)}
+    env = {**(AGENT_ENV if capability == "builder" else SCOUT_ENV), "OVERSTORY_PROJECT_ROOT": str(world.project.root),
+           "OVERSTORY_TURN_ID": "t-plain", "OVERSTORY_DISPATCH": "1"}
+    assert _run_probe(world, ["guard"], STDLIB_UNWANTED, env=env, stdin=json.dumps(call).encode()) == {
+        "code": 0, "loaded": []}
+    for response in ({"tool_response": {"stdout": "ok", "stderr": ""}},
+                     {"hook_event_name": "PostToolUseFailure", "error": "Exit code 1\nfailed"}):
+        post = {"hook_event_name": "PostToolUse", **call, **response}
+        assert _run_probe(world, ["guard", "--post"], STDLIB_UNWANTED, env=env, stdin=json.dumps(post).encode()) == {
+            "code": 0, "loaded": []}
+
+
+# Modules of ov's own that the hot commands need only when something is wrong: the 48 error classes (raised where
+# they are made) and the migration lists (a database behind them). Since issue 34's last target.
+OV_UNWANTED = ["overstory.errors", "overstory.store.migrations", "overstory.store.events_migrations"]
+
+
+@pytest.mark.parametrize("args", [["status", "--json"], ["status", "--all"], ["guard"], ["guard", "--post"]],
+                         ids=" ".join)
+def test_status_and_the_guard_load_no_error_classes_or_migrations(world: World, args: list[str]) -> None:
+    world.restore()
+    call = {"tool_name": "Bash", "tool_input": {"command": "ls -la"}, "tool_use_id": "toolu_calm",
+            "cwd": str(world.worktree), "tool_response": {"stdout": "x"}}
+    env = {**AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root), "OVERSTORY_TURN_ID": "t-calm"}
+    probed = _run_probe(world, args, OV_UNWANTED, env=env if args[0] == "guard" else None,
+                        stdin=json.dumps(call).encode() if args[0] == "guard" else b"")
+    assert probed == {"code": 0, "loaded": []}
+
+
 def test_outside_a_sandbox_the_endpoint_client_is_not_loaded(world: World) -> None:
     stdin = json.dumps({"tool_name": "Bash", "tool_input": {"command": "git push"}, "cwd": str(world.worktree)})
     world.restore()
@@ -559,6 +639,44 @@ def test_a_deferred_module_loads_on_first_use() -> None:
     import colorsys
 
     assert done.stdout.splitlines() == [str(colorsys.rgb_to_hsv(1, 0, 0)), str(colorsys.hsv_to_rgb(0, 1, 1))]
+
+
+def test_a_hot_command_runs_without_the_cyclic_collector_and_click_gets_it_back(world: World) -> None:
+    """The `ov` process of a hot command switches Python's cyclic garbage collector off (its passes cost about
+    0.5 ms and find nothing in a process this short); a command handed to click has it; a caller of main() with
+    its own arguments (as here) keeps its own."""
+    world.restore()
+    code = ("import atexit, gc, sys\nfrom overstory.cli import fast\n"
+            "atexit.register(lambda: sys.stderr.write(f'collector on: {gc.isenabled()}'))\nfast.main()")
+    seen = []
+    for args in (["status", "--json"], ["mail", "check", "--agent", "builder-a"], ["--help"]):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                              cwd=world.project.root, timeout=60, check=False,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")})
+        assert done.returncode == 0, done.stderr
+        seen.append(done.stderr.splitlines()[-1])
+    assert seen == ["collector on: False", "collector on: False", "collector on: True"]  # the handler ran too
+    with pytest.raises(SystemExit):
+        fast.main(["--project", str(world.project.root), "status", "--json"])
+    assert gc.isenabled()
+
+
+def test_a_hot_commands_process_ends_at_once_with_its_output_and_status(world: World) -> None:
+    """With no exit handler registered, a hot command's process skips the interpreter's finalization
+    (``os._exit``) after flushing: its whole output and its exit status are still there."""
+    world.restore()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSTORY_")}
+    ov = [sys.executable, "-c", "from overstory.cli import fast; fast.main()"]
+    status = subprocess.run([*ov, "status", "--json"], capture_output=True, text=True, cwd=world.project.root,
+                            env=env, timeout=60, check=False)
+    assert status.returncode == 0 and json.loads(status.stdout)["totals"]["agents"] == 4, status.stderr
+    refused = subprocess.run([*ov, "guard"], input=json.dumps({"tool": "bash", "args": {"command": "sudo ls"}}),
+                             capture_output=True, text=True, cwd=world.project.root, timeout=60, check=False,
+                             env={**env, **AGENT_ENV, "OVERSTORY_PROJECT_ROOT": str(world.project.root)})
+    assert refused.returncode == 2 and "sudo" in refused.stderr and refused.stdout == ""  # OpenCode's dialect
+    bad = subprocess.run([*ov, "status", "--capability", "nope", "--json"], capture_output=True, text=True,
+                         cwd=world.project.root, env=env, timeout=60, check=False)
+    assert bad.returncode == 2 and json.loads(bad.stderr)["error"]["kind"] == "usage_error"
 
 
 def test_the_ov_script_starts_in_the_fast_path() -> None:

@@ -47,6 +47,28 @@ def build_old_version(path: Path, migrations: t.Sequence[migrations.Migration], 
         conn.close()
 
 
+def test_store_db_knows_how_many_migrations_there_are() -> None:
+    """open_state/open_events import a migration list only for a file behind it (the hot commands'), so store.db
+    keeps their lengths: a migration appended without counting it here would never run on a current file."""
+    assert (db.STATE_VERSION, db.EVENTS_VERSION) == (len(migrations.STATE_MIGRATIONS),
+                                                     len(events_migrations.EVENTS_MIGRATIONS))
+    assert (len(db._STATE), len(db._EVENTS)) == (db.STATE_VERSION, db.EVENTS_VERSION)
+    assert [db._STATE[i] for i in range(db.STATE_VERSION)] == list(migrations.STATE_MIGRATIONS)
+
+
+def test_a_current_database_opens_without_its_migrations_or_errors(tmp_path: Path) -> None:
+    """What `ov status` and `ov guard` pay for: a sound, current file opens without importing the migration lists
+    (or overstory.errors, which only a failure needs)."""
+    path = tmp_path / "state.db"
+    db.open_state(path).close()
+    code = ("import sys\nfrom overstory.store.db import open_state\nopen_state(sys.argv[1]).close()\n"
+            "print(sorted(m for m in ('overstory.store.migrations', 'overstory.store.events_migrations', "
+            "'overstory.errors') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("store", sorted(STORES))
 def test_fresh_database_has_every_migration(tmp_path: Path, store: str) -> None:
     migrations, opener = STORES[store]

@@ -132,6 +132,22 @@ def test_writes_inside_the_scope_and_reads_anywhere_are_allowed(worktree: Path, 
     assert decision.allow, decision.reason
 
 
+def test_the_guard_reads_the_scope_from_the_variable_the_turn_sets() -> None:
+    from overstory.guards import agent
+
+    assert agent._SCOPE_ENV == scope.ENV  # agent.py reads it without importing scope.py (`ov guard`'s start-up)
+
+
+@pytest.mark.parametrize("name", ["[x", "[]", "[!", "a[b/c", "[^]"])
+def test_a_name_with_an_unclosed_bracket_is_judged_not_looped_on(worktree: Path, name: str) -> None:
+    """A new path whose name holds a `[` with no `]` once sent the scope's glob code into an endless loop that ate
+    memory until the guard died (a scoped builder's `touch '[x/y'`): it is a plain character, outside the scope."""
+    assert not scope.leads_to(["d/*.txt", "src/calc.py"], f"{name}/y")
+    assert scope.leads_to(["[[]x/*.txt"], "[x")  # a pattern's own [...] still is a class
+    decision = _decide(worktree, "src/a.py", "Bash", {"command": f"mkdir -p '{name}/y' && touch '{name}/y/z'"})
+    assert not decision.allow and "write scope (src/a.py)" in decision.reason
+
+
 def test_an_existing_directory_outside_the_scope_is_not_a_way_in(worktree: Path) -> None:
     decision = _decide(worktree, "src/calc.py", "Bash", {"command": "cp /etc/hostname src"})
     assert not decision.allow and "write scope (src/calc.py)" in decision.reason

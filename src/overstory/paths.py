@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-from overstory.errors import ProjectNotFound
 from overstory.records import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hot commands import this module)
@@ -111,6 +110,8 @@ def locate_project(explicit: str | os.PathLike[str] | None = None, *, cwd: str |
         root = os.path.realpath(os.path.expanduser(os.fspath(chosen)))
         ov_dir = os.path.join(root, OV_DIR_NAME)
         if not (os.path.isdir(ov_dir) and os.path.isfile(os.path.join(ov_dir, "config.yaml"))):
+            from overstory.errors import ProjectNotFound  # an error path: `ov status` does not import errors
+
             raise ProjectNotFound(f"{root} is not an ov project (no {OV_DIR_NAME}/config.yaml); run `ov init` there")
         return root
     start = _climb_out_of_agent_worktree(os.path.realpath(os.fspath(cwd) if cwd is not None else os.getcwd()))
@@ -122,6 +123,8 @@ def locate_project(explicit: str | os.PathLike[str] | None = None, *, cwd: str |
         if parent == candidate:
             break
         candidate = parent
+    from overstory.errors import ProjectNotFound
+
     raise ProjectNotFound(f"no ov project found at or above {start}; run `ov init` in a git repository first")
 
 

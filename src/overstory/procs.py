@@ -24,14 +24,24 @@ def which(name: str) -> str | None:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name; None when the process is gone.
+
+    Read with ``os.read``, not ``open()``: `ov status` reads one per agent, and a text file object costs
+    more than the read (what follows the command name is ASCII digits and letters either way)."""
+    chunks = []
     try:
-        with open(f"{_PROC}/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-            raw = handle.read()
+        handle = os.open(f"{_PROC}/{pid}/stat", os.O_RDONLY)
+        try:
+            while chunk := os.read(handle, 4096):
+                chunks.append(chunk)
+        finally:
+            os.close(handle)
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    raw = b"".join(chunks)
     # The command name (field 2) is parenthesised and may hold spaces: split after it.
-    closing = raw.rfind(")")
-    return raw[closing + 2:].split()
+    closing = raw.rfind(b")")
+    return raw[closing + 2:].decode("utf-8", "replace").split()
 
 
 def start_ticks(pid: int) -> int | None:

@@ -32,9 +32,8 @@ Standard library and ov's stdlib-only guards and store only: `ov guard` imports 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from collections.abc import Mapping
+from _collections_abc import Mapping  # collections.abc's classes, without importing the collections package
 
 from overstory import jsontext
 from overstory.store import ledger as store
@@ -58,7 +57,18 @@ ENV_POLICY = "OVERSTORY_LEDGER"
 REPLAY_POLICIES = ("skip", "rerun", "ask")
 DEFAULT_REPLAY: dict[str, str] = {"read": "rerun", "local_write": "rerun", "side_effect": "skip"}
 FLAG_EVENT = "tool_call_flagged"
-_EXIT_CODE = re.compile(r"^Exit code (-?\d+)")
+_EXIT_CODE = "Exit code "  # Claude's PostToolUseFailure error: "Exit code N" and the output
+
+
+def _exit_code(error: str) -> int | None:
+    """``re.match(r"^Exit code (-?\\d+)", error)``'s number, without importing re (tests/test_guard_chars.py)."""
+    if not error.startswith(_EXIT_CODE):
+        return None
+    start = len(_EXIT_CODE) + (1 if error.startswith("-", len(_EXIT_CODE)) else 0)
+    end = start
+    while end < len(error) and error[end].isdecimal():
+        end += 1
+    return int(error[len(_EXIT_CODE):end]) if end > start else None
 
 
 class LedgerPolicy:
@@ -364,10 +374,10 @@ def record_post(conn: sqlite3.Connection, hook_input: Mapping[str, t.Any], ctx: 
 def _receipt(tool: str, hook_input: Mapping[str, t.Any], ok: bool) -> tuple[str, int | None]:
     if not ok:
         error = str(hook_input.get("error") or "failed")
-        match = _EXIT_CODE.match(error)
+        code = _exit_code(error)
         if hook_input.get("is_interrupt"):
             error = "(interrupted) " + error
-        return error, int(match.group(1)) if match else None
+        return error, code
     response = hook_input.get("tool_response")
     if tool == "Bash" and isinstance(response, dict):
         text = str(response.get("stdout") or "") + (f"\n{response['stderr']}" if response.get("stderr") else "")
@@ -416,9 +426,11 @@ def gate_and_record(conn: sqlite3.Connection, data: Mapping[str, t.Any], decisio
         return record_pre(conn, data, gate.refused(decision, exc), ctx, events=events)
 
 
-def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str]) -> Decision:
+def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, env: Mapping[str, str], *,
+             connection: t.Callable[[], sqlite3.Connection] | None = None) -> Decision:
     """`ov guard`'s one call after deciding (the hook's JSON text, or the call already in Claude's
-    shape): record the call and apply the replay policy."""
+    shape): record the call and apply the replay policy. ``connection``: state.db as the caller holds it
+    open (the budget count's), else it is opened here."""
     spec = env.get("OVERSTORY_APPROVALS")
 
     def action(conn: sqlite3.Connection, data: dict[str, t.Any], ctx: LedgerContext) -> Decision:
@@ -427,8 +439,8 @@ def hook_pre(hook_input: str | Mapping[str, t.Any] | None, decision: Decision, e
     if spec and decision.allow:  # fail closed: a gate whose state cannot be opened refuses the call
         denied = type(decision).deny("ov: this call may need approval, but ov's state could not be opened; "
                                      "it was refused. Try again in a moment.")
-        return _with_state(env, hook_input, action, denied, on_error=denied)
-    return _with_state(env, hook_input, action, decision)
+        return _with_state(env, hook_input, action, denied, on_error=denied, connection=connection)
+    return _with_state(env, hook_input, action, decision, connection=connection)
 
 
 def hook_post(text: str | None, env: Mapping[str, str]) -> None:
@@ -440,7 +452,7 @@ def hook_post(text: str | None, env: Mapping[str, str]) -> None:
 
 def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
                 action: t.Callable[[sqlite3.Connection, dict[str, t.Any], LedgerContext], t.Any], fallback: _T,
-                on_error: _T | None = None) -> _T:
+                on_error: _T | None = None, connection: t.Callable[[], sqlite3.Connection] | None = None) -> _T:
     ctx = LedgerContext.from_env(env)
     root = env.get("OVERSTORY_PROJECT_ROOT")
     if on_error is not None:
@@ -457,13 +469,16 @@ def _with_state(env: Mapping[str, str], text: str | Mapping[str, t.Any] | None,
     if not os.path.isfile(state_db):
         return fallback
     try:
-        from overstory.store.db import open_state
+        if connection is not None:  # the caller's, open for this whole call: it closes it
+            result = action(connection(), data, ctx)
+        else:
+            from overstory.store.db import open_state
 
-        conn = open_state(state_db)  # type: ignore[arg-type]  # a str does: connect() only calls str() on it
-        try:
-            result = action(conn, data, ctx)
-        finally:
-            conn.close()
+            conn = open_state(state_db)  # type: ignore[arg-type]  # a str does: connect() only calls str() on it
+            try:
+                result = action(conn, data, ctx)
+            finally:
+                conn.close()
     except Exception as exc:  # noqa: BLE001 - the ledger must never turn into the reason a call fails
         print(f"ov guard: the tool-call ledger was not written ({type(exc).__name__}: {exc})", file=sys.stderr)
         return fallback

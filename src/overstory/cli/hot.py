@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from overstory import jsontext, printable
+from overstory import jsontext
 
 TYPE_CHECKING = False  # typing costs milliseconds on a hot path
 if TYPE_CHECKING:
@@ -79,11 +79,15 @@ def echo(text: str, *, err: bool = False) -> None:
 
 
 def echo_json(document: t.Any) -> None:
+    from overstory import printable  # not for `ov guard`, which prints no agent's text of its own
+
     echo(printable.json_text(jsontext.dumps(document, indent=2, ensure_ascii=False, default=str)))
 
 
 def one_line(text: str) -> str:
     """An error message on one line; what it quotes of an agent's text cannot drive the terminal."""
+    from overstory import printable
+
     return printable.line(" ".join(text.split()) if "\n" in text else text)
 
 
@@ -236,16 +240,50 @@ def agent_channel(env: t.Mapping[str, str] = os.environ) -> t.Any:
 # ---- the commands -------------------------------------------------------------------------------
 
 
-def count_tool_call(env: t.Mapping[str, str]) -> str | None:
+class _StateDb:
+    """state.db for one `ov guard` call (a turn without an endpoint), opened on first use and shared by the budget
+    count and the ledger row: each opening costs a schema parse. ``get`` raises what opening raised, to each."""
+
+    def __init__(self, env: t.Mapping[str, str]) -> None:
+        root = env.get("OVERSTORY_PROJECT_ROOT")
+        self.path = os.path.join(root, ".overstory", "state.db") if root else None
+        self.conn: sqlite3.Connection | None = None
+        self.failure: Exception | None = None
+
+    def get(self) -> sqlite3.Connection:
+        if self.conn is None and self.failure is None:
+            if self.path is None or not os.path.isfile(self.path):  # never created here: an agent's guard writes
+                self.failure = FileNotFoundError(f"no state.db at {self.path}")  # into a project that exists
+            else:
+                try:
+                    from overstory.store.db import open_state
+
+                    self.conn = open_state(self.path)
+                except Exception as exc:  # noqa: BLE001 - each user says what it does without it
+                    self.failure = exc
+        if self.failure is not None:
+            raise self.failure
+        assert self.conn is not None
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def count_tool_call(env: t.Mapping[str, str], state: _StateDb) -> str | None:
     """Count the call against the agent's budget on state.db (a turn without an endpoint); the reason to deny
     it, or None. A count that cannot be made allows the call (``store.tool_count``)."""
-    agent, root, generation = (env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_PROJECT_ROOT"),
-                               env.get("OVERSTORY_GENERATION", ""))
-    if not agent or not root or not generation.isdigit():
+    agent, generation = env.get("OVERSTORY_AGENT_NAME"), env.get("OVERSTORY_GENERATION", "")
+    if not agent or not generation.isdigit():
         return None
-    from overstory.store.tool_count import count_tool_call as count
+    try:
+        conn = state.get()
+    except Exception:  # noqa: BLE001 - as store.tool_count: no database, no count
+        return None
+    from overstory.store.tool_count import count_on
 
-    return count(os.path.join(root, ".overstory", "state.db"), agent, int(generation))
+    return count_on(conn, agent, int(generation))
 
 
 def _ledger_through(remote: t.Any, route: str, args: dict[str, t.Any]) -> t.Any:
@@ -296,11 +334,17 @@ def guard(project_option: str | None, *, post: bool = False) -> None:
     from overstory import guards
     from overstory.agents import ledger
 
-    def record(hook_input: t.Any, decision: t.Any) -> t.Any:
-        return ledger.hook_pre(hook_input, decision, os.environ)
+    state = _StateDb(os.environ)
 
-    stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ),
-                                                record=record)
+    def record(hook_input: t.Any, decision: t.Any) -> t.Any:
+        return ledger.hook_pre(hook_input, decision, os.environ, connection=state.get)
+
+    try:
+        stdout, stderr, status = guards.guard_reply(text, os.environ, count_call=lambda: count_tool_call(os.environ,
+                                                                                                         state),
+                                                    record=record)
+    finally:
+        state.close()
     _reply(stdout, stderr, status)
 
 

@@ -11,16 +11,19 @@ to do instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
 
 from overstory.capabilities import READ_ONLY as READ_ONLY_CAPABILITIES
 from overstory.capabilities import WRITERS as WRITE_CAPABILITIES
-from overstory.guards import scope as write_scope
 from overstory.guards.shell import _SUBST
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 _MAX_GLOB_MATCHES = 2000
 _PATH_MAX = 4096  # the kernel refuses longer paths: a `cd` there fails
 _CACHE_SIZE = 8192
+_SCOPE_ENV = "OVERSTORY_WRITE_SCOPE"  # guards.scope.ENV: scope.py is imported only for an agent that has one
 
 
 def _real(path: str) -> str:
@@ -57,7 +60,11 @@ class _Agent:
         self.temp_dirs = temp_dirs
         self.real_dirs: dict[str, str] = {}  # realpath answers for this one hook call
         # Its write scope inside the worktree (`ov sling --files`); empty: the whole worktree.
-        self.scope = write_scope.from_env(env.get(write_scope.ENV))
+        self.scope: list[str] = []
+        if env.get(_SCOPE_ENV):
+            from overstory.guards import scope as write_scope
+
+            self.scope = write_scope.from_env(env[_SCOPE_ENV])
 
     def __repr__(self) -> str:
         return f"_Agent({self.name!r}, {self.capability!r}, worktree={self.worktree!r})"
@@ -303,6 +310,8 @@ class _Agent:
         """Why ``path`` (inside the worktree) is outside this agent's write scope, or None."""
         if not self.scope or not self.worktree or path == self.worktree and not removes:
             return None
+        from overstory.guards import scope as write_scope
+
         relative = os.path.relpath(path, self.worktree).replace(os.sep, "/")
         if write_scope.matches(self.scope, relative):
             return None

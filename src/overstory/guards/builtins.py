@@ -11,9 +11,9 @@ programs. Their ordinary use is read-only.
 from __future__ import annotations
 
 import os
-import re
 
 from overstory.guards.agent import _Agent
+from overstory.guards.chars import is_decimal_number
 from overstory.guards.effects import _READ, _Effect, _Handler, _names, _parse_options, _values
 
 
@@ -56,7 +56,7 @@ def _double_bracket(argv: list[str], agent: _Agent, *_rest: object) -> _Effect:
     for index, word in enumerate(words):
         if word in _ARITHMETIC_TESTS:
             operands = words[index - 1 : index] + words[index + 1 : index + 2]
-            if not all(re.fullmatch(r"-?\d+", o) for o in operands):
+            if not all(is_decimal_number(o, "-") for o in operands):  # -?\d+
                 return _Effect("read", unsafe="compare variables with `[[ … -eq … ]]` (bash evaluates "
                                "their values as arithmetic, which can run commands); use `[ … ]`")
     return _READ

@@ -17,11 +17,14 @@ redirects output into a file. Standard library only (``ov guard`` runs it on eve
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping, Sequence
+from _collections_abc import Mapping  # collections.abc's classes, without importing the collections package
 
 from overstory import jsontext
 from overstory.guards.patterns import SHELL_TOOLS, ToolPattern, call_subjects, parse_pattern, shell_commands
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 READ = "read"
 LOCAL_WRITE = "local_write"
@@ -89,18 +92,21 @@ _HTTP_WRITE = (  # compiled on the first HTTP call (``_http_write``): the guard'
 
 
 def _http_write(subject: str) -> bool:
+    import re  # only for an HTTP call: `ov guard` does not import re for the others
+
     return re.search(_HTTP_WRITE, subject) is not None  # re's own cache keeps the compiled pattern
 
 
 class LedgerRules:
     """The configured rules (``ledger.read_only`` and ``ledger.side_effects``) ahead of the defaults."""
 
-    __slots__ = ("_ordered", "read_only", "side_effects")
+    __slots__ = ("_by_tool", "_ordered", "read_only", "side_effects")
 
     def __init__(self, read_only: tuple[ToolPattern, ...] = (), side_effects: tuple[ToolPattern, ...] = ()) -> None:
         self.read_only = read_only
         self.side_effects = side_effects
         self._ordered = (*((p, READ) for p in read_only), *((p, SIDE_EFFECT) for p in side_effects), *_DEFAULTS)
+        self._by_tool: dict[str, tuple[tuple[ToolPattern, str], ...]] = {}
 
     @classmethod
     def from_texts(cls, read_only: Sequence[str] = (), side_effects: Sequence[str] = ()) -> LedgerRules:
@@ -109,13 +115,20 @@ class LedgerRules:
     def ordered(self) -> tuple[tuple[ToolPattern, str], ...]:
         return self._ordered
 
+    def for_tool(self, tool: str) -> tuple[tuple[ToolPattern, str], ...]:
+        """The rules whose tool matches ``tool``, in order (worked out once per tool)."""
+        found = self._by_tool.get(tool)
+        if found is None:
+            found = self._by_tool[tool] = tuple((p, klass) for p, klass in self._ordered if p.tool_matches(tool))
+        return found
+
 
 DEFAULT_LEDGER_RULES = LedgerRules()
 
 
 def classify(tool: str, tool_input: Mapping[str, object] | None, rules: LedgerRules = DEFAULT_LEDGER_RULES) -> str:
     """``read``, ``local_write`` or ``side_effect`` for one tool call."""
-    ordered = rules.ordered()
+    ordered = rules.for_tool(tool)
     if tool in SHELL_TOOLS:
         command = (tool_input or {}).get("command")
         if not isinstance(command, str):
@@ -139,8 +152,7 @@ def classify(tool: str, tool_input: Mapping[str, object] | None, rules: LedgerRu
         return best
     subjects = call_subjects(tool, tool_input)
     for pattern, klass in ordered:
-        if pattern.tool_matches(tool) and (pattern.argument is None or any(pattern.subject_matches(s)
-                                                                            for s in subjects)):
+        if pattern.argument is None or any(pattern.subject_matches(s) for s in subjects):
             return klass
     return LOCAL_WRITE
 
@@ -156,11 +168,11 @@ def unplaced(tool: str, tool_input: Mapping[str, object] | None,
     """What no rule placed in a class (``classify`` made it a ``local_write`` by default): the tool itself, or
     for a shell call each simple command that matched no rule and is not a known read-only program.
     For `ov policy audit`, to tune ``ledger.read_only``/``ledger.side_effects``."""
-    ordered = rules.ordered()
+    ordered = rules.for_tool(tool)
     if tool not in SHELL_TOOLS:
         subjects = call_subjects(tool, tool_input)
-        known = any(pattern.tool_matches(tool) and (pattern.argument is None or any(
-            pattern.subject_matches(s) for s in subjects)) for pattern, _ in ordered)
+        known = any(pattern.argument is None or any(pattern.subject_matches(s) for s in subjects)
+                    for pattern, _ in ordered)
         return [] if known or tool in LOCAL_WRITE_TOOLS else [tool]
     command = (tool_input or {}).get("command")
     if not isinstance(command, str):
@@ -219,9 +231,8 @@ def _sends_data(words: list[str], subject: str) -> bool:
 
 
 def _class_of_subject(tool: str, subject: str | None, ordered: tuple[tuple[ToolPattern, str], ...]) -> str | None:
+    """The class of the first of ``ordered`` (``LedgerRules.for_tool(tool)``: its tool matches) that matches."""
     for pattern, klass in ordered:
-        if not pattern.tool_matches(tool):
-            continue
         if pattern.argument is None or (subject is not None and pattern.subject_matches(subject)):
             return klass
     return None

@@ -8,9 +8,11 @@ has to import the other to name them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-
 from overstory.guards.agent import _Agent
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
 
 
 class _ShellState:
@@ -86,7 +88,10 @@ class _Effect:
 
 _READ = _Effect("read")
 
-_Handler = Callable[[list[str], _Agent, _ShellState, Mapping[str, str]], _Effect]
+if TYPE_CHECKING:
+    _Handler = Callable[[list[str], _Agent, _ShellState, Mapping[str, str]], _Effect]
+else:
+    _Handler = "_Handler"  # a type for the checker only; the handler modules import the name
 
 
 def _parse_options(

@@ -8,15 +8,17 @@ line. Most commands have no such word, so this module is only imported when one 
 from __future__ import annotations
 
 import itertools
-import re
-from collections.abc import Callable
 
+from overstory.guards.chars import brace_sequence, is_user_name, simple_parameter
 from overstory.guards.words import _UNKNOWN, LIT, RAW, TooManyWords, Word
 
-_MAX_WORDS = 512  # brace expansion beyond this many words is refused, not enumerated
-_SIMPLE_PARAM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])(?:(:?[-+=?])(.*))?$", re.DOTALL)
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-Lookup = Callable[[str], "str | None"]
+    Lookup = Callable[[str], "str | None"]
+
+_MAX_WORDS = 512  # brace expansion beyond this many words is refused, not enumerated
 
 
 def expand_word(word: str | Word, lookup: Lookup, forms: set[str], *,
@@ -94,7 +96,7 @@ def _tilde(text: str, lookup: Lookup, forms: set[str], *, next_quoted: bool) -> 
         forms.add("tilde-dir")
         return _UNKNOWN + slash + rest
     forms.add("tilde-user")
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", prefix):
+    if not is_user_name(prefix):
         return text
     import pwd  # only when a ~user appears
 
@@ -107,10 +109,10 @@ def _tilde(text: str, lookup: Lookup, forms: set[str], *, next_quoted: bool) -> 
 def _parameter_value(text: str, lookup: Lookup) -> str | None:
     """The value of ``$name`` / ``${name}`` / ``${name:-word}`` …, or None if unknown."""
     if text.startswith("${"):
-        match = _SIMPLE_PARAM.match(text[2:-1])
-        if not match:
+        match = simple_parameter(text[2:-1])  # ${name}, ${name:-word} ...
+        if match is None:
             return None
-        name, op, default = match.groups()
+        name, op, default = match
     else:
         name, op, default = text[1:], None, None
     value = lookup(name) if (name[0].isalpha() or name[0] == "_") else _UNKNOWN
@@ -196,10 +198,10 @@ def _sequence(inside: list[tuple[int, str, bool] | str]) -> list[str] | None:
     if len(inside) > 64 or not all(isinstance(t, str) for t in inside):
         return None
     text = "".join(t for t in inside if isinstance(t, str))
-    match = re.fullmatch(r"(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?", text)
-    if not match:
+    match = brace_sequence(text)  # {1..9}, {a..e}, {0..10..2}
+    if match is None:
         return None
-    first, last, step_text = match.groups()
+    first, last, step_text = match
     step = abs(int(step_text)) if step_text and int(step_text) else 1
     numeric = first.lstrip("-").isdigit()
     if numeric != last.lstrip("-").isdigit():

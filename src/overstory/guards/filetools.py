@@ -9,9 +9,9 @@ find output files and in-place edits.
 from __future__ import annotations
 
 import os
-import re
 
 from overstory.guards.agent import _NULL_SINKS
+from overstory.guards.chars import is_remote_path
 from overstory.guards.effects import (
     _READ,
     _VERSION_FLAGS,
@@ -111,7 +111,7 @@ def _targets_all(label: str, value_options: tuple[str, ...] = (), *, removes: bo
 
 # One clause per comma; each operator starts its own group, so matching stays linear.
 _MODE_CLAUSE = r"[ugoa]*(?:[-+=](?:[rwxXst]*|[ugo]))+"
-_MODE_RE = re.compile(rf"^{_MODE_CLAUSE}(?:,{_MODE_CLAUSE})*$|^[0-7]{{3,4}}$|^-[rwxXst]+$")
+_MODE_RE = rf"^{_MODE_CLAUSE}(?:,{_MODE_CLAUSE})*$|^[0-7]{{3,4}}$|^-[rwxXst]+$"  # re: chmod only
 
 
 def _chmod_like(label: str, *, has_mode: bool) -> _Handler:
@@ -120,7 +120,9 @@ def _chmod_like(label: str, *, has_mode: bool) -> _Handler:
     def handler(argv: list[str], *_rest: object) -> _Effect:
         options, positionals = _parse_options(argv[1:], ("--reference", "--from"))
         if not _values(options, "--reference"):
-            modes = [a for a in argv[1:] if has_mode and _MODE_RE.match(a)]
+            import re  # the other file tools do not need it
+
+            modes = [a for a in argv[1:] if has_mode and re.match(_MODE_RE, a)]
             if modes:  # `chmod -x f` parses the mode as an option
                 positionals = [p for p in positionals if p not in modes]
             else:
@@ -145,13 +147,10 @@ def _copy_like(label: str, value_options: tuple[str, ...] = (), *, moves: bool =
             targets = positionals if moves else positionals[-1:]
         else:
             targets = ["."] if positionals and one_means_cwd else positionals
-        targets = [t for t in targets if not _REMOTE_PATH.match(t)]
+        targets = [t for t in targets if not is_remote_path(t)]  # ^([\w.-]+@)?[\w.-]+:
         return _Effect("write", what=label, targets=targets, removes=moves)
 
     return handler
-
-
-_REMOTE_PATH = re.compile(r"^([\w.-]+@)?[\w.-]+:")
 
 
 def _dd(argv: list[str], *_rest: object) -> _Effect:

@@ -18,7 +18,6 @@ it to another branch. ``gh`` may only read.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from overstory.guards.agent import _Agent, _inside
 from overstory.guards.effects import (
@@ -31,7 +30,17 @@ from overstory.guards.effects import (
     _ShellState,
     _values,
 )
-from overstory.guards.push import push_refusal
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+def _push_refusal(args: list[str], agent: _Agent) -> str | None:
+    from overstory.guards.push import push_refusal  # only for `git push`: the other git calls do not load it
+
+    return push_refusal(args, agent)
+
 
 _GIT_COMMANDS = frozenset(
     """
@@ -120,7 +129,7 @@ def _git(argv: list[str], agent: _Agent, state: _ShellState, _a: Mapping[str, st
 
     options, positionals = _parse_options(sub_args, _GIT_SUB_VALUE)
     flags = _names(options)
-    refusal = (push_refusal(sub_args, agent) if sub == "push" else _git_refusal(sub, positionals, flags, agent)) \
+    refusal = (_push_refusal(sub_args, agent) if sub == "push" else _git_refusal(sub, positionals, flags, agent)) \
         or _program_refusal(sub, sub_args, flags)
     if refusal:
         return _deny(refusal)

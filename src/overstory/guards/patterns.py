@@ -26,11 +26,15 @@ Syntax: ``TOOL`` or ``TOOL(ARGUMENT)``, both shell-style globs (``*``, ``?``,
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Mapping
 
 from overstory import jsontext
-from overstory.guards.shell import _ASSIGNMENT, _KEYWORDS, ShellCommand, split_shell
+from overstory.guards.chars import is_assignment
+from overstory.guards.shell import _KEYWORDS, ShellCommand, split_shell
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Iterable, Mapping
 
 SHELL_TOOLS = frozenset({"Bash", "Monitor"})
 SUBJECT_KEYS = ("file_path", "notebook_path", "path", "url", "command", "pattern", "query")
@@ -59,13 +63,13 @@ class _Glob:
         self.regex: re.Pattern[str] | None = None
         self.glob = glob
         self.head = ""
-        head, star, tail = glob.partition("*")
-        if not any(c in glob for c in "*?["):
+        wild = [index for index in (glob.find("*"), glob.find("?"), glob.find("[")) if index >= 0]
+        if not wild:
             self.exact = glob
-        elif star and not tail and not any(c in head for c in "?["):
-            self.prefix = head
+        elif (first := min(wild)) == len(glob) - 1 and glob[first] == "*":  # the one wildcard, a star at the end
+            self.prefix = glob[:first]
         else:
-            self.head = glob[:min(index for index in (glob.find(c) for c in "*?[") if index >= 0)]
+            self.head = glob[:first]
 
     def __call__(self, text: str) -> bool:
         if self.exact is not None:
@@ -76,6 +80,7 @@ class _Glob:
             return False
         if self.regex is None:
             import fnmatch
+            import re
 
             self.regex = re.compile(fnmatch.translate(self.glob), re.DOTALL)
         return self.regex.fullmatch(text) is not None
@@ -217,7 +222,7 @@ def _normalized(simple: ShellCommand, depth: int) -> list[tuple[list[str], list[
 def _unwrap(argv: list[str]) -> list[str]:
     """Drop leading assignments and wrapper programs (with their options)."""
     for _ in range(_MAX_DEPTH * 2):
-        while argv and _ASSIGNMENT.match(argv[0]):
+        while argv and is_assignment(argv[0]):
             argv = argv[1:]
         if not argv:
             return argv

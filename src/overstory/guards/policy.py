@@ -8,13 +8,15 @@ Anything that fails inside an agent is denied, never let through.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 from overstory import jsontext
 from overstory.guards.agent import _Agent
 from overstory.guards.runtimes import as_claude_input, patch_paths, reply, unreadable
 from overstory.guards.shell import _SUBST
 from overstory.guards.walk import check_shell
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 _DELEGATE = (
     "ov agents delegate with `ov sling <capability> <task-id>` and talk to other agents "

@@ -11,12 +11,15 @@ language runtimes are matched by name; a program nobody knows is ``unknown``.
 
 from __future__ import annotations
 
-import re
 import sys
-from collections.abc import Mapping
 
 from overstory.guards.agent import _Agent
+from overstory.guards.chars import is_pip_program, is_python_program
 from overstory.guards.effects import _READ, _VERSION_FLAGS, _Effect, _Handler, _ShellState
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 #: Read-only whatever their arguments (even ones computed at run time).
 _PLAIN_READERS = frozenset(
@@ -79,8 +82,6 @@ _INTERPRETERS = frozenset(
     "node nodejs deno bun ruby irb php lua luajit Rscript julia java scala kotlin osascript "
     "tclsh wish guile racket ghci runghc swift".split()
 )
-_PYTHON_RE = re.compile(r"^(python(\d+(\.\d+)?)?|py|pypy3?|ipython3?)$")
-_PIP_RE = re.compile(r"^pip(\d+(\.\d+)?)?$")
 
 
 def _handler(name: str) -> _Handler | None:
@@ -103,8 +104,8 @@ def _analyze(
     if name in _PLAIN_READERS or name in _VARIABLE_BUILTINS:
         return _READ
     handler = _handler(name)
-    if handler is None and (_PYTHON_RE.match(name) or _PIP_RE.match(name)):
-        handler = _handler("python" if _PYTHON_RE.match(name) else "pip")
+    if handler is None and (is_python_program(name) or is_pip_program(name)):  # python3.11, pip3 ...
+        handler = _handler("python" if is_python_program(name) else "pip")
     if handler is not None:
         return handler(argv, agent, state, assignments)
     if name in _INTERPRETERS:

@@ -9,8 +9,6 @@ install into a virtualenv inside the worktree. The other toolchains are in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from overstory.guards.agent import _Agent, _inside
 from overstory.guards.effects import (
     _READ,
@@ -22,6 +20,10 @@ from overstory.guards.effects import (
     _ShellState,
     _values,
 )
+
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 #: Options that never write or run anything: with only these, the option tables stay unloaded.
 _COMMON_OPTIONS = frozenset({"-q", "-qq", "-x", "-v", "-vv", "-s", "-xq", "-qx", "--quiet",

@@ -22,10 +22,13 @@ which every one of these CLIs treats as a refusal. Standard library only (hot pa
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from _collections_abc import Mapping  # collections.abc's classes, without importing the collections package
 
 from overstory import jsontext
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
 
 CLAUDE = "claude"
 GEMINI = "gemini"
@@ -107,7 +110,7 @@ GEMINI_SHELL = "run_shell_command"
 # The lines Gemini CLI 0.61 puts after a shell command's output in the text the model gets (in this order,
 # each only when it applies): "Output: <output or (empty)>", "Error: ...", "Exit Code: N" (only when not 0),
 # "Signal: N", "Background PIDs: ...", "Process Group PGID: N"; all inside <untrusted_context>...</...>.
-_GEMINI_SECTION = re.compile(r"^(Error|Exit Code|Signal|Background PIDs|Process Group PGID): (.*)$")
+_GEMINI_SECTION = r"^(Error|Exit Code|Signal|Background PIDs|Process Group PGID): (.*)$"  # re: only here
 _UNTRUSTED = ("<untrusted_context>\n", "\n</untrusted_context>")
 
 
@@ -138,8 +141,11 @@ def gemini_shell_outcome(response: object) -> tuple[bool, int | None, str]:
         tail = rest[len("(empty)"):]
     lines = rest.split("\n") if tail is None else tail.split("\n")
     sections: dict[str, str] = {}
+    import re  # Gemini's receipts only: `ov guard` does not import re for other calls
+
+    section = re.compile(_GEMINI_SECTION)
     for line in reversed(lines):  # the trailing section lines (all of the tail when it was split exactly)
-        match = _GEMINI_SECTION.match(line)
+        match = section.match(line)
         if match is None:
             if tail is not None and line:
                 return False, None, f"ov: the outcome is unknown: {content}"
@@ -202,15 +208,24 @@ def unreadable(reason: str) -> tuple[str, str, int]:
 # ---- codex's apply_patch ---------------------------------------------------------
 
 _PATCH_PROGRAMS = ("apply_patch", "applypatch")
-_HEREDOC = re.compile(r"^\s*(?:apply_patch|applypatch)\s+<<-?\s*(['\"]?)([A-Za-z_]\w*)\1[ \t]*\n(.*)\n[ \t]*\2\s*$",
-                      re.DOTALL)
-_FILE_LINE = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.MULTILINE)
+# Compiled by the first command that starts like apply_patch (``_patch_patterns``): no other needs re.
+_HEREDOC = r"^\s*(?:apply_patch|applypatch)\s+<<-?\s*(['\"]?)([A-Za-z_]\w*)\1[ \t]*\n(.*)\n[ \t]*\2\s*$"
+_FILE_LINE = r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$"
+
+
+def _patch_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    import re
+
+    return re.compile(_HEREDOC, re.DOTALL), re.compile(_FILE_LINE, re.MULTILINE)
 
 
 def patch_paths(command: str) -> list[str] | None:
     """The files an ``apply_patch`` command (codex's editing tool, run as a shell command) writes; None
     when ``command`` is not one. Handles the two forms codex models use: a heredoc and one argument."""
-    match = _HEREDOC.match(command)
+    if not command.lstrip().startswith(_PATCH_PROGRAMS):
+        return None  # both forms start so (after spaces, which str.lstrip and the heredoc's \s* take alike)
+    heredoc, file_line = _patch_patterns()
+    match = heredoc.match(command)
     if match:
         body = match.group(3)
     else:
@@ -228,4 +243,4 @@ def patch_paths(command: str) -> list[str] | None:
         body = words[1]
     if "*** Begin Patch" not in body:
         return None
-    return _FILE_LINE.findall(body)
+    return file_line.findall(body)

@@ -17,8 +17,10 @@ Standard library only: `ov guard` uses it on every file write of a scoped agent.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Iterable, Sequence
 
 ENV = "OVERSTORY_WRITE_SCOPE"  # the turn's scope, one pattern a line (set by agents.turns)
 _WILD = frozenset("*?[")
@@ -86,6 +88,8 @@ def _check_brackets(part: str, shown: str) -> None:
 
 def _part_regex(part: str) -> str:
     """One part of a pattern as a regular expression (never matching a ``/``)."""
+    import re  # only for an agent with a scope: `ov guard` does not import re otherwise
+
     out, i = [], 0
     while i < len(part):
         c = part[i]
@@ -99,9 +103,12 @@ def _part_regex(part: str) -> str:
             if negate:
                 j += 1
             close = part.find("]", j + 1 if j < len(part) and part[j] == "]" else j)
-            body = "".join(ch if ch == "-" else re.escape(ch) for ch in part[j:close])
-            out.append(f"[{'^/' if negate else ''}{body}]")
-            i = close
+            if close < 0:  # a name's `[` (leads_to): a plain character, as fnmatch takes it. (This looped for ever.)
+                out.append(re.escape(c))
+            else:
+                body = "".join(ch if ch == "-" else re.escape(ch) for ch in part[j:close])
+                out.append(f"[{'^/' if negate else ''}{body}]")
+                i = close
         else:
             out.append(re.escape(c))
         i += 1
@@ -109,6 +116,8 @@ def _part_regex(part: str) -> str:
 
 
 def _regex(pattern: str) -> re.Pattern[str]:
+    import re
+
     parts = pattern.split("/")
     text, after_double = "", False
     for index, part in enumerate(parts):
@@ -188,6 +197,8 @@ def _part_meets(a: str, b: str) -> bool:
     a_wild, b_wild = any(c in _WILD for c in a), any(c in _WILD for c in b)
     if not a_wild and not b_wild:
         return a == b
+    import re
+
     if not a_wild:
         return re.fullmatch(_part_regex(b), a) is not None
     if not b_wild:

@@ -7,13 +7,13 @@ the one that holds them. Each command also carries the operator that ended it (`
 ``;``, ``|`` …), which the policy needs to know where a ``cd`` is still in effect.
 
 Everything here is linear in the length of the command: plain runs of characters are
-taken with one regular expression, and nothing rescans what it has already read.
+taken whole (``chars.run_end``), and nothing rescans what it has already read. No regular
+expressions: `ov guard` would pay for importing ``re`` on every tool call (``chars``).
 """
 
 from __future__ import annotations
 
-import re
-
+from overstory.guards.chars import has_name_char, run_end
 from overstory.guards.words import Word, lex_words, word_text
 
 _SUBST = "__ov_cmdsub__"  # stands in for the output of $(...), `...`, <(...), unknown values
@@ -21,7 +21,10 @@ _OP = "\x00"  # prefix of a redirection operator word; quoting can never produce
 _REDIRECT_OPERATORS = ("&>>", "&>", ">>", ">|", ">&", "<<<", "<<-", "<<", "<>", "<&", ">", "<")
 _WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>"})
 _WORD_BREAK = " \t\n;&|<>()"
-_PLAIN_RUN = re.compile(r"[^\\'\"$`<>&|;()#\n]+")
+_PLAIN_STOPS = frozenset("\\'\"$`<>&|;()#\n")  # what ends a plain run: [^\\'"$`<>&|;()#\n]+
+_QUOTED_STOPS = frozenset('\\$`"')  # inside double quotes
+_HEREDOC_STOPS = frozenset("\\$`")  # in an unquoted heredoc's body
+_ARITH_STOPS = frozenset("()$`")
 _MAX_NESTING = 40  # $( inside $( inside ...: deeper than any real command
 
 #: The operator after a command when it ends a list: what ran before may have failed.
@@ -131,10 +134,10 @@ def _scan(
         segments.extend(found)
 
     while i < n:
-        run = _PLAIN_RUN.match(text, i)
-        if run:
-            buf.append(run.group())
-            i = run.end()
+        end = run_end(text, i, _PLAIN_STOPS)
+        if end > i:
+            buf.append(text[i:end])
+            i = end
             continue
         c = text[i]
         nxt = text[i + 1] if i + 1 < n else ""
@@ -322,14 +325,13 @@ def _expanding_text(text, i, closing, depth, forms, inner) -> tuple[int, str]:  
     else is special (inside double quotes, or an unquoted heredoc body)."""
     out: list[str] = []
     n = len(text)
-    stop = re.compile(r'[\\$`"]' if closing else r"[\\$`]")
+    stops = _QUOTED_STOPS if closing else _HEREDOC_STOPS
     while i < n:
-        found = stop.search(text, i)
-        if found is None:
+        j = run_end(text, i, stops)
+        if j == n:
             out.append(text[i:])
             i = n
             break
-        j = found.start()
         out.append(text[i:j])
         i = j
         c = text[i]
@@ -416,9 +418,6 @@ def _parameter(text, i, depth, forms, inner, *, quoted=False) -> tuple[int, str]
     raise _Unparseable("a `${` is never closed")
 
 
-_ARITH_STOP = re.compile(r"[()$`]")
-
-
 def _arithmetic(text, i, depth, forms, inner) -> int:  # type: ignore[no-untyped-def]
     """Skip ``$((...))`` from just after ``$((``; its substitutions are still commands.
 
@@ -429,10 +428,9 @@ def _arithmetic(text, i, depth, forms, inner) -> int:  # type: ignore[no-untyped
     n = len(text)
     start = i
     while i < n:
-        found = _ARITH_STOP.search(text, i)
-        if found is None:
+        i = run_end(text, i, _ARITH_STOPS)
+        if i == n:
             break
-        i = found.start()
         c = text[i]
         if c == "(":
             parens += 1
@@ -441,7 +439,7 @@ def _arithmetic(text, i, depth, forms, inner) -> int:  # type: ignore[no-untyped
             parens -= 1
             i += 1
             if parens == 0:
-                if re.search(r"[A-Za-z_]", text[start:i]):
+                if has_name_char(text[start:i]):
                     forms.add("arith-var")
                 return i
         elif c == "$" and text.startswith("$(", i) and not text.startswith("$((", i):
@@ -517,4 +515,3 @@ _KEYWORDS = frozenset(
     {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "esac"}
 )
 _HEADERS = frozenset({"for", "select", "case", "function"})
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")

@@ -13,24 +13,29 @@ ones, so the guard's hot path does not pay for these tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from overstory.guards.effects import _parse_options
 
 
-@dataclass(frozen=True)
 class Spec:
     """One tool's options. ``lenient``: every option not in ``outputs``/``unsafe`` is fine
-    (tools with hundreds of harmless style options: prettier, tsc, isort, shellcheck)."""
+    (tools with hundreds of harmless style options: prettier, tsc, isort, shellcheck).
 
-    safe: frozenset[str] = frozenset()
-    values: tuple[str, ...] = ()
-    outputs: frozenset[str] = frozenset()
-    unsafe: frozenset[str] = frozenset()
-    prefixes: tuple[str, ...] = ()
-    forwarded: frozenset[str] | None = None  # options allowed after `--` (None: `--` is pathspec)
-    lenient: bool = False
-    single_dash_long: bool = False  # go: `-run X`, `-count=1`
+    A plain class: ``dataclasses`` imports ``re``, which `ov guard` otherwise does without (``guards.chars``)."""
+
+    __slots__ = ("forwarded", "lenient", "outputs", "prefixes", "safe", "single_dash_long", "unsafe", "values")
+
+    def __init__(self, *, safe: frozenset[str] = frozenset(), values: tuple[str, ...] = (),
+                 outputs: frozenset[str] = frozenset(), unsafe: frozenset[str] = frozenset(),
+                 prefixes: tuple[str, ...] = (), forwarded: frozenset[str] | None = None, lenient: bool = False,
+                 single_dash_long: bool = False) -> None:
+        self.safe = safe
+        self.values = values
+        self.outputs = outputs
+        self.unsafe = unsafe
+        self.prefixes = prefixes
+        self.forwarded = forwarded  # options allowed after `--` (None: `--` is pathspec)
+        self.lenient = lenient
+        self.single_dash_long = single_dash_long  # go: `-run X`, `-count=1`
 
 
 def _words(text: str) -> frozenset[str]:

@@ -9,8 +9,6 @@ be positively read-only: an option ov does not know is refused (``unsafe``), sin
 
 from __future__ import annotations
 
-import re
-
 from overstory.guards.effects import _Effect, _Handler, _names, _parse_options, _values
 
 # ---- sed
@@ -174,7 +172,7 @@ _AWK_SAFE = frozenset({"-F", "--field-separator", "-v", "--assign", "-e", "--sou
                        "--re-interval", "-S", "--sandbox", "-N", "--use-lc-numeric", "-n",
                        "--non-decimal-data", "-M", "--bignum", "-O", "--optimize", "-s",
                        "--no-optimize", "--version", "--help", "-h", "-V"})
-_AWK_RUNS = re.compile(r"\bsystem\b|\||@")
+_AWK_RUNS = r"\bsystem\b|\||@"  # re: awk only
 
 
 def _awk(argv: list[str], *_rest: object) -> _Effect:
@@ -198,8 +196,10 @@ def _awk_writes(program: str) -> bool:
 
     Strings and regular expressions are blanked out first, so ``/a|b/`` is not a pipe.
     """
+    import re  # sed, sort and tar do not need it
+
     code = _awk_code(program)
-    if _AWK_RUNS.search(code):
+    if re.search(_AWK_RUNS, code):
         return True
     for piece in re.split(r"[;{}\n]", code):
         at = piece.find("print")

@@ -18,14 +18,12 @@ design: its writes cannot be seen from here, and the kernel sandbox is what stop
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping
 
 from overstory.guards.agent import _NULL_SINKS, _Agent, _inside
+from overstory.guards.chars import has_shell_word, is_assignment, is_decimal_number, is_lowercase_name, is_name
 from overstory.guards.effects import _Effect, _names, _parse_options, _ShellState
 from overstory.guards.programs import _PLAIN_READERS, _analyze
 from overstory.guards.shell import (
-    _ASSIGNMENT,
     _HEADERS,
     _KEYWORDS,
     _SUBST,
@@ -38,11 +36,16 @@ from overstory.guards.shell import (
 )
 from overstory.guards.words import TooManyWords, Word, word_text
 
+TYPE_CHECKING = False  # typing and collections.abc cost `ov guard` milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 _MAX_DEPTH = 8
 MAX_COMMAND_BYTES = 64 * 1024
 _MAX_CANDIDATES = 6
-_LOOP_WORDS = re.compile(r"(?<![\w./-])(for|while|until|select|do|function)(?![\w.-])")
-_CD_WORDS = re.compile(r"(?<![\w./-])(cd|pushd|popd)(?![\w.-])")
+# Searched for as words of their own (``chars.has_shell_word``).
+_LOOP_WORDS = ("for", "while", "until", "select", "do", "function")
+_CD_WORDS = ("cd", "pushd", "popd")
 
 #: Shell forms refused for everyone, and the extra ones refused for read-only agents.
 _EVERYONE_FORMS = {
@@ -67,7 +70,6 @@ _SAFE_VARS = frozenset({
     "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONWARNINGS",
     "REPLY", "OPTIND", "OPTARG",
 })
-_LOWERCASE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 #: GIT_* settings with values that cannot make git read, write or run anything else.
 _HARMLESS_GIT = {"GIT_PAGER": {"cat", ""}, "GIT_EDITOR": {"true", ":"},
                  "GIT_SEQUENCE_EDITOR": {"true", ":"}, "GIT_MERGE_AUTOEDIT": {"no"},
@@ -119,7 +121,7 @@ class _Walk:
         self.symlinked = False  # a cd went through a symlink: bash's `..` is then lexical
         self.cdpath = "CDPATH" in script or bool(agent.env.get("CDPATH"))
         start = cwd
-        if _CD_WORDS.search(script) and ("function" in scan.forms or _LOOP_WORDS.search(script)):
+        if has_shell_word(script, _CD_WORDS) and ("function" in scan.forms or has_shell_word(script, _LOOP_WORDS)):
             start = None  # a cd in a loop or function body can run any number of times
         self.all: set[str | None] = {start}
         self.exact: set[str | None] = {start}
@@ -170,7 +172,7 @@ class _Walk:
             return self._redirects_everywhere(redirects, candidates)
 
         assignments: list[tuple[str, str]] = []
-        while k < len(words) and _ASSIGNMENT.match(word_text(words[k])):
+        while k < len(words) and is_assignment(word_text(words[k])):
             name = word_text(words[k]).split("=", 1)[0].split("[", 1)[0].rstrip("+")
             value = self._expand(words[k], assignment=True)[0]
             assignments.append((name, value.split("=", 1)[1] if "=" in value else ""))
@@ -206,7 +208,7 @@ class _Walk:
             # unknown; a sourced file (a venv's activate …) is code the writer could run
             # anyway, so its directory changes are not guessed at (the sandbox bounds it).
             self.opaque = True
-            if any(_CD_WORDS.search(script) for script in effect.scripts):
+            if any(has_shell_word(script, _CD_WORDS) for script in effect.scripts):
                 self._move({None}, keyworded=True)
         return None
 
@@ -274,7 +276,7 @@ class _Walk:
         if name == "PYTHONPATH" and self._all_in_home_area(value):
             return None  # `PYTHONPATH=src pytest`: its own code, which the tests run anyway
         if read_only_rules and not agent.writable and not (name in _SAFE_VARS or name.startswith("LC_")
-                                       or _LOWERCASE_NAME.fullmatch(name)):
+                                       or is_lowercase_name(name)):
             return agent.read_only(f"set `{name}`, which can change what programs run or where "
                                    "they write")
         return None
@@ -299,7 +301,7 @@ class _Walk:
         for name in names:
             if _SUBST in name:
                 return _computed_names("this command")
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            if not is_name(name):
                 continue
             reason = self._assignment_refusal(name, _SUBST, prefix=False)
             if reason:
@@ -325,7 +327,7 @@ class _Walk:
                 self.opaque = True
             for arg in args:
                 var, eq, value = arg.partition("=")
-                if not eq or not _ASSIGNMENT.match(arg):
+                if not eq or not is_assignment(arg):
                     continue
                 var = var.split("[", 1)[0].rstrip("+")
                 reason = self._assignment_refusal(var, value, prefix=False)
@@ -373,7 +375,7 @@ class _Walk:
         args = [a for a in argv[1:] if not (a.startswith("-") and a not in ("-", "--") and len(a) > 1)]
         if args[:1] == ["--"]:
             args = args[1:]
-        if name == "popd" or (name == "pushd" and (not args or re.fullmatch(r"[+-]\d+", args[0]))):
+        if name == "popd" or (name == "pushd" and (not args or is_decimal_number(args[0], "+-"))):
             self._move({None}, keyworded=True)
             return
         if not args:

@@ -14,13 +14,21 @@ some of these are refused for everyone.
 
 from __future__ import annotations
 
-import re
+from overstory.guards.chars import (
+    NAME_CHARS,
+    array_subscript,
+    has_name_char,
+    has_parameter_operator,
+    hex_digits,
+    is_plain_subscript,
+    is_substring_expansion,
+    name_end,
+    octal_digits,
+    raw_run_end,
+)
 
 LIT, RAW, VAR = 0, 1, 2  # quoted text / unquoted text (braces, tilde apply) / an expansion
 _UNKNOWN = "__ov_cmdsub__"  # the value of anything that cannot be known before it runs
-
-_RAW_RUN = re.compile(r"[^\s'\"\\$]+")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class TooManyWords(ValueError):
@@ -65,10 +73,10 @@ def lex_words(segment: str, forms: set[str]) -> list[str | Word]:
         parts: list[tuple[int, str, bool]] = []
         while i < n and segment[i] not in " \t\n":
             c = segment[i]
-            run = _RAW_RUN.match(segment, i)
-            if run:
-                parts.append((RAW, run.group(), False))
-                i = run.end()
+            end = raw_run_end(segment, i)  # [^\s'"\\$]+
+            if end > i:
+                parts.append((RAW, segment[i:end], False))
+                i = end
             elif c == "'":
                 end = segment.find("'", i + 1)
                 if end < 0:
@@ -146,12 +154,13 @@ def _dollar(segment: str, i: int, parts: list[tuple[int, str, bool]], forms: set
         end = n if end < 0 else end + 1
         parts.append((VAR, segment[i:end], quoted))
         return end
-    name = _NAME.match(segment, i + 1)
-    if name:
-        if name.group() == "IFS":
+    end = name_end(segment, i + 1)
+    if end > i + 1:
+        name = segment[i + 1:end]
+        if name == "IFS":
             forms.add("ifs" if quoted else "ifs-unquoted")
-        parts.append((VAR, "$" + name.group(), quoted))
-        return name.end()
+        parts.append((VAR, "$" + name, quoted))
+        return end
     if nxt and nxt in "0123456789@*#?$!-":
         parts.append((VAR, "$" + nxt, quoted))
         return i + 2
@@ -186,14 +195,14 @@ def _note_parameter(body: str, forms: set[str], *, quoted: bool) -> None:
     """Record the ``${...}`` forms the policy treats specially."""
     if body.startswith("!"):
         forms.add("indirect")
-    if re.search(r"@[A-Za-z]", body):
+    if has_parameter_operator(body):
         forms.add("prompt" if "@P" in body else "param-op")
-    if body.startswith("IFS") and not re.match(r"[A-Za-z0-9_]", body[3:4]):
+    if body.startswith("IFS") and body[3:4] not in NAME_CHARS:
         forms.add("ifs" if quoted else "ifs-unquoted")
-    subscript = re.match(r"^[A-Za-z_][A-Za-z0-9_]*\[([^\]]*)\]", body)
-    if subscript and not re.fullmatch(r"[0-9@*]*", subscript.group(1)):
+    subscript = array_subscript(body)
+    if subscript is not None and not is_plain_subscript(subscript):
         forms.add("arith-var")
-    if re.match(r"^[A-Za-z_][A-Za-z0-9_]*:[^-+=?]", body) and re.search(r"[A-Za-z_]", body.split(":", 1)[1]):
+    if is_substring_expansion(body) and has_name_char(body.split(":", 1)[1]):
         forms.add("arith-var")
 
 
@@ -218,16 +227,15 @@ def _ansi_c(segment: str, i: int) -> tuple[str, int]:
         if e in _ANSI_SIMPLE:
             out.append(_ANSI_SIMPLE[e])
         elif e in "01234567":
-            digits = re.match(r"[0-7]{1,2}", segment[i:i + 2])
-            code = e + (digits.group() if digits else "")
+            code = e + segment[i:i + octal_digits(segment, i)]
             i += len(code) - 1
             out.append(chr(int(code, 8) & 0xFF))
         elif e in "xuU":
             width = {"x": 2, "u": 4, "U": 8}[e]
-            digits = re.match(f"[0-9A-Fa-f]{{1,{width}}}", segment[i:i + width])
+            digits = segment[i:i + hex_digits(segment, i, width)]
             if digits:
-                i += len(digits.group())
-                out.append(chr(min(int(digits.group(), 16), 0x10FFFF)))
+                i += len(digits)
+                out.append(chr(min(int(digits, 16), 0x10FFFF)))
             else:
                 out.append("\\" + e)
         elif e == "c" and i < n:

@@ -11,9 +11,9 @@ read-only agents, whose commands must be positively read-only.
 from __future__ import annotations
 
 import os
-import re
 
 from overstory.guards.agent import _Agent
+from overstory.guards.chars import is_assignment, is_negative_number_option
 from overstory.guards.effects import (
     _READ,
     _VERSION_FLAGS,
@@ -23,7 +23,7 @@ from overstory.guards.effects import (
     _parse_options,
     _values,
 )
-from overstory.guards.shell import _ASSIGNMENT, _SUBST
+from overstory.guards.shell import _SUBST
 
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "fish", "ash", "mksh", "yash"})
 
@@ -151,7 +151,7 @@ def _wrapper(with_value: tuple[str, ...] = (), *, leading_positionals: int = 0,
 
 def _nice(argv: list[str], *_rest: object) -> _Effect:
     args = argv[1:]
-    if args and re.match(r"^-\d+$", args[0]):
+    if args and is_negative_number_option(args[0]):  # nice -5
         args = args[1:]
     _, rest = _parse_options(args, ("-n", "--adjustment"), stop_at_positional=True)
     return _Effect("read", inner=[rest]) if rest else _READ
@@ -164,7 +164,7 @@ def _env(argv: list[str], *_rest: object) -> _Effect:
     clear = bool(_names(options) & {"-i", "--ignore-environment"})
     if rest[:1] == ["-"]:  # a lone `-` is -i
         clear, rest = True, rest[1:]
-    while rest and _ASSIGNMENT.match(rest[0]):
+    while rest and is_assignment(rest[0]):
         name, _, value = rest[0].partition("=")
         assignments.append((name.split("[", 1)[0].rstrip("+"), value))
         rest = rest[1:]

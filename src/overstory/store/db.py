@@ -8,11 +8,9 @@ which takes the write lock up front and makes read-modify-write sequences atomic
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-from overstory.errors import DiskFull, StoreError
-from overstory.store.events_migrations import EVENTS_MIGRATIONS
-from overstory.store.migrations import STATE_MIGRATIONS
 from overstory.store.sqlite_module import sqlite3  # the C module, without the package's datetime adapters
 
 TYPE_CHECKING = False  # typing costs milliseconds and hot commands open databases
@@ -20,11 +18,38 @@ if TYPE_CHECKING:
     import typing as t
 
     from overstory.store.migrations import Migration
+# overstory.errors is imported where an error is raised: the hot commands open sound, current databases.
 
 BUSY_TIMEOUT_MS = 10_000
+# The schema versions the migration lists bring a database to: their lengths (tests/test_migrations.py checks them).
+# Append a migration, add one here. open_state and open_events import a list only for a file behind it: the hot
+# commands open databases that are current, and the lists' modules (their SQL) are a fifth of a millisecond of each.
+STATE_VERSION = 14
+EVENTS_VERSION = 1
 
 
-def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration], *,
+class _Migrations:
+    """``STATE_MIGRATIONS`` or ``EVENTS_MIGRATIONS`` as ``migrate`` reads them: its length without importing it."""
+
+    def __init__(self, module: str, name: str, length: int) -> None:
+        self.module, self.name, self.length = module, name, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Migration:
+        __import__(self.module)
+        listed: t.Sequence[Migration] = getattr(sys.modules[self.module], self.name)
+        if len(listed) != self.length:  # tests/test_migrations.py catches this first
+            raise RuntimeError(f"{self.module}.{self.name} has {len(listed)} migrations; store.db says {self.length}")
+        return listed[index]
+
+
+_STATE = _Migrations("overstory.store.migrations", "STATE_MIGRATIONS", STATE_VERSION)
+_EVENTS = _Migrations("overstory.store.events_migrations", "EVENTS_MIGRATIONS", EVENTS_VERSION)
+
+
+def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration] | _Migrations, *,
             shared: bool = False) -> sqlite3.Connection:
     """Open ``path`` with the project's pragmas and bring its schema up to date.
 
@@ -34,6 +59,8 @@ def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration], *,
         conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                check_same_thread=not shared)
     except sqlite3.Error as exc:
+        from overstory.errors import StoreError
+
         raise StoreError(f"cannot open {path}: {exc}") from exc
     conn.row_factory = sqlite3.Row
     try:
@@ -44,6 +71,8 @@ def connect(path: str | os.PathLike[str], migrations: t.Sequence[Migration], *,
         migrate(conn, migrations, label=os.path.basename(os.fspath(path)))
     except sqlite3.DatabaseError as exc:
         conn.close()
+        from overstory.errors import DiskFull, StoreError
+
         if _no_space_left(path):
             raise DiskFull(f"no space left on device for {path}: it cannot even be opened; nothing was written") from exc
         raise StoreError(f"{path} is not a usable ov database: {exc}") from exc
@@ -71,6 +100,8 @@ def _switch_to_wal(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> No
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
         if time.monotonic() > deadline:
+            from overstory.errors import StoreError
+
             raise StoreError(f"{path}: could not switch to WAL mode: the database stayed locked by another process")
         import random  # only when another process holds the lock
 
@@ -100,7 +131,8 @@ def events_write_refused(conn: sqlite3.Connection) -> str | None:
     return None
 
 
-def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration], *, label: str = "database") -> int:
+def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration] | _Migrations, *,
+            label: str = "database") -> int:
     """Apply the migrations past ``PRAGMA user_version``, each in its own transaction.
 
     Safe when many processes open the database at once: the version is re-read after
@@ -109,6 +141,8 @@ def migrate(conn: sqlite3.Connection, migrations: t.Sequence[Migration], *, labe
     target = len(migrations)
     current = schema_version(conn)
     if current > target:
+        from overstory.errors import StoreError
+
         raise StoreError(f"{label} has schema version {current}, newer than this ov understands ({target}); upgrade ov")
     while current < target:
         with write_transaction(conn):
@@ -148,6 +182,8 @@ class write_transaction:  # used as a function: ``with write_transaction(conn):`
             except sqlite3.Error:
                 pass  # SQLite already rolled back (it does so itself on some errors)
         if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc):
+            from overstory.errors import DiskFull
+
             raise DiskFull(f"no space left on device for {_file_of(conn)}: the change was rolled back, "
                            "nothing was written") from exc
         if exc is not None and kind is None:
@@ -194,8 +230,8 @@ def _file_of(conn: sqlite3.Connection) -> str:
 
 
 def open_state(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:
-    return connect(path, STATE_MIGRATIONS, shared=shared)
+    return connect(path, _STATE, shared=shared)
 
 
 def open_events(path: str | os.PathLike[str], *, shared: bool = False) -> sqlite3.Connection:
-    return connect(path, EVENTS_MIGRATIONS, shared=shared)
+    return connect(path, _EVENTS, shared=shared)

@@ -10,7 +10,6 @@ machine in ``store.sessions`` is untouched); a group's progress is read from its
 from __future__ import annotations
 
 from overstory.clock import now_ms
-from overstory.errors import GroupExists, GroupNotFound
 from overstory.records import Record
 from overstory.store.db import write_transaction
 
@@ -18,6 +17,9 @@ TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this 
 if TYPE_CHECKING:
     import sqlite3
     import typing as t
+
+    from overstory.errors import GroupNotFound
+# overstory.errors is imported where an error is made: `ov status` lists groups and raises none of them.
 
 
 class Group(Record):
@@ -34,6 +36,7 @@ def _names(conn: sqlite3.Connection) -> list[str]:
 
 def not_found(conn: sqlite3.Connection, name: str) -> GroupNotFound:
     """``GroupNotFound(name)`` with the existing group names close to it."""
+    from overstory.errors import GroupNotFound
     from overstory.names import closest
 
     return GroupNotFound(name, closest(name, _names(conn)))
@@ -46,6 +49,8 @@ def create(conn: sqlite3.Connection, name: str, description: str = "", *, now: i
         inserted = conn.execute("INSERT INTO task_groups(name, description, created_at) VALUES (?, ?, ?) "
                                 "ON CONFLICT(name) DO NOTHING", (name, description, at)).rowcount
     if not inserted:
+        from overstory.errors import GroupExists
+
         raise GroupExists(name)
     return Group(name, description, at, ())
 

@@ -19,8 +19,6 @@ same call runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from overstory import jsontext
 from overstory.clock import now_ms
 from overstory.store.db import write_transaction
@@ -29,6 +27,7 @@ TYPE_CHECKING = False  # typing costs milliseconds on the hook path (`ov guard`,
 if TYPE_CHECKING:
     import sqlite3
     import typing as t
+    from collections.abc import Callable
 
 STATUSES = ("started", "succeeded", "failed", "denied", "skipped_duplicate")
 RECEIPT_LIMIT = 4096

@@ -8,11 +8,9 @@ and decides what to do; nobody retries blindly.
 
 from __future__ import annotations
 
-from overstory import errors
 from overstory import jsontext as json
 from overstory.capabilities import CAPABILITIES as CAPABILITIES
 from overstory.clock import now_ms
-from overstory.errors import AgentExists, AgentNotFound
 from overstory.records import Record
 from overstory.store.db import write_transaction
 
@@ -20,6 +18,9 @@ TYPE_CHECKING = False  # typing costs milliseconds and hot commands import this 
 if TYPE_CHECKING:
     import sqlite3
     import typing as t
+
+    from overstory.errors import AgentNotFound
+# overstory.errors is imported where an error is made: `ov status` reads sessions and raises none of them.
 
 STATES = ("booting", "in_turn", "between_turns", "working", "stalled", "parked", "completed", "zombie")
 TERMINAL_STATES = frozenset({"completed", "zombie"})
@@ -200,14 +201,20 @@ def similar_names(conn: sqlite3.Connection, name: str) -> list[str]:
 
 
 def agent_not_found(conn: sqlite3.Connection, name: str, *, option: str = "", detail: str = "",
-                    hint: str = AgentNotFound.LISTS_THEM) -> AgentNotFound:
-    """``AgentNotFound(name)`` with the existing names close to it (its "did you mean")."""
-    return AgentNotFound(name, similar_names(conn, name), option=option, detail=detail, hint=hint)
+                    hint: str | None = None) -> AgentNotFound:
+    """``AgentNotFound(name)`` with the existing names close to it (its "did you mean"); ``hint``: its own
+    (``AgentNotFound.LISTS_THEM`` when not given)."""
+    from overstory.errors import AgentNotFound
+
+    return AgentNotFound(name, similar_names(conn, name), option=option, detail=detail,
+                         hint=AgentNotFound.LISTS_THEM if hint is None else hint)
 
 
 def no_agent_named(conn: sqlite3.Connection, name: str) -> str:
     """``no agent named 'x'``, with the closest existing names when some are close (inside another error)."""
-    return errors.no_agent_named(name, similar_names(conn, name))
+    from overstory.errors import no_agent_named
+
+    return no_agent_named(name, similar_names(conn, name))
 
 
 # ---- writes ---------------------------------------------------------------
@@ -228,6 +235,8 @@ def create_session(conn: sqlite3.Connection, *, name: str, capability: str, task
     with write_transaction(conn):
         existing = conn.execute("SELECT state FROM sessions WHERE name = ?", (name,)).fetchone()
         if existing is not None and existing["state"] not in TERMINAL_STATES:
+            from overstory.errors import AgentExists
+
             raise AgentExists(f"agent {name} is already active (state {existing['state']}); stop it first or pick another --name")
         row = conn.execute(
             "INSERT INTO generations(name, generation) VALUES (?, 1) "

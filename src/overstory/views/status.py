@@ -11,7 +11,6 @@ from __future__ import annotations
 from overstory import printable, procs
 from overstory.clock import iso, now_ms
 from overstory.store import budgets, mail_queries, overview
-from overstory.store import events as event_store
 from overstory.store.db import sqlite3
 from overstory.store.sessions import TERMINAL_STATES, Session, list_sessions
 from overstory.views import groups as group_views
@@ -215,6 +214,8 @@ ERROR_KINDS = ("turn_end", "turn_failed", "turn_retry", "watchdog_stalled", "wat
 def recent_events(events: sqlite3.Connection, *, limit: int = 12, kinds: t.Sequence[str] | None = None
                   ) -> list[dict[str, t.Any]]:
     """The newest ``limit`` events (optionally of some kinds), newest first; index-bounded."""
+    from overstory.store import events as event_store  # `ov watch`'s: `ov status` reads no events (0.3 ms)
+
     rows = event_store.newest(events, limit, kinds)
     return [{"id": r["id"], "at": iso(r["at"]), "agent": r["agent"], "kind": r["kind"], "tool": r["tool"],
              "summary": r["summary"]} for r in rows]
