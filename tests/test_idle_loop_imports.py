@@ -25,7 +25,9 @@ NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib"
                        # issue 34's last round: pathlib's urllib.parse (with ipaddress) is deferred until Path.as_uri;
                        # SQLite through its C module (the package brings datetime); jsontext, not the json package;
                        # _queue's SimpleQueue without queue.py; base64 only for a turn on another machine
-                       "urllib.parse", "ipaddress", "sqlite3", "datetime", "json", "queue", "heapq", "base64")
+                       "urllib.parse", "ipaddress", "sqlite3", "datetime", "json", "queue", "heapq", "base64",
+                       # 2026-12-07: typing is deferred (its modules use it for annotations and TYPE_CHECKING alone)
+                       "typing")
 
 
 def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths, tmp_path: Path) -> None:
@@ -101,3 +103,39 @@ def test_pathlib_works_with_url_parsing_deferred() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["file:///tmp/a%20b", "q", "x%20y z%20w"]
+
+
+def test_typing_deferred_as_the_loop_defers_it() -> None:
+    """The loop's stand-in for typing: ``TYPE_CHECKING`` without loading it; any other name loads it; false (as
+    if not imported) while it is not, so that defining a dataclass does not load it to look for ClassVars."""
+    import subprocess
+    import sys
+
+    code = ("from __future__ import annotations\nimport sys\nfrom overstory.deferred import defer\ndefer('typing', constants={'TYPE_CHECKING': False})\n"
+            "import typing as t\nfrom dataclasses import dataclass, fields\n"
+            "@dataclass\nclass A:\n    a: t.Any = 1\n"
+            "assert t.TYPE_CHECKING is False and not t and type(sys.modules['typing']).__name__ == '_Deferred'\n"
+            "from overstory.runtimes.prices import Tokens\nfrom overstory.endpoint import server, routes\n"
+            "from overstory.agents import turns, turn_stream\nfrom overstory.executors import base\n"
+            "assert Tokens(1) + Tokens(2, 3) == (3, 3, 0, 0) and Tokens(1, 2).total == 3\n"
+            "assert type(sys.modules['typing']).__name__ == '_Deferred' and not t\n"
+            "print([f.name for f in fields(A)], t.cast(int, 3), t.Mapping.__name__, bool(t))\n"
+            "import typing\nassert sys.modules['typing'] is typing and typing.TYPE_CHECKING is False\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['a']", "3", "Mapping", "True"]
+
+
+def test_no_dataclass_has_a_class_variable() -> None:
+    """``dataclasses`` finds a ``t.ClassVar`` annotation only where typing is imported; in an agent loop it is
+    deferred (``overstory.deferred``), so such a field would be a field there: ov's dataclasses have none."""
+    import ast
+
+    source = Path(__file__).resolve().parent.parent / "src" / "overstory"
+    found = []
+    for path in source.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+                found += [f"{path.name}: {node.name}.{ast.unparse(item.target)}" for item in node.body
+                          if isinstance(item, ast.AnnAssign) and "ClassVar" in ast.unparse(item.annotation)]
+    assert found == []

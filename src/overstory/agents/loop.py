@@ -14,6 +14,8 @@ from overstory.deferred import defer
 # Before anything imports pathlib, which imports urllib.parse (and with it ipaddress: 0.3 MiB of every idle loop)
 # for Path.as_uri alone. Where this module is imported rather than run (`ov loop`, tests) pathlib is loaded already.
 defer("urllib.parse", "quote_from_bytes")
+if __name__ == "__main__":  # the loop's modules import typing for annotations and TYPE_CHECKING alone (0.5 MiB)
+    defer("typing", constants={"TYPE_CHECKING": False})
 
 import os
 import sys

@@ -87,7 +87,8 @@ class Caller:
         return env
 
 
-Route = t.Callable[[Caller, dict[str, t.Any]], t.Any]
+if t.TYPE_CHECKING:
+    Route = t.Callable[[Caller, dict[str, t.Any]], t.Any]
 
 
 def socket_path(project: ProjectPaths, agent: str) -> Path:

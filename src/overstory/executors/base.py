@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 # finished: the process exited by itself (``exit_code`` says how: the runtime's result is the turn runner's business)
 # failed: it could not run, or it was stopped (``reason`` says which)
 # lost: what ran it died (a node or the process that watched it): nobody knows how the turn ended
-TurnState = t.Literal["queued", "running", "finished", "failed", "lost"]
+if t.TYPE_CHECKING:
+    TurnState = t.Literal["queued", "running", "finished", "failed", "lost"]
+else:  # typing is deferred in an agent loop (overstory.deferred)
+    TurnState = str
 TURN_STATES: tuple[TurnState, ...] = ("queued", "running", "finished", "failed", "lost")
 ENDED: frozenset[str] = frozenset({"finished", "failed", "lost"})
 STOPPED = "stopped"  # the reason of a failed turn that was stopped through the executor

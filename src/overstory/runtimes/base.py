@@ -35,7 +35,11 @@ from pathlib import Path
 from overstory.runtimes.prices import Tokens
 
 if t.TYPE_CHECKING:
+    from typing import NamedTuple
+
     from overstory.config.model import Config
+else:  # typing's, without typing (deferred in an agent loop) and without compiling each field's annotation
+    from overstory.records import NamedTuple
 
 # The kinds of failed turn. The turn runner decides what each means for the agent. A parser says
 # TRANSIENT only for a failure it recognises as one; an error it cannot place is UNKNOWN, never a guess.
@@ -74,7 +78,7 @@ class TurnFailure:
     reset_at_ms: int | None = None
 
 
-class Usage(t.NamedTuple):
+class Usage(NamedTuple):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
