@@ -26,8 +26,9 @@ NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib"
                        # SQLite through its C module (the package brings datetime); jsontext, not the json package;
                        # _queue's SimpleQueue without queue.py; base64 only for a turn on another machine
                        "urllib.parse", "ipaddress", "sqlite3", "datetime", "json", "queue", "heapq", "base64",
-                       # 2026-12-07: typing is deferred (its modules use it for annotations and TYPE_CHECKING alone)
-                       "typing")
+                       # 2026-12-07: typing is deferred (its modules use it for annotations and TYPE_CHECKING alone),
+                       # and locale (subprocess uses its getencoding alone, which is _locale's)
+                       "typing", "locale")
 
 
 def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths, tmp_path: Path) -> None:
@@ -105,13 +106,16 @@ def test_pathlib_works_with_url_parsing_deferred() -> None:
     assert done.stdout.splitlines() == ["file:///tmp/a%20b", "q", "x%20y z%20w"]
 
 
-def test_typing_deferred_as_the_loop_defers_it() -> None:
+def test_typing_and_locale_deferred_as_the_loop_defers_them() -> None:
     """The loop's stand-in for typing: ``TYPE_CHECKING`` without loading it; any other name loads it; false (as
-    if not imported) while it is not, so that defining a dataclass does not load it to look for ClassVars."""
+    if not imported) while it is not, so that defining a dataclass does not load it to look for ClassVars. Its
+    stand-in for locale gives subprocess ``getencoding`` (``_locale``'s) without loading it."""
     import subprocess
     import sys
 
-    code = ("from __future__ import annotations\nimport sys\nfrom overstory.deferred import defer\ndefer('typing', constants={'TYPE_CHECKING': False})\n"
+    code = ("from __future__ import annotations\nimport sys\nfrom overstory.deferred import defer\n"
+            "defer('typing', constants={'TYPE_CHECKING': False})\n"
+            "import _locale\ndefer('locale', constants={'getencoding': _locale.getencoding})\n"
             "import typing as t\nfrom dataclasses import dataclass, fields\n"
             "@dataclass\nclass A:\n    a: t.Any = 1\n"
             "assert t.TYPE_CHECKING is False and not t and type(sys.modules['typing']).__name__ == '_Deferred'\n"
@@ -120,7 +124,11 @@ def test_typing_deferred_as_the_loop_defers_it() -> None:
             "assert Tokens(1) + Tokens(2, 3) == (3, 3, 0, 0) and Tokens(1, 2).total == 3\n"
             "assert type(sys.modules['typing']).__name__ == '_Deferred' and not t\n"
             "print([f.name for f in fields(A)], t.cast(int, 3), t.Mapping.__name__, bool(t))\n"
-            "import typing\nassert sys.modules['typing'] is typing and typing.TYPE_CHECKING is False\n")
+            "import typing\nassert sys.modules['typing'] is typing and typing.TYPE_CHECKING is False\n"
+            # locale as the loop defers it: subprocess's text mode asks it for the encoding without loading it
+            "import subprocess\n"
+            "assert subprocess.run(['echo', 'é'], capture_output=True, text=True).stdout == 'é\\n'\n"
+            "assert type(sys.modules['locale']).__name__ == '_Deferred'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['a']", "3", "Mapping", "True"]

@@ -15,7 +15,11 @@ from overstory.deferred import defer
 # for Path.as_uri alone. Where this module is imported rather than run (`ov loop`, tests) pathlib is loaded already.
 defer("urllib.parse", "quote_from_bytes")
 if __name__ == "__main__":  # the loop's modules import typing for annotations and TYPE_CHECKING alone (0.5 MiB)
+    import _locale
+
     defer("typing", constants={"TYPE_CHECKING": False})
+    # subprocess imports locale (its alias tables: 0.15 MiB) for getencoding() alone, which is _locale's
+    defer("locale", constants={"getencoding": _locale.getencoding})
 
 import os
 import sys
