@@ -33,6 +33,7 @@ from overstory.agents.process import (
     POLL_SECONDS,
     AgentProcess,
     acquire_turn_slot,
+    give_back_memory,
     load_launch_env,
     spawn_loop,  # noqa: F401 - re-exported: callers and tests start loops from here
 )
@@ -216,7 +217,15 @@ class AgentLoop(AgentProcess):
             finally:
                 slot.release()
                 os.close(slot.fd)
+            self._give_back_memory()
         return 0
+
+    def _give_back_memory(self) -> None:
+        """Until its next turn the loop waits: the endpoint's pooled connections close, and what the turn freed
+        goes back to the system (``process.give_back_memory``): about 0.25 MiB of every idle loop (issue 34)."""
+        if self.endpoint is not None:
+            self.endpoint.close_idle_connections()
+        give_back_memory()
 
     def _recover_interrupted_turn(self) -> None:
         """A turn left in_turn by a loop that died: its process group goes, its mail is re-delivered.

@@ -309,6 +309,17 @@ class AgentEndpoint:
                 state.close()
                 raise
 
+    def close_idle_connections(self) -> None:
+        """Close the pooled connections no request holds (between turns none is asked for): their statement
+        caches and pages, about 0.4 MiB of an idle loop (issue 34). The next request opens a pair again."""
+        while True:
+            try:
+                pair = self._pool.get_nowait()
+            except Empty:
+                return
+            for conn in pair:
+                conn.close()
+
     def _release(self, conn: sqlite3.Connection, events: sqlite3.Connection) -> None:
         if conn.in_transaction:  # a route that failed mid-transaction: never hand that to the next request
             conn.close()
