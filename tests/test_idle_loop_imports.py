@@ -189,3 +189,48 @@ def test_without_malloc_trim_nothing_is_done(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(process, "_malloc_trim", None)
     monkeypatch.setattr(_ctypes, "dlsym", no_such_symbol)
     assert process.give_back_memory() is False and process.give_back_memory() is False
+
+
+def test_after_a_turn_the_loop_opens_its_databases_anew(project: ProjectPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own connections are opened anew after each turn (the turn's statements and pages go with the old
+    ones), as durable as before; where one cannot be opened, the loop keeps the ones it has."""
+    import signal
+
+    from overstory.agents import loop as loop_module
+    from overstory.agents import process
+    from overstory.errors import StoreError
+    from overstory.store import sessions
+    from overstory.store.db import open_state
+
+    conn = open_state(project.state_db)
+    try:
+        generation = sessions.create_session(conn, name="scout-idle", capability="scout", task_id="idle", runtime="scripted",
+                                        actor="test", parent="operator", depth=0)
+    finally:
+        conn.close()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    loop = loop_module.AgentLoop(project, "scout-idle", generation)
+    try:
+        old = (loop.state, loop.events)
+        loop._give_back_memory()
+        assert loop.state is not old[0] and loop.events is not old[1]
+        for closed in old:
+            with pytest.raises(Exception, match="closed"):
+                closed.execute("SELECT 1")
+        for new in (loop.state, loop.events):
+            pragmas = [new.execute(f"PRAGMA {name}").fetchone()[0]
+                       for name in ("journal_mode", "busy_timeout", "synchronous", "foreign_keys")]
+            assert pragmas == ["wal", 10_000, 1, 1]  # as open_state and open_events make them
+        assert loop.current() is not None
+
+        def refused(path: object) -> object:
+            raise StoreError(f"cannot open {path}: disk I/O error")
+
+        monkeypatch.setattr(process, "open_events", refused)
+        kept = (loop.state, loop.events)
+        loop._give_back_memory()
+        assert (loop.state, loop.events) == kept and loop.current() is not None
+    finally:
+        loop.close()
+        for number, handler in handlers.items():
+            signal.signal(number, handler)

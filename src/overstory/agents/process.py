@@ -15,10 +15,12 @@ import typing as t
 from pathlib import Path
 
 from overstory import jsontext, procs
+from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
-from overstory.store.db import open_state
+from overstory.store.db import open_events, open_state
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 POLL_SECONDS = 0.4
 LOCK_WAIT_SECONDS = 10.0
@@ -175,6 +177,25 @@ def give_back_memory() -> bool:
         _malloc_trim = False
         return False
     return True
+
+
+def reopen_databases(project: ProjectPaths, state: sqlite3.Connection,
+                     events: sqlite3.Connection) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """A loop's state.db and events.db connections opened anew after a turn, the old ones closed: the turn's
+    statements (a connection keeps the last 128 it ran) and pages go with them. Where one cannot be opened now,
+    the old ones are given back as they are."""
+    try:
+        fresh = open_state(project.state_db)
+        try:
+            fresh_events = open_events(project.events_db)
+        except BaseException:
+            fresh.close()
+            raise
+    except (OrchestratorError, sqlite3.Error):
+        return state, events
+    state.close()
+    events.close()
+    return fresh, fresh_events
 
 
 def loop_log_path(project: ProjectPaths, agent: str) -> Path:
