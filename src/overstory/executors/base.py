@@ -29,6 +29,8 @@ import abc
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.records import Record
+
 # queued: accepted, not yet running (waiting for a node or a slot)
 # running: the process runs
 # finished: the process exited by itself (``exit_code`` says how: the runtime's result is the turn runner's business)
@@ -77,9 +79,10 @@ class TurnSpec:
                    travel=dict(data.get("travel") or {}))
 
 
-@dataclass(frozen=True)
-class Submitted:
+class Submitted(Record):
     """A turn handed to an executor."""
+
+    __slots__ = ("turn_id", "created")
 
     turn_id: str
     created: bool  # False: the id was submitted before; nothing new was started
@@ -107,9 +110,10 @@ class TurnStatus:
                 "node": self.node, "pid": self.pid, "started_ms": self.started_ms, "ended_ms": self.ended_ms}
 
 
-@dataclass(frozen=True)
-class Lines:
+class Lines(Record):
     """A batch of a turn's stdout lines (without their newline) and the cursor to read on from."""
+
+    __slots__ = ("lines", "cursor", "done")
 
     lines: tuple[str, ...]
     cursor: int

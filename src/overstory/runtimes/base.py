@@ -32,6 +32,7 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overstory.records import Record
 from overstory.runtimes.prices import Tokens
 
 if t.TYPE_CHECKING:
@@ -84,9 +85,10 @@ class Usage(NamedTuple):
     cost_usd: float = 0.0
 
 
-@dataclass(frozen=True)
-class ModelCost:
+class ModelCost(Record):
     """One model's share of a finished turn, as the runtime reported it."""
+
+    __slots__ = ("tokens", "cost_usd")
 
     tokens: Tokens
     cost_usd: float | None  # None: the runtime gave no figure for this model
@@ -203,9 +205,10 @@ class AgentSetup:
     model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
-@dataclass(frozen=True)
-class Screen:
+class Screen(Record):
     """What ov understands of one capture of a TUI's pane."""
+
+    __slots__ = ("text", "ready", "busy", "input_text", "blocker")
 
     text: str
     ready: bool
@@ -219,9 +222,10 @@ class Screen:
         return self.ready and not self.busy and self.input_text == "" and self.blocker is None
 
 
-@dataclass(frozen=True)
-class Blocker:
+class Blocker(Record):
     """A start-up screen that stops the TUI. ``answer`` (tmux key names) gets past it; None means give up."""
+
+    __slots__ = ("name", "marks", "answer", "message")
 
     name: str
     marks: tuple[str, ...]

@@ -28,7 +28,8 @@ from __future__ import annotations
 import re
 import typing as t
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from overstory.records import Record
 
 if t.TYPE_CHECKING:
     from typing import NamedTuple
@@ -101,9 +102,10 @@ class Tokens(NamedTuple):
         return self.input + self.output + self.cache_read + self.cache_write
 
 
-@dataclass(frozen=True)
-class Price:
+class Price(Record):
     """USD per million tokens."""
+
+    __slots__ = ("input", "output", "cache_read", "cache_write")
 
     input: float
     output: float
@@ -132,9 +134,10 @@ class Price:
         return f"${self.input:g}/${self.output:g} per million input/output tokens"
 
 
-@dataclass(frozen=True)
-class Lookup:
+class Lookup(Record):
     """A model's price, and which table entry it came from; ``guessed`` when the model was unknown."""
+
+    __slots__ = ("model", "entry", "price", "guessed")
 
     model: str
     entry: str
