@@ -121,3 +121,32 @@ class _GlobalLight(NamedTuple):
 
 
 GLOBAL_LIGHT = _GlobalLight(3)
+
+
+class WithDefaults(Record):
+    __slots__ = ("a", "b", "c")
+    _defaults = {"b": 2, "c": None}
+    a: int
+    b: int
+    c: str | None
+
+
+@dataclass(frozen=True)
+class DataWithDefaults:
+    a: int
+    b: int = 2
+    c: str | None = None
+
+
+def test_defaults_as_a_dataclass_has_them() -> None:
+    for kind in (WithDefaults, DataWithDefaults):
+        assert kind(1) == kind(1, 2, None) == kind(a=1) == kind(1, c=None)  # type: ignore[call-arg]
+        assert kind(1, 3).b == 3 and kind(1, c="x").c == "x" and kind(a=0, b=1, c="y").c == "y"  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            kind()  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            kind(b=3)  # type: ignore[call-arg]
+    assert repr(WithDefaults(1)) == repr(DataWithDefaults(1)).replace("DataWithDefaults", "WithDefaults")
+    assert Point(1, 2, None) == Point(x=1, y=2, label=None)  # no defaults: every field is needed
+    with pytest.raises(TypeError):
+        Point(1, 2)  # type: ignore[call-arg]

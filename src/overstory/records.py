@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 
 
 class Record:
-    """Fields from ``__slots__``; built positionally or by keyword; compared, hashed and shown by value; frozen."""
+    """Fields from ``__slots__``; built positionally or by keyword; compared, hashed and shown by value; frozen.
+    ``_defaults``: values of the last fields, for a call that leaves them out (a dataclass's defaults)."""
 
     __slots__: tuple[str, ...] = ()
+    _defaults: t.ClassVar[dict[str, t.Any]] = {}  # the values of the last fields when they are not given
 
     def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
         names = self.__slots__
@@ -39,6 +41,8 @@ class Record:
             if name in values:
                 raise TypeError(f"{kind}() got multiple values for argument {name!r}")
             values[name] = value
+        for name, value in self._defaults.items():
+            values.setdefault(name, value)
         missing = [name for name in names if name not in values]
         if missing:
             raise TypeError(f"{kind}() missing arguments: {', '.join(missing)}")

@@ -88,18 +88,20 @@ class Submitted(Record):
     created: bool  # False: the id was submitted before; nothing new was started
 
 
-@dataclass(frozen=True)
-class TurnStatus:
+class TurnStatus(Record):
     """Where a submitted turn is."""
+
+    __slots__ = ("turn_id", "state", "reason", "exit_code", "node", "pid", "started_ms", "ended_ms")
+    _defaults = {"reason": "", "exit_code": None, "node": None, "pid": None, "started_ms": None, "ended_ms": None}
 
     turn_id: str
     state: TurnState
-    reason: str = ""
-    exit_code: int | None = None
-    node: str | None = None  # where it ran: a host name (local) or a Ray node id
-    pid: int | None = None   # the command's process id on that node
-    started_ms: int | None = None
-    ended_ms: int | None = None
+    reason: str
+    exit_code: int | None
+    node: str | None  # where it ran: a host name (local) or a Ray node id
+    pid: int | None   # the command's process id on that node
+    started_ms: int | None
+    ended_ms: int | None
 
     @property
     def ended(self) -> bool:

@@ -70,13 +70,15 @@ class ParsedEvent:
     call_input: dict[str, t.Any] | None = None
 
 
-@dataclass(frozen=True)
-class TurnFailure:
+class TurnFailure(Record):
     """Why a turn failed, as a runtime classifies it."""
+
+    __slots__ = ("kind", "reason", "reset_at_ms")
+    _defaults = {"reset_at_ms": None}
 
     kind: str
     reason: str
-    reset_at_ms: int | None = None
+    reset_at_ms: int | None
 
 
 class Usage(NamedTuple):
@@ -189,9 +191,12 @@ class TurnRequest:
     fork_session: bool = False
 
 
-@dataclass(frozen=True)
-class AgentSetup:
+class AgentSetup(Record):
     """What ``ov sling`` knows of a new agent when a runtime writes the files of its state dir."""
+
+    __slots__ = ("name", "capability", "writable", "project_root", "worktree", "run_dir", "instructions", "ov_command",
+                 "tmux_mode", "model")
+    _defaults = {"tmux_mode": False, "model": None}
 
     name: str
     capability: str
@@ -201,8 +206,8 @@ class AgentSetup:
     run_dir: Path              # .overstory/run/<agent>/
     instructions: str          # the rendered overlay
     ov_command: list[str]      # how hooks call ov
-    tmux_mode: bool = False
-    model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
+    tmux_mode: bool
+    model: str | None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
 class Screen(Record):
@@ -256,16 +261,18 @@ class Tui(abc.ABC):
         """The last meaningful lines of a screen, for error messages."""
 
 
-@dataclass(frozen=True)
-class RuntimeProbe:
+class RuntimeProbe(Record):
     """What ``ov doctor`` reports about one runtime."""
+
+    __slots__ = ("name", "status", "detail", "credentials", "hint", "has_credentials")
+    _defaults = {"hint": "", "has_credentials": None}
 
     name: str
     status: str          # "ok", "outdated" (older than ov supports), "missing" (not installed) or "broken"
     detail: str          # version and path, or why it is missing
     credentials: str     # e.g. "ANTHROPIC_API_KEY set", "logged in", "none found", "not needed"
-    hint: str = ""
-    has_credentials: bool | None = None  # None: the runtime needs none
+    hint: str
+    has_credentials: bool | None  # None: the runtime needs none
 
     @property
     def installed(self) -> bool:
