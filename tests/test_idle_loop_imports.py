@@ -29,7 +29,9 @@ NOT_IN_AN_IDLE_LOOP = ("inspect", "ast", "dis", "tokenize", "secrets", "hashlib"
                        "urllib.parse", "ipaddress", "sqlite3", "datetime", "json", "queue", "heapq", "base64",
                        # 2026-12-07: typing is deferred (its modules use it for annotations and TYPE_CHECKING alone),
                        # and locale (subprocess uses its getencoding alone, which is _locale's)
-                       "typing", "locale")
+                       "typing", "locale",
+                       # budgets: a turn past a limit parks with agents.budgeting (and its store.runs), others need neither
+                       "overstory.agents.budgeting", "overstory.store.runs")
 
 
 def test_an_idle_loop_imports_none_of_what_it_does_not_use(project: ProjectPaths, tmp_path: Path) -> None:

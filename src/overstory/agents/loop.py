@@ -326,7 +326,6 @@ class AgentLoop(AgentProcess):
 
     def _one_turn(self, agent: Session) -> None:
         from overstory.agents import idle
-        from overstory.agents.budgeting import park_for_crossing
         from overstory.store import budgets, mail, mail_text
         from overstory.store import events as event_store
 
@@ -334,6 +333,8 @@ class AgentLoop(AgentProcess):
             return
         crossing = budgets.begin_turn(self.state, self.name, self.generation)
         if crossing is not None:  # no turn past a limit: park before spending anything
+            from overstory.agents.budgeting import park_for_crossing
+
             parked = park_for_crossing(self.state, agent, crossing, actor="agent-loop",
                                        expect={"booting", "between_turns", "stalled"})
             event_store.record(self.events, "budget_parked", agent=self.name, generation=self.generation,
