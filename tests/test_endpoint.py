@@ -104,6 +104,33 @@ def test_a_revoked_secret_is_refused(team: ProjectPaths) -> None:
     assert not (team.run_dir / "builder-a" / "ov.sock").exists()
 
 
+def test_idle_connections_close_between_turns_and_reopen(team: ProjectPaths) -> None:
+    """The loop closes the endpoint's pooled connections when a turn is over (issue 34: memory of an idle loop);
+    the next request opens a pair again, and one a request holds is not closed under it."""
+    conn = open_state(team.state_db)
+    generation = sessions.get(conn, "builder-a").generation  # type: ignore[union-attr]
+    conn.close()
+    endpoint = AgentEndpoint(team, "builder-a", generation, ROUTES).start()
+    try:
+        env = endpoint.open_turn()
+        channel = Channel(env[ENDPOINT_ENV], env[TOKEN_ENV])
+        assert channel.call("status", {})["totals"]["agents"] == 4
+        held = endpoint._connections()  # the pooled pair, as a request holds it when the turn ends
+        endpoint.close_idle_connections()
+        assert held[0].execute("SELECT 1").fetchone()[0] == 1 and held[1].execute("SELECT 1").fetchone()[0] == 1
+        endpoint._release(*held)
+        endpoint.close_idle_connections()
+        endpoint.close_idle_connections()
+        assert endpoint._pool.empty()
+        for closed in held:
+            with pytest.raises(Exception, match="closed"):
+                closed.execute("SELECT 1")
+        assert channel.call("status", {})["totals"]["agents"] == 4
+        channel.call("mail.send", {"to": "builder-x", "subject": "after the pool closed", "from": "builder-a"})
+    finally:
+        endpoint.close()
+
+
 def test_mail_always_comes_from_the_caller(team: ProjectPaths, serve: t.Any, state_db: t.Any) -> None:
     channel = serve("builder-a")
     with pytest.raises(EndpointError, match="cannot send mail as 'operator'") as refused:

@@ -9,6 +9,9 @@ real module on first attribute access.
 A module that is imported only for a function another module binds by name when it is imported
 (``pathlib`` does ``from urllib.parse import quote_from_bytes``, for ``Path.as_uri``) is deferred
 with that function named: the stand-in offers it, and its first call imports the real module.
+
+A stand-in may also offer constants: the real module's own values (``defer_in_an_agent_loop``: typing's
+``TYPE_CHECKING``, locale's ``getencoding``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ class _Deferred(type(sys)):  # type: ignore[misc]  # types.ModuleType, without i
             raise AttributeError(attribute)
         return getattr(self._load(), attribute)
 
+    def __bool__(self) -> bool:
+        """False while the module is not imported (this stand-in is what ``sys.modules`` holds), as if it were
+        absent. ``dataclasses`` asks ``sys.modules.get("typing")`` whether a field's annotation could be a
+        ``typing.ClassVar``; none can before ``typing`` is imported (no ov dataclass has one:
+        tests/test_idle_loop_imports.py), so it does not load it to ask."""
+        return sys.modules.get(str(self.__name__)) is not self
+
 
 DEFERRED = ("inspect", "copy")
 
@@ -51,10 +61,11 @@ def _on_first_call(stand_in: _Deferred, function: str) -> t.Callable[..., t.Any]
     return call
 
 
-def defer(name: str, *functions: str) -> None:
+def defer(name: str, *functions: str, constants: t.Mapping[str, object] | None = None) -> None:
     """Put a stand-in for module ``name`` (a module, not a package) in ``sys.modules`` unless it is imported already.
 
     ``functions``: names the stand-in offers without importing anything; calling one imports the module.
+    ``constants``: values the stand-in offers as they are (the real module's own, which replace them once loaded).
     A submodule's stand-in is also set on its package, as an import of the submodule would set it.
     """
     if name in sys.modules:
@@ -62,8 +73,23 @@ def defer(name: str, *functions: str) -> None:
     stand_in = _Deferred(name)
     for function in functions:
         setattr(stand_in, function, _on_first_call(stand_in, function))
+    for constant, value in (constants or {}).items():
+        setattr(stand_in, constant, value)
     sys.modules[name] = stand_in
     package, _, child = name.rpartition(".")
     if package:
         __import__(package)
         setattr(sys.modules[package], child, stand_in)
+
+
+def defer_in_an_agent_loop() -> None:
+    """What an agent loop defers besides ``DEFERRED``, before it imports anything else (issue 34).
+
+    ``typing``: the loop's modules import it for their annotations (``from __future__ import annotations`` never
+    evaluates them) and for ``t.TYPE_CHECKING``, which the stand-in offers: 0.5 MiB. ``locale``: ``subprocess``
+    imports it (with its alias tables: 0.15 MiB) for ``getencoding()`` alone, which is ``_locale``'s own.
+    """
+    import _locale
+
+    defer("typing", constants={"TYPE_CHECKING": False})
+    defer("locale", constants={"getencoding": _locale.getencoding})

@@ -5,6 +5,10 @@ class is defined, about a millisecond per class, plus importing ``dataclasses``.
 commands (`ov mail check`, `ov status`) are whole processes that must start in a few
 milliseconds, so the rows they build (mail messages, events, the project's paths) are
 Records instead: the fields are the class's ``__slots__``, in order.
+
+``NamedTuple``: ``typing.NamedTuple`` without ``typing`` (which an agent loop defers: ``overstory.deferred``) and
+without compiling each field's annotation into a ``ForwardRef`` (the first ``compile()`` in a process builds the
+parser's node classes: 0.2 MiB of every agent loop). Modules import ``typing``'s under ``TYPE_CHECKING``, for mypy.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ if TYPE_CHECKING:
 
 
 class Record:
-    """Fields from ``__slots__``; built positionally or by keyword; compared, hashed and shown by value; frozen."""
+    """Fields from ``__slots__``; built positionally or by keyword; compared, hashed and shown by value; frozen.
+    ``_defaults``: values of the last fields, for a call that leaves them out (a dataclass's defaults)."""
 
     __slots__: tuple[str, ...] = ()
+    _defaults: t.ClassVar[dict[str, t.Any]] = {}  # the values of the last fields when they are not given
 
     def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
         names = self.__slots__
@@ -35,6 +41,8 @@ class Record:
             if name in values:
                 raise TypeError(f"{kind}() got multiple values for argument {name!r}")
             values[name] = value
+        for name, value in self._defaults.items():
+            values.setdefault(name, value)
         missing = [name for name in names if name not in values]
         if missing:
             raise TypeError(f"{kind}() missing arguments: {', '.join(missing)}")
@@ -63,3 +71,35 @@ class Record:
 
     def __reduce__(self) -> tuple[t.Any, ...]:
         return (type(self), self._values())
+
+
+_NAMED_TUPLE_OWN = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
+                              "_make", "_replace", "_asdict", "_source"})  # typing refuses to overwrite these
+
+
+class _NamedTupleType(type):
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, t.Any]) -> t.Any:
+        if not bases:  # ``NamedTuple`` itself
+            return super().__new__(mcs, name, bases, namespace)
+        if bases != (NamedTuple,):
+            raise TypeError("a NamedTuple can only inherit from NamedTuple")
+        from collections import namedtuple
+
+        annotations = namespace.get("__annotations__", {})  # strings (``from __future__ import annotations``)
+        defaults = [namespace[field] for field in annotations if field in namespace]
+        if any(field not in namespace for field in list(annotations)[len(annotations) - len(defaults):]):
+            raise TypeError(f"{name}: a field without a default cannot follow one with a default")
+        made = namedtuple(name, tuple(annotations), defaults=defaults,  # type: ignore[misc]  # mypy: not a literal
+                          module=namespace["__module__"])
+        made.__annotations__ = dict(annotations)
+        for key, value in namespace.items():
+            if key in _NAMED_TUPLE_OWN:
+                raise AttributeError(f"Cannot overwrite NamedTuple attribute {key}")
+            if key not in ("__module__", "__annotations__") and key not in annotations:
+                setattr(made, key, value)
+        return made
+
+
+class NamedTuple(metaclass=_NamedTupleType):
+    """``class Point(NamedTuple): x: int; y: int = 0`` makes what ``typing.NamedTuple`` makes: a
+    ``collections.namedtuple`` class with the annotated fields (in order), their defaults, and the class's methods."""

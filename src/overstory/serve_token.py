@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from overstory import jsontext, procs
 from overstory.errors import TokenError
 from overstory.paths import ProjectPaths
+from overstory.records import Record
 
 TOKEN_BYTES = 32
 GITIGNORE_LINE = "serve-token"
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(Record):
     """The project's `ov serve` token, and whether this call created it."""
+
+    __slots__ = ("value", "created")
 
     value: str
     created: bool

@@ -15,10 +15,12 @@ import typing as t
 from pathlib import Path
 
 from overstory import jsontext, procs
+from overstory.errors import OrchestratorError
 from overstory.paths import ProjectPaths
 from overstory.store import sessions
-from overstory.store.db import open_state
+from overstory.store.db import open_events, open_state
 from overstory.store.sessions import Session
+from overstory.store.sqlite_module import sqlite3
 
 POLL_SECONDS = 0.4
 LOCK_WAIT_SECONDS = 10.0
@@ -148,6 +150,52 @@ def loop_env(environ: t.Mapping[str, str]) -> dict[str, str]:
     # command gets the launch environment. Other C libraries ignore it.)
     env.setdefault(MALLOC_ARENAS_ENV, "1")
     return env
+
+
+_malloc_trim: int | bool | None = None  # its address once looked up; False where there is none
+
+
+def give_back_memory() -> bool:
+    """glibc's ``malloc_trim(0)``: the free pages of the heap go back to the kernel. False where it cannot be done.
+
+    ``free`` keeps what it frees for the process to reuse and returns only the top of the heap. A loop frees a
+    turn's garbage and the endpoint's pooled SQLite connections when the turn is over, in holes between what
+    stays; until its next turn it only waits, and what it keeps counts for every idle agent (issue 34). Called
+    through ``_ctypes`` alone (0.1 MiB, the ``ctypes`` package 0.4), loaded on the first call; another C
+    library without ``malloc_trim``: nothing is done.
+    """
+    global _malloc_trim
+    if _malloc_trim is False:
+        return False
+    try:
+        import _ctypes
+
+        if _malloc_trim is None:
+            _malloc_trim = _ctypes.dlsym(_ctypes.dlopen(None), "malloc_trim")  # type: ignore[arg-type]  # the program
+        _ctypes.call_function(_malloc_trim, (0,))
+    except (ImportError, OSError, AttributeError, TypeError):
+        _malloc_trim = False
+        return False
+    return True
+
+
+def reopen_databases(project: ProjectPaths, state: sqlite3.Connection,
+                     events: sqlite3.Connection) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """A loop's state.db and events.db connections opened anew after a turn, the old ones closed: the turn's
+    statements (a connection keeps the last 128 it ran) and pages go with them. Where one cannot be opened now,
+    the old ones are given back as they are."""
+    try:
+        fresh = open_state(project.state_db)
+        try:
+            fresh_events = open_events(project.events_db)
+        except BaseException:
+            fresh.close()
+            raise
+    except (OrchestratorError, sqlite3.Error):
+        return state, events
+    state.close()
+    events.close()
+    return fresh, fresh_events
 
 
 def loop_log_path(project: ProjectPaths, agent: str) -> Path:

@@ -28,8 +28,8 @@ import os
 import threading
 import time
 import typing as t
-from dataclasses import dataclass
 
+from overstory.records import Record
 from overstory.runtimes.prices import PriceTable, Tokens
 from overstory.store import budgets, sessions
 from overstory.store.budgets import Crossing
@@ -48,13 +48,15 @@ GATE_WAIT_SECONDS = 10.0
 TOOL_EVENTS = ("tool_start", "tool_end")
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(Record):
     """Why the meter wants the turn stopped: a limit was crossed, or the agent was parked."""
+
+    __slots__ = ("status", "reason", "crossing")
+    _defaults = {"crossing": None}
 
     status: str            # budget | parked
     reason: str
-    crossing: Crossing | None = None
+    crossing: Crossing | None
 
 
 class TurnMeter:

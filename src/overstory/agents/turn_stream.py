@@ -89,21 +89,21 @@ class _LineReader:
         self.selector.close()
 
 
-class Lines(t.Protocol):
-    """What ``_pump`` reads: ``_LineReader`` over a pipe, or ``turn_exec.ExecutorLines`` over an executor."""
+if t.TYPE_CHECKING:  # for mypy only: typing is deferred in an agent loop (overstory.deferred)
+    class Lines(t.Protocol):
+        """What ``_pump`` reads: ``_LineReader`` over a pipe, or ``turn_exec.ExecutorLines`` over an executor."""
 
-    eof: bool
-    ticket: int
-    gate: ToolCallGate | None
+        eof: bool
+        ticket: int
+        gate: ToolCallGate | None
 
-    def lines(self, timeout: float) -> list[bytes]: ...
+        def lines(self, timeout: float) -> list[bytes]: ...
 
-    def hurry(self) -> None:
-        """Read as soon as a line comes, from now to the turn's end: a refused call's answer is awaited."""
+        def hurry(self) -> None:
+            """Read as soon as a line comes, from now to the turn's end: a refused call's answer is awaited."""
 
-
-class Process(t.Protocol):
-    def poll(self) -> int | None: ...
+    class Process(t.Protocol):
+        def poll(self) -> int | None: ...
 
 
 def _pump(reader: Lines, raw_out: t.IO[bytes], proc: Process, stream: TurnParser,

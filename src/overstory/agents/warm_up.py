@@ -8,10 +8,10 @@ from __future__ import annotations
 def warm_up(runtime: str | None) -> None:
     """Import, while waiting for the word, what the first turn would import after it (the turn machinery, the
     endpoint, the runtime's adapter and stream parser): all of it stays loaded for the loop's life anyway."""
-    from overstory.agents import budgeting, idle, turn_exec, turns  # noqa: F401
+    from overstory.agents import idle, turn_exec, turns  # noqa: F401
     from overstory.endpoint import hooks, routes, server  # noqa: F401
     from overstory.executors import local  # noqa: F401
-    from overstory.store import mail_text, quota, runs  # noqa: F401
+    from overstory.store import mail_text, quota  # noqa: F401
 
     if runtime:
         from overstory.errors import OrchestratorError

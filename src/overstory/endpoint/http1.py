@@ -14,6 +14,11 @@ import typing as t
 
 from overstory import jsontext
 
+if t.TYPE_CHECKING:
+    from typing import NamedTuple
+else:  # typing's, without typing (deferred in an agent loop) and without compiling each field's annotation
+    from overstory.records import NamedTuple
+
 MAX_HEADER_LINE = 8192
 MAX_HEADERS = 64
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
@@ -25,7 +30,7 @@ class BadRequest(Exception):
     """A request that cannot be read: answered 400 and the connection is closed."""
 
 
-class Request(t.NamedTuple):
+class Request(NamedTuple):
     method: str
     path: str
     headers: dict[str, str]  # names in lower case

@@ -32,12 +32,13 @@ import typing as t
 
 from overstory import jsontext
 from overstory.capabilities import MERGERS
-from overstory.endpoint.server import Caller, Route
+from overstory.endpoint.server import Caller
 from overstory.errors import NotPermitted, UsageError
 from overstory.store import mail
 
 if t.TYPE_CHECKING:
     from overstory.config.model import Config
+    from overstory.endpoint.server import Route
     from overstory.store.sessions import Session
 
 

@@ -87,7 +87,8 @@ class Caller:
         return env
 
 
-Route = t.Callable[[Caller, dict[str, t.Any]], t.Any]
+if t.TYPE_CHECKING:
+    Route = t.Callable[[Caller, dict[str, t.Any]], t.Any]
 
 
 def socket_path(project: ProjectPaths, agent: str) -> Path:
@@ -307,6 +308,17 @@ class AgentEndpoint:
             except BaseException:
                 state.close()
                 raise
+
+    def close_idle_connections(self) -> None:
+        """Close the pooled connections no request holds (between turns none is asked for): their statement
+        caches and pages, about 0.4 MiB of an idle loop (issue 34). The next request opens a pair again."""
+        while True:
+            try:
+                pair = self._pool.get_nowait()
+            except Empty:
+                return
+            for conn in pair:
+                conn.close()
 
     def _release(self, conn: sqlite3.Connection, events: sqlite3.Connection) -> None:
         if conn.in_transaction:  # a route that failed mid-transaction: never hand that to the next request

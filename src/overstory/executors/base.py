@@ -29,12 +29,17 @@ import abc
 import typing as t
 from dataclasses import dataclass, field
 
+from overstory.records import Record
+
 # queued: accepted, not yet running (waiting for a node or a slot)
 # running: the process runs
 # finished: the process exited by itself (``exit_code`` says how: the runtime's result is the turn runner's business)
 # failed: it could not run, or it was stopped (``reason`` says which)
 # lost: what ran it died (a node or the process that watched it): nobody knows how the turn ended
-TurnState = t.Literal["queued", "running", "finished", "failed", "lost"]
+if t.TYPE_CHECKING:
+    TurnState = t.Literal["queued", "running", "finished", "failed", "lost"]
+else:  # typing is deferred in an agent loop (overstory.deferred)
+    TurnState = str
 TURN_STATES: tuple[TurnState, ...] = ("queued", "running", "finished", "failed", "lost")
 ENDED: frozenset[str] = frozenset({"finished", "failed", "lost"})
 STOPPED = "stopped"  # the reason of a failed turn that was stopped through the executor
@@ -74,26 +79,29 @@ class TurnSpec:
                    travel=dict(data.get("travel") or {}))
 
 
-@dataclass(frozen=True)
-class Submitted:
+class Submitted(Record):
     """A turn handed to an executor."""
+
+    __slots__ = ("turn_id", "created")
 
     turn_id: str
     created: bool  # False: the id was submitted before; nothing new was started
 
 
-@dataclass(frozen=True)
-class TurnStatus:
+class TurnStatus(Record):
     """Where a submitted turn is."""
+
+    __slots__ = ("turn_id", "state", "reason", "exit_code", "node", "pid", "started_ms", "ended_ms")
+    _defaults = {"reason": "", "exit_code": None, "node": None, "pid": None, "started_ms": None, "ended_ms": None}
 
     turn_id: str
     state: TurnState
-    reason: str = ""
-    exit_code: int | None = None
-    node: str | None = None  # where it ran: a host name (local) or a Ray node id
-    pid: int | None = None   # the command's process id on that node
-    started_ms: int | None = None
-    ended_ms: int | None = None
+    reason: str
+    exit_code: int | None
+    node: str | None  # where it ran: a host name (local) or a Ray node id
+    pid: int | None   # the command's process id on that node
+    started_ms: int | None
+    ended_ms: int | None
 
     @property
     def ended(self) -> bool:
@@ -104,9 +112,10 @@ class TurnStatus:
                 "node": self.node, "pid": self.pid, "started_ms": self.started_ms, "ended_ms": self.ended_ms}
 
 
-@dataclass(frozen=True)
-class Lines:
+class Lines(Record):
     """A batch of a turn's stdout lines (without their newline) and the cursor to read on from."""
+
+    __slots__ = ("lines", "cursor", "done")
 
     lines: tuple[str, ...]
     cursor: int

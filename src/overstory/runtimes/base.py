@@ -32,10 +32,15 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overstory.records import Record
 from overstory.runtimes.prices import Tokens
 
 if t.TYPE_CHECKING:
+    from typing import NamedTuple
+
     from overstory.config.model import Config
+else:  # typing's, without typing (deferred in an agent loop) and without compiling each field's annotation
+    from overstory.records import NamedTuple
 
 # The kinds of failed turn. The turn runner decides what each means for the agent. A parser says
 # TRANSIENT only for a failure it recognises as one; an error it cannot place is UNKNOWN, never a guess.
@@ -65,24 +70,27 @@ class ParsedEvent:
     call_input: dict[str, t.Any] | None = None
 
 
-@dataclass(frozen=True)
-class TurnFailure:
+class TurnFailure(Record):
     """Why a turn failed, as a runtime classifies it."""
+
+    __slots__ = ("kind", "reason", "reset_at_ms")
+    _defaults = {"reset_at_ms": None}
 
     kind: str
     reason: str
-    reset_at_ms: int | None = None
+    reset_at_ms: int | None
 
 
-class Usage(t.NamedTuple):
+class Usage(NamedTuple):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
 
 
-@dataclass(frozen=True)
-class ModelCost:
+class ModelCost(Record):
     """One model's share of a finished turn, as the runtime reported it."""
+
+    __slots__ = ("tokens", "cost_usd")
 
     tokens: Tokens
     cost_usd: float | None  # None: the runtime gave no figure for this model
@@ -183,9 +191,12 @@ class TurnRequest:
     fork_session: bool = False
 
 
-@dataclass(frozen=True)
-class AgentSetup:
+class AgentSetup(Record):
     """What ``ov sling`` knows of a new agent when a runtime writes the files of its state dir."""
+
+    __slots__ = ("name", "capability", "writable", "project_root", "worktree", "run_dir", "instructions", "ov_command",
+                 "tmux_mode", "model")
+    _defaults = {"tmux_mode": False, "model": None}
 
     name: str
     capability: str
@@ -195,13 +206,14 @@ class AgentSetup:
     run_dir: Path              # .overstory/run/<agent>/
     instructions: str          # the rendered overlay
     ov_command: list[str]      # how hooks call ov
-    tmux_mode: bool = False
-    model: str | None = None   # the model as resolved at sling (for a CLI that must declare it up front)
+    tmux_mode: bool
+    model: str | None   # the model as resolved at sling (for a CLI that must declare it up front)
 
 
-@dataclass(frozen=True)
-class Screen:
+class Screen(Record):
     """What ov understands of one capture of a TUI's pane."""
+
+    __slots__ = ("text", "ready", "busy", "input_text", "blocker")
 
     text: str
     ready: bool
@@ -215,9 +227,10 @@ class Screen:
         return self.ready and not self.busy and self.input_text == "" and self.blocker is None
 
 
-@dataclass(frozen=True)
-class Blocker:
+class Blocker(Record):
     """A start-up screen that stops the TUI. ``answer`` (tmux key names) gets past it; None means give up."""
+
+    __slots__ = ("name", "marks", "answer", "message")
 
     name: str
     marks: tuple[str, ...]
@@ -248,16 +261,18 @@ class Tui(abc.ABC):
         """The last meaningful lines of a screen, for error messages."""
 
 
-@dataclass(frozen=True)
-class RuntimeProbe:
+class RuntimeProbe(Record):
     """What ``ov doctor`` reports about one runtime."""
+
+    __slots__ = ("name", "status", "detail", "credentials", "hint", "has_credentials")
+    _defaults = {"hint": "", "has_credentials": None}
 
     name: str
     status: str          # "ok", "outdated" (older than ov supports), "missing" (not installed) or "broken"
     detail: str          # version and path, or why it is missing
     credentials: str     # e.g. "ANTHROPIC_API_KEY set", "logged in", "none found", "not needed"
-    hint: str = ""
-    has_credentials: bool | None = None  # None: the runtime needs none
+    hint: str
+    has_credentials: bool | None  # None: the runtime needs none
 
     @property
     def installed(self) -> bool:

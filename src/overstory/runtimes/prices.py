@@ -27,7 +27,14 @@ from __future__ import annotations
 
 import re
 import typing as t
-from dataclasses import dataclass
+from collections.abc import Mapping
+
+from overstory.records import Record
+
+if t.TYPE_CHECKING:
+    from typing import NamedTuple
+else:  # typing's, without typing (deferred in an agent loop) and without compiling each field's annotation
+    from overstory.records import NamedTuple
 
 # Claude Code's defaults when no cache price is given: reads cost a tenth of input, writes 1.25x.
 CACHE_READ_FACTOR = 0.1
@@ -77,7 +84,7 @@ _SUFFIX = re.compile(r"\[[^\]]*\]$")      # "claude-opus-4-8[1m]" (the context-w
 _DATE = re.compile(r"-\d{8}(-v\d+)?$")   # "claude-haiku-4-5-20251001"
 
 
-class Tokens(t.NamedTuple):
+class Tokens(NamedTuple):
     """Token counts of one model's share of a turn."""
 
     input: int = 0        # not read from or written to the cache
@@ -95,9 +102,10 @@ class Tokens(t.NamedTuple):
         return self.input + self.output + self.cache_read + self.cache_write
 
 
-@dataclass(frozen=True)
-class Price:
+class Price(Record):
     """USD per million tokens."""
+
+    __slots__ = ("input", "output", "cache_read", "cache_write")
 
     input: float
     output: float
@@ -109,7 +117,7 @@ class Price:
         """From a config entry (a mapping or a ``ModelPrice``) or an ``(input, output)`` pair."""
         if isinstance(entry, tuple):
             entry = {"input_per_mtok": entry[0], "output_per_mtok": entry[1]}
-        elif not isinstance(entry, t.Mapping):
+        elif not isinstance(entry, Mapping):
             entry = entry.model_dump() if hasattr(entry, "model_dump") else vars(entry)
         given_input = float(entry["input_per_mtok"])
         read = entry.get("cache_read_per_mtok")
@@ -126,9 +134,10 @@ class Price:
         return f"${self.input:g}/${self.output:g} per million input/output tokens"
 
 
-@dataclass(frozen=True)
-class Lookup:
+class Lookup(Record):
     """A model's price, and which table entry it came from; ``guessed`` when the model was unknown."""
+
+    __slots__ = ("model", "entry", "price", "guessed")
 
     model: str
     entry: str

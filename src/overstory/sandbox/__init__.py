@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import typing as t
-from dataclasses import dataclass
 
 from overstory.config.snapshot import network_for
 from overstory.errors import OrchestratorError, SandboxError
+from overstory.records import Record
 from overstory.runtimes import get_runtime
 from overstory.sandbox import gitrefs
 from overstory.sandbox.bwrap import build_argv
@@ -39,9 +39,10 @@ TakeBack = gitrefs.TakeBack
 __all__ = ["OFF_WARNING", "Prepared", "TakeBack", "effective_mode", "prepare_turn", "take_back"]
 
 
-@dataclass(frozen=True)
-class Mode:
+class Mode(Record):
     """The sandbox a turn gets here (``effective_mode``)."""
+
+    __slots__ = ("name", "reason")
 
     name: str     # "bwrap" or "off"
     reason: str   # why: configured, or what the probe found
@@ -60,9 +61,10 @@ def effective_mode(config: Config) -> Mode:
     return Mode("off", f"sandbox.mode: auto, and {found.detail}")
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(Record):
     """A turn's command line and environment, ready to start (``prepare_turn``)."""
+
+    __slots__ = ("argv", "env", "layout", "sandboxed", "took_back")
 
     argv: list[str]
     env: dict[str, str]

@@ -22,9 +22,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
+from overstory.records import Record
 from overstory.sandbox.layout import OWN_LOGS, OWN_REFS, Layout
 
 _OBJECT_NAME = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
@@ -35,14 +35,16 @@ _REDIRECTING = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", 
                 "GIT_CONFIG_COUNT")
 
 
-@dataclass(frozen=True)
-class TakeBack:
+class TakeBack(Record):
     """What taking an agent's branch back after its turn did (a docstring: dataclasses then needs no inspect)."""
 
+    __slots__ = ("status", "detail", "old", "new")
+    _defaults = {"detail": "", "old": None, "new": None}
+
     status: str   # "moved", "unchanged", "none" (nothing to take), "refused", "conflict"
-    detail: str = ""
-    old: str | None = None
-    new: str | None = None
+    detail: str
+    old: str | None
+    new: str | None
 
 
 def _git(layout: Layout, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,15 +16,17 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-from dataclasses import dataclass
+
+from overstory.records import Record
 
 BWRAP = "bwrap"
 INSTALL_HINT = "apt-get install bubblewrap (or dnf/pacman install bubblewrap), or set sandbox.mode: off"
 
 
-@dataclass(frozen=True)
-class Probe:
+class Probe(Record):
     """Whether bubblewrap works here (a docstring: dataclasses then needs no inspect in an agent loop)."""
+
+    __slots__ = ("ok", "path", "detail")
 
     ok: bool
     path: str | None

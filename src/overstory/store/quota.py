@@ -15,9 +15,9 @@ a turn are left to finish it: their next turn is refused while the window is clo
 from __future__ import annotations
 
 import typing as t
-from dataclasses import dataclass
 
 from overstory.clock import iso, now_ms
+from overstory.records import Record
 from overstory.store import lifecycle, sessions
 from overstory.store.db import write_transaction
 from overstory.store.sessions import Session
@@ -26,9 +26,10 @@ from overstory.store.sqlite_module import sqlite3
 IDLE_STATES = ("booting", "between_turns")
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(Record):
     """A provider's usage limit window: no new turns until it ends."""
+
+    __slots__ = ("provider", "until_ms", "level", "reset_known", "reason")
 
     provider: str
     until_ms: int
