@@ -8,10 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from agent_helpers import agent_env, agent_state, wait_for
+from agent_helpers import agent_env, agent_state, loop_processes, wait_for
 from overstory.agents.process import agent_lock_path, loop_log_path
 from overstory.agents.warm_loop import WarmLoop
 from overstory.paths import ProjectPaths
@@ -54,13 +53,7 @@ def test_sling_killed_before_the_word_leaves_its_warm_loop_to_end_by_itself(proj
     proc = subprocess.run([sys.executable, "-m", "overstory", "sling", "builder", "k1", "--runtime", "scripted"],
                           cwd=project.root, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    started = time.monotonic()
-
-    def warm_loops() -> list[int]:
-        return [pid for pid in _pids_with(b"--go-fd", b"builder-k1", str(project.root).encode())]
-
-    wait_for(lambda: not warm_loops(), timeout=30, message="the warm loop to end by itself")
-    assert time.monotonic() - started < 30
+    assert loop_processes("builder-k1", project.root, unstarted_grace=30) == []  # it ended by itself
     assert not loop_log_path(project, "builder-k1").exists()
     assert not agent_lock_path(project, "builder-k1").exists()
 
@@ -82,17 +75,3 @@ def test_a_slung_agent_is_served_by_the_loop_started_early(project: ProjectPaths
              message="its first turn to end")
     assert "Traceback" not in loop_log_path(project, "builder-k2").read_text()
 
-
-def _pids_with(*words: bytes) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] not in "ZX" and all(word in cmdline for word in words):
-            found.append(int(entry.name))
-    return found
