@@ -13,12 +13,15 @@ from overstory.store import sessions
 from overstory.store.db import open_state
 
 
-def loop_processes(agent: str, project_root: Path | None = None, *, unstarted_grace: float = 10.0) -> list[int]:
+def loop_processes(agent: str, project_root: Path | None = None, *, unstarted_grace: float = 60.0) -> list[int]:
     """Pids of live agent-loop processes serving ``agent`` (of ``project_root``), by command line.
 
     A loop `ov sling` started early and never told to go (agents.warm_loop.WarmLoop: its spawn failed, or its
     `ov sling` was killed) ends by itself, having touched nothing, once its imports are done and it reads the end
     of its pipe: such a loop is given ``unstarted_grace`` seconds to do so, and counted only if it is still there.
+    The grace is long: a fresh clone's first imports write their bytecode, and while the disk is busy (the npm
+    install beside CI's first tests writes 1.5 GB) the kernel may hold such writes for seconds. One CI run on a
+    fresh machine still found a killed sling's warm loop after 10 s (not reproduced in 50 tries since).
     """
     deadline = time.monotonic() + unstarted_grace
     found = _loop_pids(agent, project_root)
