@@ -43,6 +43,7 @@ from overstory.wire import SlingRequest  # the request's one shape (also its wir
 if t.TYPE_CHECKING:
     import sqlite3
 
+    from overstory.agents.warm_loop import WarmLoop
     from overstory.config.model import Config
     from overstory.runtimes.base import Runtime
 
@@ -108,31 +109,36 @@ def resolve_parent(request: SlingRequest, conn: sqlite3.Connection, config: Conf
 
 
 def sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, request: SlingRequest,
-          environ: t.Mapping[str, str] | None = None, *, start: bool = True) -> SlingResult:
-    """Spawn an agent: plan it (touching nothing), take the named steps (``agents.spawn_steps``), settle."""
-    environ = dict(os.environ if environ is None else environ)
-    capability = request.capability
-    if capability not in CAPABILITIES:
-        raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
-    task_id = validate_name(request.task_id, "task id")
-    files = scopes.checked_files(request.files)  # a bad pattern is a usage error before anything else
-    name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
-    if request.group is not None:  # an unknown group: refused before anything is made
-        from overstory.store import groups
+          environ: t.Mapping[str, str] | None = None, *, start: bool = True,
+          warm_loop: WarmLoop | None = None) -> SlingResult:
+    """Spawn an agent: plan it (touching nothing), take the named steps (``agents.spawn_steps``), settle.
 
-        groups.get(conn, validate_name(request.group, "group name"))
-    spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
-    warm = None
-    if start and not (config.runtime.tmux if request.tmux is None else request.tmux):
-        from overstory.agents.warm_loop import WarmLoop
-
-        warm = WarmLoop(project, name, spawn_steps.launch_env(project, environ),  # starts while we plan and build
-                        runtime=request.runtime or config.runtime_for(capability))
+    ``warm_loop``: the agent's loop, already started by the caller (``agents.warm_loop``) as early as it could,
+    with the launch environment ``spawn_steps.launch_env`` gives; else one is started here for a headless
+    agent. Either way it is ended, having touched nothing, when the spawn fails or does not need it."""
+    warm = warm_loop
     try:
+        environ = dict(os.environ if environ is None else environ)
+        capability = request.capability
+        if capability not in CAPABILITIES:
+            raise UsageError(f"unknown capability {capability!r}; choose one of: {', '.join(CAPABILITIES)}")
+        task_id = validate_name(request.task_id, "task id")
+        files = scopes.checked_files(request.files)  # a bad pattern is a usage error before anything else
+        name = validate_name(request.name if request.name is not None else f"{capability}-{task_id}", "agent name")
+        if request.group is not None:  # an unknown group: refused before anything is made
+            from overstory.store import groups
+
+            groups.get(conn, validate_name(request.group, "group name"))
+        spawn_journal.settle_abandoned(project, conn, name)  # a killed `ov sling NAME` is undone first
+        if warm is None and start and not (config.runtime.tmux if request.tmux is None else request.tmux):
+            from overstory.agents.warm_loop import WarmLoop
+
+            warm = WarmLoop(project, name, spawn_steps.launch_env(project, environ),  # starts while we plan and build
+                            runtime=request.runtime or config.runtime_for(capability))
         plan = plan_sling(project, config, conn, request, environ, name=name, task_id=task_id, files=files)
         if isinstance(plan, SlingResult):
             return plan  # a retried turn slinging again: the agent it already started
-        spawning = spawn_steps.Spawning(project, config, conn, plan, warm_loop=warm)
+        spawning = spawn_steps.Spawning(project, config, conn, plan, warm_loop=warm if start else None)
         spawn_steps.run(spawning, spawn_steps.steps_for(plan, start=start))
     finally:
         if warm is not None:
