@@ -30,7 +30,20 @@ def has_commit(root: Path) -> bool:
 
 
 def current_branch(root: Path) -> str | None:
-    """The checked-out branch, or None on a detached HEAD."""
+    """The checked-out branch, or None on a detached HEAD.
+
+    In a main worktree whose HEAD names a branch, read from ``.git/HEAD`` itself (`ov sling` asks on every
+    spawn, and a git process costs it 2-3 ms); anything else is git's to answer."""
+    import os
+
+    if (root / ".git").is_dir() and not os.environ.keys() & {"GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE"}:
+        try:
+            head = (root / ".git" / "HEAD").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            head = ""
+        prefix = "ref: refs/heads/"
+        if head.startswith(prefix) and head.endswith("\n") and head.count("\n") == 1 and len(head) > len(prefix) + 1:
+            return head[len(prefix):-1]
     result = git(root, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
     return result.stdout.strip() or None if result.returncode == 0 else None
 
@@ -39,16 +52,22 @@ def branch_exists(root: Path, branch: str) -> bool:
     return git(root, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0
 
 
-def branch_tips(root: Path, *branches: str) -> dict[str, str]:
-    """The commit each of ``branches`` that exists points at, in one git call (absent ones are left out)."""
+def branch_refs(root: Path, *branches: str) -> dict[str, tuple[str, str]]:
+    """Each of ``branches`` that exists (loose or packed), as (the type of object it names, that object's id),
+    in one git call: a branch left out does not exist."""
     wanted = {f"refs/heads/{branch}": branch for branch in branches}
     listed = git(root, "for-each-ref", "--format=%(refname) %(objecttype) %(objectname)", *wanted, check=False)
-    tips = {}
+    found = {}
     for line in listed.stdout.splitlines():  # a pattern also matches refs below it (main/x): exact names only
-        ref, kind, commit = line.split(" ")
-        if ref in wanted and kind == "commit":
-            tips[wanted[ref]] = commit
-    return tips
+        ref, kind, name = line.split(" ")
+        if ref in wanted:
+            found[wanted[ref]] = (kind, name)
+    return found
+
+
+def branch_tips(root: Path, *branches: str) -> dict[str, str]:
+    """The commit each of ``branches`` that exists points at, in one git call (absent ones are left out)."""
+    return {branch: name for branch, (kind, name) in branch_refs(root, *branches).items() if kind == "commit"}
 
 
 def common_dir(root: Path) -> Path:

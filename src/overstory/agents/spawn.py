@@ -31,7 +31,7 @@ from overstory.errors import (
     SpawnError,
     UsageError,
 )
-from overstory.gitutil import branch_exists, branch_tips, current_branch, git
+from overstory.gitutil import branch_refs, current_branch, git
 from overstory.names import validate_name
 from overstory.paths import ProjectPaths
 from overstory.resources import ov_executable
@@ -210,12 +210,13 @@ def plan_sling(project: ProjectPaths, config: Config, conn: sqlite3.Connection, 
     if not at_root:
         if base_branch is None:
             raise SpawnError("the project is on a detached HEAD; check out a branch or pass --base-branch")
-        tips = branch_tips(project.root, base_branch, branch)  # type: ignore[arg-type]
-        if base_branch not in tips and not branch_exists(project.root, base_branch):
+        refs = branch_refs(project.root, base_branch, branch)  # type: ignore[arg-type]
+        tips = {name: commit for name, (kind, commit) in refs.items() if kind == "commit"}
+        if base_branch not in refs:
             raise UsageError(f"base branch {base_branch!r} does not exist")
         if request.continue_branch:  # neither is ours to undo: the intent names neither the branch nor a reused tree
             reuse_worktree = spawn_journal.continuation(project, branch, worktree)  # type: ignore[arg-type]
-        elif branch in tips or branch_exists(project.root, branch):  # type: ignore[arg-type]
+        elif branch in refs:
             raise SpawnError(f"branch {branch} already exists (left by an earlier {name}); merge it, `ov resume {name} "
                              f"--restart` it, delete it with `ov stop {name} --clean`, or choose another --name")
         elif worktree.exists():  # type: ignore[union-attr]
