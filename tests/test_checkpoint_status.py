@@ -5,6 +5,8 @@ here the way ov read them before, on real repositories in every state a turn can
 from __future__ import annotations
 
 import subprocess
+import types
+import typing as t
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,58 @@ def test_a_detached_head_and_many_changes_read_the_same(repo: Path) -> None:
 def test_not_a_repository_says_nothing(tmp_path: Path) -> None:
     assert worktree_state(str(tmp_path)) == (None, None)
     assert worktree_state(None) == (None, None)
+
+
+# ---- the first turn in a worktree its spawn checked out: HEAD only --------------------------------------------
+
+
+def _agent(worktree: Path, **fields: object) -> t.Any:
+    """The fields of a session row that ``save_start`` reads."""
+    values: dict[str, object] = {"name": "builder-x", "generation": 1, "worktree": str(worktree), "turns": 0,
+                                 "spec": {"new_worktree": True}, "cost_usd": 0.0, "input_tokens": 0,
+                                 "output_tokens": 0}
+    values.update(fields)
+    return types.SimpleNamespace(**values)
+
+
+@pytest.mark.parametrize(("fields", "attempt", "resume", "skipped"), [
+    ({}, 0, None, True),                                 # the first attempt of the first turn: HEAD only
+    ({"turns": 1}, 0, None, False),                      # a later turn
+    ({}, 1, None, False),                                # a retried first turn (the failed attempt may have written)
+    ({}, 0, "session-1", False),                         # a session to continue
+    ({"spec": {}}, 0, None, False),                      # a reused worktree (`ov resume --restart`), or an old row
+])
+def test_only_a_new_worktrees_first_turn_skips_the_status(repo: Path, tmp_path: Path, fields: dict[str, object],
+                                                         attempt: int, resume: str | None, skipped: bool) -> None:
+    from overstory.agents.checkpoint import save_start
+    from overstory.store import checkpoints
+    from overstory.store.db import open_state
+
+    _commit(repo, {"a.txt": "a\n"})
+    (repo / "a.txt").write_text("changed\n")  # what a status would see
+    state = open_state(tmp_path / "state.db")
+    save_start(state, _agent(repo, **fields), "turn-1", attempt=attempt, scope="", mail_ids=[],
+               resume_session_id=resume, cwd=str(repo), started_ms=1)
+    mark = checkpoints.by_turn(state, ["turn-1"])["turn-1"]
+    assert mark["head"] == _git(repo, "rev-parse", "HEAD").strip()
+    if skipped:
+        assert mark["git_status"] is None
+    else:
+        assert mark["git_status"]["modified"] == 1 and not mark["git_status"]["clean"]
+
+
+def test_a_sling_marks_the_worktree_it_checked_out(tmp_path: Path) -> None:
+    from conftest import make_repo, run_ov
+    from overstory.paths import ProjectPaths
+    from overstory.project.init import init_project
+    from overstory.store import sessions
+    from overstory.store.db import open_state
+
+    root = make_repo(tmp_path / "project")
+    init_project(root)
+    done = run_ov("sling", "builder", "t1", "--runtime", "scripted", "--prompt", "x", "--json", cwd=root)
+    assert done.returncode == 0, done.stderr
+    project = ProjectPaths(root)
+    agent = sessions.get(open_state(project.state_db), "builder-t1")
+    assert agent is not None and agent.spec.get("new_worktree") is True
+    run_ov("stop", "builder-t1", "--clean", "--force", cwd=root)

@@ -62,6 +62,26 @@ def worktree_state(cwd: str | None) -> tuple[str | None, dict[str, t.Any] | None
     return sha, {"clean": changed == 0, **counts, "paths": paths}
 
 
+def first_turn_of_new_worktree(agent: Session, *, attempt: int, resume_session_id: str | None,
+                               cwd: str | None) -> bool:
+    """The first attempt of the first turn in a worktree checked out by the agent's own spawn (no retry of a
+    turn that may have changed it, no `ov resume` of a reused worktree, no session to continue)."""
+    return (bool(cwd) and cwd == agent.worktree and agent.turns == 0 and attempt == 0 and not resume_session_id
+            and bool(agent.spec.get("new_worktree")))
+
+
+def head_of(cwd: str | None) -> str | None:
+    """The commit checked out in ``cwd`` (None when git cannot tell): no index is read."""
+    if not cwd:
+        return None
+    try:
+        done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def _quoted(path: str) -> str:
     """A path as the short format shows it: v2 quotes what it must, v1 also a name with a space in it."""
     return f'"{path}"' if " " in path and not path.startswith('"') else path
@@ -82,7 +102,15 @@ def _class_of(code: str) -> str:
 
 def save_start(state: sqlite3.Connection, agent: Session, turn_id: str, *, attempt: int, scope: str,
                mail_ids: t.Sequence[int], resume_session_id: str | None, cwd: str | None, started_ms: int) -> None:
-    head, status = worktree_state(cwd)
+    """The start checkpoint: HEAD and a `git status` summary of ``cwd``, except on the first attempt of an agent's
+    first turn in the worktree its spawn just checked out (``first_turn_of_new_worktree``): there the worktree
+    is that checkout and only HEAD is read. Its status would cost the most of any: right after a checkout,
+    every file is as new as the index, so git re-reads each one to tell whether it changed (30-45 ms for
+    5,000 files here, against 11 ms a second later; figure 12)."""
+    if first_turn_of_new_worktree(agent, attempt=attempt, resume_session_id=resume_session_id, cwd=cwd):
+        head, status = head_of(cwd), None
+    else:
+        head, status = worktree_state(cwd)
     checkpoints.save_start(state, turn_id, agent=agent.name, generation=agent.generation, attempt=attempt,
                            scope=scope or None, mail_ids=mail_ids, session_id=resume_session_id, head=head,
                            git_status=status, cost_usd=agent.cost_usd, input_tokens=agent.input_tokens,

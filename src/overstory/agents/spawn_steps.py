@@ -222,7 +222,9 @@ def _session(sp: Spawning) -> None:
             "idempotency_key": plan.key, **({"loop": plan.loop} if plan.loop else {}),
             **({"approve": plan.approve} if plan.approve else {}),
             **({"executor": plan.executor} if plan.executor else {}),
-            **({"fork_of": plan.fork_of} if plan.fork_of else {})}
+            **({"fork_of": plan.fork_of} if plan.fork_of else {}),
+            # checked out by this spawn (not reused): its first turn starts from exactly that checkout
+            **({"new_worktree": True} if plan.worktree is not None and not plan.reuse_worktree else {})}
     sp.generation = sessions.create_session(
         sp.conn, name=plan.name, capability=plan.capability, task_id=plan.task_id, runtime=plan.runtime,
         actor=plan.environ.get("OVERSTORY_AGENT_NAME", "operator"), parent=plan.parent, depth=plan.depth,
