@@ -90,7 +90,14 @@ def _clear(directory: Path) -> None:
     if directory.is_symlink() or directory.is_file():
         directory.unlink()
     elif directory.is_dir():
-        import shutil  # here: with bz2 and lzma, not in an idle agent loop
+        with os.scandir(directory) as entries:
+            flat = all(not entry.is_dir(follow_symlinks=False) for entry in entries)
+        if flat:  # as a turn leaves it mostly: files only (shutil brings bz2 and lzma into the loop)
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    os.unlink(entry.path)
+            return
+        import shutil
 
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -118,10 +125,8 @@ def prepare(layout: Layout) -> TakeBack:
     if tip is not None:
         own.write_text(tip + "\n", encoding="ascii")
         reflog = git / OWN_LOGS / layout.own_ref_name
-        if reflog.is_file() and not reflog.is_symlink():
-            import shutil  # here: with bz2 and lzma, not in an idle agent loop
-
-            shutil.copyfile(reflog, layout.private_logs / layout.own_ref_name)
+        if reflog.is_file() and not reflog.is_symlink():  # a few lines per commit: read whole (no shutil, bz2, lzma)
+            (layout.private_logs / layout.own_ref_name).write_bytes(reflog.read_bytes())
     elif own.exists():
         own.unlink()
     layout.base_file.write_text((tip or "") + "\n", encoding="ascii")
