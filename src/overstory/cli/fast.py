@@ -2,23 +2,24 @@
 
 Agents call `ov mail send`, `ov mail check`, `ov status` and (as their tool-call hook)
 `ov guard` many times a minute, and each call is a new Python process, so start-up is
-most of their cost: click alone costs more than the interpreter. This module parses
+most of their cost: click alone costs more than the interpreter. A coordinator's most
+frequent command, `ov sling`, is here too: the agent's first turn waits for it. This module parses
 exactly those commands (and answers ``ov --version`` itself) with the same options the click commands declare (a test
-compares the tables below with them) and calls the same click-free bodies
-(``cli.hot``). Anything else, and anything unusual, goes to click untouched: every
+compares the tables below with them, and ``ov sling``'s parsing is fuzzed against click's) and calls the same click-free bodies
+(``cli.hot``, ``cli.sling_body``). Anything else, and anything unusual, goes to click untouched: every
 other command, ``-h``/``--help`` anywhere, an unknown or malformed option, a bad
-choice or number, shell completion. Errors found after parsing are shown by click
+choice or number, missing or extra arguments, ``--``, shell completion. Errors found after parsing are shown by click
 too, so usage and error messages have one source, and every error is shown by ``hot.report``,
 as the click entry point shows it (JSON with ``--json``).
 
-A hot command is a process of a few milliseconds whose objects are freed by reference counting,
-so Python's cyclic garbage collector is switched off for it: its passes over the young objects
+A hot command is a short process whose objects are freed by reference counting (a sling runs for a
+tenth of a second, the others for a few milliseconds), so Python's cyclic garbage collector is switched off for it: its passes over the young objects
 (one costs a hot command about 0.5 ms, the first when the imports are done) would find nothing
 worth the time. Every other command (handed to click, and some run for hours) gets it back. And
 once a hot command has flushed its output, its process ends at once (``os._exit``): the
 interpreter's finalization (tearing down every module, freeing every object, a last collection)
 cost it about 1.8 ms and does nothing a finished hot command needs, since its databases are
-closed and it registers no exit handlers (with one registered, the process exits as usual). Both
+closed, it starts no threads and it registers no exit handlers (with one registered, the process exits as usual). Both
 only when ``main`` is the program (the `ov` script, ``python -m overstory``: no ``argv`` given);
 a caller passing its own arguments (the tests, in their process) keeps its collector and its
 process as they are.
@@ -26,7 +27,7 @@ process as they are.
 Some standard modules are kept out of the way until something really uses them:
 ``inspect`` and ``copy``, which dataclasses imports for things the hot commands never
 do (the docstring of a dataclass without one; ``asdict``/``replace``), are loaded on
-their first attribute access. ``typing`` is simply not imported by the hot modules.
+their first attribute access. ``typing`` is simply not imported by the hot modules of ``cli.hot``.
 """
 
 from __future__ import annotations
@@ -299,10 +300,12 @@ def main(argv: t.Sequence[str] | None = None) -> t.NoReturn:
     for name in DEFERRED:
         defer(name)
     plan = parse(args)
-    if plan is None:
+    if plan is None or plan.path == ("sling",):
         # pathlib imports urllib.parse (and with it ipaddress: 2 ms) for Path.as_uri alone; as in the agent loop.
-        # (Not for a hot command: those import neither pathlib nor the urllib package the stand-in goes into.)
+        # (Not for the commands of cli.hot: those import neither pathlib nor the urllib package the stand-in goes
+        # into. A sling whose --spec or --scenario already brought pathlib in keeps the real module.)
         defer("urllib.parse", "quote_from_bytes")
+    if plan is None:
         if program:
             gc.enable()
         from overstory.cli.main import main as click_main
