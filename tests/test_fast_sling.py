@@ -128,7 +128,8 @@ def _random_argv(rng: random.Random) -> list[str]:
             words.append(rng.choice(NOT_OPTIONS))
         else:
             words.append(rng.choice(VALUES))
-    rng.shuffle(words) if rng.random() < 0.3 else None
+    if rng.random() < 0.3:
+        rng.shuffle(words)  # options before, between and after the arguments
     return words
 
 
