@@ -266,6 +266,33 @@ def _cases() -> list[Case]:
     add("root-help", ["--help"], False)
     add("no-arguments", [], False)
     add("other-command", ["config", "--json"], False)
+
+    # `ov sling` lines that stop before anything is made (a real spawn is compared in test_fast_sling.py): the fast
+    # path's errors after parsing, and the lines it hands to click.
+    sling = ["sling", "builder", "t-1"]
+    for label, extra, fast_path in [
+        ("prompt-and-spec", ["--prompt", "p", "--spec", "{body_file}"], True),
+        ("provider-without-model", ["--provider", "ollama"], True),
+        ("provider-prefixed-model", ["--provider", "ollama", "--model=ollama/qwen"], True),
+        ("bad-approve", ["--approve", "Bash(git push*)", "--approve", "Bash("], True),
+        ("files-outside", ["--files", "src/a.py", "--files=../x"], True),
+        ("unknown-group", ["--group", "nosuch", "--runtime", "scripted"], True),
+        ("unknown-group-json", ["--group", "nosuch", "--runtime", "scripted", "--json"], True),
+        ("bad-name", ["--name", "Not A Name", "--runtime", "scripted"], True),
+        ("bogus", ["--bogus"], False), ("help", ["--help"], False), ("short-help", ["-h"], False),
+        ("help-after-value", ["--prompt", "x", "-h"], False), ("extra-argument", ["extra"], False),
+        ("double-dash", ["--", "--prompt"], False), ("negative-usd", ["--max-usd", "-1"], False),
+        ("usd-not-a-number", ["--max-usd=lots"], False), ("negative-turns", ["--max-turns", "-3"], False),
+        ("bad-wallclock", ["--max-wallclock", "soon"], False), ("bad-runtime", ["--runtime", "Claude"], False),
+        ("bad-executor", ["--executor", "k8s"], False), ("spec-directory", ["--spec", "{root}"], False),
+        ("flag-with-value", ["--json=yes"], False), ("tmux-with-value", ["--headless=1"], False),
+        ("missing-value", ["--prompt"], False), ("bad-json", ["--bogus", "--json"], False),
+    ]:
+        add(f"sling-{label}", [*sling, *extra], fast_path)
+    add("sling-bad-task-id", ["sling", "builder", "Bad Task", "--prompt", "p"], True)
+    add("sling-unknown-capability", ["sling", "wizard", "t-1", "--prompt", "p", "--json"], True)
+    add("sling-missing-task", ["sling", "builder"], False)
+    add("sling-nothing", ["sling"], False)
     return cases
 
 
@@ -342,49 +369,74 @@ def _click_command(path: tuple[str, ...]) -> click.Command:
     return command
 
 
+def _kind_of(param: click.Option) -> t.Any:
+    """The fast table's kind for a click option (its first name; a flag pair's second name is FLAG_OFF)."""
+    if param.is_flag:
+        return fast.FLAG
+    if param.multiple:
+        assert isinstance(param.type, click.types.StringParamType), param
+        return fast.TEXTS
+    if isinstance(param.type, click.Choice):
+        return "choice", tuple(param.type.choices)  # compared with what the table's source resolves to
+    if isinstance(param.type, click.FloatRange):
+        assert (param.type.min, param.type.max, param.type.min_open, param.type.clamp) == (0, None, False, False)
+        return fast.NON_NEGATIVE
+    if isinstance(param.type, click.IntRange):
+        bounds = (param.type.min, param.type.max, param.type.min_open, param.type.max_open, param.type.clamp)
+        if bounds == (1, 2**63 - 1, False, False, False):
+            return fast.ROW_ID
+        assert bounds == (0, None, False, False, False), param
+        return fast.COUNT
+    if isinstance(param.type, click.Path):
+        assert not param.type.dir_okay and param.type.file_okay and param.type.readable, param
+        assert not (param.type.writable or param.type.executable or param.type.resolve_path), param
+        if param.type.exists:
+            assert param.type.type is None, param  # --body-file: the body takes the string
+            return fast.FILE
+        assert param.type.type is Path, param
+        return fast.PATH
+    from overstory.cli.budget import DURATION
+
+    if param.type is DURATION:
+        return fast.DURATION
+    assert isinstance(param.type, click.types.StringParamType), param
+    return fast.TEXT
+
+
 @pytest.mark.parametrize("path", list(fast.HOT_COMMANDS), ids=" ".join)
 def test_the_fast_option_table_is_the_click_commands(path: tuple[str, ...]) -> None:
     import inspect
 
-    from overstory.cli import hot
-
-    body, options, required = fast.HOT_COMMANDS[path]
+    body, options, required, arguments = fast.HOT_COMMANDS[path]
     command = _click_command(path)
     declared: dict[str, tuple[str, t.Any]] = {}
     click_required = set()
+    click_arguments = []
     for param in command.params:
+        if isinstance(param, click.Argument):
+            assert param.required and param.nargs == 1 and param.envvar is None, param
+            click_arguments.append(param.name)
+            continue
         if not isinstance(param, click.Option) or param.name == "help":
             continue
-        assert len(param.opts) == 1 and not param.secondary_opts and not param.multiple and param.nargs == 1, param
-        if param.is_flag:
-            kind: t.Any = fast.FLAG
-        elif isinstance(param.type, click.Choice):
-            kind = next(("choice", name) for name in ("TYPES", "PRIORITIES")
-                        if list(param.type.choices) == list(getattr(mail, name)))
-        elif isinstance(param.type, click.FloatRange):
-            assert (param.type.min, param.type.max, param.type.min_open) == (0, None, False)
-            kind = fast.SECONDS
-        elif isinstance(param.type, click.IntRange):
-            assert (param.type.min, param.type.max, param.type.min_open, param.type.max_open) == (1, 2**63 - 1,
-                                                                                                   False, False)
-            kind = fast.ROW_ID
-        elif isinstance(param.type, click.Path):
-            assert param.type.exists and not param.type.dir_okay
-            kind = fast.FILE
-        else:
-            assert isinstance(param.type, click.types.StringParamType), param
-            kind = fast.TEXT
-        assert param.envvar is None
-        declared[param.opts[0]] = (param.name, kind)
+        assert len(param.opts) == 1 and param.nargs == 1 and param.envvar is None, param
+        assert not param.secondary_opts or (param.is_flag and param.default is None and len(param.secondary_opts) == 1)
+        declared[param.opts[0]] = (param.name, _kind_of(param))
+        if param.secondary_opts:
+            declared[param.secondary_opts[0]] = (param.name, fast.FLAG_OFF)
         if param.required:
             click_required.add(param.name)
-    assert declared == options
+    resolved = {option: (name, ("choice", tuple(fast.choices(kind))) if isinstance(kind, tuple) else kind)
+                for option, (name, kind) in options.items()}
+    assert declared == resolved
     assert click_required == required
-    # What click hands the command when an option is not given is the hot body's default.
-    defaults = command.make_context(path[-1], [], resilient_parsing=True).params
-    signature = inspect.signature(getattr(hot, body))
+    assert tuple(click_arguments) == arguments
+    # What click hands the command when an option is not given is the body's default.
+    defaults = command.make_context(path[-1], ["x"] * len(arguments), resilient_parsing=True).params
+    signature = inspect.signature(fast.body_of(body))
+    assert set(signature.parameters) == {"project_option", *defaults}
     for name, default in defaults.items():
-        if name not in required:
+        if name not in required and name not in arguments:
             assert signature.parameters[name].default == default, name
 
 

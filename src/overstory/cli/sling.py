@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-import typing as t
 from pathlib import Path
 
 import click
 
-from overstory.cli._common import agent_channel, completer, echo_json, json_option, project_paths, state_conn
+from overstory.cli._common import completer, json_option, project_option
 from overstory.cli.budget import DURATION
 from overstory.runtimes import RUNTIME_NAMES
 
@@ -61,74 +60,9 @@ def sling(capability: str, task_id: str, name: str | None, prompt: str | None, s
     Crossing a budget parks the agent (`ov resume NAME --add-usd 5` continues it);
     a child's budget never exceeds what is left of its run's.
     """
-    from overstory.errors import UsageError
-    from overstory.wire import SlingRequest
+    from overstory.cli.sling_body import sling as body
 
-    if prompt is not None and spec_file is not None:
-        raise UsageError("give either --prompt or --spec, not both")
-    if provider is not None:
-        if not model or "/" in model:
-            raise UsageError("--provider needs --model with the model's name on that provider (no PROVIDER/ prefix)")
-        model = f"{provider}/{model}"
-    for pattern in approve:
-        from overstory.guards.patterns import parse_pattern
-
-        try:
-            parse_pattern(pattern)
-        except ValueError as exc:
-            raise UsageError(f"--approve: {exc}") from None
-    from overstory.agents.scopes import checked_files
-
-    files = tuple(checked_files(files))  # a bad pattern: one usage line, before anything is asked or made
-    budget = {"max_usd": max_usd, "max_turns": max_turns, "max_tool_calls": max_tool_calls,
-              "max_wallclock": max_wallclock}
-    request = SlingRequest(capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
-                           files=list(files), parent=parent, runtime=runtime, model=model, base_branch=base_branch,
-                           scenario=scenario, tmux=tmux, budget=budget, approve=approve,
-                           executor=executor, group=group)
-    remote = agent_channel()
-    if remote is not None:  # an agent slings through its endpoint: files are read here, in its sandbox
-        document = remote.call("sling", request.read_files().to_wire())
-    else:
-        from overstory.agents.spawn import sling as do_sling
-        from overstory.config.load import load as load_config
-
-        project = project_paths()
-        config = load_config(project.config_file, project.local_config_file)
-        _warn_if_unsandboxed(config)
-        document = do_sling(project, config, state_conn(project), request).as_dict()
-    if prompt is None and spec_file is None:
-        click.echo(f"ov: warning: no --prompt or --spec: {document['name']} has only its role ({capability}) and the "
-                   f"task id {task_id!r} to go on; send it the details with `ov mail send --to {document['name']}`",
-                   err=True)
-    for overlap in document.get("scope_overlaps") or ():
-        click.echo(f"ov: warning: {overlap}; their merges may conflict (agents.exclusive_scopes: true refuses this)",
-                   err=True)
-    if as_json:
-        echo_json(document)
-        return
-    click.echo(f"slung {document['name']} ({document['capability']} on {document['task_id']}, "
-               f"runtime {document['runtime']})")
-    if document["branch"]:
-        click.echo(f"  branch:   {document['branch']}")
-        click.echo(f"  worktree: {document['worktree']}")
-    click.echo(f"  parent:   {document['parent']}")
-    if group is not None:
-        click.echo(f"  group:    {group} (`ov group status {group}`)")
-    limits = {k: v for k, v in (document.get("budget") or {}).items() if v is not None}
-    if limits:
-        from overstory.store.budgets import format_limit
-
-        click.echo("  budget:   " + ", ".join(f"{k} {format_limit(k, v)}" for k, v in limits.items()))
-    for note in document.get("budget_notes") or ():
-        click.echo(f"  note:     {note}")
-    if document["mode"] == "tmux":
-        click.echo(f"  tmux:     session {document['tmux_session']}; watch it with `ov attach {document['name']}`")
-
-
-def _warn_if_unsandboxed(config: t.Any) -> None:
-    from overstory.sandbox import OFF_WARNING, effective_mode
-
-    mode = effective_mode(config)  # sandbox.mode: bwrap that does not work is an error here, before anything starts
-    if mode.name == "off":
-        click.echo(f"warning: {OFF_WARNING} ({mode.reason})", err=True)
+    body(project_option(), capability=capability, task_id=task_id, name=name, prompt=prompt, spec_file=spec_file,
+         files=files, parent=parent, runtime=runtime, model=model, provider=provider, base_branch=base_branch,
+         scenario=scenario, tmux=tmux, max_usd=max_usd, max_turns=max_turns, max_tool_calls=max_tool_calls,
+         max_wallclock=max_wallclock, approve=approve, executor=executor, group=group, as_json=as_json)
