@@ -86,6 +86,20 @@ def executor_for(project: ProjectPaths, config: Config, agent: Session) -> TurnE
         return found
 
 
+def prepare_local(project: ProjectPaths, config: Config, agent: Session) -> TurnExecutor | None:
+    """Start a local turn's shim now, as its turn begins (``LocalExecutor.prepare``), so that it is ready by the
+    launch. The executor, whose ``discard_prepared`` ends the shim if the launch never comes; None (nothing
+    prepared) for a turn on another executor."""
+    if executor_kind(config, agent) != "local":
+        return None
+    try:
+        executor = executor_for(project, config, agent)
+    except (OSError, OrchestratorError):  # the launch meets it again and says so: preparing changes no outcome
+        return None
+    executor.prepare()
+    return executor
+
+
 def travel_for(project: ProjectPaths, config: Config, agent: Session, env: t.Mapping[str, str],
                command: t.Sequence[str], command_env: t.Mapping[str, str]) -> dict[str, t.Any]:
     """What a node needs to bring the turn's workspace to itself (``TurnSpec.travel``): the endpoint to fetch it

@@ -202,10 +202,22 @@ def run_turn(project: ProjectPaths, config: Config, state: sqlite3.Connection, e
     ``gate``: where the endpoint's tool-call hooks wait for this turn's stream to be priced (``spending``).
 
     Plan (``plan_turn``: touches nothing), then the named steps (``TURN_STEPS``; a test can kill the
-    loop after any of them with ``OV_TEST_KILL_AT=turn:<step>``), then settle (``_settle``)."""
+    loop after any of them with ``OV_TEST_KILL_AT=turn:<step>``), then settle (``_settle``). A local turn's shim
+    is started first and waits for the launch (``turn_exec.prepare_local``); on every way out that does not
+    reach the launch it is ended here (a loop that dies leaves it the end of its pipe: it exits too)."""
+    started_ms = now_ms()
+    prepared = turn_exec.prepare_local(project, config, agent)
     turn = _Turn(project, config, state, events, agent, prompt, turn_id, resume_session_id, base_env, attempt,
-                 should_stop, extra_env, settings_file, env_ready, gate, started_ms=now_ms(),
+                 should_stop, extra_env, settings_file, env_ready, gate, started_ms=started_ms,
                  fork_session=fork_session)
+    try:
+        return _run_steps(turn)
+    finally:
+        if prepared is not None:
+            prepared.discard_prepared()  # nothing left to discard once the launch submitted the turn
+
+
+def _run_steps(turn: _Turn) -> TurnResult:
     try:
         turn.plan = plan_turn(turn)
     except OrchestratorError as exc:  # config or installation problem: retrying the turn would not help

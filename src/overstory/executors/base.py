@@ -14,7 +14,8 @@ An executor answers five small questions, like Ray's ``JobSubmissionClient``:
   (a grace of 0: SIGKILL at once, with no SIGTERM the runtime could act on).
 - ``wait(turn_id, timeout)``: block until the turn ends or the timeout passes.
 
-plus ``forget(turn_id)`` to drop what the executor keeps for an ended turn.
+plus ``forget(turn_id)`` to drop what the executor keeps for an ended turn, and ``prepare()`` /
+``discard_prepared()`` to get ready for a submit that is coming (the local executor starts its shim early).
 
 An executor never retries a turn by itself: a turn that died with its node is ``lost``, and
 what runs again is ov's decision (the ledger's rules), as for a local crash.
@@ -157,6 +158,13 @@ class TurnExecutor(abc.ABC):
     @abc.abstractmethod
     def forget(self, turn_id: str) -> None:
         """Drop what is kept for an ended turn (its lines); a turn that still runs is stopped first."""
+
+    def prepare(self) -> None:  # noqa: B027 - optional, like close
+        """Get ready for a submit that is coming soon (a turn being prepared), so it starts faster. Whoever
+        calls it and then does not submit calls ``discard_prepared``. By default there is nothing to prepare."""
+
+    def discard_prepared(self) -> None:  # noqa: B027 - optional, like close
+        """Let go of what ``prepare`` made and no submit used (no-op when there is none)."""
 
     def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
         """The end of an ended turn's stderr (what a runtime says when it fails), as far as it is kept."""

@@ -10,6 +10,11 @@ from any process of the project (the loop that submitted, the watchdog, ``ov sto
 - ``stop.json`` says the turn was stopped through the executor (its status is then ``failed: stopped``);
 - a cursor is a byte offset into ``stdout``.
 
+The shim can be started before its turn is known (``prepare``, as the agent loop begins a turn): it waits
+on its spec pipe with its stdio on /dev/null, and the spec names the folder and the files it takes as the
+command's stdin/stdout/stderr. A cold submit starts one the same way, so both run one path. A prepared
+shim that gets no spec (discarded, or the process holding its pipe died) exits having started nothing.
+
 Any argv runs this way, the sandbox's bwrap command line included; stopping uses ``procs.kill_turn``
 (SIGTERM to the sandboxed commands or the group, then SIGKILL, then the processes tagged with the turn id).
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 import typing as t
 from pathlib import Path
@@ -43,6 +49,8 @@ class LocalExecutor(TurnExecutor):
         self.root = Path(state_dir)
         self.die_with_submitter = die_with_submitter
         self.root.mkdir(parents=True, exist_ok=True)
+        self._prepared: _Shim | None = None  # a shim started ahead of the next submit (``prepare``)
+        self._lock = threading.Lock()
 
     def _dir(self, turn_id: str) -> Path:
         TurnSpec(turn_id, ("-",), "")  # the same rule for ids as a spec's (no path separators)
@@ -53,6 +61,58 @@ class LocalExecutor(TurnExecutor):
             return dict(jsontext.loads((self._dir(turn_id) / name).read_text(encoding="utf-8")))
         except (OSError, ValueError):
             return None
+
+    def prepare(self) -> None:
+        """Start the next turn's shim now, while the turn is being prepared: it waits for its spec, and its
+        Python start-up (milliseconds) is then off the turn's critical path. ``submit`` uses it; whoever
+        prepared it and did not submit calls ``discard_prepared``."""
+        with self._lock:
+            if self._prepared is not None:
+                return
+        try:
+            shim = self._start_shim()
+        except OSError:
+            return  # submit starts one itself, and says why when it cannot either
+        with self._lock:
+            taken = self._prepared is None
+            if taken:
+                self._prepared = shim
+        if not taken:  # another thread prepared one meanwhile
+            _end_shim(shim)
+
+    def discard_prepared(self) -> None:
+        """End a prepared shim that no submit took: its pipe closes, it reads the end and exits having started
+        nothing; it is our child, so it is waited for here."""
+        with self._lock:
+            shim, self._prepared = self._prepared, None
+        if shim is not None:
+            _end_shim(shim)
+
+    def _start_shim(self, stderr: t.IO[bytes] | None = None) -> _Shim:
+        """A shim that waits for its spec on a pipe (stdio on /dev/null until the spec names the turn's files;
+        ``stderr``: where it complains before then)."""
+        read_spec, write_spec = os.pipe()
+        watch = ["--watch-parent", str(os.getpid())] if self.die_with_submitter else []
+        try:
+            process = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), *watch],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=stderr if stderr is not None else subprocess.DEVNULL,
+                                       pass_fds=(read_spec,), start_new_session=True,
+                                       env=shim_environment(os.environ), cwd="/")
+        except OSError:
+            os.close(write_spec)
+            raise
+        finally:
+            os.close(read_spec)
+        return _Shim(process, write_spec)
+
+    def _take_prepared(self) -> _Shim | None:
+        with self._lock:
+            shim, self._prepared = self._prepared, None
+        if shim is not None and shim.process.poll() is not None:  # it died waiting: not one to hand a turn to
+            _end_shim(shim)
+            return None
+        return shim
 
     def submit(self, spec: TurnSpec) -> Submitted:
         folder = self._dir(spec.turn_id)
@@ -65,34 +125,33 @@ class LocalExecutor(TurnExecutor):
         (folder / "stdin").write_bytes(spec.stdin)
         env = dict(spec.env)
         env.setdefault(procs.TURN_TAG, spec.turn_id)  # how stragglers that leave the group are found
-        read_spec, write_spec = os.pipe()
-        with open(folder / "stdin", "rb") as stdin, open(folder / "stdout", "ab") as stdout, \
-                open(folder / "stderr", "ab") as stderr:
+        text = jsontext.dumps({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env,
+                               "record_dir": str(folder),
+                               "stdio": {name: str(folder / name) for name in ("stdin", "stdout", "stderr")}})
+        shim = self._take_prepared()
+        if shim is not None and not shim.hand(text):  # it died before reading it: start one as if none was ready
+            _end_shim(shim)
+            shim = None
+        if shim is None:
             try:
-                watch = ["--watch-parent", str(os.getpid())] if self.die_with_submitter else []
-                shim = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), "--record-dir", str(folder),
-                                         *watch],
-                                        stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=(read_spec,),
-                                        start_new_session=True, env=shim_environment(os.environ), cwd="/")
+                with open(folder / "stderr", "ab") as stderr:
+                    shim = self._start_shim(stderr)
             except OSError as exc:
-                os.close(read_spec)
-                os.close(write_spec)
                 _write_json(folder / "failed.json", {"reason": f"cannot start the shim: {exc.strerror or exc}",
                                                      "ended_ms": now_ms()})
                 return Submitted(spec.turn_id, created=True)
-        os.close(read_spec)
-        with os.fdopen(write_spec, "w", encoding="utf-8") as handle:
-            handle.write(jsontext.dumps({"turn_id": spec.turn_id, "argv": list(spec.argv), "cwd": spec.cwd, "env": env}))
+            shim.hand(text)
+        process = shim.process
         deadline = time.monotonic() + START_WAIT_SECONDS
         pause = FIRST_POLL_SECONDS
         while time.monotonic() < deadline:  # until the command runs (or could not start): milliseconds, mostly
-            if any((folder / name).exists() for name in ("proc.json", "failed.json")) or shim.poll() is not None:
+            if any((folder / name).exists() for name in ("proc.json", "failed.json")) or process.poll() is not None:
                 break
             time.sleep(pause)
             pause = min(pause * 2, POLL_SECONDS)
-        if shim.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
+        if process.poll() is not None and not (folder / "proc.json").exists() and not (folder / "failed.json").exists():
             tail = _tail(folder / "stderr", 300).strip()
-            reason = f"the shim exited ({shim.returncode}) before the command started: {tail}"
+            reason = f"the shim exited ({process.returncode}) before the command started: {tail}"
             _write_json(folder / "failed.json", {"reason": reason, "ended_ms": now_ms()})
         return Submitted(spec.turn_id, created=True)
 
@@ -192,6 +251,40 @@ class LocalExecutor(TurnExecutor):
         if not self.status(turn_id).ended:
             self.stop(turn_id)
         _remove_flat(folder)
+
+
+class _Shim:
+    """A started shim and the write end of the pipe it reads its spec from (only this process holds it, so the
+    shim sees the pipe's end when we close it or die)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], spec_fd: int) -> None:
+        self.process = process
+        self.spec_fd: int | None = spec_fd
+
+    def hand(self, text: str) -> bool:
+        """Write the spec and close the pipe; False when the shim is gone (it died before reading it)."""
+        fd, self.spec_fd = self.spec_fd, None
+        if fd is None:
+            return False
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except BrokenPipeError:
+            return False
+        return True
+
+
+def _end_shim(shim: _Shim, timeout: float = 5.0) -> None:
+    """Close a shim's pipe unused and reap it: it exits as soon as it reads the end (SIGKILL if it has not in
+    ``timeout`` seconds; it is our own child and has started nothing)."""
+    if shim.spec_fd is not None:
+        os.close(shim.spec_fd)
+        shim.spec_fd = None
+    try:
+        shim.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        shim.process.kill()
+        shim.process.wait()
 
 
 def _write_json(path: Path, data: dict[str, t.Any]) -> None:

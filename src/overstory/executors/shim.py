@@ -13,7 +13,11 @@ never stops the shim before it has recorded the end.
   the turn's task) dies, the shim kills the turn's group and every process tagged with the turn id:
   a turn whose worker or node died must not go on committing on nobody's behalf.
 
-The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}). Standard library
+The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}, and optionally "record_dir"
+and "stdio": {"stdin", "stdout", "stderr"}, files the shim opens (stdout and stderr to append) as the command's
+fds 0/1/2). With those in the spec, a shim can be started before its turn's folder exists and wait for its spec
+(``LocalExecutor.prepare``): a shim whose pipe ends with no spec exits having started and written nothing.
+Standard library
 and ``procs`` (with ``jsontext``, json without the json package) only, and few of those (no argparse, socket,
 typing or subprocess: its imports, signal's enum among them, were half the shim's start-up): every turn starts
 one, between the loop and the runtime.
@@ -62,6 +66,30 @@ def _report(fd: int | None, data: dict[str, t.Any]) -> None:
         os.write(fd, (jsontext.dumps(data) + "\n").encode())
     except OSError:
         pass  # the reader is gone (its worker died): the record dir, or the kill below, still hold
+
+
+def _take_stdio(files: t.Mapping[str, str]) -> None:
+    """Put the spec's files on fds 0/1/2: the command inherits them, and so do the shim's own errors from here on."""
+    for fd, (name, flags) in enumerate((("stdin", os.O_RDONLY), ("stdout", os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+                                        ("stderr", os.O_WRONLY | os.O_APPEND | os.O_CREAT))):
+        opened = os.open(files[name], flags, 0o644)
+        if opened != fd:
+            os.dup2(opened, fd)
+            os.close(opened)
+
+
+def _read_spec(fd: int) -> dict[str, t.Any] | None:
+    """The spec, or None when the pipe ended without a whole one (the turn was never submitted: its loop
+    failed before the launch, discarded this shim, or died)."""
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        text = handle.read()
+    if not text.strip():
+        return None
+    try:
+        spec = jsontext.loads(text)
+    except ValueError:  # cut off: its writer died while writing
+        return None
+    return spec if isinstance(spec, dict) else None
 
 
 def _detach_stdio() -> None:
@@ -149,11 +177,20 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         args = _Args(sys.argv[1:] if argv is None else argv)
     except ValueError as exc:  # an odd count of words, or a number that is not one
         raise SystemExit(f"overstory.executors.shim: bad arguments ({exc})") from None
-    with os.fdopen(args.spec_fd, encoding="utf-8") as handle:
-        spec = jsontext.loads(handle.read())
+    spec = _read_spec(args.spec_fd)
+    if spec is None:
+        return 0  # nothing to run, nothing to record
     turn_id = str(spec["turn_id"])
-    if args.record_dir and os.path.exists(os.path.join(args.record_dir, "stop.json")):
-        _write_json(args.record_dir, "failed.json", {"reason": "stopped", "ended_ms": now_ms()})
+    record_dir = spec.get("record_dir") or args.record_dir
+    if spec.get("stdio"):
+        try:
+            _take_stdio(spec["stdio"])
+        except OSError as exc:  # the turn's folder went away (forgotten) before its shim got here
+            _write_json(record_dir, "failed.json", {"reason": f"cannot open the turn's stdio: {exc.strerror or exc}",
+                                                    "ended_ms": now_ms()})
+            return 127
+    if record_dir and os.path.exists(os.path.join(record_dir, "stop.json")):
+        _write_json(record_dir, "failed.json", {"reason": "stopped", "ended_ms": now_ms()})
         return 143  # stopped before it started
     if args.report_fd is not None:
         os.set_inheritable(args.report_fd, False)  # ours, not the command's
@@ -161,13 +198,13 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         pid = _start(spec["argv"], spec["cwd"], spec["env"])
     except OSError as exc:
         reason = f"cannot start {spec['argv'][0]}: {exc.strerror or exc}"
-        _write_json(args.record_dir, "failed.json", {"reason": reason, "ended_ms": now_ms()})
+        _write_json(record_dir, "failed.json", {"reason": reason, "ended_ms": now_ms()})
         _report(args.report_fd, {"error": reason})
         return 127
     ticks = procs.start_ticks(pid)
     started = {"pid": pid, "pgid": pid, "ticks": ticks, "node": os.uname().nodename,
                "started_ms": now_ms(), "shim_pid": os.getpid()}
-    _write_json(args.record_dir, "proc.json", started)
+    _write_json(record_dir, "proc.json", started)
     _report(args.report_fd, started)
     _detach_stdio()
     orphaned = False
@@ -179,7 +216,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     # What the command left behind (background shells, a tool that left the group) ends with it.
     procs.kill_turn(pid, ticks, turn_id, grace=LEFTOVER_GRACE, force=orphaned)
     exit_code = code if code >= 0 else 128 - code
-    _write_json(args.record_dir, "exit.json", {"exit_code": exit_code, "ended_ms": now_ms(), "orphaned": orphaned})
+    _write_json(record_dir, "exit.json", {"exit_code": exit_code, "ended_ms": now_ms(), "orphaned": orphaned})
     _report(args.report_fd, {"exit_code": exit_code})
     return exit_code
 
