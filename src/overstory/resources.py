@@ -6,7 +6,6 @@ in a source checkout (editable install, tests) they are the repository's top-lev
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -39,6 +38,8 @@ def ov_executable() -> tuple[list[str], str | None]:
     candidate = Path(sys.executable).parent / "ov"
     if candidate.is_file():
         return [str(candidate)], str(candidate.parent)
+    import shutil  # only when the script is not beside this Python (shutil brings bz2 and lzma to every sling)
+
     found = shutil.which("ov")
     if found:
         return [found], str(Path(found).parent)
