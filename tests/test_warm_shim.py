@@ -185,3 +185,91 @@ def test_a_loop_killed_inside_a_turn_leaves_no_shim_and_ran_nothing(project: Pro
     turns = project.run_dir / name / turn_exec.LOCAL_TURNS_DIR
     assert not turns.exists() or list(turns.iterdir()) == []  # no turn was submitted
     assert not marker.exists()  # the runtime never ran
+
+
+# ---- a shim started before the process knew its turn: a warm loop's (executors.local.start_early) -----------
+
+
+@pytest.fixture
+def early() -> t.Iterator[t.Any]:
+    from overstory.executors import local
+
+    yield local
+    local.discard_early()
+
+
+def _early_process(local: t.Any) -> subprocess.Popen[bytes]:
+    assert local._early is not None
+    return local._early[1].process
+
+
+def test_the_first_prepare_takes_the_early_shim_and_runs_the_turn(early: t.Any, tmp_path: Path) -> None:
+    early.start_early(die_with_submitter=True)
+    process = _early_process(early)
+    made = LocalExecutor(tmp_path / "turns", die_with_submitter=True)
+    made.prepare()
+    assert early._early is None and made._prepared is not None and made._prepared.process is process
+    lines, ended, _ = _run(made, "t-early", tmp_path)
+    assert (ended.state, ended.exit_code, lines[-1]) == ("finished", 3, "from stdin")
+    assert json.loads((made.root / "t-early" / "proc.json").read_text())["shim_pid"] == process.pid
+
+
+def test_an_early_shim_started_another_way_is_ended_and_not_used(early: t.Any, tmp_path: Path) -> None:
+    early.start_early(die_with_submitter=True)  # watching this process; this executor's turns outlive it
+    process = _early_process(early)
+    made = LocalExecutor(tmp_path / "turns", die_with_submitter=False)
+    made.prepare()
+    assert process.returncode == 0  # read the end of its pipe, reaped
+    assert made._prepared is not None and made._prepared.process is not process
+    made.discard_prepared()
+
+
+def test_a_discarded_early_shim_is_gone_and_a_second_start_is_one_shim(early: t.Any) -> None:
+    early.start_early(die_with_submitter=True)
+    process = _early_process(early)
+    early.start_early(die_with_submitter=True)  # at most one waits
+    assert _early_process(early) is process
+    turn_exec.discard_early_shim()
+    assert process.returncode == 0 and early._early is None
+    turn_exec.discard_early_shim()  # none: nothing to do
+
+
+def test_a_warm_loop_that_gets_no_word_leaves_no_shim(project: ProjectPaths, tmp_path: Path) -> None:
+    """`ov sling` died before the word: the loop ends by itself, and the shim it started early with it."""
+    from agent_helpers import agent_env
+    from overstory.agents.warm_loop import WarmLoop
+
+    hooks = tmp_path / "site"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SHIM_NOTES, encoding="utf-8")
+    notes = tmp_path / "shims"
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    warm = WarmLoop(project, "builder-e1", {**agent_env(), "PYTHONPATH": path, "OV_TEST_SHIM_NOTES": str(notes)})
+    assert warm.proc is not None
+    wait_until(lambda: notes.exists() and notes.read_text().strip(), 30, "the warm loop never started its shim")
+    [shim] = [int(p) for p in notes.read_text().split()]
+    os.close(warm._go)  # as when `ov sling` dies: the pipe's end, without a word
+    warm._go = -1
+    assert warm.proc.wait(timeout=30) == 0
+    wait_until(lambda: not procs.is_alive(shim), 10, "the early shim outlived its loop")
+
+
+def test_a_slung_agent_runs_its_turns_in_one_shim_each_the_early_one_first(project: ProjectPaths,
+                                                                          tmp_path: Path) -> None:
+    """The shim a warm loop starts early runs its first turn (no second one is started for it); none is left."""
+    from agent_helpers import agent_env, wait_terminal
+    from conftest import run_ov
+
+    hooks = tmp_path / "site"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SHIM_NOTES, encoding="utf-8")
+    notes = tmp_path / "shims"
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    env = {**agent_env(), "PYTHONPATH": path, "OV_TEST_SHIM_NOTES": str(notes)}
+    done = run_ov("sling", "scout", "e2", "--runtime", "scripted", "--prompt", "look", cwd=project.root, env=env)
+    assert done.returncode == 0, done.stderr
+    agent = wait_terminal(project, "scout-e2")
+    assert agent.state == "completed", agent.state_reason
+    shims = [int(p) for p in notes.read_text().split()]
+    assert agent.turns >= 1 and len(shims) == agent.turns  # one per turn: the first turn's was the early one
+    wait_until(lambda: not any(procs.is_alive(shim) for shim in shims), 30, "a shim outlived its turn")

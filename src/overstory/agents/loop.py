@@ -176,6 +176,7 @@ class AgentLoop(AgentProcess):
     def run(self) -> int:
         if not self.take_agent():
             return 0  # another loop already serves this agent
+        from overstory.agents import turn_exec
         from overstory.store import events as event_store
 
         event_store.record(self.events, "loop_start", agent=self.name, generation=self.generation,
@@ -194,6 +195,7 @@ class AgentLoop(AgentProcess):
             if agent.capability == "coordinator" and agent.run_id:
                 self._check_run_summary(agent.run_id)
             if agent.state == "parked":
+                turn_exec.discard_early_shim()  # no turn soon: an idle loop holds no shim
                 self._wake_if_due(agent)
                 time.sleep(POLL_SECONDS)
                 continue
@@ -201,6 +203,7 @@ class AgentLoop(AgentProcess):
                                                                      actor="agent-loop"):
                 continue  # a gate of an earlier turn is still pending (its loop died before parking)
             if not self._has_pending_mail():
+                turn_exec.discard_early_shim()
                 self._check_idle(agent)
                 time.sleep(POLL_SECONDS)
                 continue

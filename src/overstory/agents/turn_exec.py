@@ -17,6 +17,7 @@ commits back, which move the agent's branch here by compare-and-swap.
 from __future__ import annotations
 
 import select
+import sys
 import threading
 import time
 import typing as t
@@ -91,6 +92,7 @@ def prepare_local(project: ProjectPaths, config: Config, agent: Session) -> Turn
     launch. The executor, whose ``discard_prepared`` ends the shim if the launch never comes; None (nothing
     prepared) for a turn on another executor."""
     if executor_kind(config, agent) != "local":
+        discard_early_shim()  # a warm loop started one for a local first turn: not this agent's
         return None
     try:
         executor = executor_for(project, config, agent)
@@ -98,6 +100,14 @@ def prepare_local(project: ProjectPaths, config: Config, agent: Session) -> Turn
         return None
     executor.prepare()
     return executor
+
+
+def discard_early_shim() -> None:
+    """End the shim a warm loop started for its first turn (``executors.local.start_early``) if no turn took it;
+    nothing is imported to find out there is none."""
+    local = sys.modules.get("overstory.executors.local")
+    if local is not None:
+        local.discard_early()
 
 
 def travel_for(project: ProjectPaths, config: Config, agent: Session, env: t.Mapping[str, str],

@@ -13,6 +13,10 @@ def warm_up(runtime: str | None) -> None:
     from overstory.executors import local  # noqa: F401
     from overstory.store import mail_text, quota  # noqa: F401
 
+    # The first turn's shim, started now that the imports are done and the loop only waits: ready by the launch.
+    # Started as a sandboxed agent's are (watching this loop), the default; a turn that starts them otherwise,
+    # or runs elsewhere, ends it unused (executors.local).
+    local.start_early(die_with_submitter=True)
     if runtime:
         from overstory.errors import OrchestratorError
         from overstory.runtimes import get_runtime

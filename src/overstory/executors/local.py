@@ -65,14 +65,17 @@ class LocalExecutor(TurnExecutor):
     def prepare(self) -> None:
         """Start the next turn's shim now, while the turn is being prepared: it waits for its spec, and its
         Python start-up (milliseconds) is then off the turn's critical path. ``submit`` uses it; whoever
-        prepared it and did not submit calls ``discard_prepared``."""
+        prepared it and did not submit calls ``discard_prepared``. A shim this process started early
+        (``start_early``) is taken instead when it was started the same way."""
         with self._lock:
             if self._prepared is not None:
                 return
-        try:
-            shim = self._start_shim()
-        except OSError:
-            return  # submit starts one itself, and says why when it cannot either
+        shim = _take_early(self.die_with_submitter)
+        if shim is None:
+            try:
+                shim = self._start_shim()
+            except OSError:
+                return  # submit starts one itself, and says why when it cannot either
         with self._lock:
             taken = self._prepared is None
             if taken:
@@ -89,22 +92,7 @@ class LocalExecutor(TurnExecutor):
             _end_shim(shim)
 
     def _start_shim(self, stderr: t.IO[bytes] | None = None) -> _Shim:
-        """A shim that waits for its spec on a pipe (stdio on /dev/null until the spec names the turn's files;
-        ``stderr``: where it complains before then)."""
-        read_spec, write_spec = os.pipe()
-        watch = ["--watch-parent", str(os.getpid())] if self.die_with_submitter else []
-        try:
-            process = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), *watch],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=stderr if stderr is not None else subprocess.DEVNULL,
-                                       pass_fds=(read_spec,), start_new_session=True,
-                                       env=shim_environment(os.environ), cwd="/")
-        except OSError:
-            os.close(write_spec)
-            raise
-        finally:
-            os.close(read_spec)
-        return _Shim(process, write_spec)
+        return _new_shim(self.die_with_submitter, stderr)
 
     def _take_prepared(self) -> _Shim | None:
         with self._lock:
@@ -272,6 +260,69 @@ class _Shim:
         except BrokenPipeError:
             return False
         return True
+
+
+def _new_shim(die_with_submitter: bool, stderr: t.IO[bytes] | None = None) -> _Shim:
+    """A shim that waits for its spec on a pipe (stdio on /dev/null until the spec names the turn's files;
+    ``stderr``: where it complains before then); ``die_with_submitter``: it watches this process."""
+    read_spec, write_spec = os.pipe()
+    watch = ["--watch-parent", str(os.getpid())] if die_with_submitter else []
+    try:
+        process = subprocess.Popen([*shim_command(), "--spec-fd", str(read_spec), *watch],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=stderr if stderr is not None else subprocess.DEVNULL,
+                                   pass_fds=(read_spec,), start_new_session=True,
+                                   env=shim_environment(os.environ), cwd="/")
+    except OSError:
+        os.close(write_spec)
+        raise
+    finally:
+        os.close(read_spec)
+    return _Shim(process, write_spec)
+
+
+# A shim started before this process knew it would have a turn to run: a warm loop waiting for its word
+# (agents.warm_up) starts one for its first turn. Taken by the first prepare that starts shims the same way;
+# ended by ``discard_early`` when it will not be (the agent's turns run elsewhere, or it has no turn to run).
+# If the process dies first, the shim reads the end of its pipe and exits, having started nothing.
+_early: tuple[bool, _Shim] | None = None
+_early_lock = threading.Lock()
+
+
+def start_early(*, die_with_submitter: bool) -> None:
+    """Start this process's next turn's shim now, before its executor exists (at most one waits)."""
+    global _early
+    with _early_lock:
+        if _early is not None:
+            return
+        try:
+            _early = (die_with_submitter, _new_shim(die_with_submitter))
+        except OSError:
+            pass  # the turn starts one itself
+
+
+def discard_early() -> None:
+    """End the early shim if no turn took it (a no-op when there is none)."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is not None:
+        _end_shim(early[1])
+
+
+def _take_early(die_with_submitter: bool) -> _Shim | None:
+    """The early shim when it was started the way this executor starts them and still waits; else None (and a
+    mismatched or dead one is ended)."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is None:
+        return None
+    started_for, shim = early
+    if started_for != die_with_submitter or shim.process.poll() is not None:
+        _end_shim(shim)
+        return None
+    return shim
 
 
 def _end_shim(shim: _Shim, timeout: float = 5.0) -> None:
