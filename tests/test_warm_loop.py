@@ -70,7 +70,9 @@ def test_a_slung_agent_is_served_by_the_loop_started_early(project: ProjectPaths
     loop_pid = json.loads(done.stdout)["loop_pid"]
     ready = agent_state(project, "builder-k2")
     assert b"--go-fd" in Path(f"/proc/{loop_pid}/cmdline").read_bytes()  # the one started early, mid-turn now
-    assert agent_lock_path(project, "builder-k2").read_text() == f"{loop_pid} 1"  # it serves generation 1
+    lock = agent_lock_path(project, "builder-k2")  # taken once told: `ov sling` may exit before it is
+    wait_for(lambda: lock.exists() and lock.read_text() == f"{loop_pid} 1", timeout=30,
+             message="the early loop to take the agent")  # it serves generation 1
     wait_for(lambda: (agent_state(project, "builder-k2") or ready).state == "between_turns", timeout=120,
              message="its first turn to end")
     assert "Traceback" not in loop_log_path(project, "builder-k2").read_text()

@@ -157,6 +157,8 @@ class ExecutorLines:
         self.ticket = 0
         self.slice = LOCAL_SLICE if executor.kind == "local" else GATE_SLICE if gate is not None else REMOTE_SLICE
         self.quiet = 0  # reads in a row that found nothing (a local turn's wait grows with it)
+        # A local turn's folder watched (executors.changes): a wait ends as soon as the turn writes or ends.
+        self.changes = executor.watch(turn_id) if executor.kind == "local" else None
 
     def lines(self, timeout: float) -> list[bytes]:
         if self.eof:
@@ -164,8 +166,15 @@ class ExecutorLines:
         deadline = time.monotonic() + timeout
         while True:
             wait = min(self._slice(), max(0.0, deadline - time.monotonic()))
-            if self.gate is not None:
-                if select.select([self.gate.fileno()], [], [], wait)[0]:
+            if self.gate is None and self.changes is not None:  # read, then sleep until the folder changes
+                found = self._read(0.0)
+                if not found and not self.eof and select.select([self.changes], [], [], wait)[0]:
+                    self.changes.drain()
+            elif self.gate is not None:
+                woken = select.select([w for w in (self.gate, self.changes) if w is not None], [], [], wait)[0]
+                if self.changes is not None and self.changes in woken:
+                    self.changes.drain()  # before reading: what woke it is then read
+                if self.gate is not None and self.gate in woken:
                     self.ticket = self.gate.take()  # before reading: what the runtime wrote before it asked is there
                     return self._read(0.0)
                 found = self._read(0.0)
@@ -193,7 +202,10 @@ class ExecutorLines:
         return [line.encode("utf-8") for line in batch.lines]
 
     def close(self) -> None:
-        """Nothing to let go of: the lines stay with the executor until the turn is forgotten."""
+        """The folder's watch is let go of; the lines stay with the executor until the turn is forgotten."""
+        if self.changes is not None:
+            self.changes.close()
+            self.changes = None
 
 
 class ExecutorProcess:

@@ -170,5 +170,10 @@ class TurnExecutor(abc.ABC):
         """The end of an ended turn's stderr (what a runtime says when it fails), as far as it is kept."""
         return ""
 
+    def watch(self, turn_id: str) -> t.Any:
+        """Something with ``fileno``, ``drain`` and ``close`` whose descriptor becomes readable when the turn
+        writes or ends (``executors.changes.FolderWatch``), for a reader to sleep on; None: read again later."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - an optional verb with a safe default, like a runtime's hooks
         """Let go of connections; turns keep running."""

@@ -33,6 +33,7 @@ from overstory import jsontext, procs
 from overstory.clock import now_ms
 from overstory.errors import TurnNotFound
 from overstory.executors.base import STOPPED, Lines, Submitted, TurnExecutor, TurnSpec, TurnStatus
+from overstory.executors.changes import FolderWatch
 from overstory.executors.shim import shim_command, shim_environment
 
 START_WAIT_SECONDS = 30.0
@@ -218,6 +219,10 @@ class LocalExecutor(TurnExecutor):
         if proc is not None:
             procs.kill_turn(proc.get("pgid"), proc.get("ticks"), turn_id, grace=grace, force=grace <= 0)
         return self.wait(turn_id, timeout=grace + 5)
+
+    def watch(self, turn_id: str) -> FolderWatch | None:
+        """The turn's folder watched: its stdout written, exit.json renamed into it (None where inotify is not)."""
+        return FolderWatch.open(self._dir(turn_id))
 
     def stderr_tail(self, turn_id: str, size: int = 4096) -> str:
         return _tail(self._dir(turn_id) / "stderr", size)
