@@ -24,11 +24,11 @@ IN_MODIFY, IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x2, 0x8, 0x80, 0x100
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
 _WATCHED = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
 
-_calls: list[tuple[t.Any, t.Any, t.Any, t.Any]] = []  # (_ctypes, init1, add_watch, rm_watch) once looked up ...
+_calls: list[tuple[t.Any, t.Any, t.Any]] = []  # (_ctypes, init1, add_watch) once looked up ...
 _looked_up = False  # ... or nothing, when there is no inotify here
 
 
-def _inotify() -> tuple[t.Any, t.Any, t.Any, t.Any] | None:
+def _inotify() -> tuple[t.Any, t.Any, t.Any] | None:
     global _looked_up
     if not _looked_up:
         _looked_up = True
@@ -36,9 +36,8 @@ def _inotify() -> tuple[t.Any, t.Any, t.Any, t.Any] | None:
             import _ctypes
 
             program = _ctypes.dlopen(None)  # type: ignore[arg-type]  # the program (libc is linked in)
-            init1, add_watch, rm_watch = (_ctypes.dlsym(program, name)
-                                          for name in ("inotify_init1", "inotify_add_watch", "inotify_rm_watch"))
-            _calls.append((_ctypes, init1, add_watch, rm_watch))
+            _calls.append((_ctypes, _ctypes.dlsym(program, "inotify_init1"),
+                           _ctypes.dlsym(program, "inotify_add_watch")))
         except (ImportError, OSError, AttributeError):
             pass
     return _calls[0] if _calls else None
@@ -55,7 +54,7 @@ class FolderWatch:
         calls = _inotify()
         if calls is None:
             return None
-        ctypes_, init1, add_watch, _ = calls
+        ctypes_, init1, add_watch = calls
         fd = int(ctypes_.call_function(init1, (IN_NONBLOCK | IN_CLOEXEC,)))
         if fd < 0:
             return None
@@ -77,13 +76,12 @@ class FolderWatch:
             pass
 
     def close(self) -> None:
-        """The watch is removed before the instance is closed: closing an instance that still watches something
-        waits for the kernel to retire the watch (5-20 ms measured here, at the end of every turn); removed first,
-        the close takes 0.1 ms."""
-        if self.fd < 0:
+        """Let go of the instance, off the caller's path: closing one that watched something waits for the kernel
+        to retire its watch (an RCU grace period: 5-20 ms measured here, at the end of every turn, removing the
+        watch first or not), so a thread of its own does the close."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
             return
-        calls = _inotify()
-        if calls is not None:
-            calls[0].call_function(calls[3], (self.fd, self.wd))  # fails harmlessly when the folder is gone
-        os.close(self.fd)
-        self.fd = -1
+        import threading
+
+        threading.Thread(target=os.close, args=(fd,), name="ov-inotify-close", daemon=True).start()
