@@ -8,15 +8,15 @@ from __future__ import annotations
 def warm_up(runtime: str | None) -> None:
     """Import, while waiting for the word, what the first turn would import after it (the turn machinery, the
     endpoint, the runtime's adapter and stream parser): all of it stays loaded for the loop's life anyway."""
-    from overstory.executors import local
-
-    # The first turn's shim, started first: its Python start-up (10-15 ms) then overlaps these imports and the spawn
-    # instead of following them. Started as a sandboxed agent's are (watching this loop), the default; a turn
-    # that starts them otherwise, or runs elsewhere, ends it unused (executors.local).
-    local.start_early(die_with_submitter=True)
     from overstory.agents import idle, turn_exec, turns  # noqa: F401
     from overstory.endpoint import hooks, routes, server  # noqa: F401
+    from overstory.executors import local  # noqa: F401
     from overstory.store import mail_text, quota  # noqa: F401
+
+    # The first turn's shim, started now that the imports are done and the loop only waits: ready by the launch.
+    # Started as a sandboxed agent's are (watching this loop), the default; a turn that starts them otherwise,
+    # or runs elsewhere, ends it unused (executors.local).
+    local.start_early(die_with_submitter=True)
     if runtime:
         from overstory.errors import OrchestratorError
         from overstory.runtimes import get_runtime
