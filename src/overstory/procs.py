@@ -153,7 +153,7 @@ def kill_group(pgid: int | None, leader_ticks: int | None, *, grace: float = 5.0
     A bubblewrap sandbox as leader gets its commands signalled instead (``sandboxed_commands``);
     when they exit, the sandbox ends, and whatever is left is killed after ``grace``.
     """
-    import signal  # not at the top: `ov status` imports this module, and signal imports enum
+    import _signal as signal  # type: ignore[import-not-found]  # the C half: signal imports enum (5 ms a shim)
 
     if not pgid or not group_is_ours(pgid, leader_ticks):
         return True
@@ -222,7 +222,7 @@ def kill_turn(pgid: int | None, leader_ticks: int | None, turn_id: str | None, *
               force: bool = False, tag: str = TURN_TAG) -> bool:
     """Stop everything a turn (or a check: ``tag``) started: its process group, then any tagged stragglers.
     True if all gone."""
-    import signal  # not at the top: `ov status` imports this module, and signal imports enum
+    import _signal as signal  # type: ignore[import-not-found]  # the C half: signal imports enum (5 ms a shim)
 
     gone = kill_group(pgid, leader_ticks, grace=grace, force=force)
     stragglers = tagged_processes(turn_id or "", tag=tag)
@@ -252,6 +252,6 @@ def kill_point(step: str) -> None:
     The crash-safety tests use this to stop a command exactly between two of its steps.
     """
     if os.environ.get(KILL_AT_ENV) == step:
-        import signal  # not at the top: hot commands import this module, and signal imports enum
+        import _signal as signal  # type: ignore[import-not-found]  # signal's C half (signal imports enum)
 
         os.kill(os.getpid(), signal.SIGKILL)
