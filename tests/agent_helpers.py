@@ -32,12 +32,15 @@ def loop_processes(agent: str, project_root: Path | None = None, *, unstarted_gr
 
 
 def _unstarted(pid: int) -> bool:
-    """A warm loop still waiting for its word: its output goes to an unnamed file until then, to its log after."""
+    """A warm loop still waiting for its word: its output goes to an unnamed file until then, to its log after.
+
+    A process whose files cannot be read any more is exiting (the kernel closes them before it becomes a zombie),
+    or is gone: it is looked at again rather than counted as a loop that started."""
     try:
         return os.readlink(f"/proc/{pid}/fd/2").endswith("(deleted)") and b"--go-fd" in \
             Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return False
+        return True
 
 
 def _loop_pids(agent: str, project_root: Path | None) -> list[int]:
