@@ -74,7 +74,7 @@ class LocalExecutor(TurnExecutor):
         shim = _take_early(self.die_with_submitter)
         if shim is None:
             try:
-                shim = self._start_shim()
+                shim = _new_shim(self.die_with_submitter)
             except OSError:
                 return  # submit starts one itself, and says why when it cannot either
         with self._lock:
@@ -91,9 +91,6 @@ class LocalExecutor(TurnExecutor):
             shim, self._prepared = self._prepared, None
         if shim is not None:
             _end_shim(shim)
-
-    def _start_shim(self, stderr: t.IO[bytes] | None = None) -> _Shim:
-        return _new_shim(self.die_with_submitter, stderr)
 
     def _take_prepared(self) -> _Shim | None:
         with self._lock:
@@ -124,7 +121,7 @@ class LocalExecutor(TurnExecutor):
         if shim is None:
             try:
                 with open(folder / "stderr", "ab") as stderr:
-                    shim = self._start_shim(stderr)
+                    shim = _new_shim(self.die_with_submitter, stderr)
             except OSError as exc:
                 _write_json(folder / "failed.json", {"reason": f"cannot start the shim: {exc.strerror or exc}",
                                                      "ended_ms": now_ms()})

@@ -1,26 +1,26 @@
 """The small process between an executor and a turn's command (``python -m overstory.executors.shim``).
 
-It starts the command in a process group of its own, with the stdin/stdout/stderr the shim was
-given, says which process that is (``--report-fd``, ``--record-dir``), waits for it, stops what it
-left running in its group or tagged with its turn id, and records how it ended. The shim is not in
-the command's group and does not carry the turn's tag (``procs.TURN_TAG``), so stopping the turn
-never stops the shim before it has recorded the end.
+It starts the command in a process group of its own, says which process that is, waits for it, stops what it
+left running in its group or tagged with its turn id, and records how it ended. The shim is not in the
+command's group and does not carry the turn's tag (``procs.TURN_TAG``), so stopping the turn never stops the
+shim before it has recorded the end.
 
-- ``--record-dir DIR`` (the local executor): ``proc.json`` once the command runs and ``exit.json``
-  when it ends, written here, so a turn outlives the process that submitted it and any process can
-  read how it ended (as containerd's shim does for a container).
-- ``--watch-parent PID`` (a Ray node): when the process that started the shim (the Ray worker running
-  the turn's task) dies, the shim kills the turn's group and every process tagged with the turn id:
-  a turn whose worker or node died must not go on committing on nobody's behalf.
+The command's spec comes as JSON on ``--spec-fd``: {"argv", "cwd", "env", "turn_id"}, and from the local
+executor also "record_dir" and "stdio".
 
-The command's spec comes as JSON on ``--spec-fd`` ({"argv", "cwd", "env", "turn_id"}, and optionally "record_dir"
-and "stdio": {"stdin", "stdout", "stderr"}, files the shim opens (stdout and stderr to append) as the command's
-fds 0/1/2). With those in the spec, a shim can be started before its turn's folder exists and wait for its spec
-(``LocalExecutor.prepare``): a shim whose pipe ends with no spec exits having started and written nothing.
-Standard library
-and ``procs`` (with ``jsontext``, json without the json package) only, and few of those (no argparse, socket,
-typing or subprocess: its imports, signal's enum among them, were half the shim's start-up): every turn starts
-one, between the loop and the runtime.
+- "record_dir" (the local executor): ``proc.json`` once the command runs and ``exit.json`` when it ends are
+  written there, so a turn outlives the process that submitted it and any process can read how it ended (as
+  containerd's shim does for a container). "stdio" names the files the shim opens as the command's fds 0/1/2
+  (stdout and stderr to append). So a shim can be started before its turn's folder exists and wait for its
+  spec (``LocalExecutor.prepare``): one whose pipe ends with no spec exits having started and written nothing.
+- ``--report-fd N`` (a Ray node): the same records as lines on that pipe, with the stdio the shim was given.
+- ``--watch-parent PID`` (a Ray node, and a sandboxed local turn): when the process that started the shim dies,
+  the shim kills the turn's group and every process tagged with the turn id: a turn whose worker or node died
+  must not go on committing on nobody's behalf.
+
+Standard library and ``procs`` (with ``jsontext``, json without the json package) only, and few of those (no
+argparse, socket, typing or subprocess: its imports, signal's enum among them, were half the shim's start-up):
+every turn starts one, between the loop and the runtime.
 """
 
 from __future__ import annotations
@@ -165,14 +165,13 @@ class _Ended:
 
 class _Args:
     def __init__(self, argv: t.Sequence[str]) -> None:
-        """``--spec-fd N [--report-fd N] [--record-dir DIR] [--watch-parent PID]``: only ov starts the shim."""
+        """``--spec-fd N [--report-fd N] [--watch-parent PID]``: only ov starts the shim."""
         options = dict(zip(argv[::2], argv[1::2], strict=True))
-        unknown = set(options) - {"--spec-fd", "--report-fd", "--record-dir", "--watch-parent"}
+        unknown = set(options) - {"--spec-fd", "--report-fd", "--watch-parent"}
         if unknown or "--spec-fd" not in options:
             raise SystemExit(f"overstory.executors.shim: bad arguments {list(argv)}")
         self.spec_fd = int(options["--spec-fd"])
         self.report_fd = int(options["--report-fd"]) if "--report-fd" in options else None
-        self.record_dir: str | None = options.get("--record-dir")
         self.watch_parent = int(options["--watch-parent"]) if "--watch-parent" in options else None
 
 
@@ -185,7 +184,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     if spec is None:
         return 0  # nothing to run, nothing to record
     turn_id = str(spec["turn_id"])
-    record_dir = spec.get("record_dir") or args.record_dir
+    record_dir = spec.get("record_dir")
     if spec.get("stdio"):
         try:
             _take_stdio(spec["stdio"])
